@@ -1,0 +1,415 @@
+"""TPUTorchJob body -> validated JobSpec, or every error at once.
+
+This module holds every validation rule. The CRD (crd.py) repeats the subset that the API server
+can check at admission; the two are kept in agreement by tests. ``parse`` never raises anything
+but ``InvalidSpec``, whatever it is given.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from . import topology
+from .topology import Slice, TopologyError
+
+RAYJOB_NAME_MAX = 47  # KubeRay: the RayCluster name <rayjob>-<5 chars> must stay a valid label
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+RAY_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+MIN_RAY_VERSION = (2, 59, 0)  # first Ray whose TorchTrainer runs on TPU (tpu_dist backend)
+MAX_STRING = 4096
+MAX_ENTRYPOINT = 65536
+
+# Environment variables a user may not set: they would undo chip isolation or the slice shape.
+FORBIDDEN_ENV = {
+    "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS": "it switches Ray's per-worker chip isolation off",
+    "TPU_VISIBLE_CHIPS": "Ray sets it per worker to the chips that worker was given",
+}
+RESERVED_ENV_PREFIX = "TPUTORCH_"
+
+DEFAULTS: dict[str, Any] = {
+    "rayVersion": "2.60.0",
+    "tpu.slices": 1,
+    "tpu.chipsPerWorker": 1,
+    "tpu.spot": False,
+    "head.cpu": "2",
+    "head.memory": "8Gi",
+    "worker.cpu": "8",
+    "worker.memory": "32Gi",
+    "backoffLimit": 0,
+    "shutdownAfterJobFinishes": True,
+    "suspend": False,
+}
+
+SINGLE_SLICE_REASON = (
+    "must be 1: a TPUTorchJob runs on one slice. Ray 2.59's PyTorch backend raises for training "
+    "across slices, and multi-slice PyTorch on TPU is not verified on hardware in Ray 2.60"
+)
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        shown = "" if self.value is None else f"{_show(self.value)} "
+        return f"{self.path}: {shown}{self.message}"
+
+
+class InvalidSpec(ValueError):
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: str
+    memory: str
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    namespace: str
+    slice: Slice
+    chips_per_worker: int
+    spot: bool
+    reservation: str | None
+    image: str
+    ray_version: str
+    entrypoint: str
+    runtime_env: dict
+    env: tuple
+    head: Resources
+    worker: Resources
+    tolerations: tuple
+    service_account_name: str | None
+    node_selector: dict
+    head_node_selector: dict
+    suspend: bool
+    queue_name: str | None
+    active_deadline_seconds: int | None
+    backoff_limit: int
+    ttl_seconds_after_finished: int | None
+    shutdown_after_job_finishes: bool
+    labels: dict = field(default_factory=dict)
+
+    @property
+    def workers(self) -> int:
+        return self.slice.workers(self.chips_per_worker)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_MISSING = object()
+
+
+class _Reader:
+    """Reads typed values out of a nested mapping, recording a FieldError per bad value."""
+
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def error(self, path: str, value: Any, message: str) -> None:
+        self.errors.append(FieldError(path, value, message))
+
+    def mapping(self, obj: Mapping, key: str, path: str, allowed: set[str] | None = None) -> dict:
+        value = obj.get(key, _MISSING) if isinstance(obj, Mapping) else _MISSING
+        if value is _MISSING or value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.error(path, value, "must be an object")
+            return {}
+        if allowed is not None:
+            for unknown in sorted(set(map(str, value)) - allowed):
+                self.error(f"{path}.{unknown}", value[unknown], f"is not a known field; known: {', '.join(sorted(allowed))}")
+        return dict(value)
+
+    def value(
+        self,
+        obj: Mapping,
+        key: str,
+        path: str,
+        kind: type | tuple,
+        *,
+        required: bool = False,
+        default: Any = None,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> Any:
+        value = obj.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            if required:
+                self.error(path, None, "is required")
+            return default
+        # bool is an int in Python; never accept it where a number is asked.
+        wrong_bool = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
+        if wrong_bool or not isinstance(value, kind):
+            self.error(path, value, f"must be {_type_name(kind)}")
+            return default
+        if check is not None:
+            problem = check(value)
+            if problem:
+                self.error(path, value, problem)
+                return default
+        return value
+
+
+def _type_name(kind: type | tuple) -> str:
+    names = {str: "a string", int: "an integer", bool: "a boolean", list: "a list", dict: "an object"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _between(low: int, high: int | None = None) -> Callable[[int], str | None]:
+    def check(v: int) -> str | None:
+        if v < low or (high is not None and v > high):
+            return f"must be between {low} and {high}" if high is not None else f"must be at least {low}"
+        return None
+
+    return check
+
+
+def _string(max_len: int = MAX_STRING, pattern: re.Pattern | None = None, what: str = "") -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        if not v.strip():
+            return "must not be empty"
+        if len(v) > max_len:
+            return f"must be at most {max_len} characters"
+        if pattern is not None and not pattern.match(v):
+            return f"must be {what}"
+        return None
+
+    return check
+
+
+def _quantity(v: Any) -> str | None:
+    return None if QUANTITY.match(str(v)) else "must be a Kubernetes quantity such as 4, 500m, 16Gi"
+
+
+def _ray_version(v: str) -> str | None:
+    m = RAY_VERSION.match(v)
+    if not m:
+        return "must be a Ray release such as 2.60.0"
+    if tuple(int(x) for x in m.groups()) < MIN_RAY_VERSION:
+        return f"must be {'.'.join(map(str, MIN_RAY_VERSION))} or newer: older Ray cannot run PyTorch on TPU"
+    return None
+
+
+def _string_map(r: _Reader, obj: Mapping, key: str, path: str) -> dict[str, str]:
+    raw = r.mapping(obj, key, path)
+    result = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            r.error(f"{path}.{k}", v, "must map strings to strings")
+        else:
+            result[k] = v
+    return result
+
+
+def _env_name_problem(name: str) -> str | None:
+    if name in FORBIDDEN_ENV:
+        return f"must not be set: {FORBIDDEN_ENV[name]}"
+    if name.startswith(RESERVED_ENV_PREFIX):
+        return f"must not start with {RESERVED_ENV_PREFIX}: the operator sets those from spec.tpu"
+    return None
+
+
+TPU_FIELDS = {"accelerator", "topology", "slices", "chipsPerWorker", "chipsPerHost", "spot", "reservation"}
+SPEC_FIELDS = {
+    "tpu", "image", "rayVersion", "entrypoint", "runtimeEnv", "env", "head", "worker", "tolerations",
+    "serviceAccountName", "nodeSelector", "suspend", "queueName", "activeDeadlineSeconds",
+    "backoffLimit", "ttlSecondsAfterFinished", "shutdownAfterJobFinishes",
+}
+RESOURCE_FIELDS = {"cpu", "memory"}
+HEAD_FIELDS = RESOURCE_FIELDS | {"nodeSelector"}
+
+
+@dataclass(frozen=True)
+class _TPU:
+    slice: Slice | None
+    chips_per_worker: int
+    spot: bool
+    reservation: str | None
+
+
+def _parse_tpu(r: _Reader, spec: Mapping) -> _TPU:
+    tpu = r.mapping(spec, "tpu", "spec.tpu", TPU_FIELDS)
+    if "tpu" not in spec:
+        r.error("spec.tpu", None, "is required")
+    spot = r.value(tpu, "spot", "spec.tpu.spot", bool, default=DEFAULTS["tpu.spot"])
+    reservation = r.value(tpu, "reservation", "spec.tpu.reservation", str, check=_string(63, LABEL_VALUE, "a label value (the reservation's name)"))
+    if reservation and spot:
+        r.error("spec.tpu.reservation", reservation, "must not be set together with spec.tpu.spot: a slice is either reserved or spot capacity")
+    accelerator = r.value(tpu, "accelerator", "spec.tpu.accelerator", str, required=bool(tpu))
+    topo = r.value(tpu, "topology", "spec.tpu.topology", str, required=bool(tpu))
+    r.value(tpu, "slices", "spec.tpu.slices", int, default=1, check=lambda v: None if v == 1 else SINGLE_SLICE_REASON)
+    chips_per_worker = r.value(
+        tpu, "chipsPerWorker", "spec.tpu.chipsPerWorker", int, default=DEFAULTS["tpu.chipsPerWorker"],
+        check=lambda v: None if v in topology.VALID_CHIPS_PER_WORKER
+        else f"must be one of {', '.join(map(str, topology.VALID_CHIPS_PER_WORKER))}",
+    )
+    chips_per_host = r.value(tpu, "chipsPerHost", "spec.tpu.chipsPerHost", int)
+    if accelerator is None or topo is None:
+        return _TPU(None, chips_per_worker, spot, reservation)
+    try:
+        tpu_slice = topology.resolve(accelerator, topo, chips_per_host)
+    except TopologyError as err:
+        r.error(f"spec.tpu.{err.field}", err.value, err.message)
+        return _TPU(None, chips_per_worker, spot, reservation)
+    if tpu_slice.chips_per_host % chips_per_worker:
+        r.error(
+            "spec.tpu.chipsPerWorker", chips_per_worker,
+            f"must divide the {tpu_slice.chips_per_host} chips of each host of a "
+            f"{tpu_slice.generation.name} {tpu_slice.topology} slice",
+        )
+    return _TPU(tpu_slice, chips_per_worker, spot, reservation)
+
+
+def _parse_env(r: _Reader, spec: Mapping) -> tuple:
+    env = r.value(spec, "env", "spec.env", list, default=[])
+    seen: set[str] = set()
+    for i, item in enumerate(env):
+        path = f"spec.env[{i}]"
+        if not isinstance(item, Mapping):
+            r.error(path, item, "must be an object with name and value (or valueFrom)")
+            continue
+        for unknown in sorted(set(map(str, item)) - {"name", "value", "valueFrom"}):
+            r.error(f"{path}.{unknown}", item[unknown], "is not a known field; known: name, value, valueFrom")
+        name = r.value(item, "name", f"{path}.name", str, required=True, check=_string(256, ENV_NAME, "a C-style identifier such as MY_VAR"))
+        r.value(item, "value", f"{path}.value", str)
+        r.value(item, "valueFrom", f"{path}.valueFrom", Mapping)
+        if name is None:
+            continue
+        problem = _env_name_problem(name)
+        if problem:
+            r.error(f"{path}.name", name, problem)
+        if name in seen:
+            r.error(f"{path}.name", name, "must be unique within spec.env")
+        seen.add(name)
+    return tuple(dict(item) for item in env if isinstance(item, Mapping))
+
+
+def _parse_runtime_env(r: _Reader, spec: Mapping) -> dict:
+    runtime_env = r.mapping(spec, "runtimeEnv", "spec.runtimeEnv")
+    if "env_vars" in runtime_env:
+        env_vars = _string_map(r, runtime_env, "env_vars", "spec.runtimeEnv.env_vars")
+        for name in env_vars:
+            problem = _env_name_problem(name)
+            if problem:
+                r.error(f"spec.runtimeEnv.env_vars.{name}", env_vars[name], problem)
+    return runtime_env
+
+
+def _parse_resources(r: _Reader, spec: Mapping, key: str, allowed: set[str]) -> tuple[Resources, dict]:
+    block = r.mapping(spec, key, f"spec.{key}", allowed)
+    cpu = r.value(block, "cpu", f"spec.{key}.cpu", (str, int), default=DEFAULTS[f"{key}.cpu"], check=_quantity)
+    memory = r.value(block, "memory", f"spec.{key}.memory", (str, int), default=DEFAULTS[f"{key}.memory"], check=_quantity)
+    return Resources(str(cpu), str(memory)), block
+
+
+def _parse_tolerations(r: _Reader, spec: Mapping) -> tuple:
+    tolerations = r.value(spec, "tolerations", "spec.tolerations", list, default=[])
+    for i, tol in enumerate(tolerations):
+        path = f"spec.tolerations[{i}]"
+        if not isinstance(tol, Mapping):
+            r.error(path, tol, "must be an object (a Kubernetes toleration)")
+            continue
+        r.value(tol, "key", f"{path}.key", str)
+        r.value(tol, "value", f"{path}.value", str)
+        r.value(tol, "operator", f"{path}.operator", str, check=lambda v: None if v in ("Exists", "Equal") else "must be Exists or Equal")
+        r.value(tol, "effect", f"{path}.effect", str, check=lambda v: None if v in ("NoSchedule", "PreferNoSchedule", "NoExecute") else "must be NoSchedule, PreferNoSchedule or NoExecute")
+        r.value(tol, "tolerationSeconds", f"{path}.tolerationSeconds", int)
+    return tuple(dict(t) for t in tolerations if isinstance(t, Mapping))
+
+
+def _parse_node_selector(r: _Reader, spec: Mapping, key: str, path: str) -> dict[str, str]:
+    selector = _string_map(r, spec, key, path)
+    for label in (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL):
+        if label in selector:
+            r.error(f"{path}.{label}", selector[label], "must not be set: the operator derives it from spec.tpu")
+    return selector
+
+
+def _parse_metadata(r: _Reader, body: Mapping) -> tuple[str, str, dict]:
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
+    name = r.value(
+        metadata, "name", "metadata.name", str, required=True, default="",
+        check=_string(RAYJOB_NAME_MAX, DNS1035, f"a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {RAYJOB_NAME_MAX} characters, since the RayJob takes this name"),
+    )
+    namespace = r.value(metadata, "namespace", "metadata.namespace", str, default="default")
+    labels = metadata.get("labels") if isinstance(metadata.get("labels"), Mapping) else {}
+    return name, namespace or "default", {str(k): str(v) for k, v in labels.items()}
+
+
+def parse(body: Any) -> JobSpec:
+    """Validate a TPUTorchJob object (as a dict) and return its JobSpec; InvalidSpec lists every error."""
+    r = _Reader()
+    if not isinstance(body, Mapping):
+        raise InvalidSpec([FieldError("", body, "must be a TPUTorchJob object")])
+    name, namespace, labels = _parse_metadata(r, body)
+    spec = r.mapping(body, "spec", "spec", SPEC_FIELDS)
+    if "spec" not in body:
+        r.error("spec", None, "is required")
+    tpu = _parse_tpu(r, spec)
+    image = r.value(spec, "image", "spec.image", str, required=True, check=_string(what="an image reference"))
+    ray_version = r.value(spec, "rayVersion", "spec.rayVersion", str, default=DEFAULTS["rayVersion"], check=_ray_version)
+    entrypoint = r.value(spec, "entrypoint", "spec.entrypoint", str, required=True, check=_string(MAX_ENTRYPOINT))
+    runtime_env = _parse_runtime_env(r, spec)
+    env = _parse_env(r, spec)
+    head, head_block = _parse_resources(r, spec, "head", HEAD_FIELDS)
+    worker, _ = _parse_resources(r, spec, "worker", RESOURCE_FIELDS)
+    head_selector = _parse_node_selector(r, head_block, "nodeSelector", "spec.head.nodeSelector")
+    tolerations = _parse_tolerations(r, spec)
+    service_account = r.value(spec, "serviceAccountName", "spec.serviceAccountName", str, check=_string(253, re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), "a DNS subdomain name"))
+    node_selector = _parse_node_selector(r, spec, "nodeSelector", "spec.nodeSelector")
+    shutdown = r.value(spec, "shutdownAfterJobFinishes", "spec.shutdownAfterJobFinishes", bool, default=DEFAULTS["shutdownAfterJobFinishes"])
+    suspend = r.value(spec, "suspend", "spec.suspend", bool, default=DEFAULTS["suspend"])
+    queue_name = r.value(spec, "queueName", "spec.queueName", str, check=_string(63, LABEL_VALUE, "a label value (the Kueue LocalQueue's name)"))
+    deadline = r.value(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", int, check=_between(1))
+    backoff = r.value(spec, "backoffLimit", "spec.backoffLimit", int, default=DEFAULTS["backoffLimit"], check=_between(0, 100))
+    ttl = r.value(spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", int, check=_between(0))
+    # KubeRay's own rules: both only make sense when the RayCluster is deleted after the job.
+    if ttl is not None and not shutdown:
+        r.error("spec.ttlSecondsAfterFinished", ttl, "must not be set unless spec.shutdownAfterJobFinishes is true")
+    if suspend and not shutdown:
+        r.error("spec.suspend", suspend, "must not be true unless spec.shutdownAfterJobFinishes is true")
+
+    if r.errors:
+        raise InvalidSpec(r.errors)
+    assert tpu.slice is not None  # no errors means the slice resolved
+    return JobSpec(
+        name=name,
+        namespace=namespace,
+        slice=tpu.slice,
+        chips_per_worker=tpu.chips_per_worker,
+        spot=tpu.spot,
+        reservation=tpu.reservation,
+        image=image,
+        ray_version=ray_version,
+        entrypoint=entrypoint,
+        runtime_env=runtime_env,
+        env=env,
+        head=head,
+        worker=worker,
+        tolerations=tolerations,
+        service_account_name=service_account,
+        node_selector=node_selector,
+        head_node_selector=head_selector,
+        suspend=suspend,
+        queue_name=queue_name,
+        active_deadline_seconds=deadline,
+        backoff_limit=backoff,
+        ttl_seconds_after_finished=ttl,
+        shutdown_after_job_finishes=shutdown,
+        labels=labels,
+    )

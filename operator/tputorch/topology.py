@@ -1,0 +1,204 @@
+"""TPU generations and slice shapes on GKE: the one table every other module asks.
+
+Facts come from GKE's TPU node-pool documentation, KubeRay's TPU samples and Ray 2.60 (see
+shared/tpu-facts.md). A slice is one TPU node pool: ``chips`` = product of the topology's
+dimensions, ``hosts`` = VMs in the pool, ``chips_per_host`` = ``google.com/tpu`` per pod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+# Multi-host slices always use 4-chip VMs; single-host slices put every chip on one VM.
+MULTI_HOST_CHIPS_PER_HOST = 4
+
+# Ray gives each Train worker process this many chips (TPU_VISIBLE_CHIPS supports these counts).
+VALID_CHIPS_PER_WORKER = (1, 2, 4, 8)
+
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
+GKE_RESERVATION_LABEL = "cloud.google.com/reservation-name"
+TPU_RESOURCE = "google.com/tpu"
+
+
+@dataclass(frozen=True)
+class Generation:
+    name: str  # the short name users write: v6e
+    gke_accelerator: str  # node label value: tpu-v6e-slice
+    ray_accelerator_type: str  # Ray's accelerator_type: TPU-V6E
+    pod_type_prefix: str  # TPU pod type counts cores: v6e-16, v5litepod-16, v5p-16
+    cores_per_chip: int
+    machine_type: str  # with {chips} for the chips per VM
+    # topology -> chips per host; the first entry of a tuple is the default layout.
+    single_host: dict[str, tuple[int, ...]]
+    multi_host: tuple[str, ...]
+
+    @property
+    def dimensions(self) -> int:
+        return len(next(iter(self.single_host)).split("x"))
+
+    @property
+    def topologies(self) -> tuple[str, ...]:
+        return tuple(self.single_host) + tuple(t for t in self.multi_host if t not in self.single_host)
+
+
+_CUBES = ("2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")
+_2D_MULTI = ("4x4", "4x8", "8x8", "8x16", "16x16")
+
+GENERATIONS: dict[str, Generation] = {
+    g.name: g
+    for g in (
+        Generation(
+            name="v4",
+            gke_accelerator="tpu-v4-podslice",
+            ray_accelerator_type="TPU-V4",
+            pod_type_prefix="v4",
+            cores_per_chip=2,
+            machine_type="ct4p-hightpu-{chips}t",
+            single_host={"2x2x1": (4,)},
+            multi_host=_CUBES + ("8x8x12", "8x8x16", "8x16x16"),
+        ),
+        Generation(
+            name="v5e",
+            gke_accelerator="tpu-v5-lite-podslice",
+            ray_accelerator_type="TPU-V5LITEPOD",
+            pod_type_prefix="v5litepod",
+            cores_per_chip=1,
+            machine_type="ct5lp-hightpu-{chips}t",
+            # 2x4 is one 8-chip VM by default, or two 4-chip VMs when chipsPerHost is 4.
+            single_host={"1x1": (1,), "2x2": (4,), "2x4": (8, 4)},
+            multi_host=_2D_MULTI,
+        ),
+        Generation(
+            name="v5p",
+            gke_accelerator="tpu-v5p-slice",
+            ray_accelerator_type="TPU-V5P",
+            pod_type_prefix="v5p",
+            cores_per_chip=2,
+            machine_type="ct5p-hightpu-{chips}t",
+            single_host={"2x2x1": (4,)},
+            multi_host=_CUBES + ("8x8x16", "8x16x16", "16x16x16", "16x16x24"),
+        ),
+        Generation(
+            name="v6e",
+            gke_accelerator="tpu-v6e-slice",
+            ray_accelerator_type="TPU-V6E",
+            pod_type_prefix="v6e",
+            cores_per_chip=1,
+            machine_type="ct6e-standard-{chips}t",
+            single_host={"1x1": (1,), "2x2": (4,), "2x4": (8, 4)},
+            multi_host=_2D_MULTI,
+        ),
+        Generation(
+            name="tpu7x",
+            gke_accelerator="tpu7x",
+            ray_accelerator_type="TPU-V7X",
+            pod_type_prefix="tpu7x",
+            cores_per_chip=2,
+            machine_type="tpu7x-standard-{chips}t",
+            single_host={"2x2x1": (4,)},
+            multi_host=_CUBES + ("8x8x16", "8x16x16", "16x16x16"),
+        ),
+    )
+}
+
+# Users may write either the short name or GKE's node-label value.
+ACCELERATOR_ALIASES: dict[str, str] = {
+    **{g.name: g.name for g in GENERATIONS.values()},
+    **{g.gke_accelerator: g.name for g in GENERATIONS.values()},
+}
+
+
+class TopologyError(ValueError):
+    """A slice that cannot exist; ``field`` is the spec field (relative to spec.tpu) at fault."""
+
+    def __init__(self, field: str, value: object, message: str):
+        super().__init__(message)
+        self.field = field
+        self.value = value
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Slice:
+    generation: Generation
+    topology: str
+    chips: int
+    chips_per_host: int
+
+    @property
+    def hosts(self) -> int:
+        return self.chips // self.chips_per_host
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def pod_type(self) -> str:
+        """TPU pod type as the device plugin reports it (TPU_ACCELERATOR_TYPE), e.g. v6e-16."""
+        return f"{self.generation.pod_type_prefix}-{self.chips * self.generation.cores_per_chip}"
+
+    @property
+    def machine_type(self) -> str:
+        return self.generation.machine_type.format(chips=self.chips_per_host)
+
+    def workers(self, chips_per_worker: int) -> int:
+        return self.chips // chips_per_worker
+
+
+def normalize_accelerator(value: str) -> str:
+    """Short generation name for a short name or GKE label value; TopologyError otherwise."""
+    name = ACCELERATOR_ALIASES.get(value)
+    if name is None:
+        raise TopologyError(
+            "accelerator", value, f"must be one of {', '.join(sorted(ACCELERATOR_ALIASES))}"
+        )
+    return name
+
+
+def chip_count(topology: str) -> int:
+    return prod(int(d) for d in topology.split("x"))
+
+
+def host_layouts(generation: Generation, topology: str) -> tuple[int, ...]:
+    """Chips per host a topology can be built from, the default first."""
+    layouts = generation.single_host.get(topology, ())
+    if topology in generation.multi_host:
+        layouts += (MULTI_HOST_CHIPS_PER_HOST,)
+    return tuple(dict.fromkeys(layouts))
+
+
+def resolve(accelerator: str, topology: str, chips_per_host: int | None = None) -> Slice:
+    """The slice for an accelerator and topology (and, for ambiguous shapes, chips per host)."""
+    generation = GENERATIONS[normalize_accelerator(accelerator)]
+    if topology not in generation.topologies:
+        raise TopologyError(
+            "topology",
+            topology,
+            f"is not a {generation.name} slice on GKE; allowed: {', '.join(generation.topologies)}",
+        )
+    layouts = host_layouts(generation, topology)
+    chosen = layouts[0] if chips_per_host is None else chips_per_host
+    if chosen not in layouts:
+        allowed = " or ".join(str(c) for c in layouts)
+        raise TopologyError(
+            "chipsPerHost",
+            chips_per_host,
+            f"must be {allowed} for a {generation.name} {topology} slice",
+        )
+    return Slice(generation, topology, chip_count(topology), chosen)
+
+
+def all_slices(accelerator: str | None = None) -> list[Slice]:
+    """Every supported slice (each layout of an ambiguous topology), in table order."""
+    names = [normalize_accelerator(accelerator)] if accelerator else list(GENERATIONS)
+    slices = []
+    for name in names:
+        generation = GENERATIONS[name]
+        for topology in generation.topologies:
+            for chips_per_host in host_layouts(generation, topology):
+                slices.append(resolve(name, topology, chips_per_host))
+    return slices

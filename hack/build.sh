@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Builds (or reuses) the local-cluster binaries into
+#   ${TPUTORCH_CACHE:-$HOME/.cache/tputorch}/bin/<versionkey>/
+# Usage: hack/build.sh [cluster|helm|all|key|dir]   (default: all; helm is built last)
+#   cluster  etcd, kube-apiserver/-controller-manager/-scheduler, kwok, kuberay-operator
+#   helm     helm only
+#   key|dir  print the version key / the bin directory and exit
+# Everything is built from Go modules through the Go module proxy; nothing is downloaded otherwise.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.34.4}
+KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
+KUBERAY_VERSION=${KUBERAY_VERSION:-v1.5.0}
+KUBERAY_FALLBACKS=${KUBERAY_FALLBACKS:-"v1.5.1 v1.5.2"}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
+
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CACHE=${TPUTORCH_CACHE:-$HOME/.cache/tputorch}
+GOV=$(go env GOVERSION)
+# etcd's version is the one k8s.io/kubernetes pins; it is derived, so k8s' version covers it.
+KEY="k8s-${K8S_VERSION}_kwok-${KWOK_VERSION}_kuberay-${KUBERAY_VERSION}_helm-${HELM_VERSION}_${GOV}"
+BIN="$CACHE/bin/$KEY"
+LOGS="$CACHE/logs"
+
+what=${1:-all}
+case "$what" in
+  key) echo "$KEY"; exit 0 ;;
+  dir) echo "$BIN"; exit 0 ;;
+  cluster|helm|all) ;;
+  *) echo "usage: $0 [cluster|helm|all|key|dir]" >&2; exit 2 ;;
+esac
+
+mkdir -p "$BIN" "$LOGS"
+exec 9>"$CACHE/build.lock"
+flock 9   # one build at a time per cache
+
+log() { echo "[build $(date +%H:%M:%S)] $*" >&2; }
+timed() { local t0=$SECONDS; "$@"; log "$1 ${2:-}: $((SECONDS - t0))s"; }
+
+build_kube() {
+  [[ -x "$BIN/kube" && -x "$BIN/etcd" ]] && return 0
+  log "building kubernetes $K8S_VERSION control plane + etcd (cold: tens of minutes)"
+  local src="$HACK/cluster-bin" pkg=k8s.io/component-base/version
+  K8S_VERSION=$K8S_VERSION "$src/gen-gomod.sh" >/dev/null
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local ld="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  ld+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+  (cd "$src" && go mod tidy && \
+    go build -trimpath -ldflags "$ld" -o "$BIN/kube.tmp" ./kube && mv "$BIN/kube.tmp" "$BIN/kube" && \
+    go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" ./etcd && mv "$BIN/etcd.tmp" "$BIN/etcd")
+  for c in kube-apiserver kube-controller-manager kube-scheduler; do ln -sf kube "$BIN/$c"; done
+}
+
+gobin_install() {  # gobin_install <binary name> <module/cmd path>@<version>
+  local name=$1 spec=$2
+  [[ -x "$BIN/$name" ]] && return 0
+  log "go install $spec"
+  (cd /tmp && GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "$spec")
+}
+
+build_kwok() { gobin_install kwok "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"; }
+
+build_kuberay() {
+  [[ -x "$BIN/kuberay-operator" ]] && return 0
+  local v
+  for v in "$KUBERAY_VERSION" $KUBERAY_FALLBACKS; do
+    log "go install github.com/ray-project/kuberay/ray-operator@$v"
+    if (cd /tmp && GOBIN="$BIN/.kuberay" go install -trimpath -ldflags "-s -w" \
+          "github.com/ray-project/kuberay/ray-operator@$v"); then
+      mv "$BIN/.kuberay/ray-operator" "$BIN/kuberay-operator"; rmdir "$BIN/.kuberay"
+      echo "$v" > "$BIN/kuberay-operator.version"
+      [[ $v == "$KUBERAY_VERSION" ]] || log "WARNING: kuberay $KUBERAY_VERSION failed; using $v"
+      return 0
+    fi
+    log "kuberay $v failed"
+  done
+  return 1
+}
+
+build_helm() { gobin_install helm "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"; }
+
+t0=$SECONDS
+if [[ $what == cluster || $what == all ]]; then
+  timed build_kwok
+  timed build_kuberay
+  timed build_kube
+fi
+if [[ $what == helm || $what == all ]]; then
+  timed build_helm
+fi
+log "done in $((SECONDS - t0))s: $BIN"
+echo "$BIN"

@@ -259,9 +259,11 @@ def _parse_tpu(r: _Reader, spec: Mapping) -> _TPU:
         else f"must be one of {', '.join(map(str, topology.VALID_CHIPS_PER_WORKER))}",
     )
     chips_per_host = r.value(tpu, "chipsPerHost", "spec.tpu.chipsPerHost", int)
-    if accelerator is None or topo is None:
-        return _TPU(None, chips_per_worker, spot, reservation)
     try:
+        if accelerator is not None:
+            topology.normalize_accelerator(accelerator)
+        if accelerator is None or topo is None:
+            return _TPU(None, chips_per_worker, spot, reservation)
         tpu_slice = topology.resolve(accelerator, topo, chips_per_host)
     except TopologyError as err:
         r.error(f"spec.tpu.{err.field}", err.value, err.message)

@@ -1,0 +1,186 @@
+"""tputorch run | render | validate | topologies | crd"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Sequence
+
+import yaml
+
+from . import crd, render, spec, topology
+
+
+def _load(path: str) -> list:
+    """Every YAML document in a file ('-' for stdin), skipping empty ones."""
+    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    with stream:
+        return [doc for doc in yaml.safe_load_all(stream) if doc is not None]
+
+
+def _parse_all(path: str) -> tuple[list[spec.JobSpec], list[str]]:
+    jobs, problems = [], []
+    try:
+        docs = _load(path)
+    except (OSError, yaml.YAMLError) as err:
+        return [], [f"{path}: {err}"]
+    for i, doc in enumerate(docs):
+        where = f"{path}" + (f" (document {i + 1})" if len(docs) > 1 else "")
+        if not isinstance(doc, dict) or doc.get("kind") != crd.KIND:
+            problems.append(f"{where}: kind must be {crd.KIND}, got {doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r}")
+            continue
+        try:
+            jobs.append(spec.parse(doc))
+        except spec.InvalidSpec as err:
+            problems.extend(f"{where}: {e}" for e in err.errors)
+    return jobs, problems
+
+
+def cmd_render(args) -> int:
+    jobs, problems = _parse_all(args.file)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    sys.stdout.write("---\n".join(render.to_yaml(render.rayjob(job)) for job in jobs))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    jobs, problems = _parse_all(args.file)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    for job in jobs:
+        s = job.slice
+        print(f"{job.name}: valid; {s.generation.name} {s.topology}, {s.hosts} host(s) x {s.chips_per_host} chips, "
+              f"{job.workers} worker(s) x {job.chips_per_worker} chip(s)")
+    return 0
+
+
+def topology_rows(accelerator: str | None) -> list[dict]:
+    return [
+        {
+            "accelerator": s.generation.name,
+            "gkeAccelerator": s.generation.gke_accelerator,
+            "topology": s.topology,
+            "chips": s.chips,
+            "hosts": s.hosts,
+            "chipsPerHost": s.chips_per_host,
+            "machineType": s.machine_type,
+            "podType": s.pod_type,
+            "workers": s.workers(1),
+        }
+        for s in topology.all_slices(accelerator)
+    ]
+
+
+def cmd_topologies(args) -> int:
+    try:
+        rows = topology_rows(args.accelerator)
+    except topology.TopologyError as err:
+        print(f"--accelerator: {err.value!r} {err.message}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    headers = ["ACCELERATOR", "TOPOLOGY", "CHIPS", "HOSTS", "CHIPS/HOST", "MACHINE TYPE", "POD TYPE", "WORKERS (1 chip each)"]
+    keys = ["accelerator", "topology", "chips", "hosts", "chipsPerHost", "machineType", "podType", "workers"]
+    table = [headers] + [[str(r[k]) for k in keys] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def cmd_crd(_args) -> int:
+    sys.stdout.write(crd.crd_yaml())
+    return 0
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("namespace", "name"):
+            if hasattr(record, key):
+                entry[key] = getattr(record, key)
+        return json.dumps(entry)
+
+
+def _setup_logging(fmt: str, verbose: bool) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    # kopf logs every handler step at INFO; ours says what was decided.
+    logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
+def cmd_run(args) -> int:
+    import kopf
+
+    from . import handlers
+
+    _setup_logging(args.log_format, args.verbose)
+    handlers.CONFIG.metrics_port = args.metrics_port
+    handlers.CONFIG.metrics_host = args.metrics_host
+    namespaces = args.namespace or []
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=args.standalone,
+        liveness_endpoint=args.liveness,
+        peering_name=args.peering_name if not args.standalone else None,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tputorch", description="Distributed PyTorch on one GKE TPU slice, through KubeRay.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the operator")
+    run.add_argument("-n", "--namespace", action="append", help="watch this namespace (repeatable; kopf glob patterns allowed); default: all namespaces")
+    run.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default when no --namespace is given)")
+    run.add_argument("--liveness", metavar="URL", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (/metrics)")
+    run.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics endpoint")
+    run.add_argument("--standalone", action=argparse.BooleanOptionalAction, default=True,
+                     help="run without kopf peering (default; deploy exactly one replica). --no-standalone uses peering")
+    run.add_argument("--peering-name", default="tputorch-operator", help="kopf peering object name with --no-standalone")
+    run.add_argument("--log-format", choices=["text", "json"], default="text")
+    run.add_argument("-v", "--verbose", action="store_true")
+    run.set_defaults(func=cmd_run)
+
+    for name, func, text in (("render", cmd_render, "print the RayJob the operator would create"),
+                             ("validate", cmd_validate, "validate TPUTorchJob file(s)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("file", help="YAML file with one or more TPUTorchJobs ('-' for stdin)")
+        p.set_defaults(func=func)
+
+    topo = sub.add_parser("topologies", help="list every supported TPU slice")
+    topo.add_argument("--accelerator", help="only this generation (v4, v5e, v5p, v6e, tpu7x or a GKE label value)")
+    topo.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    topo.set_defaults(func=cmd_topologies)
+
+    sub.add_parser("crd", help="print the TPUTorchJob CRD").set_defaults(func=cmd_crd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "all_namespaces", False) and args.namespace:
+        print("--all-namespaces and --namespace exclude each other", file=sys.stderr)
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

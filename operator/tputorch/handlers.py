@@ -1,0 +1,299 @@
+"""kopf registrations. Each handler is a few lines; decisions are in spec/render/status.
+
+One level-based reconcile (create/resume/update of a TPUTorchJob, and deletion of its RayJob):
+make the RayJob exist, then derive status from what the watches hold. Status follows the RayJob
+and its pods through kopf indexes, so a child's change reaches the parent without a GET.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from . import crd, render, spec as specs, status as statuses
+from .metrics import METRICS, serve
+
+log = logging.getLogger("tputorch")
+
+RAYJOB = ("ray.io", "v1", "rayjobs")
+JOB = (crd.GROUP, crd.VERSION, crd.PLURAL)
+OURS = {render.MANAGED_BY_LABEL: render.MANAGED_BY}
+
+
+@dataclass
+class Config:
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = None
+    api_workers: int = 16  # threads for the (synchronous) kubernetes client
+
+
+CONFIG = Config()
+
+
+class Kube:
+    """The few API calls the operator makes, run in threads (the kubernetes client is blocking)."""
+
+    def __init__(self, workers: int) -> None:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        cfg = client.Configuration.get_default_copy()
+        cfg.connection_pool_maxsize = workers
+        api = client.ApiClient(cfg)
+        self.custom = client.CustomObjectsApi(api)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+
+    async def _run(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
+
+    async def create_rayjob(self, namespace: str, body: dict) -> None:
+        await self._run(self.custom.create_namespaced_custom_object, *RAYJOB[:2], namespace, RAYJOB[2], body)
+
+    async def patch_rayjob(self, namespace: str, name: str, patch: dict) -> None:
+        await self._run(self.custom.patch_namespaced_custom_object, *RAYJOB[:2], namespace, RAYJOB[2], name, patch)
+
+    async def patch_status(self, namespace: str, name: str, status: dict) -> None:
+        await self._run(
+            self.custom.patch_namespaced_custom_object_status, *JOB[:2], namespace, JOB[2], name, {"status": status}
+        )
+
+
+class State:
+    """What the operator remembers between events (all rebuilt from the API after a restart)."""
+
+    def __init__(self) -> None:
+        self.kube: Kube | None = None
+        self.locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.written: dict[str, dict] = {}  # uid -> last status we wrote (newer than the watch)
+        self.create_errors: dict[tuple[str, str], tuple[str, str]] = {}
+        self.phases: dict[str, str] = {}  # uid -> phase, for the jobs-by-phase gauge
+
+
+STATE = State()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- startup -------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, **_) -> None:
+    # kopf's own per-handler events would double ours; keep them for problems only.
+    settings.posting.level = logging.WARNING
+    # Watches end server-side every few minutes and are re-established; a silent connection is
+    # dropped after the inactivity timeout instead of hanging forever.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.watching.inactivity_timeout = 330
+    # Handler progress goes to annotations, never into status (the schema would prune it).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=crd.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=crd.GROUP, key="last-handled-configuration"
+    )
+    STATE.kube = Kube(CONFIG.api_workers)
+    METRICS.phases = lambda: dict(_count(STATE.phases.values()))
+    if CONFIG.metrics_port is not None:
+        await serve(CONFIG.metrics_host, CONFIG.metrics_port)
+        log.info("metrics on %s:%s/metrics", CONFIG.metrics_host, CONFIG.metrics_port)
+
+
+def _count(values) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for v in values:
+        counts[v] += 1
+    return counts
+
+
+# --- indexes: the latest TPUTorchJobs, their RayJobs and pods, keyed by (namespace, job) ----
+
+
+@kopf.index(*JOB)
+def tputorchjobs(namespace, name, body, **_):
+    return {(namespace, name): {"apiVersion": crd.API_VERSION, "kind": crd.KIND,
+                                "metadata": dict(body.metadata), "spec": dict(body.spec),
+                                "status": dict(body.status)}}
+
+
+@kopf.index(*RAYJOB, labels=OURS)
+def rayjobs(namespace, labels, body, **_):
+    return {(namespace, labels.get(render.JOB_LABEL)): {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}}
+
+
+@kopf.index("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
+def job_pods(namespace, name, labels, status, **_):
+    return {(namespace, labels[render.JOB_LABEL]): {"name": name, "status": {"conditions": list(status.get("conditions") or [])}}}
+
+
+def _one(index: kopf.Index, key):
+    store = index.get(key)
+    return next(iter(store), None) if store else None
+
+
+# --- the reconcile -------------------------------------------------------------------------
+
+
+@kopf.on.resume(*JOB)
+@kopf.on.create(*JOB)
+@kopf.on.update(*JOB)
+async def reconcile(body, namespace, name, rayjobs: kopf.Index, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
+    started = time.perf_counter()
+    result = await _reconcile(dict(body), namespace, name, rayjobs, job_pods)
+    METRICS.reconciled(result, time.perf_counter() - started)
+
+
+@kopf.on.event(*RAYJOB, labels=OURS)
+async def rayjob_event(event, namespace, labels, rayjobs: kopf.Index, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
+    job = labels.get(render.JOB_LABEL)
+    parent = _one(tputorchjobs, (namespace, job))
+    if parent is None:
+        return
+    if event["type"] == "DELETED":
+        # Policy: a RayJob deleted behind our back is recreated while the job has not finished.
+        phase = (parent.get("status") or {}).get("phase")
+        if phase not in statuses.TERMINAL_PHASES and not parent["metadata"].get("deletionTimestamp"):
+            log.info("RayJob %s/%s was deleted before the job finished: recreating it", namespace, job)
+            await _reconcile(parent, namespace, job, rayjobs, job_pods, observed=None)
+        return
+    await _refresh(parent, namespace, job, rayjobs, job_pods)
+
+
+@kopf.on.event("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
+async def pod_event(namespace, labels, rayjobs: kopf.Index, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
+    job = labels[render.JOB_LABEL]
+    parent = _one(tputorchjobs, (namespace, job))
+    if parent is not None:
+        await _refresh(parent, namespace, job, rayjobs, job_pods)
+
+
+@kopf.on.delete(*JOB, optional=True)
+def forget(uid, namespace, name, **_):
+    # optional=True: no finalizer; ownerReferences let the garbage collector delete the children.
+    STATE.written.pop(uid, None)
+    STATE.phases.pop(uid, None)
+    STATE.create_errors.pop((namespace, name), None)
+    STATE.locks.pop((namespace, name), None)
+
+
+_MISSING = object()
+
+
+async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods, observed=_MISSING) -> str:
+    try:
+        job = specs.parse({**body, "metadata": {**body["metadata"], "namespace": namespace}})
+    except specs.InvalidSpec as err:
+        await _write_invalid(body, namespace, name, err)
+        return "invalid"
+    observed = _one(rayjobs, (namespace, name)) if observed is _MISSING else observed
+    if observed is None:
+        result = await _create(body, job, namespace, name)
+    else:
+        result = await _sync_suspend(job, observed, namespace, name)
+    await _refresh(body, namespace, name, rayjobs, job_pods, job=job)
+    if result == "retry":
+        raise kopf.TemporaryError(STATE.create_errors[(namespace, name)][1], delay=30)
+    return result
+
+
+async def _create(body: dict, job: specs.JobSpec, namespace: str, name: str) -> str:
+    desired = render.rayjob(job)
+    kopf.adopt(desired, owner=body)  # ownerReference + the owner's namespace, whatever the spec says
+    desired["metadata"]["namespace"] = namespace
+    try:
+        await STATE.kube.create_rayjob(namespace, desired)
+    except ApiException as err:
+        if err.status == 409:
+            STATE.create_errors.pop((namespace, name), None)
+            return "exists"
+        STATE.create_errors[(namespace, name)] = _create_problem(err)
+        log.warning("RayJob %s/%s not created: %s", namespace, name, STATE.create_errors[(namespace, name)][1])
+        return "retry"
+    STATE.create_errors.pop((namespace, name), None)
+    log.info("RayJob %s/%s created for a %s %s slice (%d hosts, %d workers)", namespace, name,
+             job.slice.generation.name, job.slice.topology, job.slice.hosts, job.workers)
+    return "created"
+
+
+def _create_problem(err: ApiException) -> tuple[str, str]:
+    if err.status == 404:
+        return ("KubeRayNotInstalled", "the RayJob kind (ray.io/v1) is not served: install KubeRay's CRDs "
+                "and operator; the RayJob will be created once they exist")
+    if err.status == 403:
+        return ("Forbidden", f"the operator may not create RayJobs here: {err.reason}")
+    return ("RayJobCreateFailed", f"creating the RayJob failed: HTTP {err.status} {err.reason}: {(err.body or '')[:500]}")
+
+
+async def _sync_suspend(job: specs.JobSpec, observed: dict, namespace: str, name: str) -> str:
+    # spec.tpu is immutable (CRD rule); suspend is the one field a live RayJob takes.
+    if bool((observed.get("spec") or {}).get("suspend")) == job.suspend:
+        return "unchanged"
+    await STATE.kube.patch_rayjob(namespace, name, {"spec": {"suspend": job.suspend}})
+    log.info("RayJob %s/%s suspend set to %s", namespace, name, job.suspend)
+    return "suspend-changed"
+
+
+async def _write_invalid(body: dict, namespace: str, name: str, err: specs.InvalidSpec) -> None:
+    async with STATE.locks[(namespace, name)]:
+        previous = _previous(body)
+        current = statuses.invalid(err.errors, body["metadata"].get("generation", 0), previous, _now())
+        if await _patch(body, namespace, name, previous, current):
+            METRICS.validation_failed()
+            log.warning("TPUTorchJob %s/%s is invalid: %s", namespace, name, err)
+
+
+async def _refresh(body: dict, namespace: str, name: str, rayjobs, job_pods, job: specs.JobSpec | None = None) -> None:
+    """Derive the status from the indexes and patch it if it changed."""
+    if job is None:
+        try:
+            job = specs.parse({**body, "metadata": {**body["metadata"], "namespace": namespace}})
+        except specs.InvalidSpec:
+            return  # the reconcile reported it
+    async with STATE.locks[(namespace, name)]:
+        previous = _previous(body)
+        current = statuses.derive(
+            job,
+            body["metadata"].get("generation", 0),
+            _one(rayjobs, (namespace, name)),
+            list(job_pods.get((namespace, name)) or []),
+            previous,
+            _now(),
+            STATE.create_errors.get((namespace, name)),
+        )
+        await _patch(body, namespace, name, previous, current)
+
+
+def _previous(body: dict) -> dict:
+    return STATE.written.get(body["metadata"].get("uid")) or dict(body.get("status") or {})
+
+
+async def _patch(body: dict, namespace: str, name: str, previous: dict, current: dict) -> bool:
+    patch = statuses.patch_for(previous, current)
+    if patch is None:
+        return False
+    try:
+        await STATE.kube.patch_status(namespace, name, patch)
+    except ApiException as err:
+        if err.status == 404:
+            return False  # deleted meanwhile
+        raise
+    uid = body["metadata"].get("uid")
+    STATE.written[uid] = current
+    STATE.phases[uid] = current["phase"]
+    METRICS.status_patched()
+    for event in statuses.events(previous, current):
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+    log.info("TPUTorchJob %s/%s: phase %s (%s)", namespace, name, current["phase"], current["message"][:200])
+    return True

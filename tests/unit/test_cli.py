@@ -1,0 +1,91 @@
+"""The CLI, called as users call it."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import yaml
+
+from tputorch import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_render_example_prints_a_rayjob(capsys):
+    code, out, err = run(capsys, "render", str(EXAMPLES / "v6e-4x4.yaml"))
+    assert code == 0, err
+    rayjob = yaml.safe_load(out)
+    assert rayjob["kind"] == "RayJob"
+    assert rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["numOfHosts"] == 4
+
+
+def test_render_lists_every_error_and_fails(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchJob", "metadata": {"name": "x"},
+                                   "spec": {"tpu": {"accelerator": "v6e", "topology": "3x3", "slices": 2}, "image": "i"}}))
+    code, out, err = run(capsys, "render", str(bad))
+    assert code == 1 and out == ""
+    assert "spec.tpu.topology: '3x3'" in err and "spec.tpu.slices: 2 must be 1" in err and "spec.entrypoint: is required" in err
+
+
+def test_render_multi_document_file(tmp_path, capsys):
+    docs = [yaml.safe_load((EXAMPLES / n).read_text()) for n in ("v6e-4x4.yaml", "v6e-2x2-single-host.yaml")]
+    both = tmp_path / "both.yaml"
+    both.write_text(yaml.safe_dump_all(docs))
+    code, out, _ = run(capsys, "render", str(both))
+    assert code == 0
+    assert [d["metadata"]["name"] for d in yaml.safe_load_all(out)] == [d["metadata"]["name"] for d in docs]
+
+
+def test_validate(capsys, tmp_path):
+    code, out, _ = run(capsys, "validate", str(EXAMPLES / "v6e-4x4.yaml"))
+    assert code == 0 and "valid; v6e 4x4, 4 host(s) x 4 chips, 16 worker(s)" in out
+    other = tmp_path / "other.yaml"
+    other.write_text("kind: Deployment\n")
+    code, _, err = run(capsys, "validate", str(other))
+    assert code == 1 and "kind must be TPUTorchJob" in err
+    code, _, err = run(capsys, "validate", str(tmp_path / "missing.yaml"))
+    assert code == 1 and "No such file" in err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    code, _, err = run(capsys, "validate", str(broken))
+    assert code == 1 and "broken.yaml" in err
+
+
+def test_topologies_table_and_json(capsys):
+    code, out, _ = run(capsys, "topologies", "--accelerator", "v6e")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["ACCELERATOR", "TOPOLOGY", "CHIPS", "HOSTS"]
+    assert any(line.split()[:4] == ["v6e", "4x4", "16", "4"] for line in lines)
+    code, out, _ = run(capsys, "topologies", "-o", "json")
+    rows = json.loads(out)
+    assert {"accelerator": "v5p", "topology": "2x2x2", "hosts": 2} .items() <= next(r for r in rows if r["topology"] == "2x2x2" and r["accelerator"] == "v5p").items()
+    code, _, err = run(capsys, "topologies", "--accelerator", "v99")
+    assert code == 2 and "must be one of" in err
+
+
+def test_crd_command_prints_the_crd(capsys):
+    code, out, _ = run(capsys, "crd")
+    assert code == 0 and yaml.safe_load(out)["kind"] == "CustomResourceDefinition"
+
+
+def test_python_dash_m_works_the_same():
+    proc = subprocess.run([sys.executable, "-m", "tputorch", "validate", str(EXAMPLES / "v6e-2x2-single-host.yaml")],
+                          capture_output=True, text=True, cwd=ROOT / "operator", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 host(s) x 4 chips, 4 worker(s)" in proc.stdout
+
+
+def test_every_example_is_valid(capsys):
+    for path in sorted(EXAMPLES.rglob("*.yaml")):
+        code, _, err = run(capsys, "validate", str(path))
+        assert code == 0, f"{path}: {err}"

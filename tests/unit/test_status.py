@@ -1,0 +1,146 @@
+"""Status derivation from recorded RayJob statuses, condition timestamps, patches and events."""
+
+import pathlib
+
+import pytest
+import yaml
+
+from tputorch import spec, status
+
+from .jobs import body
+
+STATUSES = yaml.safe_load((pathlib.Path(__file__).parent / "data" / "rayjob-statuses.yaml").read_text())
+T0, T1, T2 = "2026-11-29T10:00:00Z", "2026-11-29T10:01:00Z", "2026-11-29T10:02:00Z"
+JOB = spec.parse(body())
+
+
+def rayjob(stage):
+    return {"metadata": {"name": "demo"}, "status": STATUSES[stage]}
+
+
+def derive(stage, previous=None, pods=(), now=T0, **kw):
+    rj = None if stage is None else rayjob(stage)
+    return status.derive(JOB, 1, rj, list(pods), previous or {}, now, **kw)
+
+
+def cond(st, ctype):
+    return next((c for c in st["conditions"] if c["type"] == ctype), None)
+
+
+@pytest.mark.parametrize(
+    "stage,phase,ready,slice_ready",
+    [
+        ("initializing", "Pending", 0, ("False", "WaitingForHosts")),
+        ("partly-ready", "Pending", 2, ("False", "WaitingForHosts")),
+        ("running", "Running", 4, ("True", "AllHostsReady")),
+        ("succeeded", "Succeeded", 4, ("False", "JobFinished")),
+        ("failed", "Failed", 4, ("False", "JobFinished")),
+        ("deadline-exceeded", "Failed", 0, ("False", "JobFinished")),
+        ("suspended", "Suspended", 0, ("False", "Suspended")),
+    ],
+)
+def test_phase_hosts_and_slice_condition_per_stage(stage, phase, ready, slice_ready):
+    st = derive(stage)
+    assert st["phase"] == phase
+    assert (st["readyHosts"], st["hosts"], st["hostsReady"]) == (ready, 4, f"{ready}/4")
+    c = cond(st, "SliceReady")
+    assert (c["status"], c["reason"]) == slice_ready
+    assert st["workers"] == 16 and st["observedGeneration"] == 1
+    assert cond(st, "Validated")["status"] == "True"
+    assert cond(st, "RayJobCreated")["status"] == "True"
+
+
+def test_running_reports_kuberay_fields():
+    st = derive("running")
+    assert st["rayClusterName"] == "demo-x7k2p"
+    assert st["dashboardURL"].endswith(":8265")
+    assert (st["jobStatus"], st["jobDeploymentStatus"], st["jobId"]) == ("RUNNING", "Running", "demo-h2c9t")
+    assert st["message"] == "16 worker(s) on a v6e 4x4 slice, 4/4 hosts ready"
+    assert "completionTime" not in st
+
+
+def test_succeeded_has_completion_time_and_condition():
+    st = derive("succeeded")
+    assert st["completionTime"] == "2026-11-29T11:30:00Z"
+    assert cond(st, "Succeeded")["status"] == "True"
+    assert cond(st, "Failed") is None
+
+
+def test_failed_carries_kuberays_reason_and_message():
+    st = derive("failed")
+    c = cond(st, "Failed")
+    assert (c["status"], c["reason"]) == ("True", "AppFailed")
+    assert "torch_tpu" in c["message"] and "torch_tpu" in st["message"]
+    assert st["completionTime"] == "2026-11-29T10:05:00Z"
+
+
+def test_no_rayjob_yet_and_kuberay_missing():
+    st = derive(None)
+    assert st["phase"] == "Pending" and cond(st, "RayJobCreated")["reason"] == "Creating"
+    st = derive(None, create_error=("KubeRayNotInstalled", "install KubeRay"))
+    c = cond(st, "RayJobCreated")
+    assert (c["status"], c["reason"], c["message"]) == ("False", "KubeRayNotInstalled", "install KubeRay")
+    assert st["message"] == "install KubeRay"
+
+
+def test_unschedulable_pods_explain_the_wait():
+    pod = {"name": "demo-x7k2p-tpu-slice-worker-abc", "status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector."}]}}
+    st = derive("initializing", pods=[pod])
+    c = cond(st, "SliceReady")
+    assert (c["status"], c["reason"]) == ("False", "Unschedulable")
+    assert "didn't match Pod's node affinity/selector" in c["message"] and pod["name"] in c["message"]
+    assert st["message"] == c["message"]
+
+
+def test_transition_time_moves_only_when_status_flips():
+    first = derive("initializing", now=T0)
+    second = derive("partly-ready", previous=first, now=T1)  # still False, message changed
+    assert cond(second, "SliceReady")["lastTransitionTime"] == T0
+    third = derive("running", previous=second, now=T2)
+    assert cond(third, "SliceReady")["lastTransitionTime"] == T2
+    assert cond(third, "Validated")["lastTransitionTime"] == T0
+
+
+def test_patch_only_when_something_but_time_changed():
+    first = derive("running", now=T0)
+    assert status.patch_for(first, derive("running", previous=first, now=T1)) is None
+    patch = status.patch_for(first, derive("succeeded", previous=first, now=T1))
+    assert patch["phase"] == "Succeeded"
+
+
+def test_fields_we_no_longer_have_are_nulled_in_the_patch():
+    running = derive("running")
+    invalid = status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 2, running, T1)
+    patch = status.patch_for(running, invalid)
+    assert patch["workers"] is None and patch["rayClusterName"] is None
+    assert patch["phase"] == "Failed"
+
+
+def test_invalid_status():
+    err = spec.FieldError("spec.tpu.topology", "4x5", "is not a v6e slice on GKE; allowed: 1x1")
+    st = status.invalid([err], 3, {}, T0)
+    assert st["phase"] == "Failed" and st["observedGeneration"] == 3
+    c = cond(st, "Validated")
+    assert (c["status"], c["reason"]) == ("False", "ValidationFailed")
+    assert "spec.tpu.topology: '4x5' is not a v6e slice" in c["message"]
+
+
+def test_events_on_transitions():
+    created = derive("initializing")
+    evs = status.events({}, created)
+    assert [(e.type, e.reason) for e in evs] == [("Normal", "Valid"), ("Normal", "Created")]
+    running = derive("running", previous=created)
+    evs = status.events(created, running)
+    assert [(e.type, e.reason) for e in evs] == [("Normal", "AllHostsReady"), ("Normal", "Running")]
+    failed = derive("failed", previous=running)
+    reasons = [(e.type, e.reason) for e in status.events(running, failed)]
+    assert ("Warning", "AppFailed") in reasons and ("Normal", "JobFinished") in reasons
+    assert status.events(failed, derive("failed", previous=failed)) == []
+
+
+def test_invalid_spec_event_is_a_warning():
+    st = status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 1, {}, T0)
+    evs = status.events({}, st)
+    assert ("Warning", "ValidationFailed") in [(e.type, e.reason) for e in evs]

@@ -1,0 +1,41 @@
+# Two commands for a newcomer: `make demo` (the operator's main job on a local cluster) and
+# `make test` (every test; CI runs exactly this through .ci/run).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PYTHON := $(abspath $(PY))
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: install cluster-up cluster-down demo test unit bench crd golden
+
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,train]'
+	touch $@
+
+cluster-up: install
+	hack/cluster.sh up
+
+cluster-down:
+	hack/cluster.sh down
+
+demo: install
+	hack/demo.sh
+
+# Unit, Ray and cluster tests; the cluster tests bring the local cluster up (and down) themselves.
+test: install
+	$(PY) -m pytest tests
+
+unit: install
+	$(PY) -m pytest tests/unit
+
+bench: install
+	$(PY) bench/run.py
+
+crd: install
+	$(PY) -m tputorch crd > crds/tputorch.io_tputorchjobs.yaml
+	cp crds/tputorch.io_tputorchjobs.yaml charts/tputorch-operator/crds/
+
+golden: install
+	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/test_render.py

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The first thing to run: a v6e 4x4 TPUTorchJob from apply to Succeeded on the local cluster.
+#
+# Brings the local cluster up (hack/cluster.sh), installs the CRD, starts the operator, applies
+# examples/v6e-4x4.yaml and shows its status going Pending -> Running (4/4 hosts) -> Succeeded,
+# with the RayJob, RayCluster and the pods on their fake TPU nodes. The fake Ray dashboard plays
+# the Ray job's part. Everything started here is stopped at the end (DEMO_KEEP=1 keeps it running).
+set -euo pipefail
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$HACK")
+PY=${PYTHON:-python3}
+NS=tputorch-demo
+JOB=llama-v6e-4x4
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+"$HACK/cluster.sh" up
+eval "$("$HACK/cluster.sh" env)"
+DIR=${TPUTORCH_CLUSTER_DIR:-$REPO/.cluster}
+OPLOG=$DIR/logs/operator.log
+OP_PID=
+cleanup() {
+  [[ -n $OP_PID ]] && kill "$OP_PID" 2>/dev/null && wait "$OP_PID" 2>/dev/null || true
+  if [[ ${DEMO_KEEP:-0} != 1 ]]; then "$HACK/cluster.sh" down; else
+    echo "cluster kept: eval \"\$(hack/cluster.sh env)\"; kubectl get ttj -A; hack/cluster.sh down when done"; fi
+}
+trap cleanup EXIT
+
+say "Install the TPUTorchJob CRD"
+kubectl apply --server-side --force-conflicts -f "$REPO/crds/tputorch.io_tputorchjobs.yaml"
+kubectl wait --for=condition=Established --timeout=60s crd/tputorchjobs.tputorch.io
+
+say "Start the operator (log: $OPLOG)"
+PYTHONPATH=$REPO/operator${PYTHONPATH:+:$PYTHONPATH} "$PY" -m tputorch run --standalone --namespace "$NS" >>"$OPLOG" 2>&1 &
+OP_PID=$!
+
+say "Apply examples/v6e-4x4.yaml"
+kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
+kubectl create namespace "$NS"
+kubectl apply -n "$NS" -f "$REPO/examples/v6e-4x4.yaml"
+
+field() { kubectl get ttj "$JOB" -n "$NS" -o "jsonpath={.status.$1}" 2>/dev/null; }
+wait_for() {  # wait_for <seconds> <phase> [hostsReady]
+  local end=$((SECONDS + $1))
+  until [[ $(field phase) == "$2" && ( -z ${3:-} || $(field hostsReady) == "$3" ) ]]; do
+    ((SECONDS < end)) || { echo "timed out waiting for phase $2 ${3:-}"; kubectl get ttj -n "$NS" -o yaml; tail -50 "$OPLOG"; exit 1; }
+    sleep 1
+  done
+}
+
+say "Waiting for the slice: Running with 4/4 TPU hosts ready"
+wait_for 240 Running 4/4
+kubectl get ttj -n "$NS"
+say "What the operator created"
+kubectl get rayjob,raycluster -n "$NS"
+kubectl get pods -n "$NS" -o wide \
+  -o custom-columns='POD:.metadata.name,TYPE:.metadata.labels.ray\.io/node-type,NODE:.spec.nodeName,TPU:.spec.containers[0].resources.limits.google\.com/tpu,STATUS:.status.phase'
+
+say "The Ray job finishes (the stand-in dashboard reports SUCCEEDED)"
+PYTHONPATH=$REPO/tests/cluster "$PY" -c "from dashboard import set_job_status; set_job_status('$NS', '$JOB', 'SUCCEEDED')"
+wait_for 240 Succeeded
+kubectl get ttj -n "$NS"
+kubectl get ttj "$JOB" -n "$NS" -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}): {.message}{"\n"}{end}'
+say "Events"
+kubectl get events -n "$NS" --field-selector involvedObject.kind=TPUTorchJob --sort-by=.lastTimestamp \
+  -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message'
+say "Demo passed"

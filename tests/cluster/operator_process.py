@@ -1,0 +1,116 @@
+"""The tputorch operator as a real subprocess (`python -m tputorch run`), plus fixtures for it.
+
+Test modules import the fixtures they use: `from operator_process import tputorch_crd, operator`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "tputorch.io_tputorchjobs.yaml"
+_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kubectl(kubeconfig: str, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, *args], input=input, capture_output=True,
+                          text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+    return proc
+
+
+def install_crd(kubeconfig: str) -> None:
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd/tputorchjobs.tputorch.io")
+
+
+class OperatorProcess:
+    """One operator process; start() blocks until its liveness endpoint answers."""
+
+    def __init__(self, kubeconfig: str, log_path: Path, namespaces: list[str] | None = None,
+                 extra_env: dict | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.namespaces = namespaces or []
+        self.extra_env = extra_env or {}
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 60) -> "OperatorProcess":
+        args = [sys.executable, "-m", "tputorch", "run", "--standalone",
+                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
+                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env,
+               "PYTHONPATH": str(REPO / "operator") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with _no_proxy.open(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"operator not healthy after {timeout}s:\n{self.log()}")
+
+    def metrics(self) -> str:
+        with _no_proxy.open(self.metrics_url, timeout=5) as resp:
+            return resp.read().decode()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as a crashed pod."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="session")
+def tputorch_crd(kube):
+    install_crd(kube.kubeconfig)
+    return CRD_FILE
+
+
+@pytest.fixture
+def operator(kube, tputorch_crd, namespace, tmp_path):
+    """The operator watching this test's namespace; its log is printed when a test fails."""
+    op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [namespace]).start()
+    yield op
+    op.stop()
+    assert "Traceback" not in op.log(), op.log()[-5000:]

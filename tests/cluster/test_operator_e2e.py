@@ -1,0 +1,245 @@
+"""The operator end to end on a real API server with KubeRay and fake GKE TPU node pools.
+
+TPUTorchJob -> RayJob -> RayCluster -> pods on the right TPU nodes -> status back on the
+TPUTorchJob, driven to success or failure through the stand-in Ray dashboard.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.client.rest import ApiException
+
+from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
+
+from tputorch import render, spec, topology
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"
+
+
+def example(name: str) -> dict:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def job_body(name: str, accelerator="v6e", topo="4x4", **spec_extra) -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TPUTorchJob",
+        "metadata": {"name": name},
+        "spec": {"tpu": {"accelerator": accelerator, "topology": topo}, "image": "example.com/ray-torch-tpu:2.60.0",
+                 "entrypoint": "python train.py", "head": {"cpu": "1", "memory": "2Gi"},
+                 "worker": {"cpu": "4", "memory": "16Gi"}, **spec_extra},
+    }
+
+
+def apply(kube, namespace: str, body: dict, check=True):
+    return kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=check)
+
+
+def get_job(kube, ns, name) -> dict:
+    return kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+
+def job_status(kube, ns, name) -> dict:
+    return get_job(kube, ns, name).get("status") or {}
+
+
+def condition(st: dict, ctype: str) -> dict:
+    return next((c for c in st.get("conditions") or [] if c["type"] == ctype), {})
+
+
+def wait_phase(kube, ns, name, phase, timeout=120):
+    return kube.wait(lambda: (lambda s: s if s.get("phase") == phase else None)(job_status(kube, ns, name)),
+                     timeout, f"TPUTorchJob {ns}/{name} phase {phase}")
+
+
+def get_rayjob(kube, ns, name):
+    return kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayjobs", name)
+
+
+def events_for(kube, ns, name) -> list:
+    return [(e.type, e.reason) for e in kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TPUTorchJob").items]
+
+
+def pods_of(kube, ns, job):
+    return kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={job}").items
+
+
+def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, namespace, operator, dashboard):
+    body = example("v6e-4x4.yaml")
+    name = body["metadata"]["name"]
+    apply(kube, namespace, body)
+
+    rayjob = kube.wait(lambda: get_rayjob(kube, namespace, name), 30, "RayJob")
+    owner = rayjob["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("TPUTorchJob", name, True)
+    group = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert group["numOfHosts"] == 4
+
+    st = wait_phase(kube, namespace, name, "Running", 180)
+    st = kube.wait(lambda: (lambda s: s if s.get("hostsReady") == "4/4" else None)(job_status(kube, namespace, name)),
+                   120, "4/4 hosts ready")
+    assert st["workers"] == 16 and condition(st, "SliceReady")["status"] == "True"
+    assert st["rayClusterName"].startswith(name)
+
+    nodes = {n.metadata.name: n.metadata.labels for n in kube.core.list_node().items}
+    pods = pods_of(kube, namespace, name)
+    heads = [p for p in pods if p.metadata.labels.get("ray.io/node-type") == "head"]
+    workers = [p for p in pods if p.metadata.labels.get("ray.io/node-type") == "worker"]
+    assert len(heads) == 1 and "cloud.google.com/gke-tpu-accelerator" not in nodes[heads[0].spec.node_name]
+    assert len(workers) == 4
+    assert len({w.spec.node_name for w in workers}) == 4, "one TPU host per node"
+    for w in workers:
+        labels = nodes[w.spec.node_name]
+        assert labels["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
+        assert labels["cloud.google.com/gke-tpu-topology"] == "4x4"
+        assert w.spec.containers[0].resources.limits["google.com/tpu"] == "4"
+        assert w.metadata.labels.get("app.kubernetes.io/name") == "kuberay"  # the GKE webhook needs it
+
+    dashboard.set_job_status(namespace, name, "SUCCEEDED")
+    st = wait_phase(kube, namespace, name, "Succeeded", 180)
+    assert st["completionTime"] and st["jobStatus"] == "SUCCEEDED"
+    assert condition(st, "Succeeded")["status"] == "True"
+    reasons = {r for _, r in events_for(kube, namespace, name)}
+    assert {"Created", "AllHostsReady", "Running", "JobSucceeded"} <= reasons
+    metrics = operator.metrics()
+    assert 'tputorch_reconciles_total{result="created"} 1' in metrics
+    assert 'tputorch_jobs{phase="Succeeded"} 1' in metrics
+
+
+def test_failing_job_reports_kuberays_message(kube, namespace, operator, dashboard):
+    apply(kube, namespace, job_body("fails"))
+    wait_phase(kube, namespace, "fails", "Running", 180)
+    dashboard.set_job_status(namespace, "fails", "FAILED", message="RuntimeError: boom in train.py", submitter_exit_code=1)
+    st = wait_phase(kube, namespace, "fails", "Failed", 180)
+    assert condition(st, "Failed")["status"] == "True"
+    assert st["completionTime"]
+    assert ("Warning", condition(st, "Failed")["reason"]) in events_for(kube, namespace, "fails")
+
+
+def test_single_host_job(kube, namespace, operator, dashboard):
+    body = example("v6e-2x2-single-host.yaml")
+    body["spec"]["worker"] = {"cpu": "4", "memory": "16Gi"}
+    name = body["metadata"]["name"]
+    apply(kube, namespace, body)
+    st = wait_phase(kube, namespace, name, "Running", 180)
+    st = kube.wait(lambda: (lambda s: s if s.get("hostsReady") == "1/1" else None)(job_status(kube, namespace, name)), 120, "1/1")
+    assert st["workers"] == 4
+    (worker,) = [p for p in pods_of(kube, namespace, name) if p.metadata.labels.get("ray.io/node-type") == "worker"]
+    node = kube.core.read_node(worker.spec.node_name)
+    assert node.metadata.labels["cloud.google.com/gke-tpu-topology"] == "2x2"
+    dashboard.set_job_status(namespace, name, "SUCCEEDED")
+    wait_phase(kube, namespace, name, "Succeeded", 180)
+
+
+def test_slice_missing_from_the_cluster_says_why(kube, namespace, operator):
+    apply(kube, namespace, job_body("no-pool", topo="8x8"))  # no v6e 8x8 node pool exists
+    st = kube.wait(lambda: (lambda s: s if condition(s, "SliceReady").get("reason") == "Unschedulable" else None)(
+        job_status(kube, namespace, "no-pool")), 120, "SliceReady=Unschedulable")
+    assert st["phase"] == "Pending"
+    msg = condition(st, "SliceReady")["message"]
+    assert "nodes are available" in msg, msg
+    assert ("Warning", "Unschedulable") in events_for(kube, namespace, "no-pool")
+
+
+def test_invalid_job_fails_with_every_error_and_no_rayjob(kube, namespace, operator):
+    # Passes the CRD's schema (8 is an allowed chipsPerWorker, env names are free-form) but not spec.py.
+    body = job_body("bad")
+    body["spec"]["tpu"]["chipsPerWorker"] = 8
+    body["spec"]["env"] = [{"name": "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS", "value": "1"}]
+    apply(kube, namespace, body)
+    st = wait_phase(kube, namespace, "bad", "Failed", 60)
+    c = condition(st, "Validated")
+    assert (c["status"], c["reason"]) == ("False", "ValidationFailed")
+    assert "spec.tpu.chipsPerWorker: 8 must divide the 4 chips" in c["message"]
+    assert "spec.env[0].name" in c["message"]
+    assert ("Warning", "ValidationFailed") in events_for(kube, namespace, "bad")
+    with pytest.raises(ApiException) as err:
+        get_rayjob(kube, namespace, "bad")
+    assert err.value.status == 404
+    assert "tputorch_validation_failures_total 1" in operator.metrics()
+
+
+@pytest.mark.parametrize(
+    "mutate,fragment",
+    [
+        (lambda b: b["spec"]["tpu"].update(topology="4x5"), "topology 4x5 is not a v6e slice on GKE"),
+        (lambda b: b["spec"]["tpu"].update(slices=2), "must be 1: a TPUTorchJob runs on one slice"),
+        (lambda b: b["spec"]["tpu"].update(accelerator="v9"), "Unsupported value: \"v9\""),
+        (lambda b: b["metadata"].update(name="n" * 48), "at most 47 characters"),
+        (lambda b: b["spec"].update(shutdownAfterJobFinishes=False, ttlSecondsAfterFinished=5), "unless spec.shutdownAfterJobFinishes is true"),
+    ],
+)
+def test_admission_refuses_what_the_crd_can_check(kube, namespace, tputorch_crd, mutate, fragment):
+    body = job_body("admission")
+    mutate(body)
+    proc = apply(kube, namespace, body, check=False)
+    assert proc.returncode != 0
+    assert fragment in proc.stderr, proc.stderr
+
+
+def test_tpu_block_is_immutable(kube, namespace, tputorch_crd):
+    apply(kube, namespace, job_body("immutable", suspend=True))
+    changed = job_body("immutable", topo="2x2", suspend=True)
+    proc = apply(kube, namespace, changed, check=False)
+    assert proc.returncode != 0 and "spec.tpu is immutable" in proc.stderr, proc.stderr
+
+
+def test_deleting_the_job_removes_rayjob_raycluster_and_pods(kube, namespace, operator):
+    apply(kube, namespace, job_body("gc", topo="2x2"))
+    wait_phase(kube, namespace, "gc", "Running", 180)
+    assert pods_of(kube, namespace, "gc")
+    kubectl(kube.kubeconfig, "delete", "-n", namespace, "tputorchjob", "gc", "--wait=true", "--timeout=60s")
+    kube.wait(lambda: not kube.custom.list_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs")["items"], 60, "RayJob gone")
+    kube.wait(lambda: not kube.custom.list_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters")["items"], 60, "RayCluster gone")
+    kube.wait(lambda: not pods_of(kube, namespace, "gc"), 90, "pods gone")
+
+
+def test_rayjob_deleted_behind_our_back_is_recreated(kube, namespace, operator):
+    apply(kube, namespace, job_body("recreate", topo="2x2"))
+    first = kube.wait(lambda: get_rayjob(kube, namespace, "recreate"), 30, "RayJob")
+    kube.custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", "recreate")
+    second = kube.wait(lambda: (lambda r: r if r["metadata"]["uid"] != first["metadata"]["uid"] else None)(
+        get_rayjob(kube, namespace, "recreate")), 60, "a new RayJob")
+    assert second["metadata"]["ownerReferences"][0]["name"] == "recreate"
+
+
+def test_suspend_reaches_the_rayjob(kube, namespace, operator):
+    apply(kube, namespace, job_body("pause", topo="2x2", suspend=True))
+    rayjob = kube.wait(lambda: get_rayjob(kube, namespace, "pause"), 30, "RayJob")
+    assert rayjob["spec"]["suspend"] is True
+    wait_phase(kube, namespace, "pause", "Suspended", 120)
+    assert not [p for p in pods_of(kube, namespace, "pause")]
+    apply(kube, namespace, job_body("pause", topo="2x2", suspend=False))
+    kube.wait(lambda: get_rayjob(kube, namespace, "pause")["spec"]["suspend"] is False, 30, "RayJob resumed")
+    wait_phase(kube, namespace, "pause", "Running", 180)
+
+
+def test_children_stay_in_the_jobs_namespace(kube, namespace, operator):
+    body = job_body("here", topo="2x2")
+    body["metadata"]["namespace"] = namespace
+    apply(kube, namespace, body)
+    rayjob = kube.wait(lambda: get_rayjob(kube, namespace, "here"), 30, "RayJob")
+    assert rayjob["metadata"]["namespace"] == namespace
+    others = kube.custom.list_cluster_custom_object("ray.io", "v1", "rayjobs", label_selector=f"{render.JOB_LABEL}=here")["items"]
+    assert {r["metadata"]["namespace"] for r in others} == {namespace}
+
+
+ALL_SLICES = topology.all_slices()
+
+
+def test_every_supported_slice_renders_a_rayjob_the_api_server_accepts(kube, namespace):
+    """Server-side dry run against KubeRay's real CRD schema, for every slice in the table."""
+    docs = []
+    for i, s in enumerate(ALL_SLICES):
+        body = job_body(f"s{i}-{s.generation.name}-{s.topology.replace('x', '-')}", accelerator=s.generation.name, topo=s.topology)
+        body["spec"]["tpu"]["chipsPerHost"] = s.chips_per_host
+        body["metadata"]["namespace"] = namespace
+        docs.append(render.rayjob(spec.parse(copy.deepcopy(body))))
+    proc = kubectl(kube.kubeconfig, "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(docs), check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("created (server dry run)") == len(ALL_SLICES)

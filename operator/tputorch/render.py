@@ -1,10 +1,11 @@
 """JobSpec -> KubeRay RayJob (RayCluster embedded). Pure and deterministic.
 
-Decisions live here; the YAML shape lives in templates/rayjob.yaml.j2.
+Decisions live here; the object's shape lives in templates/rayjob.json.j2.
 """
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 
 import jinja2
@@ -32,7 +33,7 @@ def _template() -> jinja2.Template:
         keep_trailing_newline=True,
     )
     env.policies["json.dumps_kwargs"] = {"sort_keys": True}
-    return env.get_template("rayjob.yaml.j2")
+    return env.get_template("rayjob.json.j2")
 
 
 def slice_env(job: JobSpec) -> list[dict]:
@@ -104,7 +105,7 @@ def context(job: JobSpec) -> dict:
 
 def rayjob(job: JobSpec) -> dict:
     """The RayJob the operator creates for ``job`` (without ownerReferences, added on create)."""
-    return yaml.safe_load(_template().render(context(job)))
+    return json.loads(_template().render(context(job)))
 
 
 def to_yaml(obj: dict) -> str:

@@ -1,0 +1,358 @@
+"""The Helm chart: generated CRD copies, `helm lint`, `helm template` output, values.schema.json.
+
+Needs only the helm binary (no cluster): $HELM, else hack/build.sh's cache dir, else PATH.
+Tests that need helm skip when there is none (build it with `hack/build.sh helm`); the CRD drift
+test never needs it. Checks against real Kubernetes schemas are in tests/cluster/test_chart_install.py
+(server-side dry run + helm install into the local cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tputorch import crd
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "tputorch-operator"
+CRD_FILE = "tputorch.io_tputorchjobs.yaml"
+RELEASE, NS = "tto", "tputorch-system"
+FULLNAME = "tto-tputorch-operator"
+
+
+def find_helm() -> str | None:
+    if os.environ.get("HELM"):
+        return os.environ["HELM"]
+    try:
+        bin_dir = subprocess.run([str(ROOT / "hack" / "build.sh"), "dir"], capture_output=True, text=True,
+                                 timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        bin_dir = ""
+    if bin_dir and os.access(os.path.join(bin_dir, "helm"), os.X_OK):
+        return os.path.join(bin_dir, "helm")
+    return shutil.which("helm")
+
+
+HELM = find_helm()
+needs_helm = pytest.mark.skipif(HELM is None, reason="no helm binary (hack/build.sh helm, or set $HELM)")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/tputorch-helm/cache",
+           "HELM_CONFIG_HOME": "/tmp/tputorch-helm/config", "HELM_DATA_HOME": "/tmp/tputorch-helm/data"}
+    out = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120, env=env)
+    if check:
+        assert out.returncode == 0, f"helm {' '.join(args)} failed:\n{out.stderr}"
+    return out
+
+
+def render(*sets: str, extra: tuple[str, ...] = ()) -> list[dict]:
+    args = ["template", RELEASE, str(CHART), "--namespace", NS, *extra]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    (doc,) = by_kind(docs, kind)
+    return doc
+
+
+# --- what the operator may do: the RBAC rules, exactly ------------------------------------
+
+NAMESPACED_RULES = [
+    {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+CRD_DISCOVERY = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                 "verbs": ["get", "list", "watch"]}
+NAMESPACE_DISCOVERY = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+
+
+def allowed(rules: list[dict], group: str, resource: str, verb: str) -> bool:
+    return any((group in r["apiGroups"] or "*" in r["apiGroups"])
+               and (resource in r["resources"] or "*" in r["resources"])
+               and (verb in r["verbs"] or "*" in r["verbs"]) for r in rules)
+
+
+def assert_least_privilege(rules: list[dict]) -> None:
+    for r in rules:
+        assert "*" not in r["apiGroups"] + r["resources"] + r["verbs"], r
+        assert "resourceNames" not in r and "nonResourceURLs" not in r, r
+    for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+        assert not allowed(rules, "", "secrets", verb), f"secrets {verb} must not be granted"
+        assert not allowed(rules, "", "configmaps", verb), f"configmaps {verb} must not be granted"
+    for verb in ("create", "update", "patch", "delete", "deletecollection"):
+        assert not allowed(rules, "", "pods", verb), f"pods {verb} must not be granted"
+    assert not allowed(rules, "", "pods/exec", "create")
+    assert not allowed(rules, "", "serviceaccounts/token", "create")
+    for verb in ("create", "update", "patch", "delete"):
+        assert not allowed(rules, "apiextensions.k8s.io", "customresourcedefinitions", verb)
+    for verb in ("update", "delete"):
+        assert not allowed(rules, "ray.io", "rayjobs", verb)
+        assert not allowed(rules, "tputorch.io", "tputorchjobs", verb)
+    assert not allowed(rules, "tputorch.io", "tputorchjobs", "create")
+
+
+# --- generated CRD copies (no helm needed) --------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [ROOT / "crds" / CRD_FILE, CHART / "crds" / CRD_FILE],
+                         ids=["crds", "chart-crds"])
+def test_crd_copies_match_tputorch_crd(path):
+    assert path.read_text() == crd.crd_yaml(), (
+        f"{path.relative_to(ROOT)} drifted from `tputorch crd`; regenerate: "
+        f"python -m tputorch crd > {path.relative_to(ROOT)}")
+
+
+def test_chart_crds_folder_holds_only_the_crd():
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [CRD_FILE]
+
+
+def test_chart_metadata():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == "tputorch-operator"
+    assert chart["version"] == "0.1.0" and chart["appVersion"] == "0.1.0"
+
+
+def test_schema_accepts_the_default_values():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+def test_every_value_is_documented():
+    """Each top-level key of values.yaml has a comment right above it, or every child has."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = []
+    for i, line in enumerate(lines):
+        if not line.strip() or line.lstrip().startswith(("#", "-")):
+            continue
+        above = lines[i - 1].strip() if i else ""
+        is_parent = line.rstrip().endswith(":")
+        if not above.startswith("#") and not is_parent:
+            undocumented.append(line.strip())
+    # resources' requests/limits are documented by the comment on `resources`
+    undocumented = [u for u in undocumented if not u.startswith(("cpu:", "memory:"))]
+    assert not undocumented, f"values without a comment line above: {undocumented}"
+
+
+# --- helm lint / template -------------------------------------------------------------------
+
+
+@needs_helm
+@pytest.mark.parametrize("sets", [[], ["watchNamespaces={team-a,team-b}"],
+                                  ["metrics.enabled=true", "metrics.serviceMonitor.enabled=true"]],
+                         ids=["default", "namespaced", "metrics"])
+def test_helm_lint(sets):
+    args = ["lint", "--strict", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    out = helm(*args)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+
+
+@needs_helm
+def test_default_render_objects():
+    docs = render()
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    for d in docs:
+        assert d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        if d["kind"] in ("Deployment", "ServiceAccount"):
+            assert d["metadata"]["namespace"] == NS
+    # `helm template` leaves CRDs out by default; --include-crds adds exactly the generated one.
+    with_crds = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--include-crds").stdout) if d]
+    (c,) = by_kind(with_crds, "CustomResourceDefinition")
+    assert c == yaml.safe_load(crd.crd_yaml())
+
+
+@needs_helm
+def test_deployment_shape():
+    dep = one(render(), "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert pod["serviceAccountName"] == FULLNAME
+    (c,) = pod["containers"]
+    assert c["image"] == "tputorch-operator:0.1.0"
+    assert "command" not in c  # the image's ENTRYPOINT is `tputorch`
+    assert c["args"] == ["run", "--standalone", "--liveness", "http://0.0.0.0:8080/healthz",
+                         "--metrics-port", "9090", "--log-format", "json"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    res = c["resources"]
+    assert {"cpu", "memory"} <= res["requests"].keys() and "memory" in res["limits"]
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):
+        assert key not in pod, key
+
+
+@needs_helm
+def test_restricted_pod_security():
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "hostNetwork" not in pod and "hostPID" not in pod and "hostIPC" not in pod
+    # the only writable path is an emptyDir at /tmp
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    (vol,) = pod["volumes"]
+    assert vol["name"] == "tmp" and "emptyDir" in vol
+
+
+@needs_helm
+def test_clusterwide_rbac_is_exactly_the_operators_needs():
+    docs = render()
+    role = one(docs, "ClusterRole")
+    assert role["metadata"]["name"] == FULLNAME
+    assert role["rules"] == NAMESPACED_RULES + [CRD_DISCOVERY]
+    # kopf 1.45 never lists namespaces when it runs cluster-wide (observation.namespace_observer)
+    assert not allowed(role["rules"], "", "namespaces", "list")
+    assert_least_privilege(role["rules"])
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": FULLNAME}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}]
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+
+
+@needs_helm
+def test_namespaced_mode():
+    docs = render("watchNamespaces={team-a,team-b}")
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["args"][-4:] == ["--namespace", "team-a", "--namespace", "team-b"]
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert role["rules"] == NAMESPACED_RULES
+        assert_least_privilege(role["rules"])
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FULLNAME}
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}]
+    # cluster-wide: only what kopf reads for discovery, nothing about jobs, RayJobs or pods
+    cluster_role = one(docs, "ClusterRole")
+    assert cluster_role["metadata"]["name"] == f"{FULLNAME}-discovery"
+    assert cluster_role["rules"] == [CRD_DISCOVERY, NAMESPACE_DISCOVERY]
+    assert_least_privilege(cluster_role["rules"])
+    assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == f"{FULLNAME}-discovery"
+
+
+@needs_helm
+def test_rbac_create_false_renders_no_rbac():
+    docs = render("rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=existing")
+    assert sorted(d["kind"] for d in docs) == ["Deployment"]
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+@needs_helm
+def test_metrics_service_and_servicemonitor():
+    docs = render("metrics.enabled=true", "metrics.serviceMonitor.enabled=true")
+    svc = one(docs, "Service")
+    assert svc["metadata"]["name"] == f"{FULLNAME}-metrics"
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    # no monitoring.coreos.com/v1 in the cluster (helm template's default): no ServiceMonitor
+    assert not by_kind(docs, "ServiceMonitor")
+    docs = render("metrics.enabled=true", "metrics.serviceMonitor.enabled=true",
+                  extra=("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"))
+    sm = one(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s",
+                                        "scrapeTimeout": "10s"}]
+    # the API alone does not create one
+    docs = render(extra=("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"))
+    assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "Service")
+
+
+@needs_helm
+def test_image_digest_wins_over_tag():
+    digest = "sha256:" + "ab" * 32
+    docs = render("image.repository=us-docker.pkg.dev/p/r/tputorch-operator", "image.tag=9.9.9",
+                  f"image.digest={digest}")
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"us-docker.pkg.dev/p/r/tputorch-operator@{digest}"
+    docs = render("image.repository=us-docker.pkg.dev/p/r/tputorch-operator", "image.tag=9.9.9")
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "us-docker.pkg.dev/p/r/tputorch-operator:9.9.9"
+
+
+@needs_helm
+def test_scheduling_and_pull_values_reach_the_pod():
+    docs = render("imagePullSecrets[0].name=regcred", "nodeSelector.pool=system",
+                  "tolerations[0].key=dedicated", "tolerations[0].operator=Exists",
+                  "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=cloud.google.com/gke-tpu-accelerator",
+                  "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=DoesNotExist",
+                  "priorityClassName=system-cluster-critical")
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term["matchExpressions"][0]["operator"] == "DoesNotExist"
+    assert pod["priorityClassName"] == "system-cluster-critical"
+
+
+@needs_helm
+def test_notes_say_what_to_apply_next():
+    out = helm("install", RELEASE, str(CHART), "--namespace", NS, "--dry-run=client").stdout
+    notes = out.split("NOTES:", 1)[1]
+    assert "kubectl apply -f examples/v6e-4x4.yaml" in notes
+    assert "kubectl get ttj" in notes
+    assert "kubectl apply --server-side -f charts/tputorch-operator/crds/" in notes
+    out = helm("install", RELEASE, str(CHART), "--namespace", NS, "--dry-run=client",
+               "--set", "watchNamespaces={team-a}").stdout
+    assert "kubectl apply -n team-a -f examples/v6e-4x4.yaml" in out.split("NOTES:", 1)[1]
+
+
+# --- values.schema.json refuses bad values --------------------------------------------------
+
+BAD_VALUES = {
+    "two-replicas": ["--set", "replicaCount=2"],
+    "replicas-as-string": ["--set-string", "replicaCount=1"],
+    "unknown-key": ["--set", "replicas=1"],
+    "typo-nested": ["--set", "image.tags=1.0"],
+    "bad-digest": ["--set", "image.digest=latest"],
+    "bad-namespace-name": ["--set", "watchNamespaces={Team_A}"],
+    "namespaces-not-a-list": ["--set", "watchNamespaces=team-a"],
+    "log-format": ["--set", "logFormat=xml"],
+    "port-type": ["--set-string", "metrics.port=metrics"],
+    "bool-type": ["--set-string", "metrics.enabled=yes"],
+    "pull-policy": ["--set", "image.pullPolicy=Sometimes"],
+}
+
+
+@needs_helm
+@pytest.mark.parametrize("args", BAD_VALUES.values(), ids=BAD_VALUES.keys())
+def test_schema_refuses_bad_values(args):
+    out = helm("template", RELEASE, str(CHART), *args, check=False)
+    assert out.returncode != 0, f"helm template {' '.join(args)} was accepted"
+    assert "values don't meet the specifications of the schema" in out.stderr, out.stderr

@@ -321,16 +321,35 @@ def test_scheduling_and_pull_values_reach_the_pod():
     assert pod["priorityClassName"] == "system-cluster-critical"
 
 
+def render_notes(tmp_path: Path, *sets: str) -> str:
+    """NOTES.txt as helm renders it. `helm template` skips NOTES and `helm install --dry-run` needs a
+    cluster, so a copy of the chart renders the same text through `tpl` into a ConfigMap."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    shutil.copy(CHART / "templates" / "NOTES.txt", chart / "notes.txt")
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
+        'data: {notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}}\n')
+    args = ["template", RELEASE, str(chart), "--namespace", NS, "--show-only", "templates/zz-notes.yaml"]
+    for s in sets:
+        args += ["--set", s]
+    return yaml.safe_load(helm(*args).stdout)["data"]["notes"]
+
+
 @needs_helm
-def test_notes_say_what_to_apply_next():
-    out = helm("install", RELEASE, str(CHART), "--namespace", NS, "--dry-run=client").stdout
-    notes = out.split("NOTES:", 1)[1]
+def test_notes_say_what_to_apply_next(tmp_path):
+    notes = render_notes(tmp_path)
     assert "kubectl apply -f examples/v6e-4x4.yaml" in notes
     assert "kubectl get ttj" in notes
+    assert "every namespace" in notes
     assert "kubectl apply --server-side -f charts/tputorch-operator/crds/" in notes
-    out = helm("install", RELEASE, str(CHART), "--namespace", NS, "--dry-run=client",
-               "--set", "watchNamespaces={team-a}").stdout
-    assert "kubectl apply -n team-a -f examples/v6e-4x4.yaml" in out.split("NOTES:", 1)[1]
+    assert "deployment/tto-tputorch-operator" in notes
+    notes = render_notes(tmp_path / "ns", "watchNamespaces={team-a,team-b}")
+    assert "kubectl apply -n team-a -f examples/v6e-4x4.yaml" in notes
+    assert "kubectl get ttj -n team-a" in notes
+    assert "team-a, team-b" in notes
+    notes = render_notes(tmp_path / "sm", "metrics.enabled=true", "metrics.serviceMonitor.enabled=true")
+    assert "does not serve" in notes and "no ServiceMonitor was created" in notes
 
 
 # --- values.schema.json refuses bad values --------------------------------------------------

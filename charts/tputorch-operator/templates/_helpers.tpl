@@ -1,0 +1,88 @@
+{{/* Chart name, overridable. */}}
+{{- define "tputorch.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Resource name: <release>-<chart> unless the release name already holds the chart name. */}}
+{{- define "tputorch.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "tputorch.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that select the operator pod (never change after install: Deployment selectors are immutable). */}}
+{{- define "tputorch.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tputorch.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels on every object of the release. */}}
+{{- define "tputorch.labels" -}}
+{{ include "tputorch.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: tputorch
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "tputorch.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "tputorch.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create=false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository@digest when a digest is set, else repository:tag (tag defaults to appVersion). */}}
+{{- define "tputorch.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+RBAC rules for the namespaced objects the operator touches, used by the ClusterRole (every
+namespace) or by one Role per watched namespace. Nothing else: no Secrets, no pod create.
+*/}}
+{{- define "tputorch.namespacedRules" -}}
+# TPUTorchJobs: kopf watches them and patches its annotations (handler progress, last-handled spec).
+- apiGroups: ["tputorch.io"]
+  resources: ["tputorchjobs"]
+  verbs: ["get", "list", "watch", "patch"]
+# The operator writes status through the status subresource.
+- apiGroups: ["tputorch.io"]
+  resources: ["tputorchjobs/status"]
+  verbs: ["get", "patch"]
+# One RayJob per TPUTorchJob; patch keeps spec.suspend in sync.
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Pods of the slice (labelled by KubeRay) are watched for readiness; never created.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+# Events on TPUTorchJobs (kopf posts core/v1 Events).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/*
+What kopf reads cluster-wide in every mode: it lists and watches CRDs to find the served
+resources (and notices when KubeRay's CRDs appear later).
+*/}}
+{{- define "tputorch.discoveryRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- end -}}

@@ -67,7 +67,7 @@ def test_wheel_contents(installed):
 
     _, wheel = installed
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "tputorch/templates/rayjob.yaml.j2" in names
+    assert "tputorch/templates/rayjob.json.j2" in names
     assert "tputorch/cli.py" in names
     assert not any(n.startswith(("tests/", "operator/", "hack/")) for n in names), sorted(names)
 

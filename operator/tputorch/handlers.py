@@ -163,8 +163,7 @@ async def rayjob_event(event, namespace, labels, rayjobs: kopf.Index, job_pods: 
         return
     if event["type"] == "DELETED":
         # Policy: a RayJob deleted behind our back is recreated while the job has not finished.
-        phase = (parent.get("status") or {}).get("phase")
-        if phase not in statuses.TERMINAL_PHASES and not parent["metadata"].get("deletionTimestamp"):
+        if not statuses.finished(_previous(parent)) and not parent["metadata"].get("deletionTimestamp"):
             log.info("RayJob %s/%s was deleted before the job finished: recreating it", namespace, job)
             await _reconcile(parent, namespace, job, rayjobs, job_pods, observed=None)
         return
@@ -198,6 +197,9 @@ async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods, o
         await _write_invalid(body, namespace, name, err)
         return "invalid"
     observed = _one(rayjobs, (namespace, name)) if observed is _MISSING else observed
+    if observed is None and statuses.finished(_previous(body)):
+        # The job ran and its RayJob is gone (deleted after the end): creating one would train again.
+        return "finished"
     if observed is None:
         result = await _create(body, job, namespace, name)
     else:

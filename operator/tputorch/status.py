@@ -193,6 +193,11 @@ def derive(
     return status
 
 
+def finished(status: dict) -> bool:
+    """The Ray job ran to an end (not merely a spec that failed validation): never run it again."""
+    return bool(status.get("completionTime"))
+
+
 def without_times(status: dict) -> dict:
     """Status minus fields that only say when: used to decide whether a patch is needed."""
     return {

@@ -144,3 +144,10 @@ def test_invalid_spec_event_is_a_warning():
     st = status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 1, {}, T0)
     evs = status.events({}, st)
     assert ("Warning", "ValidationFailed") in [(e.type, e.reason) for e in evs]
+
+
+def test_finished_means_the_ray_job_ended_not_a_failed_validation():
+    assert status.finished(derive("succeeded")) and status.finished(derive("failed"))
+    assert not status.finished(derive("running")) and not status.finished(derive(None))
+    invalid = status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 1, {}, T0)
+    assert invalid["phase"] == "Failed" and not status.finished(invalid)  # fixing the spec may still run it

@@ -53,6 +53,9 @@ def installed(tmp_path_factory):
     if inst.returncode != 0 and re.search(r"(?i)connection|resolve|network|No matching distribution", inst.stderr):
         pytest.skip(f"cannot install dependencies from the package index: {inst.stderr[-500:]}")
     assert inst.returncode == 0, inst.stderr[-3000:]
+    # As the Dockerfile's final stage: no pip, setuptools or wheel at run time.
+    rm = _run([bin_dir / "python", "-m", "pip", "uninstall", "-y", "setuptools", "wheel", "pip"], tmp, 120)
+    assert rm.returncode == 0, rm.stderr[-3000:]
     return bin_dir, wheel
 
 
@@ -93,6 +96,15 @@ def test_installed_package_is_not_the_source_tree(installed, tmp_path):
                env=_isolated_env(bin_dir))
     assert out.returncode == 0, out.stderr
     assert "site-packages" in out.stdout and str(ROOT) not in out.stdout
+
+
+def test_operator_modules_import_without_build_tools(installed, tmp_path):
+    """`tputorch run` imports kopf, kubernetes and aiohttp lazily; import them as the pod would."""
+    bin_dir, _ = installed
+    code = ("import importlib.util as u, tputorch.handlers, tputorch.metrics; "
+            "assert u.find_spec('setuptools') is None and u.find_spec('pip') is None; print('ok')")
+    out = _run([bin_dir / "python", "-c", code], tmp_path, 120, env=_isolated_env(bin_dir))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
 def test_render_uses_packaged_templates(installed, tmp_path):

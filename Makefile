@@ -30,8 +30,12 @@ test: install
 unit: install
 	$(PY) -m pytest tests/unit
 
-bench: install
-	$(PY) bench/run.py
+# Benchmarks (bench/run.py --help for a quick run): tables, bench/out/results.json and a plot.
+bench: install $(VENV)/.bench
+	$(PY) bench/run.py $(BENCH_ARGS)
+$(VENV)/.bench: pyproject.toml
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $@
 
 crd: install
 	$(PY) -m tputorch crd > crds/tputorch.io_tputorchjobs.yaml

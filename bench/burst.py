@@ -1,0 +1,295 @@
+"""Bursts of TPUTorchJobs on the local cluster: the operator against the same client creating RayJobs.
+
+Every timestamp is taken on this process's clock (time.monotonic): a create is stamped just before
+its request goes out, a RayJob/TPUTorchJob is stamped when a watch started before the burst
+delivers its event. The KubeRay operator is stopped for the whole measurement so that only our
+operator acts on the objects (the caller restarts it with `hack/cluster.sh up`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from tputorch import render, spec
+
+import throughput
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "cluster"))
+from operator_process import OperatorProcess, install_crd  # noqa: E402
+
+GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"
+RAY = ("ray.io", "v1", "rayjobs")
+CREATORS = 4  # client threads issuing creates, for the operator run and the baseline alike
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Watcher(threading.Thread):
+    """Watches one kind in one namespace from the current resourceVersion; records first-seen times."""
+
+    def __init__(self, api: client.CustomObjectsApi, gvr: tuple[str, str, str], namespace: str, predicate=None):
+        super().__init__(daemon=True)
+        self.api, self.gvr, self.namespace = api, gvr, namespace
+        self.predicate = predicate or (lambda event: event["type"] == "ADDED")
+        self.seen: dict[str, float] = {}
+        self.stop_flag = threading.Event()
+        self.live = threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        g, v, p = self.gvr
+        rv = self.api.list_namespaced_custom_object(g, v, self.namespace, p, limit=1)["metadata"]["resourceVersion"]
+        while not self.stop_flag.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(self.api.list_namespaced_custom_object, g, v, self.namespace, p,
+                                      resource_version=rv, timeout_seconds=60, allow_watch_bookmarks=True,
+                                      _request_timeout=90):
+                    now = time.monotonic()
+                    obj = event["object"]
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    name = obj["metadata"]["name"]
+                    if name == "sentinel":
+                        self.live.set()
+                    elif name not in self.seen and self.predicate(event):
+                        self.seen[name] = now
+                    if self.stop_flag.is_set():
+                        break
+            except Exception as exc:  # a dropped watch: resume from the last resourceVersion
+                self.errors.append(repr(exc))
+                time.sleep(0.2)
+            finally:
+                w.stop()
+
+    def wait(self, names, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        names = set(names)
+        while time.monotonic() < end:
+            if names <= self.seen.keys():
+                return True
+            time.sleep(0.05)
+        return False
+
+
+class Bench:
+    def __init__(self, kubeconfig: str, log_dir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_dir = log_dir
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        cfg.connection_pool_maxsize = CREATORS + 4
+        self.api = client.ApiClient(cfg)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+        self.namespaces: list[str] = []
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def namespace(self, kind: str, n: int) -> str:
+        name = f"tputorch-bench-{kind}-{n}-{uuid.uuid4().hex[:5]}"
+        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+            name=name, labels={"tputorch.local/bench": "true"})))
+        self.namespaces.append(name)
+        return name
+
+    def cleanup(self) -> None:
+        for ns in self.namespaces:
+            try:
+                self.core.delete_namespace(ns, propagation_policy="Background")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        self.namespaces.clear()
+
+    def wait_namespaces_gone(self, timeout: float = 300) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            left = self.core.list_namespace(label_selector="tputorch.local/bench=true").items
+            if not left:
+                return
+            time.sleep(1)
+
+    def _sentinel(self, namespace: str) -> None:
+        body = render.rayjob(spec.parse(throughput.job_body("sentinel", namespace)))
+        body["metadata"]["labels"] = {}  # not ours: the operator ignores it
+        self.custom.create_namespaced_custom_object(*RAY[:2], namespace, RAY[2], body)
+
+    def _watch(self, gvr, namespace, predicate=None) -> Watcher:
+        w = Watcher(self.custom, gvr, namespace, predicate)
+        w.start()
+        return w
+
+    def _burst(self, namespace: str, bodies: list[tuple[str, tuple, dict]]) -> tuple[dict[str, float], float]:
+        """Create every (name, gvr, body) from CREATORS threads; returns send times and the burst start."""
+        sent: dict[str, float] = {}
+        failures: list[str] = []
+
+        def create(item):
+            name, gvr, body = item
+            for attempt in range(5):
+                sent.setdefault(name, time.monotonic())
+                try:
+                    self.custom.create_namespaced_custom_object(gvr[0], gvr[1], namespace, gvr[2], body)
+                    return
+                except ApiException as exc:
+                    if exc.status == 409:
+                        return
+                    if exc.status in (429, 500, 503, 504) and attempt < 4:
+                        time.sleep(0.2)
+                        continue
+                    failures.append(f"{name}: {exc.status} {exc.reason}")
+                    return
+
+        start = time.monotonic()
+        with ThreadPoolExecutor(CREATORS) as pool:
+            list(pool.map(create, bodies))
+        if failures:
+            raise RuntimeError(f"{len(failures)} creates failed, e.g. {failures[:3]}")
+        return sent, start
+
+    @staticmethod
+    def _latency(sent: dict[str, float], seen: dict[str, float], start: float) -> dict:
+        lat = [seen[n] - sent[n] for n in sent if n in seen]
+        end = max((seen[n] for n in sent if n in seen), default=start)
+        return {
+            "n": len(sent), "seen": len(lat),
+            "p50_ms": 1000 * percentile(lat, 0.5), "p99_ms": 1000 * percentile(lat, 0.99),
+            "mean_ms": 1000 * statistics.fmean(lat) if lat else float("nan"),
+            "max_ms": 1000 * max(lat) if lat else float("nan"),
+            "wall_s": end - start, "per_s": len(lat) / (end - start) if end > start else float("nan"),
+        }
+
+    # --- the two sides ---------------------------------------------------------------------
+
+    def direct(self, n: int) -> dict:
+        """Baseline: the same client creates the rendered RayJobs itself."""
+        ns = self.namespace("direct", n)
+        w = self._watch(RAY, ns)
+        self._sentinel(ns)
+        assert w.live.wait(30), "RayJob watch never went live"
+        bodies = []
+        for i in range(n):
+            name = f"job-{i:05d}"
+            body = render.rayjob(spec.parse(throughput.job_body(name, ns)))
+            bodies.append((name, RAY, body))
+        sent, start = self._burst(ns, bodies)
+        ok = w.wait(sent, 60 + n * 0.1)
+        w.stop_flag.set()
+        result = self._latency(sent, w.seen, start)
+        result["complete"] = ok
+        return result
+
+    def operator(self, n: int, status_samples: int = 100) -> dict:
+        ns = self.namespace("operator", n)
+        op = OperatorProcess(self.kubeconfig, self.log_dir / f"operator-{n}.log", [ns])
+        op.start()
+        try:
+            time.sleep(2)
+            rss_idle = rss_mb(op.proc.pid)
+            w = self._watch(RAY, ns)
+            self._sentinel(ns)
+            assert w.live.wait(30), "RayJob watch never went live"
+            bodies = [(f"job-{i:05d}", (GROUP, VERSION, PLURAL), throughput.job_body(f"job-{i:05d}", ns)) for i in range(n)]
+            for _, _, b in bodies:
+                del b["metadata"]["namespace"], b["metadata"]["generation"]
+            sent, start = self._burst(ns, bodies)
+            ok = w.wait(sent, 60 + n * 0.2)
+            w.stop_flag.set()
+            result = self._latency(sent, w.seen, start)
+            result["complete"] = ok
+            # Let the operator finish its status writes before measuring the idle-after RSS.
+            self._settle(ns, n)
+            result["rss_idle_mb"] = rss_idle
+            result["rss_loaded_mb"] = rss_mb(op.proc.pid)
+            result["status"] = self.propagation(ns, sorted(sent)[:status_samples])
+            result["rss_after_status_mb"] = rss_mb(op.proc.pid)
+            result["operator_traceback"] = "Traceback" in op.log()
+        finally:
+            op.stop()
+        return result
+
+    def _settle(self, ns: str, n: int, timeout: float = 120) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            items = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+            done = sum(1 for j in items if any(c.get("type") == "RayJobCreated" and c.get("status") == "True"
+                                               for c in (j.get("status") or {}).get("conditions") or []))
+            if done >= n:
+                return
+            time.sleep(0.5)
+
+    def propagation(self, ns: str, names: list[str]) -> dict:
+        """Patch each RayJob's status subresource; time until the TPUTorchJob shows it."""
+        def running(event):
+            st = event["object"].get("status") or {}
+            return st.get("jobDeploymentStatus") == "Running" and st.get("readyHosts") == 4
+
+        w = self._watch((GROUP, VERSION, PLURAL), ns, running)
+        time.sleep(1.0)  # list+watch established (no sentinel TPUTorchJob: it would get a RayJob)
+        sent = {}
+        patch = {"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                            "rayClusterName": "bench-raycluster",
+                            "rayClusterStatus": {"readyWorkerReplicas": 4, "desiredWorkerReplicas": 4}}}
+        for name in names:  # paced: latency, not queueing
+            sent[name] = time.monotonic()
+            self.custom.patch_namespaced_custom_object_status(*RAY[:2], ns, RAY[2], name, patch)
+            time.sleep(0.02)
+        ok = w.wait(names, 60)
+        w.stop_flag.set()
+        lat = [w.seen[n] - sent[n] for n in names if n in w.seen]
+        return {"n": len(names), "seen": len(lat), "complete": ok,
+                "p50_ms": 1000 * percentile(lat, 0.5), "p99_ms": 1000 * percentile(lat, 0.99),
+                "max_ms": 1000 * max(lat) if lat else float("nan")}
+
+
+def stop_kuberay(cluster_dir: Path) -> int | None:
+    pidfile = cluster_dir / "pids" / "kuberay-operator.pid"
+    if not pidfile.exists():
+        return None
+    pid = int(pidfile.read_text().strip())
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return None
+    for _ in range(80):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.25)
+    return pid
+
+
+def restart_cluster_components() -> None:
+    subprocess.run([str(REPO / "hack" / "cluster.sh"), "up"], check=True, stdout=subprocess.DEVNULL)
+
+
+def ensure_crd(kubeconfig: str) -> None:
+    install_crd(kubeconfig)

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Benchmarks: `make bench` (everything) or `python bench/run.py --sizes 50 --seconds 1` (quick).
+
+Prints tables, writes bench/out/results.json and bench/out/bench.png. The cluster part uses the
+local cluster (`hack/cluster.sh up`, started if needed) and deletes every namespace it created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "operator"))
+sys.path.insert(0, str(HERE))
+
+import throughput  # noqa: E402
+
+OUT = HERE / "out"
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")))
+    return {"nproc": os.cpu_count(), "ram_gib": round(mem_kb / 2**20, 1), "cpu": cpu,
+            "python": platform.python_version(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+            "loadavg_at_start": os.getloadavg()}
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [headers] + [[f"{c:.1f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cluster_env() -> dict:
+    out = subprocess.run([str(REPO / "hack" / "cluster.sh"), "env"], check=True, capture_output=True, text=True).stdout
+    env = {}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export "):].partition("=")
+            env[k] = v
+    return env
+
+
+def run_cluster(sizes: list[int], samples: int) -> dict:
+    import burst
+
+    if subprocess.run([str(REPO / "hack" / "cluster.sh"), "status"], capture_output=True).returncode != 0:
+        burst.restart_cluster_components()
+    env = cluster_env()
+    kubeconfig, cluster_dir = env["KUBECONFIG"], Path(env["TPUTORCH_CLUSTER_DIR"])
+    burst.ensure_crd(kubeconfig)
+    OUT.mkdir(exist_ok=True)
+    bench = burst.Bench(kubeconfig, OUT)
+    results = {"kuberay_stopped": True, "creator_threads": burst.CREATORS, "sizes": {}}
+    stopped = burst.stop_kuberay(cluster_dir)
+    print(f"KubeRay operator stopped for the measurement (pid {stopped}); only tputorch acts on the objects")
+    try:
+        for n in sizes:
+            print(f"-- N={n}: direct RayJob creates (baseline)", flush=True)
+            direct = bench.direct(n)
+            print(f"-- N={n}: TPUTorchJobs through the operator", flush=True)
+            op = bench.operator(n, samples)
+            results["sizes"][str(n)] = {"direct": direct, "operator": op}
+            bench.cleanup()
+            bench.wait_namespaces_gone()
+    finally:
+        bench.cleanup()
+        bench.wait_namespaces_gone()
+        burst.restart_cluster_components()
+        print("KubeRay operator restarted (hack/cluster.sh up)")
+    return results
+
+
+def report_cluster(res: dict) -> list[str]:
+    rows, srows, mrows = [], [], []
+    for n, r in res["sizes"].items():
+        d, o = r["direct"], r["operator"]
+        rows.append([n, d["p50_ms"], o["p50_ms"], f"{o['p50_ms'] / d['p50_ms']:.2f}x", d["p99_ms"], o["p99_ms"],
+                     f"{o['p99_ms'] / d['p99_ms']:.2f}x", d["per_s"], o["per_s"], f"{o['per_s'] / d['per_s']:.2f}x",
+                     f"{o['seen']}/{o['n']}"])
+        s = o["status"]
+        srows.append([n, s["n"], s["p50_ms"], s["p99_ms"], s["max_ms"], f"{s['seen']}/{s['n']}"])
+        mrows.append([n, o["rss_idle_mb"], o["rss_loaded_mb"], o["rss_after_status_mb"]])
+    out = [
+        "Create -> RayJob watch event (ms, client clock); jobs/s until all RayJobs exist",
+        table(["N", "direct p50", "op p50", "ratio", "direct p99", "op p99", "ratio", "direct/s", "op/s", "ratio", "RayJobs"], rows),
+        "",
+        "RayJob status patch -> TPUTorchJob status shows it (ms)",
+        table(["N", "samples", "p50", "p99", "max", "seen"], srows),
+        "",
+        "Operator RSS (MB)",
+        table(["N", "idle", "after burst", "after status"], mrows),
+    ]
+    return out
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    rows = results["throughput"]["rows"]
+    axes[0].barh(list(rows), [r["per_s"] for r in rows.values()], color=["C0", "C0", "C0", "C7", "C7"])
+    axes[0].axvline(2000, color="r", ls="--", label="target 2000/s")
+    axes[0].set_xlabel("calls/s (one core)")
+    axes[0].set_title("render + validate")
+    axes[0].legend()
+    sizes = results.get("cluster", {}).get("sizes", {})
+    if sizes:
+        ns = list(sizes)
+        x = range(len(ns))
+        for off, key, color in ((-0.2, "direct", "C7"), (0.2, "operator", "C0")):
+            axes[1].bar([i + off for i in x], [sizes[n][key]["p50_ms"] for n in ns], 0.4, label=f"{key} p50", color=color)
+            axes[1].scatter([i + off for i in x], [sizes[n][key]["p99_ms"] for n in ns], color="k", marker="_", s=200)
+            axes[2].bar([i + off for i in x], [sizes[n][key]["per_s"] for n in ns], 0.4, label=key, color=color)
+        for ax, title, label in ((axes[1], "create -> RayJob (p50 bar, p99 tick)", "ms"), (axes[2], "jobs/s until all RayJobs exist", "jobs/s")):
+            ax.set_xticks(list(x), [f"N={n}" for n in ns])
+            ax.set_title(title)
+            ax.set_ylabel(label)
+            ax.legend()
+    fig.suptitle(f"tputorch-operator bench, {results['machine']['nproc']} cores, {results['machine']['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="100,500,1000", help="burst sizes, comma-separated (default 100,500,1000)")
+    p.add_argument("--seconds", type=float, default=3.0, help="seconds per throughput row")
+    p.add_argument("--status-samples", type=int, default=100, help="RayJob status patches to time per size")
+    p.add_argument("--no-cluster", action="store_true", help="only the pure throughput part")
+    args = p.parse_args()
+
+    results = {"machine": machine()}
+    print(f"machine: {results['machine']}")
+    results["throughput"] = throughput.run(args.seconds)
+    t = results["throughput"]
+    print("\nRender + validate, one process (calls/s)")
+    print(table(["path", "calls/s", "us/call", "parse+render / this"],
+                [[k, v["per_s"], v["us_per_call"], f"{v['operator_ratio']:.2f}x" if "operator_ratio" in v else ""] for k, v in t["rows"].items()]))
+    print(f"target >= {t['target_per_s']}/s: {'met' if t['met'] else 'MISSED'}\n")
+
+    if not args.no_cluster:
+        started = time.monotonic()
+        results["cluster"] = run_cluster([int(s) for s in args.sizes.split(",") if s], args.status_samples)
+        results["cluster"]["seconds"] = time.monotonic() - started
+        print("\n" + "\n".join(report_cluster(results["cluster"])))
+
+    OUT.mkdir(exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps(results, indent=2))
+    try:
+        plot(results, OUT / "bench.png")
+        print(f"\nwrote {OUT / 'results.json'} and {OUT / 'bench.png'}")
+    except ImportError:
+        print(f"\nwrote {OUT / 'results.json'} (no matplotlib: pip install -e '.[bench]' for the plot)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

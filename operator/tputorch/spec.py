@@ -20,6 +20,9 @@ QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 RAY_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+ENV_SOURCES = ("configMapKeyRef", "secretKeyRef", "fieldRef", "resourceFieldRef")
 MIN_RAY_VERSION = (2, 59, 0)  # first Ray whose TorchTrainer runs on TPU (tpu_dist backend)
 MAX_STRING = 4096
 MAX_ENTRYPOINT = 65536
@@ -289,7 +292,10 @@ def _parse_env(r: _Reader, spec: Mapping) -> tuple:
             r.error(f"{path}.{unknown}", item[unknown], "is not a known field; known: name, value, valueFrom")
         name = r.value(item, "name", f"{path}.name", str, required=True, check=_string(256, ENV_NAME, "a C-style identifier such as MY_VAR"))
         r.value(item, "value", f"{path}.value", str)
-        r.value(item, "valueFrom", f"{path}.valueFrom", Mapping)
+        source = r.value(item, "valueFrom", f"{path}.valueFrom", Mapping)
+        if source is not None and (len(source) != 1 or next(iter(source)) not in ENV_SOURCES):
+            # The RayJob's schema would prune anything else and the pods could never be created.
+            r.error(f"{path}.valueFrom", dict(source), f"must have exactly one of {', '.join(ENV_SOURCES)}")
         if name is None:
             continue
         problem = _env_name_problem(name)
@@ -334,8 +340,21 @@ def _parse_tolerations(r: _Reader, spec: Mapping) -> tuple:
     return tuple(dict(t) for t in tolerations if isinstance(t, Mapping))
 
 
+def _label_key_ok(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(LABEL_NAME.match(name))
+
+
 def _parse_node_selector(r: _Reader, spec: Mapping, key: str, path: str) -> dict[str, str]:
     selector = _string_map(r, spec, key, path)
+    for k, v in selector.items():
+        # Label syntax: the RayJob's schema does not check it, so the pods would be refused later.
+        if not _label_key_ok(k):
+            r.error(f"{path}", k, "keys must be label names ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
+        if len(v) > 63 or not LABEL_VALUE.match(v):
+            r.error(f"{path}.{k}", v, "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
     for label in (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL):
         if label in selector:
             r.error(f"{path}.{label}", selector[label], "must not be set: the operator derives it from spec.tpu")

@@ -107,6 +107,32 @@ def report_cluster(res: dict) -> list[str]:
     return out
 
 
+def markdown(results: dict) -> str:
+    """The summary committed as bench/RESULTS.md (copied from bench/out/RESULTS.md by hand)."""
+    m = results["machine"]
+    lines = [f"Machine: {m['nproc']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, {m['date']}; "
+             f"load average at start {m['loadavg_at_start'][0]:.1f}.", "",
+             "### Render + validate (one process, one core)", "",
+             "| path | calls/s | µs/call | parse+render ÷ this |", "|---|---:|---:|---:|"]
+    for k, v in results["throughput"]["rows"].items():
+        lines.append(f"| {k} | {v['per_s']:.0f} | {v['us_per_call']:.0f} | {v.get('operator_ratio', float('nan')):.2f} |")
+    c = results.get("cluster")
+    if c:
+        lines += ["", f"### Bursts on the local cluster (KubeRay operator stopped; {c['creator_threads']} client threads create)", "",
+                  "| N | direct p50 ms | operator p50 ms | ratio | direct p99 ms | operator p99 ms | ratio | direct jobs/s | operator jobs/s | ratio |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for n, r in c["sizes"].items():
+            d, o = r["direct"], r["operator"]
+            lines.append(f"| {n} | {d['p50_ms']:.0f} | {o['p50_ms']:.0f} | {o['p50_ms'] / d['p50_ms']:.2f}x | {d['p99_ms']:.0f} | "
+                         f"{o['p99_ms']:.0f} | {o['p99_ms'] / d['p99_ms']:.2f}x | {d['per_s']:.0f} | {o['per_s']:.0f} | {o['per_s'] / d['per_s']:.2f}x |")
+        lines += ["", "| N | status propagation p50 ms | p99 ms | samples | RSS idle MB | RSS after burst MB |", "|---:|---:|---:|---:|---:|---:|"]
+        for n, r in c["sizes"].items():
+            o = r["operator"]
+            s = o["status"]
+            lines.append(f"| {n} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['seen']}/{s['n']} | {o['rss_idle_mb']:.0f} | {o['rss_after_status_mb']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -163,6 +189,7 @@ def main() -> int:
 
     OUT.mkdir(exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=2))
+    (OUT / "RESULTS.md").write_text(markdown(results))
     try:
         plot(results, OUT / "bench.png")
         print(f"\nwrote {OUT / 'results.json'} and {OUT / 'bench.png'}")

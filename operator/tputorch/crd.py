@@ -53,11 +53,14 @@ def _topology_rule() -> dict:
         for alias, name in sorted(topology.ACCELERATOR_ALIASES.items())
     }
     table_cel = json.dumps(table, separators=(",", ":"))
+    # The message joins the allowed list beforehand: join() on a looked-up list has an unbounded
+    # cost estimate, which the API server refuses (messageExpression cost budget).
+    allowed_cel = json.dumps({a: ", ".join(t) for a, t in table.items()}, separators=(",", ":"))
     return {
         "rule": f"self.topology in {table_cel}[self.accelerator]",
         "messageExpression": (
             f"'topology ' + self.topology + ' is not a ' + self.accelerator + "
-            f"' slice on GKE; allowed: ' + {table_cel}[self.accelerator].join(', ')"
+            f"' slice on GKE; allowed: ' + {allowed_cel}[self.accelerator]"
         ),
         "fieldPath": ".topology",
         "reason": "FieldValueInvalid",
@@ -75,6 +78,9 @@ def _tpu_schema() -> dict:
                 "TPU generation: v4, v5e, v5p, v6e or tpu7x (GKE's node-label forms such as "
                 "tpu-v6e-slice are accepted too).",
                 enum=accelerators,
+                # CEL's cost estimate ignores enum: without a length bound the topology rule's
+                # messageExpression is refused by the API server (cost budget exceeded).
+                maxLength=max(map(len, accelerators)),
             ),
             "topology": _string(
                 "Slice topology as GKE names it (node label cloud.google.com/gke-tpu-topology), "

@@ -56,8 +56,8 @@ class Kube:
     async def _run(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
 
-    async def create_rayjob(self, namespace: str, body: dict) -> None:
-        await self._run(self.custom.create_namespaced_custom_object, *RAYJOB[:2], namespace, RAYJOB[2], body)
+    async def create_rayjob(self, namespace: str, body: dict) -> dict:
+        return await self._run(self.custom.create_namespaced_custom_object, *RAYJOB[:2], namespace, RAYJOB[2], body)
 
     async def patch_rayjob(self, namespace: str, name: str, patch: dict) -> None:
         await self._run(self.custom.patch_namespaced_custom_object, *RAYJOB[:2], namespace, RAYJOB[2], name, patch)
@@ -200,33 +200,36 @@ async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods, o
     if observed is None and statuses.finished(_previous(body)):
         # The job ran and its RayJob is gone (deleted after the end): creating one would train again.
         return "finished"
+    created = None
     if observed is None:
-        result = await _create(body, job, namespace, name)
+        result, created = await _create(body, job, namespace, name)
     else:
         result = await _sync_suspend(job, observed, namespace, name)
-    await _refresh(body, namespace, name, rayjobs, job_pods, job=job)
+    # The RayJob just created is not in the index yet: derive from the API's answer, so that the
+    # status says RayJobCreated=True in one patch instead of "Creating" now and "Created" later.
+    await _refresh(body, namespace, name, rayjobs, job_pods, job=job, rayjob=created)
     if result == "retry":
         raise kopf.TemporaryError(STATE.create_errors[(namespace, name)][1], delay=30)
     return result
 
 
-async def _create(body: dict, job: specs.JobSpec, namespace: str, name: str) -> str:
+async def _create(body: dict, job: specs.JobSpec, namespace: str, name: str) -> tuple[str, dict | None]:
     desired = render.rayjob(job)
     kopf.adopt(desired, owner=body)  # ownerReference + the owner's namespace, whatever the spec says
     desired["metadata"]["namespace"] = namespace
     try:
-        await STATE.kube.create_rayjob(namespace, desired)
+        created = await STATE.kube.create_rayjob(namespace, desired)
     except ApiException as err:
         if err.status == 409:
             STATE.create_errors.pop((namespace, name), None)
-            return "exists"
+            return "exists", None
         STATE.create_errors[(namespace, name)] = _create_problem(err)
         log.warning("RayJob %s/%s not created: %s", namespace, name, STATE.create_errors[(namespace, name)][1])
-        return "retry"
+        return "retry", None
     STATE.create_errors.pop((namespace, name), None)
     log.info("RayJob %s/%s created for a %s %s slice (%d hosts, %d workers)", namespace, name,
              job.slice.generation.name, job.slice.topology, job.slice.hosts, job.workers)
-    return "created"
+    return "created", created if isinstance(created, dict) else None
 
 
 def _create_problem(err: ApiException) -> tuple[str, str]:
@@ -256,7 +259,8 @@ async def _write_invalid(body: dict, namespace: str, name: str, err: specs.Inval
             log.warning("TPUTorchJob %s/%s is invalid: %s", namespace, name, err)
 
 
-async def _refresh(body: dict, namespace: str, name: str, rayjobs, job_pods, job: specs.JobSpec | None = None) -> None:
+async def _refresh(body: dict, namespace: str, name: str, rayjobs, job_pods, job: specs.JobSpec | None = None,
+                   rayjob: dict | None = None) -> None:
     """Derive the status from the indexes and patch it if it changed."""
     if job is None:
         try:
@@ -268,7 +272,7 @@ async def _refresh(body: dict, namespace: str, name: str, rayjobs, job_pods, job
         current = statuses.derive(
             job,
             body["metadata"].get("generation", 0),
-            _one(rayjobs, (namespace, name)),
+            _one(rayjobs, (namespace, name)) or rayjob,
             list(job_pods.get((namespace, name)) or []),
             previous,
             _now(),

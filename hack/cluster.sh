@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# A real local Kubernetes control plane without Docker, for the integration/e2e tests and the demo.
+#
+#   hack/cluster.sh up [--fresh]   build/reuse binaries, start everything, wait until ready
+#                                  (--fresh: wipe etcd data first = an empty cluster)
+#   hack/cluster.sh down           stop every process `up` started (pid files); idempotent
+#   hack/cluster.sh status         one line per component
+#   hack/cluster.sh env            print `export KUBECONFIG=...` etc. (eval "$(hack/cluster.sh env)")
+#
+# Components: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (k8s v1.34.4),
+# KWOK (fake kubelets for the nodes in hack/nodes.yaml), a fake Ray dashboard
+# (hack/fake_dashboard.py) and the KubeRay operator (out of cluster, HTTP_PROXY -> fake dashboard).
+# Everything binds to 127.0.0.1. State: ${TPUTORCH_CLUSTER_DIR:-<repo>/.cluster}.
+set -euo pipefail
+
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$HACK")
+DIR=${TPUTORCH_CLUSTER_DIR:-$REPO/.cluster}
+PY=${PYTHON:-python3}
+KUBECTL=${KUBECTL:-kubectl}
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok fake-dashboard kuberay-operator)
+
+log() { echo "[cluster $(date +%H:%M:%S)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+pidfile() { echo "$DIR/pids/$1.pid"; }
+# alive <component>: the pid in its pid file runs and is still the program we started.
+alive() {
+  local f pid; f=$(pidfile "$1"); [[ -f $f ]] || return 1
+  pid=$(cat "$f"); [[ -n $pid && -d /proc/$pid ]] || return 1
+  grep -qa -- "$(cat "$f.cmd" 2>/dev/null || echo "$1")" "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# start <component> <program> [args...]: run in the background, own session, log to logs/<c>.log
+start() {
+  local name=$1; shift
+  if alive "$name"; then log "$name already running (pid $(cat "$(pidfile "$name")"))"; return 0; fi
+  log "starting $name"
+  setsid nohup "$@" >>"$DIR/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$(pidfile "$name")"
+  local marker=$1; [[ $marker == *python* ]] && marker=$2
+  echo "$marker" >"$(pidfile "$name").cmd"   # what /proc/<pid>/cmdline must contain
+}
+
+# wait_for <what> <seconds> <command...>
+wait_for() {
+  local what=$1 secs=$2; shift 2
+  local end=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= end)); then die "timed out after ${secs}s waiting for $what (see $DIR/logs/)"; fi
+    sleep 0.5
+  done
+}
+
+load_env() { [[ -f $DIR/ports.env ]] && source "$DIR/ports.env"; return 0; }
+
+ports() {  # pick free ports once; reused by every later `up` so the kubeconfig stays valid
+  load_env
+  if [[ -z ${APISERVER_PORT:-} ]]; then
+    {
+      echo "ETCD_PORT=$(free_port)"; echo "ETCD_PEER_PORT=$(free_port)"
+      echo "APISERVER_PORT=$(free_port)"; echo "KCM_PORT=$(free_port)"; echo "SCHEDULER_PORT=$(free_port)"
+      echo "KWOK_PORT=$(free_port)"; echo "DASHBOARD_PORT=$(free_port)"; echo "KUBERAY_PROBE_PORT=$(free_port)"
+    } >"$DIR/ports.env"
+    load_env
+  fi
+}
+
+certs() {
+  local p=$DIR/pki
+  [[ -f $p/apiserver.crt && -f $p/sa.key && -f $DIR/token ]] && return 0
+  log "generating CA, API server certificate, service-account keys and admin token"
+  mkdir -p "$p"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=tputorch-local-ca" \
+    -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$p/apiserver.key" \
+    -out "$p/apiserver.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n' >"$p/apiserver.ext"
+  openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
+    -extfile "$p/apiserver.ext" -out "$p/apiserver.crt" 2>/dev/null
+  openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+  "$PY" -c 'import secrets; print(secrets.token_hex(24))' >"$DIR/token"
+  # token,user,uid,"groups": the admin is in system:masters
+  echo "$(cat "$DIR/token"),admin,admin,\"system:masters\"" >"$p/tokens.csv"
+  chmod 600 "$p"/*.key "$p/tokens.csv" "$DIR/token"
+}
+
+kubeconfig() {
+  cat >"$DIR/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: tputorch-local
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority: $DIR/pki/ca.crt
+users:
+- name: admin
+  user:
+    token: $(cat "$DIR/token")
+contexts:
+- name: tputorch-local
+  context: {cluster: tputorch-local, user: admin}
+current-context: tputorch-local
+EOF
+  chmod 600 "$DIR/kubeconfig"
+}
+
+k() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig" "$@"; }
+https_ok() { curl -sfk --noproxy '*' --max-time 2 "$1"; }
+api_ready() {
+  curl -sf --noproxy '*' --max-time 2 --cacert "$DIR/pki/ca.crt" \
+    -H "Authorization: Bearer $(cat "$DIR/token")" "https://127.0.0.1:$APISERVER_PORT/readyz"
+}
+nodes_ready() {
+  local want got
+  want=$(grep -c '^  kind: Node' "$HACK/nodes.yaml")
+  got=$(k get nodes -l type=kwok -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True)
+  [[ $got -ge $want ]]
+}
+
+kuberay_dir() {
+  local v; v=$(cat "$BIN/kuberay-operator.version" 2>/dev/null || echo v1.5.0)
+  (cd /tmp && go mod download -json "github.com/ray-project/kuberay/ray-operator@$v" |
+    "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+}
+
+cmd_up() {
+  local fresh=0 t0=$SECONDS
+  [[ ${1:-} == --fresh ]] && fresh=1
+  BIN=$("$HACK/build.sh" cluster | tail -1)
+  mkdir -p "$DIR/logs" "$DIR/pids" "$DIR/etcd" "$DIR/run"
+  if ((fresh)); then
+    cmd_down
+    log "--fresh: wiping etcd data"
+    rm -rf "$DIR/etcd"; mkdir -p "$DIR/etcd"
+  fi
+  ports; certs; kubeconfig
+  local p=$DIR/pki
+
+  start etcd "$BIN/etcd" --name=tputorch-local --data-dir="$DIR/etcd" \
+    --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster="tputorch-local=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --unsafe-no-fsync=true --quota-backend-bytes=4294967296 --log-level=warn
+  wait_for etcd 60 curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$ETCD_PORT/health"
+
+  start kube-apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" --client-ca-file="$p/ca.crt" \
+    --token-auth-file="$p/tokens.csv" --authorization-mode=RBAC \
+    --service-cluster-ip-range=10.96.0.0/16 --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+    --endpoint-reconciler-type=none --allow-privileged=true --enable-priority-and-fairness=false \
+    --profiling=false --cert-dir="$DIR/run/apiserver" --v=1
+  wait_for kube-apiserver 120 api_ready
+
+  start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$DIR/kubeconfig" \
+    --authentication-kubeconfig="$DIR/kubeconfig" --authorization-kubeconfig="$DIR/kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --cert-dir="$DIR/run/kcm" --leader-elect=false \
+    --service-account-private-key-file="$p/sa.key" --root-ca-file="$p/ca.crt" \
+    --use-service-account-credentials=false --controllers='*' --profiling=false --v=1
+  start kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$DIR/kubeconfig" \
+    --authentication-kubeconfig="$DIR/kubeconfig" --authorization-kubeconfig="$DIR/kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" \
+    --cert-dir="$DIR/run/scheduler" --leader-elect=false --profiling=false --v=1
+  wait_for kube-controller-manager 60 https_ok "https://127.0.0.1:$KCM_PORT/healthz"
+  wait_for kube-scheduler 60 https_ok "https://127.0.0.1:$SCHEDULER_PORT/healthz"
+
+  log "installing KubeRay CRDs (server-side apply)"
+  k apply --server-side --force-conflicts -f "$(kuberay_dir)/config/crd/bases" >/dev/null
+  log "creating nodes from hack/nodes.yaml"
+  k create -f "$HACK/nodes.yaml" 2>&1 | grep -v AlreadyExists >&2 || true
+
+  start kwok "$BIN/kwok" --kubeconfig="$DIR/kubeconfig" --config="$HACK/kwok-pod-stages.yaml" \
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-ip=127.0.0.1 --server-address="127.0.0.1:$KWOK_PORT"
+  wait_for "nodes Ready (kwok)" 60 nodes_ready
+
+  start fake-dashboard "$PY" "$HACK/fake_dashboard.py" --port="$DASHBOARD_PORT" \
+    --kube-server="https://127.0.0.1:$APISERVER_PORT" --kube-token-file="$DIR/token" --kube-ca="$p/ca.crt"
+  wait_for fake-dashboard 30 curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$DASHBOARD_PORT/_control/healthz"
+
+  # Go's HTTP client proxies every non-loopback host: the dashboard calls go to the fake; the
+  # API server (127.0.0.1) is never proxied (loopback, and NO_PROXY too).
+  (
+    export KUBECONFIG="$DIR/kubeconfig" HTTP_PROXY="http://127.0.0.1:$DASHBOARD_PORT" http_proxy="http://127.0.0.1:$DASHBOARD_PORT"
+    export NO_PROXY="127.0.0.1,localhost,::1" no_proxy="127.0.0.1,localhost,::1"
+    unset HTTPS_PROXY https_proxy ALL_PROXY all_proxy
+    start kuberay-operator "$BIN/kuberay-operator" \
+      --enable-leader-election=false --metrics-addr=0 --health-probe-bind-address="127.0.0.1:$KUBERAY_PROBE_PORT" \
+      --feature-gates=RayMultiHostIndexing=true --log-stdout-encoder=console
+  )
+  wait_for kuberay-operator 60 curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$KUBERAY_PROBE_PORT/readyz"
+
+  log "cluster up in $((SECONDS - t0))s; eval \"\$($0 env)\""
+}
+
+cmd_down() {
+  local i name f pid
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+    name=${COMPONENTS[i]}; f=$(pidfile "$name")
+    [[ -f $f ]] || continue
+    if alive "$name"; then
+      pid=$(cat "$f"); log "stopping $name (pid $pid)"
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 40); do [[ -d /proc/$pid ]] || break; sleep 0.25; done
+      if [[ -d /proc/$pid ]]; then log "$name did not stop; SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
+    fi
+    rm -f "$f" "$f.cmd"
+  done
+  return 0
+}
+
+cmd_status() {
+  load_env
+  local name rc=0
+  for name in "${COMPONENTS[@]}"; do
+    if alive "$name"; then printf '%-24s running  pid %s\n' "$name" "$(cat "$(pidfile "$name")")"
+    else printf '%-24s stopped\n' "$name"; rc=1; fi
+  done
+  [[ -n ${APISERVER_PORT:-} ]] && echo "api server: https://127.0.0.1:$APISERVER_PORT  dashboard: http://127.0.0.1:$DASHBOARD_PORT"
+  return $rc
+}
+
+cmd_env() {
+  load_env
+  [[ -n ${APISERVER_PORT:-} ]] || die "no cluster state in $DIR (run: $0 up)"
+  echo "export KUBECONFIG=$DIR/kubeconfig"
+  echo "export TPUTORCH_DASHBOARD_URL=http://127.0.0.1:$DASHBOARD_PORT"
+  echo "export TPUTORCH_CLUSTER_DIR=$DIR"
+}
+
+case "${1:-}" in
+  up) shift; cmd_up "$@" ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  *) echo "usage: $0 up [--fresh] | down | status | env" >&2; exit 2 ;;
+esac

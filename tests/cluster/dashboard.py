@@ -1,0 +1,89 @@
+"""Client for the control API of hack/fake_dashboard.py (the stand-in Ray dashboard).
+
+    from dashboard import DashboardClient
+    d = DashboardClient("http://127.0.0.1:PORT")      # or DashboardClient() with TPUTORCH_DASHBOARD_URL
+    d.set_job_status("ns", "my-rayjob", "SUCCEEDED")
+    d.set_job_status("ns", "my-rayjob", "FAILED", message="Traceback ...")
+
+Jobs are keyed by (namespace, RayJob name). Setting a terminal status (SUCCEEDED, FAILED, STOPPED)
+also makes the fake finish the RayJob's submitter pod (exit code `submitter_exit_code`, default 0),
+which KubeRay waits for before it marks a K8sJobMode RayJob Complete/Failed.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+
+STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
+
+# The dashboard lives on 127.0.0.1: never send control calls through a proxy.
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class DashboardClient:
+    def __init__(self, url: str | None = None, timeout: float = 10.0) -> None:
+        url = url or os.environ.get("TPUTORCH_DASHBOARD_URL")
+        if not url:
+            raise RuntimeError("no dashboard URL: pass one or set TPUTORCH_DASHBOARD_URL")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, body: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + "/_control" + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with _opener.open(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404 and method == "GET":
+                return None
+            raise RuntimeError(f"{method} {path}: {exc.code} {exc.read().decode(errors='replace')}") from exc
+
+    def healthy(self) -> bool:
+        try:
+            return bool(self._call("GET", "/healthz"))
+        except OSError:
+            return False
+
+    def set_job_status(self, namespace: str, rayjob: str, status: str, message: str = "",
+                       submitter_exit_code: int = 0) -> dict:
+        """Set what the dashboard reports for the Ray job of RayJob `namespace/rayjob`."""
+        status = status.upper()
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+        return self._call("PUT", f"/jobs/{namespace}/{rayjob}",
+                          {"status": status, "message": message, "submitter_exit_code": submitter_exit_code})
+
+    def get_job(self, namespace: str, rayjob: str) -> dict | None:
+        """The fake's record of the job (status, submission_id, ...), None if never seen."""
+        return self._call("GET", f"/jobs/{namespace}/{rayjob}")
+
+    def jobs(self) -> list[dict]:
+        return self._call("GET", "/jobs")
+
+    def delete_job(self, namespace: str, rayjob: str) -> bool:
+        return self._call("DELETE", f"/jobs/{namespace}/{rayjob}")["deleted"]
+
+    def requests(self, namespace: str | None = None, rayjob: str | None = None) -> list[dict]:
+        """Dashboard API requests received (method, host, path, body, namespace, rayjob, status_code)."""
+        q = {k: v for k, v in (("namespace", namespace), ("rayjob", rayjob)) if v}
+        return self._call("GET", "/requests" + ("?" + urllib.parse.urlencode(q) if q else ""))
+
+    def set_default_status(self, status: str) -> None:
+        """Status given to jobs the dashboard has not seen yet (initially RUNNING)."""
+        self._call("PUT", "/default", {"status": status.upper()})
+
+    def reset(self) -> None:
+        self._call("POST", "/reset", {})
+
+
+def set_job_status(namespace: str, rayjob: str, status: str, message: str = "", submitter_exit_code: int = 0) -> dict:
+    """Module-level shortcut using TPUTORCH_DASHBOARD_URL."""
+    return DashboardClient().set_job_status(namespace, rayjob, status, message, submitter_exit_code)

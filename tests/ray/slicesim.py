@@ -248,17 +248,19 @@ def visible_chips(record: Mapping, chips_per_host: int) -> set[int]:
 
 
 def expected_worker_env(chips: list[int], chips_per_host: int, host_chips_detected: int) -> dict:
-    """What the TPU runtime needs for a process that owns ``chips`` of a host (facts §4).
+    """What Ray 2.60 sets for a process that owns ``chips`` of a host (facts §4), on a host whose
+    TPU bounds variables were not preset.
 
-    1 chip: its id, per-host bounds 1,1,1, host bounds 1,1,1; 2 chips: 1,2,1 and 1,1,1; 4 or 8 of
-    more chips: the ids, host bounds 1,1,1 unless the host already has them; every chip of the
-    host (as Ray counts them from /dev/accel*): no TPU_VISIBLE_CHIPS at all.
+    1 chip: its id, per-host bounds 1,1,1, host bounds 1,1,1; 2 chips: its ids, 1,2,1 and 1,1,1;
+    4 or 8 chips that are part of the host: the ids and no bounds; every chip of the host (as Ray
+    counts them from /dev/accel*): no TPU_VISIBLE_CHIPS at all.
     """
     if len(chips) == host_chips_detected:
         return {"TPU_VISIBLE_CHIPS": None, "TPU_CHIPS_PER_HOST_BOUNDS": None, "TPU_HOST_BOUNDS": None}
     ids = ",".join(str(c) for c in sorted(chips))
     per_host = {1: "1,1,1", 2: "1,2,1"}.get(len(chips))
-    return {"TPU_VISIBLE_CHIPS": ids, "TPU_CHIPS_PER_HOST_BOUNDS": per_host, "TPU_HOST_BOUNDS": "1,1,1"}
+    host = "1,1,1" if per_host else None
+    return {"TPU_VISIBLE_CHIPS": ids, "TPU_CHIPS_PER_HOST_BOUNDS": per_host, "TPU_HOST_BOUNDS": host}
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.5):

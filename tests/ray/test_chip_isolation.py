@@ -43,11 +43,13 @@ def rendered(accelerator: str, topology: str, chips_per_worker: int = 1, name: s
 DECOY = slicesim.slice_from_rayjob(rendered("v6e", "2x2", name="decoy"), slice_name="decoy-slice")
 
 SHAPES = [
-    # accelerator, topology, chipsPerWorker, attach the decoy slice too
-    ("v6e", "2x2", 1, False),
+    # accelerator, topology, chipsPerWorker, attach the decoy slice too. Ordered so that tests on
+    # the same slice follow each other (the attached hosts are reused): the test above uses 4x4,
+    # the failure-mode tests below use 2x2.
     ("v6e", "4x4", 1, True),
     ("v6e", "4x4", 4, True),
     ("v5p", "2x2x2", 1, False),
+    ("v6e", "2x2", 1, False),
 ]
 
 # Ray counts a host's chips from /dev/accel*; 0 here (the simulation has no chips).
@@ -98,20 +100,6 @@ def assert_isolated_within_one_slice(sim: slicesim.SimSlice, records: list[dict]
         assert seen == set(range(sim.chips_per_host)), f"host {host}: chips {seen}"
 
 
-@pytest.mark.parametrize(
-    "accelerator,topology,chips_per_worker,decoy", SHAPES, ids=[f"{a}-{t}-c{c}" for a, t, c, _ in SHAPES]
-)
-def test_each_worker_sees_only_its_chips(slice_hosts, tmp_path, accelerator, topology, chips_per_worker, decoy):
-    sim, scaling, records = run(slice_hosts, tmp_path, accelerator, topology, chips_per_worker, decoy)
-    assert scaling.num_workers == sim.chips // chips_per_worker
-    assert scaling.accelerator_type.startswith("TPU-V")
-    OBSERVED[f"{accelerator} {topology} chipsPerWorker={chips_per_worker}"] = [
-        {k: r[k] for k in ("world_rank", "TPU_WORKER_ID", "TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")}
-        for r in records
-    ]
-    assert_isolated_within_one_slice(sim, records, chips_per_worker)
-
-
 def test_slice_nodes_advertise_what_ray_train_asks_for(slice_hosts):
     """The node side of the contract, read back from Ray: TPU, accelerator type, head resource, labels."""
     sim = slice_hosts.attach(
@@ -127,6 +115,20 @@ def test_slice_nodes_advertise_what_ray_train_asks_for(slice_hosts):
         assert labels["ray.io/tpu-pod-type"] == "v6e-16"
         assert labels["ray.io/tpu-topology"] == "4x4"
         assert labels["ray.io/tpu-worker-id"] == str(host)
+
+
+@pytest.mark.parametrize(
+    "accelerator,topology,chips_per_worker,decoy", SHAPES, ids=[f"{a}-{t}-c{c}" for a, t, c, _ in SHAPES]
+)
+def test_each_worker_sees_only_its_chips(slice_hosts, tmp_path, accelerator, topology, chips_per_worker, decoy):
+    sim, scaling, records = run(slice_hosts, tmp_path, accelerator, topology, chips_per_worker, decoy)
+    assert scaling.num_workers == sim.chips // chips_per_worker
+    assert scaling.accelerator_type.startswith("TPU-V")
+    OBSERVED[f"{accelerator} {topology} chipsPerWorker={chips_per_worker}"] = [
+        {k: r[k] for k in ("world_rank", "TPU_WORKER_ID", "TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")}
+        for r in records
+    ]
+    assert_isolated_within_one_slice(sim, records, chips_per_worker)
 
 
 # --- failure modes the operator must never produce ------------------------------------------------

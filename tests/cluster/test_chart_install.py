@@ -9,7 +9,12 @@
 3. `kubectl auth can-i --as=system:serviceaccount:<ns>:<sa>`: may create RayJobs and patch
    TPUTorchJob status; may not read Secrets nor create pods.
 4. That operator, holding only the chart's RBAC, turns examples/v6e-4x4.yaml into a RayJob and writes
-   the TPUTorchJob's status, with no 403 and no kopf permission warning in its log.
+   the TPUTorchJob's status and Events, with no 403 in its log. The namespaced chart's operator
+   watches its namespace. The cluster-wide chart's operator runs cluster-wide only with
+   TPUTORCH_EXCLUSIVE_CLUSTER=1 (a cluster no other test uses: otherwise it would reconcile their
+   jobs as a second operator); by default it watches the test's namespace with the cluster-wide
+   grants, and kopf's refused namespace listing (namespaced kopf lists namespaces; the cluster-wide
+   chart rightly does not grant it) is the one expected 403.
 """
 
 from __future__ import annotations
@@ -128,11 +133,19 @@ def sa_kubeconfig(kube, namespace: str, sa: str, path: Path) -> str:
 PERMISSION_PROBLEMS = ("(403)", "HTTP 403", " 403 ", "Forbidden", "forbidden", "Not enough permissions", "Traceback")
 
 
-def permission_problems(log: str) -> list[str]:
-    """Log lines that show a refused API call. A cluster-wide operator also sees jobs left by other
-    tests; a create in a namespace being deleted is refused with 403 for that reason, not RBAC."""
+# kopf in namespaced mode lists/watches namespaces. The cluster-wide chart does not grant that (kopf
+# never does it in cluster-wide mode), so a namespaced run under it logs 9 refused attempts (about a
+# minute of backoff) and then a warning before kopf falls back to the given names: expected there only.
+KOPF_NAMESPACE_LISTING = ("/api/v1/namespaces ->", "Not enough permissions to list namespaces",
+                          "Not enough permissions to watch for namespaces")
+# Set on a cluster no other test uses: then the cluster-wide chart's operator runs cluster-wide.
+EXCLUSIVE = os.environ.get("TPUTORCH_EXCLUSIVE_CLUSTER") == "1"
+
+
+def permission_problems(log: str, expected: tuple[str, ...] = ()) -> list[str]:
+    """Log lines that show a refused API call, except the expected ones."""
     return [line for line in log.splitlines()
-            if any(p in line for p in PERMISSION_PROBLEMS) and "being terminated" not in line]
+            if any(p in line for p in PERMISSION_PROBLEMS) and not any(e in line for e in expected)]
 
 
 def run_example_as(kube, kubeconfig: str, namespaces: list[str], job_ns: str, log_path: Path):
@@ -230,14 +243,18 @@ def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, 
     assert not can_i(kube, user, "list", "namespaces")  # kopf does not list them when cluster-wide
     assert not can_i(kube, user, "create", "serviceaccounts", "--subresource=token", "-n", namespace)
 
+    # Cluster-wide, the operator would also reconcile the jobs of other tests sharing this cluster (a
+    # second operator on them): unless the cluster is exclusive, it watches only job_ns, with the
+    # cluster-wide grants.
     config = sa_kubeconfig(kube, namespace, rel["sa"], tmp_path / "sa.kubeconfig")
-    rayjob, status, events, log = run_example_as(kube, config, [], job_ns, tmp_path / "operator.log")
+    watch = [] if EXCLUSIVE else [job_ns]
+    rayjob, status, events, log = run_example_as(kube, config, watch, job_ns, tmp_path / "operator.log")
     assert rayjob["metadata"]["ownerReferences"][0]["kind"] == "TPUTorchJob"
     assert rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["numOfHosts"] == 4
     assert status["phase"] in ("Pending", "Running"), status
     assert status["rayJobName"] == rayjob["metadata"]["name"]
     assert events
-    problems = permission_problems(log)
+    problems = permission_problems(log, expected=() if EXCLUSIVE else KOPF_NAMESPACE_LISTING)
     assert not problems, "\n".join(problems)
 
 

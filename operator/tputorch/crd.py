@@ -30,7 +30,13 @@ def _string(description: str, **schema) -> dict:
     return _s(description, type="string", **schema)
 
 
+INT32_MAX = 2**31 - 1
+
+
 def _int(description: str, **schema) -> dict:
+    # The API server does not enforce format: int32; without a maximum a huge number reaches the
+    # RayJob and KubeRay (Go, int32 fields) could not decode it.
+    schema.setdefault("maximum", INT32_MAX)
     return _s(description, type="integer", format="int32", **schema)
 
 

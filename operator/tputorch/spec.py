@@ -25,6 +25,7 @@ DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 ENV_SOURCES = ("configMapKeyRef", "secretKeyRef", "fieldRef", "resourceFieldRef")
 MIN_RAY_VERSION = (2, 59, 0)  # first Ray whose TorchTrainer runs on TPU (tpu_dist backend)
 MAX_STRING = 4096
+INT32_MAX = 2**31 - 1  # KubeRay's int32 fields
 MAX_ENTRYPOINT = 65536
 
 # Environment variables a user may not set: they would undo chip isolation or the slice shape.
@@ -176,7 +177,9 @@ def _type_name(kind: type | tuple) -> str:
 def _between(low: int, high: int | None = None) -> Callable[[int], str | None]:
     def check(v: int) -> str | None:
         if v < low or (high is not None and v > high):
-            return f"must be between {low} and {high}" if high is not None else f"must be at least {low}"
+            if high is None or (high == INT32_MAX and v < low):
+                return f"must be at least {low}"
+            return f"must be between {low} and {high}"
         return None
 
     return check
@@ -396,9 +399,9 @@ def parse(body: Any) -> JobSpec:
     shutdown = r.value(spec, "shutdownAfterJobFinishes", "spec.shutdownAfterJobFinishes", bool, default=DEFAULTS["shutdownAfterJobFinishes"])
     suspend = r.value(spec, "suspend", "spec.suspend", bool, default=DEFAULTS["suspend"])
     queue_name = r.value(spec, "queueName", "spec.queueName", str, check=_string(63, LABEL_VALUE, "a label value (the Kueue LocalQueue's name)"))
-    deadline = r.value(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", int, check=_between(1))
+    deadline = r.value(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", int, check=_between(1, INT32_MAX))
     backoff = r.value(spec, "backoffLimit", "spec.backoffLimit", int, default=DEFAULTS["backoffLimit"], check=_between(0, 100))
-    ttl = r.value(spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", int, check=_between(0))
+    ttl = r.value(spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", int, check=_between(0, INT32_MAX))
     # KubeRay's own rules: both only make sense when the RayCluster is deleted after the job.
     if ttl is not None and not shutdown:
         r.error("spec.ttlSecondsAfterFinished", ttl, "must not be set unless spec.shutdownAfterJobFinishes is true")

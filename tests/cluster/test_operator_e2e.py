@@ -65,6 +65,12 @@ def events_for(kube, ns, name) -> list:
     return [(e.type, e.reason) for e in kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TPUTorchJob").items]
 
 
+def wait_events(kube, ns, name, *expected, timeout=30):
+    """Events are posted asynchronously after the status patch: wait until all expected are there."""
+    return kube.wait(lambda: (lambda have: have if set(expected) <= have else None)(set(events_for(kube, ns, name))),
+                     timeout, f"events {expected} on {name}")
+
+
 def pods_of(kube, ns, job):
     return kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={job}").items
 
@@ -104,8 +110,8 @@ def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, namespace, operator, dashb
     st = wait_phase(kube, namespace, name, "Succeeded", 180)
     assert st["completionTime"] and st["jobStatus"] == "SUCCEEDED"
     assert condition(st, "Succeeded")["status"] == "True"
-    reasons = {r for _, r in events_for(kube, namespace, name)}
-    assert {"Created", "AllHostsReady", "Running", "JobSucceeded"} <= reasons
+    wait_events(kube, namespace, name, ("Normal", "Created"), ("Normal", "AllHostsReady"), ("Normal", "Running"),
+                ("Normal", "JobSucceeded"))
     metrics = operator.metrics()
     assert 'tputorch_reconciles_total{result="created"} 1' in metrics
     assert 'tputorch_jobs{phase="Succeeded"} 1' in metrics
@@ -118,7 +124,7 @@ def test_failing_job_reports_kuberays_message(kube, namespace, operator, dashboa
     st = wait_phase(kube, namespace, "fails", "Failed", 180)
     assert condition(st, "Failed")["status"] == "True"
     assert st["completionTime"]
-    assert ("Warning", condition(st, "Failed")["reason"]) in events_for(kube, namespace, "fails")
+    wait_events(kube, namespace, "fails", ("Warning", condition(st, "Failed")["reason"]))
 
 
 def test_single_host_job(kube, namespace, operator, dashboard):
@@ -143,7 +149,7 @@ def test_slice_missing_from_the_cluster_says_why(kube, namespace, operator):
     assert st["phase"] == "Pending"
     msg = condition(st, "SliceReady")["message"]
     assert "nodes are available" in msg, msg
-    assert ("Warning", "Unschedulable") in events_for(kube, namespace, "no-pool")
+    wait_events(kube, namespace, "no-pool", ("Warning", "Unschedulable"))
 
 
 def test_invalid_job_fails_with_every_error_and_no_rayjob(kube, namespace, operator):
@@ -157,7 +163,7 @@ def test_invalid_job_fails_with_every_error_and_no_rayjob(kube, namespace, opera
     assert (c["status"], c["reason"]) == ("False", "ValidationFailed")
     assert "spec.tpu.chipsPerWorker: 8 must divide the 4 chips" in c["message"]
     assert "spec.env[0].name" in c["message"]
-    assert ("Warning", "ValidationFailed") in events_for(kube, namespace, "bad")
+    wait_events(kube, namespace, "bad", ("Warning", "ValidationFailed"))
     with pytest.raises(ApiException) as err:
         get_rayjob(kube, namespace, "bad")
     assert err.value.status == 404

@@ -25,6 +25,18 @@ class MissingSliceEnvironment(RuntimeError):
     """The script runs outside a TPUTorchJob (or the environment was edited)."""
 
 
+# Ray's accelerator types for TPUs are TPU-V4, TPU-V5LITEPOD, TPU-V5P, TPU-V6E, TPU-V7X: the
+# resource TPU nodes register is accelerator_type:<that>. Ray 2.60 also accepts "v6e", asks for
+# accelerator_type:v6e, which no node has, and the job waits forever without an error.
+def _check_accelerator_type(value: Any) -> None:
+    if not (isinstance(value, str) and value.startswith("TPU-V") and value == value.upper()):
+        raise ValueError(
+            f"accelerator_type {value!r} matches no Ray TPU node: use Ray's form such as 'TPU-V6E' "
+            "(nodes register the resource accelerator_type:TPU-V6E; Ray accepts 'v6e' but then never "
+            "schedules the workers)"
+        )
+
+
 @dataclass(frozen=True)
 class SliceShape:
     num_workers: int
@@ -71,4 +83,6 @@ def scaling_config(environ: Mapping[str, str] | None = None, **overrides: Any):
 
     kwargs = slice_shape(environ).scaling_config_kwargs()
     kwargs.update(overrides)
+    if kwargs.get("use_tpu"):
+        _check_accelerator_type(kwargs.get("accelerator_type"))
     return ScalingConfig(**kwargs)

@@ -59,6 +59,9 @@ def ray_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        # Every Ray process these tests started is gone (raylets, GCS, agents, workers).
+        left = slicesim.wait_until(lambda: not slicesim.descendants(), timeout=30) or slicesim.descendants()
+        assert left is True, f"Ray processes still running after shutdown: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -263,6 +263,36 @@ def expected_worker_env(chips: list[int], chips_per_host: int, host_chips_detect
     return {"TPU_VISIBLE_CHIPS": ids, "TPU_CHIPS_PER_HOST_BOUNDS": per_host, "TPU_HOST_BOUNDS": host}
 
 
+def descendants(pid: int | None = None) -> list[tuple[int, str]]:
+    """(pid, command) of every live process below ``pid`` (this process by default), from /proc."""
+    root = os.getpid() if pid is None else pid
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...; comm may hold spaces and parentheses
+        comm_end = stat.rindex(")")
+        fields = stat[comm_end + 2 :].split()
+        if fields[0] == "Z":
+            continue
+        parents[int(entry)] = int(fields[1])
+        names[int(entry)] = stat[stat.index("(") + 1 : comm_end]
+    found = []
+    for p in parents:
+        q = parents.get(p)
+        while q is not None and q != root:
+            q = parents.get(q)
+        if q == root:
+            found.append((p, names[p]))
+    return found
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.5):
     deadline = time.monotonic() + timeout
     while True:

@@ -163,13 +163,15 @@ PENDING_DRIVER = textwrap.dedent(
     """
     import json, os, sys
     import ray
-    from ray.train import RunConfig
+    from ray.train import RunConfig, ScalingConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
     from tputorch import train
 
     ray.init(address=sys.argv[1], logging_level="WARNING", log_to_driver=False)
-    env = json.loads(sys.argv[2])
-    scaling = train.scaling_config(env, accelerator_type="v6e")  # the wrong, lowercase form
+    # The rendered shape with the wrong, lowercase accelerator type (tputorch.train refuses it,
+    # so build Ray's ScalingConfig directly, as a hand-written script would).
+    kwargs = train.slice_shape(json.loads(sys.argv[2])).scaling_config_kwargs()
+    scaling = ScalingConfig(**dict(kwargs, accelerator_type="v6e"))
     print("SCALING_CONFIG_ACCEPTED", scaling.accelerator_type, flush=True)
     DataParallelTrainer(lambda: None, scaling_config=scaling,
                         run_config=RunConfig(storage_path=sys.argv[3], name="lower")).fit()

@@ -119,7 +119,11 @@ def test_lowercase_accelerator_type_is_accepted_by_ray_but_matches_no_node(monke
     that no v6e node has (the run in test_chip_isolation.py shows it never schedules)."""
     job = spec.parse(body("v6e", "4x4", 1, 4))
     head_env = {e["name"]: e["value"] for e in containers(render.rayjob(job))[0]["env"] if "value" in e}
-    wrong = train.scaling_config(head_env, accelerator_type="v6e")
+    from ray.train import ScalingConfig
+
+    wrong = ScalingConfig(**dict(train.slice_shape(head_env).scaling_config_kwargs(), accelerator_type="v6e"))
+    with pytest.raises(ValueError, match="TPU-V6E"):
+        train.scaling_config(head_env, accelerator_type="v6e")  # tputorch.train refuses it
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", job.slice.pod_type)
     assert TPUAcceleratorManager.get_current_node_accelerator_type() == "TPU-V6E"
     assert "accelerator_type:v6e" in wrong._resources_per_worker_not_none

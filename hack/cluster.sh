@@ -26,10 +26,12 @@ die() { log "ERROR: $*"; exit 1; }
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 pidfile() { echo "$DIR/pids/$1.pid"; }
+# running <pid>: exists and is not a zombie (an exited child waits for its reaper as a zombie)
+running() { [[ -n $1 && -r /proc/$1/stat ]] && [[ $(cut -d')' -f2 "/proc/$1/stat" 2>/dev/null | awk '{print $1}') != Z ]]; }
 # alive <component>: the pid in its pid file runs and is still the program we started.
 alive() {
   local f pid; f=$(pidfile "$1"); [[ -f $f ]] || return 1
-  pid=$(cat "$f"); [[ -n $pid && -d /proc/$pid ]] || return 1
+  pid=$(cat "$f"); running "$pid" || return 1
   grep -qa -- "$(cat "$f.cmd" 2>/dev/null || echo "$1")" "/proc/$pid/cmdline" 2>/dev/null
 }
 
@@ -38,7 +40,7 @@ start() {
   local name=$1; shift
   if alive "$name"; then log "$name already running (pid $(cat "$(pidfile "$name")"))"; return 0; fi
   log "starting $name"
-  setsid nohup "$@" >>"$DIR/logs/$name.log" 2>&1 </dev/null &
+  setsid nohup "$@" >>"$DIR/logs/$name.log" 2>&1 </dev/null 8>&- &
   echo $! >"$(pidfile "$name")"
   local marker=$1; [[ $marker == *python* ]] && marker=$2
   echo "$marker" >"$(pidfile "$name").cmd"   # what /proc/<pid>/cmdline must contain
@@ -170,10 +172,24 @@ cmd_up() {
   wait_for kube-controller-manager 60 https_ok "https://127.0.0.1:$KCM_PORT/healthz"
   wait_for kube-scheduler 60 https_ok "https://127.0.0.1:$SCHEDULER_PORT/healthz"
 
-  log "installing KubeRay CRDs (server-side apply)"
-  k apply --server-side --force-conflicts -f "$(kuberay_dir)/config/crd/bases" >/dev/null
-  log "creating nodes from hack/nodes.yaml"
-  k create -f "$HACK/nodes.yaml" 2>&1 | grep -v AlreadyExists >&2 || true
+  # CRDs and nodes live in etcd: skip when this etcd data already has them (warm start).
+  local crds stamp="$DIR/etcd/.kuberay-crds"
+  crds=$(kuberay_dir)/config/crd/bases
+  if [[ $(cat "$stamp" 2>/dev/null) == "$crds" ]] && k get crd rayclusters.ray.io rayjobs.ray.io rayservices.ray.io >/dev/null 2>&1; then
+    log "KubeRay CRDs already installed"
+  else
+    log "installing KubeRay CRDs from $crds"
+    # ~1 MB each: create (or replace), never client-side apply (annotation too large); server-side
+    # apply works too but is ~3x slower here.
+    k create --validate=false -f "$crds" >/dev/null 2>&1 || k replace --validate=false -f "$crds" >/dev/null
+    echo "$crds" >"$stamp"
+  fi
+  if [[ $(k get nodes -l type=kwok -o name | wc -l) -ge $(grep -c '^  kind: Node' "$HACK/nodes.yaml") ]]; then
+    log "nodes from hack/nodes.yaml already there"
+  else
+    log "creating nodes from hack/nodes.yaml"
+    k create --validate=false -f "$HACK/nodes.yaml" 2>&1 | grep -v AlreadyExists >&2 || true
+  fi
 
   start kwok "$BIN/kwok" --kubeconfig="$DIR/kubeconfig" --config="$HACK/kwok-pod-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
@@ -207,8 +223,8 @@ cmd_down() {
     if alive "$name"; then
       pid=$(cat "$f"); log "stopping $name (pid $pid)"
       kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 40); do [[ -d /proc/$pid ]] || break; sleep 0.25; done
-      if [[ -d /proc/$pid ]]; then log "$name did not stop; SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
+      for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
+      if running "$pid"; then log "$name did not stop; SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
     fi
     rm -f "$f" "$f.cmd"
   done
@@ -234,9 +250,16 @@ cmd_env() {
   echo "export TPUTORCH_CLUSTER_DIR=$DIR"
 }
 
+# One up/down at a time per state dir. Started components get fd 8 closed (see start()), so they
+# never hold the lock; -w keeps a stuck holder from hanging callers forever.
+lock() {
+  mkdir -p "$DIR"; exec 8>"$DIR/cluster.lock"
+  flock -w 600 8 || die "another hack/cluster.sh holds $DIR/cluster.lock for 10 minutes"
+}
+
 case "${1:-}" in
-  up) shift; cmd_up "$@" ;;
-  down) cmd_down ;;
+  up) shift; lock; cmd_up "$@" ;;
+  down) lock; cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
   *) echo "usage: $0 up [--fresh] | down | status | env" >&2; exit 2 ;;

@@ -5,7 +5,8 @@
 #                                  (--fresh: wipe etcd data first = an empty cluster)
 #   hack/cluster.sh down           stop every process `up` started (pid files); idempotent
 #   hack/cluster.sh status         one line per component
-#   hack/cluster.sh env            print `export KUBECONFIG=...` etc. (eval "$(hack/cluster.sh env)")
+#   hack/cluster.sh env            print `export KUBECONFIG=... TPUTORCH_DASHBOARD_URL=... TPUTORCH_BIN=...`
+#                                  (eval "$(hack/cluster.sh env)")
 #
 # Components: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (k8s v1.34.4),
 # KWOK (fake kubelets for the nodes in hack/nodes.yaml), a fake Ray dashboard
@@ -212,6 +213,10 @@ cmd_up() {
   )
   wait_for kuberay-operator 60 curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$KUBERAY_PROBE_PORT/readyz"
 
+  if [[ ! -x $BIN/helm && ${TPUTORCH_BUILD_HELM:-1} == 1 ]]; then  # for the chart tests; not needed by the cluster
+    log "building helm in the background (log: $DIR/logs/build-helm.log)"
+    nohup "$HACK/build.sh" helm >>"$DIR/logs/build-helm.log" 2>&1 </dev/null 8>&- &
+  fi
   log "cluster up in $((SECONDS - t0))s; eval \"\$($0 env)\""
 }
 
@@ -248,6 +253,7 @@ cmd_env() {
   echo "export KUBECONFIG=$DIR/kubeconfig"
   echo "export TPUTORCH_DASHBOARD_URL=http://127.0.0.1:$DASHBOARD_PORT"
   echo "export TPUTORCH_CLUSTER_DIR=$DIR"
+  echo "export TPUTORCH_BIN=$("$HACK/build.sh" dir)   # etcd, kube-*, kwok, kuberay-operator, helm"
 }
 
 # One up/down at a time per state dir. Started components get fd 8 closed (see start()), so they

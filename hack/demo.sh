@@ -4,7 +4,7 @@
 # Brings the local cluster up (hack/cluster.sh), installs the CRD, starts the operator, applies
 # examples/v6e-4x4.yaml and shows its status going Pending -> Running (4/4 hosts) -> Succeeded,
 # with the RayJob, RayCluster and the pods on their fake TPU nodes. The fake Ray dashboard plays
-# the Ray job's part. Everything started here is stopped at the end (DEMO_KEEP=1 keeps it running).
+# the Ray job's part. Everything started here is stopped at the end (DEMO_KEEP=1 keeps the cluster).
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HACK")
@@ -14,6 +14,8 @@ JOB=llama-v6e-4x4
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+WAS_RUNNING=0
+"$HACK/cluster.sh" status >/dev/null 2>&1 && WAS_RUNNING=1
 "$HACK/cluster.sh" up
 eval "$("$HACK/cluster.sh" env)"
 DIR=${TPUTORCH_CLUSTER_DIR:-$REPO/.cluster}
@@ -21,8 +23,9 @@ OPLOG=$DIR/logs/operator.log
 OP_PID=
 cleanup() {
   [[ -n $OP_PID ]] && kill "$OP_PID" 2>/dev/null && wait "$OP_PID" 2>/dev/null || true
-  if [[ ${DEMO_KEEP:-0} != 1 ]]; then "$HACK/cluster.sh" down; else
-    echo "cluster kept: eval \"\$(hack/cluster.sh env)\"; kubectl get ttj -A; hack/cluster.sh down when done"; fi
+  # Stop the cluster only if this demo started it (DEMO_KEEP=1 keeps it for a look around).
+  if [[ ${DEMO_KEEP:-0} != 1 && $WAS_RUNNING == 0 ]]; then "$HACK/cluster.sh" down; else
+    echo "cluster left running: eval \"\$(hack/cluster.sh env)\"; kubectl get ttj -A; hack/cluster.sh down when done"; fi
 }
 trap cleanup EXIT
 

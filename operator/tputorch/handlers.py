@@ -20,6 +20,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from . import crd, render, spec as specs, status as statuses
+from .rayjobs import RayJobWatch
 from .metrics import METRICS, serve
 
 log = logging.getLogger("tputorch")
@@ -34,6 +35,7 @@ class Config:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None
     api_workers: int = 16  # threads for the (synchronous) kubernetes client
+    namespaces: list[str] | None = None  # None: all namespaces
 
 
 CONFIG = Config()
@@ -77,6 +79,10 @@ class State:
         self.written: dict[str, dict] = {}  # uid -> last status we wrote (newer than the watch)
         self.create_errors: dict[tuple[str, str], tuple[str, str]] = {}
         self.phases: dict[str, str] = {}  # uid -> phase, for the jobs-by-phase gauge
+        self.rayjobs: RayJobWatch | None = None  # our RayJobs by (namespace, job), see rayjobs.py
+        self.tputorchjobs = None  # kopf indexes, captured at startup for the RayJob watch's callback
+        self.job_pods = None
+        self.dispatcher: asyncio.Task | None = None
 
 
 STATE = State()
@@ -90,7 +96,7 @@ def _now() -> str:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_) -> None:
+async def configure(settings: kopf.OperatorSettings, tputorchjobs: kopf.Index, job_pods: kopf.Index, **_) -> None:
     # kopf's own per-handler events would double ours; keep them for problems only.
     settings.posting.level = logging.WARNING
     # Watches end server-side every few minutes and are re-established; a silent connection is
@@ -106,6 +112,13 @@ async def configure(settings: kopf.OperatorSettings, **_) -> None:
     )
     STATE.kube = Kube(CONFIG.api_workers)
     METRICS.phases = lambda: dict(_count(STATE.phases.values()))
+    STATE.tputorchjobs, STATE.job_pods = tputorchjobs, job_pods
+    STATE.rayjobs = RayJobWatch(STATE.kube.custom, CONFIG.namespaces, _rayjob_changed, asyncio.get_running_loop())
+    STATE.rayjobs.start()
+    STATE.dispatcher = asyncio.create_task(STATE.rayjobs.dispatch())
+    # The resume handlers must see existing RayJobs: wait for the first listing (or "not served").
+    if not await asyncio.get_running_loop().run_in_executor(None, STATE.rayjobs.wait_listed, 60):
+        log.warning("RayJobs not listed within 60s; going on")
     if CONFIG.metrics_port is not None:
         await serve(CONFIG.metrics_host, CONFIG.metrics_port)
         log.info("metrics on %s:%s/metrics", CONFIG.metrics_host, CONFIG.metrics_port)
@@ -128,14 +141,14 @@ def tputorchjobs(namespace, name, body, **_):
                                 "status": dict(body.status)}}
 
 
-@kopf.index(*RAYJOB, labels=OURS)
-def rayjobs(namespace, labels, body, **_):
-    return {(namespace, labels.get(render.JOB_LABEL)): {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}}
-
-
 @kopf.index("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
 def job_pods(namespace, name, labels, status, **_):
-    return {(namespace, labels[render.JOB_LABEL]): {"name": name, "status": {"conditions": list(status.get("conditions") or [])}}}
+    # Only what status.derive reads: the pod's role and its conditions (scheduled, ready).
+    role = {statuses.ROLE_LABEL: labels[statuses.ROLE_LABEL]} if statuses.ROLE_LABEL in labels else {}
+    return {(namespace, labels[render.JOB_LABEL]): {
+        "metadata": {"name": name, "labels": role},
+        "status": {"conditions": list(status.get("conditions") or [])},
+    }}
 
 
 def _one(index: kopf.Index, key):
@@ -149,33 +162,54 @@ def _one(index: kopf.Index, key):
 @kopf.on.resume(*JOB)
 @kopf.on.create(*JOB)
 @kopf.on.update(*JOB)
-async def reconcile(body, namespace, name, rayjobs: kopf.Index, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
+async def reconcile(body, namespace, name, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
+    STATE.rayjobs.kopf_context()
     started = time.perf_counter()
-    result = await _reconcile(dict(body), namespace, name, rayjobs, job_pods)
+    result = await _reconcile(dict(body), namespace, name, STATE.rayjobs, job_pods)
     METRICS.reconciled(result, time.perf_counter() - started)
 
 
-@kopf.on.event(*RAYJOB, labels=OURS)
-async def rayjob_event(event, namespace, labels, rayjobs: kopf.Index, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
-    job = labels.get(render.JOB_LABEL)
+async def _rayjob_changed(kind: str, obj: dict) -> None:
+    """A change seen by the RayJob watch (rayjobs.py), run on the operator's event loop."""
+    rayjobs, job_pods, tputorchjobs = STATE.rayjobs, STATE.job_pods, STATE.tputorchjobs
+    if kind == "SERVED":
+        # KubeRay's CRDs were installed: create the RayJobs that could not be created so far.
+        for key in [k for k in STATE.create_errors if _one(rayjobs, k) is None]:
+            parent = _one(tputorchjobs, key)
+            if parent is not None:
+                await _reconcile(parent, key[0], key[1], rayjobs, job_pods, observed=None, retry=False)
+        return
+    namespace = obj["metadata"]["namespace"]
+    job = (obj["metadata"].get("labels") or {}).get(render.JOB_LABEL)
     parent = _one(tputorchjobs, (namespace, job))
     if parent is None:
         return
-    if event["type"] == "DELETED":
+    if kind == "DELETED":
+        if _one(rayjobs, (namespace, job)) is not None:
+            return  # already recreated
         # Policy: a RayJob deleted behind our back is recreated while the job has not finished.
         if not statuses.finished(_previous(parent)) and not parent["metadata"].get("deletionTimestamp"):
             log.info("RayJob %s/%s was deleted before the job finished: recreating it", namespace, job)
-            await _reconcile(parent, namespace, job, rayjobs, job_pods, observed=None)
+            await _reconcile(parent, namespace, job, rayjobs, job_pods, observed=None, retry=False)
         return
     await _refresh(parent, namespace, job, rayjobs, job_pods)
 
 
 @kopf.on.event("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
-async def pod_event(namespace, labels, rayjobs: kopf.Index, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
+async def pod_event(namespace, labels, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
+    STATE.rayjobs.kopf_context()
     job = labels[render.JOB_LABEL]
     parent = _one(tputorchjobs, (namespace, job))
     if parent is not None:
-        await _refresh(parent, namespace, job, rayjobs, job_pods)
+        await _refresh(parent, namespace, job, STATE.rayjobs, job_pods)
+
+
+@kopf.on.cleanup()
+def stop_watch(**_) -> None:
+    if STATE.rayjobs is not None:
+        STATE.rayjobs.stop()
+    if STATE.dispatcher is not None:
+        STATE.dispatcher.cancel()
 
 
 @kopf.on.delete(*JOB, optional=True)
@@ -190,7 +224,7 @@ def forget(uid, namespace, name, **_):
 _MISSING = object()
 
 
-async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods, observed=_MISSING) -> str:
+async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods, observed=_MISSING, retry=True) -> str:
     try:
         job = specs.parse({**body, "metadata": {**body["metadata"], "namespace": namespace}})
     except specs.InvalidSpec as err:
@@ -208,7 +242,7 @@ async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods, o
     # The RayJob just created is not in the index yet: derive from the API's answer, so that the
     # status says RayJobCreated=True in one patch instead of "Creating" now and "Created" later.
     await _refresh(body, namespace, name, rayjobs, job_pods, job=job, rayjob=created)
-    if result == "retry":
+    if result == "retry" and retry:  # outside kopf's handlers, the watch's next change retries
         raise kopf.TemporaryError(STATE.create_errors[(namespace, name)][1], delay=30)
     return result
 

@@ -19,6 +19,7 @@ FAILED = "Failed"
 CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, FAILED)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+ROLE_LABEL = "ray.io/node-type"  # KubeRay labels each pod head or worker
 
 # Every status field this module writes (the CRD declares each one).
 STATUS_FIELDS = (
@@ -83,13 +84,30 @@ def invalid(errors: list[FieldError], generation: int, previous: dict, now: str)
     }
 
 
+def _pod_name(pod: dict) -> str:
+    return (pod.get("metadata") or {}).get("name", "")
+
+
+def _pod_condition(pod: dict, ctype: str) -> dict:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == ctype), {})
+
+
 def scheduling_problem(pods: Iterable[dict]) -> str | None:
     """The scheduler's message for the first unschedulable pod of the job, if any."""
-    for pod in sorted(pods, key=lambda p: p.get("name", "")):
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-                return f"pod {pod.get('name')}: {cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}".strip()
+    for pod in sorted(pods, key=_pod_name):
+        cond = _pod_condition(pod, "PodScheduled")
+        if cond.get("status") == "False":
+            return f"pod {_pod_name(pod)}: {cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}".strip()
     return None
+
+
+def ready_hosts(pods: Iterable[dict], cluster_status: dict) -> int:
+    """TPU host pods that are Ready. The pods are fresher than the RayJob's copy of the
+    RayCluster's status, which is only the fallback once the pods are gone (job finished)."""
+    workers = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL) == "worker"]
+    if workers:
+        return sum(1 for p in workers if _pod_condition(p, "Ready").get("status") == "True")
+    return int(cluster_status.get("readyWorkerReplicas") or 0)
 
 
 def _phase(deployment: str, job_status: str) -> str:
@@ -116,7 +134,8 @@ def derive(
     """The whole status of a valid TPUTorchJob from what is observed now.
 
     ``create_error`` is (reason, message) when the RayJob could not be created (e.g. KubeRay's
-    CRDs are missing); ``pods`` are the job's pod objects as the API returns them.
+    CRDs are missing); ``pods`` are the job's pods (metadata.name, metadata.labels, status.conditions
+    as the API returns them).
     """
     s = job.slice
     shape = (
@@ -128,7 +147,8 @@ def derive(
     deployment = rj_status.get("jobDeploymentStatus") or ""
     job_status = rj_status.get("jobStatus") or ""
     phase = _phase(deployment, job_status) if rayjob is not None else "Pending"
-    ready = int(cluster_status.get("readyWorkerReplicas") or 0)
+    pods = list(pods)
+    ready = ready_hosts(pods, cluster_status)
     kuberay_message = rj_status.get("message") or rj_status.get("reason") or ""
 
     conditions = [_condition(VALIDATED, True, "Valid", shape, generation)]

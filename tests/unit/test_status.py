@@ -84,14 +84,31 @@ def test_no_rayjob_yet_and_kuberay_missing():
 
 
 def test_unschedulable_pods_explain_the_wait():
-    pod = {"name": "demo-x7k2p-tpu-slice-worker-abc", "status": {"conditions": [
+    pod = worker_pod("demo-x7k2p-tpu-slice-worker-abc", ready=False)
+    pod["status"]["conditions"] = [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector."}]}}
+         "message": "0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector."}]
     st = derive("initializing", pods=[pod])
     c = cond(st, "SliceReady")
     assert (c["status"], c["reason"]) == ("False", "Unschedulable")
-    assert "didn't match Pod's node affinity/selector" in c["message"] and pod["name"] in c["message"]
+    assert "didn't match Pod's node affinity/selector" in c["message"] and "demo-x7k2p-tpu-slice-worker-abc" in c["message"]
     assert st["message"] == c["message"]
+
+
+def worker_pod(name, ready, role="worker"):
+    return {"metadata": {"name": name, "labels": {"ray.io/node-type": role}},
+            "status": {"conditions": [{"type": "PodScheduled", "status": "True"},
+                                      {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_ready_hosts_come_from_the_worker_pods_when_there_are_any():
+    pods = [worker_pod("w0", True), worker_pod("w1", True), worker_pod("w2", False), worker_pod("h", True, role="head")]
+    # The RayJob's copy of the RayCluster status says 4 ready; the pods say 2 of the workers are.
+    st = derive("running", pods=pods)
+    assert st["hostsReady"] == "2/4"
+    assert cond(st, "SliceReady")["reason"] == "WaitingForHosts"
+    # No pods any more (the cluster was shut down after the job): KubeRay's last word stands.
+    assert derive("succeeded")["hostsReady"] == "4/4"
 
 
 def test_transition_time_moves_only_when_status_flips():

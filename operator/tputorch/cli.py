@@ -132,6 +132,7 @@ def cmd_run(args) -> int:
     handlers.CONFIG.metrics_port = args.metrics_port
     handlers.CONFIG.metrics_host = args.metrics_host
     namespaces = args.namespace or []
+    handlers.CONFIG.namespaces = namespaces or None
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,

@@ -1,7 +1,8 @@
 """TPU generations and slice shapes on GKE: the one table every other module asks.
 
 Facts come from GKE's TPU node-pool documentation, KubeRay's TPU samples and Ray 2.60 (see
-shared/tpu-facts.md). A slice is one TPU node pool: ``chips`` = product of the topology's
+shared/tpu-facts.md). A shape is listed only if both GKE offers it as a node pool and Ray 2.60's
+own topology table accepts it (tests/ray checks the latter against the installed Ray). A slice is one TPU node pool: ``chips`` = product of the topology's
 dimensions, ``hosts`` = VMs in the pool, ``chips_per_host`` = ``google.com/tpu`` per pod.
 """
 
@@ -58,7 +59,7 @@ GENERATIONS: dict[str, Generation] = {
             cores_per_chip=2,
             machine_type="ct4p-hightpu-{chips}t",
             single_host={"2x2x1": (4,)},
-            multi_host=_CUBES + ("8x8x12", "8x8x16", "8x16x16"),
+            multi_host=_CUBES + ("8x8x12", "8x8x16"),  # Ray 2.60 has no v4 8x16x16
         ),
         Generation(
             name="v5e",
@@ -99,7 +100,7 @@ GENERATIONS: dict[str, Generation] = {
             cores_per_chip=2,
             machine_type="tpu7x-standard-{chips}t",
             single_host={"2x2x1": (4,)},
-            multi_host=_CUBES + ("8x8x16", "8x16x16", "16x16x16"),
+            multi_host=_CUBES + ("8x8x16", "8x16x16"),  # Ray 2.60's v7x table ends at 8x16x16
         ),
     )
 }

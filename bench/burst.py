@@ -44,6 +44,21 @@ def percentile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def component_pid(name: str) -> int | None:
+    f = Path(os.environ.get("TPUTORCH_CLUSTER_DIR", REPO / ".cluster")) / "pids" / f"{name}.pid"
+    try:
+        pid = int(f.read_text().strip())
+        return pid if Path(f"/proc/{pid}").exists() else None
+    except (OSError, ValueError):
+        return None
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -78,7 +93,7 @@ class Watcher(threading.Thread):
                     if event["type"] == "BOOKMARK":
                         continue
                     name = obj["metadata"]["name"]
-                    if name == "sentinel":
+                    if name.startswith("sentinel"):
                         self.live.set()
                     elif name not in self.seen and self.predicate(event):
                         self.seen[name] = now
@@ -138,10 +153,15 @@ class Bench:
                 return
             time.sleep(1)
 
-    def _sentinel(self, namespace: str) -> None:
-        body = render.rayjob(spec.parse(throughput.job_body("sentinel", namespace)))
-        body["metadata"]["labels"] = {}  # not ours: the operator ignores it
-        self.custom.create_namespaced_custom_object(*RAY[:2], namespace, RAY[2], body)
+    def _live(self, namespace: str, w: "Watcher") -> None:
+        """Create sentinel RayJobs until the watch reports one: it is then surely established."""
+        for attempt in range(4):
+            body = render.rayjob(spec.parse(throughput.job_body(f"sentinel-{attempt}", namespace)))
+            body["metadata"]["labels"] = {}  # not ours: the operator ignores it
+            self.custom.create_namespaced_custom_object(*RAY[:2], namespace, RAY[2], body)
+            if w.live.wait(15):
+                return
+        raise RuntimeError(f"RayJob watch never went live: {w.errors[-3:]}")
 
     def _watch(self, gvr, namespace, predicate=None) -> Watcher:
         w = Watcher(self.custom, gvr, namespace, predicate)
@@ -194,18 +214,20 @@ class Bench:
         """Baseline: the same client creates the rendered RayJobs itself."""
         ns = self.namespace("direct", n)
         w = self._watch(RAY, ns)
-        self._sentinel(ns)
-        assert w.live.wait(30), "RayJob watch never went live"
+        self._live(ns, w)
         bodies = []
         for i in range(n):
             name = f"job-{i:05d}"
             body = render.rayjob(spec.parse(throughput.job_body(name, ns)))
             bodies.append((name, RAY, body))
+        api = component_pid("kube-apiserver")
+        api_cpu = cpu_s(api) if api else float("nan")
         sent, start = self._burst(ns, bodies)
         ok = w.wait(sent, 60 + n * 0.1)
         w.stop_flag.set()
         result = self._latency(sent, w.seen, start)
         result["complete"] = ok
+        result["apiserver_cpu_s"] = (cpu_s(api) - api_cpu) if api else float("nan")
         return result
 
     def operator(self, n: int, status_samples: int = 100) -> dict:
@@ -216,16 +238,20 @@ class Bench:
             time.sleep(2)
             rss_idle = rss_mb(op.proc.pid)
             w = self._watch(RAY, ns)
-            self._sentinel(ns)
-            assert w.live.wait(30), "RayJob watch never went live"
+            self._live(ns, w)
             bodies = [(f"job-{i:05d}", (GROUP, VERSION, PLURAL), throughput.job_body(f"job-{i:05d}", ns)) for i in range(n)]
             for _, _, b in bodies:
                 del b["metadata"]["namespace"], b["metadata"]["generation"]
+            api = component_pid("kube-apiserver")
+            api_cpu, op_cpu = (cpu_s(api) if api else float("nan")), cpu_s(op.proc.pid)
             sent, start = self._burst(ns, bodies)
             ok = w.wait(sent, 60 + n * 0.2)
             w.stop_flag.set()
             result = self._latency(sent, w.seen, start)
             result["complete"] = ok
+            result["operator_cpu_s"] = cpu_s(op.proc.pid) - op_cpu
+            result["apiserver_cpu_s"] = (cpu_s(api) - api_cpu) if api else float("nan")
+            result["kuberay_running"] = component_pid("kuberay-operator") is not None
             # Let the operator finish its status writes before measuring the idle-after RSS.
             self._settle(ns, n)
             result["rss_idle_mb"] = rss_idle

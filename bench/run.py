@@ -60,6 +60,7 @@ def run_cluster(sizes: list[int], samples: int) -> dict:
     if subprocess.run([str(REPO / "hack" / "cluster.sh"), "status"], capture_output=True).returncode != 0:
         burst.restart_cluster_components()
     env = cluster_env()
+    os.environ.update(env)
     kubeconfig, cluster_dir = env["KUBECONFIG"], Path(env["TPUTORCH_CLUSTER_DIR"])
     burst.ensure_crd(kubeconfig)
     OUT.mkdir(exist_ok=True)
@@ -93,7 +94,9 @@ def report_cluster(res: dict) -> list[str]:
                      f"{o['seen']}/{o['n']}"])
         s = o["status"]
         srows.append([n, s["n"], s["p50_ms"], s["p99_ms"], s["max_ms"], f"{s['seen']}/{s['n']}"])
-        mrows.append([n, o["rss_idle_mb"], o["rss_loaded_mb"], o["rss_after_status_mb"]])
+        mrows.append([n, o["rss_idle_mb"], o["rss_loaded_mb"], o["rss_after_status_mb"], o.get("operator_cpu_s", float("nan")),
+                      d.get("apiserver_cpu_s", float("nan")), o.get("apiserver_cpu_s", float("nan")),
+                      "yes" if o.get("kuberay_running") else "no"])
     out = [
         "Create -> RayJob watch event (ms, client clock); jobs/s until all RayJobs exist",
         table(["N", "direct p50", "op p50", "ratio", "direct p99", "op p99", "ratio", "direct/s", "op/s", "ratio", "RayJobs"], rows),
@@ -101,8 +104,9 @@ def report_cluster(res: dict) -> list[str]:
         "RayJob status patch -> TPUTorchJob status shows it (ms)",
         table(["N", "samples", "p50", "p99", "max", "seen"], srows),
         "",
-        "Operator RSS (MB)",
-        table(["N", "idle", "after burst", "after status"], mrows),
+        "Operator RSS (MB) and CPU seconds during the burst (apiserver: direct run vs operator run)",
+        table(["N", "RSS idle", "after burst", "after status", "op CPU s", "apiserver CPU s direct", "apiserver CPU s op",
+               "KubeRay running?"], mrows),
     ]
     return out
 

@@ -32,6 +32,12 @@ SELECTOR = f"{render.MANAGED_BY_LABEL}={render.MANAGED_BY}"
 NOT_SERVED_RETRY = 5.0
 
 
+def _slim(obj: dict) -> dict:
+    """What the operator reads of a RayJob: metadata without managedFields, spec, status."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    return {"metadata": meta, "spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
+
+
 def key_of(obj: dict) -> tuple[str, str | None]:
     meta = obj.get("metadata") or {}
     return meta.get("namespace"), (meta.get("labels") or {}).get(render.JOB_LABEL)
@@ -112,7 +118,7 @@ class RayJobWatch:
 
     def _relist(self, scope) -> str:
         listing = self._list(scope)
-        fresh = {key_of(o): o for o in listing.get("items") or [] if self._wanted(o)}
+        fresh = {key_of(o): _slim(o) for o in listing.get("items") or [] if self._wanted(o)}
         gone = [k for k in list(self.store) if (scope is None or k[0] == scope) and k not in fresh]
         for k, obj in fresh.items():
             self.store[k] = obj
@@ -136,7 +142,7 @@ class RayJobWatch:
                 rv = self._relist(scope)
                 while not self._stop.is_set():  # watch on from rv; a server timeout just resumes
                     for event in self._stream(scope, rv):
-                        obj = event["object"]
+                        obj = _slim(event["object"])
                         rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                         if event["type"] == "ERROR":  # e.g. 410 Gone inside the stream: list again
                             rv = self._relist(scope)

@@ -28,6 +28,7 @@ log = logging.getLogger("tputorch")
 RAYJOB = ("ray.io", "v1", "rayjobs")
 JOB = (crd.GROUP, crd.VERSION, crd.PLURAL)
 OURS = {render.MANAGED_BY_LABEL: render.MANAGED_BY}
+RETRY_SECONDS = 30  # after a failed RayJob create (besides the retry when KubeRay's kind appears)
 
 
 @dataclass
@@ -83,6 +84,7 @@ class State:
         self.tputorchjobs = None  # kopf indexes, captured at startup for the RayJob watch's callback
         self.job_pods = None
         self.dispatcher: asyncio.Task | None = None
+        self.retries: dict[tuple[str, str], asyncio.Task] = {}  # pending retries of failed creates
 
 
 STATE = State()
@@ -105,7 +107,9 @@ async def configure(settings: kopf.OperatorSettings, tputorchjobs: kopf.Index, j
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.watching.inactivity_timeout = 330
-    # Handler progress goes to annotations, never into status (the schema would prune it).
+    # Only event handlers and indexes are registered, so kopf keeps no handler progress or diff
+    # base on the objects; should that change, it goes to annotations, never into status (the
+    # schema would prune it).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=crd.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=crd.GROUP, key="last-handled-configuration"
@@ -116,7 +120,8 @@ async def configure(settings: kopf.OperatorSettings, tputorchjobs: kopf.Index, j
     STATE.rayjobs = RayJobWatch(STATE.kube.custom, CONFIG.namespaces, _rayjob_changed, asyncio.get_running_loop())
     STATE.rayjobs.start()
     STATE.dispatcher = asyncio.create_task(STATE.rayjobs.dispatch())
-    # The resume handlers must see existing RayJobs: wait for the first listing (or "not served").
+    # The first reconcile of each existing job must see its RayJob: wait for the first listing
+    # (or "not served"), or a restarted operator would try to create them all again.
     if not await asyncio.get_running_loop().run_in_executor(None, STATE.rayjobs.wait_listed, 60):
         log.warning("RayJobs not listed within 60s; going on")
     if CONFIG.metrics_port is not None:
@@ -165,14 +170,57 @@ def _one(index: kopf.Index, key):
 # --- the reconcile -------------------------------------------------------------------------
 
 
-@kopf.on.resume(*JOB)
-@kopf.on.create(*JOB)
-@kopf.on.update(*JOB)
-async def reconcile(body, namespace, name, job_pods: kopf.Index, tputorchjobs: kopf.Index, **_):
+@kopf.on.event(*JOB)
+async def job_event(event, body, namespace, name, uid, job_pods: kopf.Index, **_):
+    """One level-based reconcile for every change of a TPUTorchJob (and its initial listing, which
+    is the resume after a restart). Not kopf's create/update/resume handlers: those write a
+    diff-base annotation per job and cost an extra write and watch event each (bench/RESULTS.md)."""
     STATE.rayjobs.kopf_context()
+    if event["type"] == "DELETED":
+        _forget(uid, namespace, name)  # no finalizer: the garbage collector deletes the children
+        return
+    if body.metadata.get("deletionTimestamp"):
+        return
+    await _reconcile_logged(dict(body), namespace, name, job_pods)
+
+
+async def _reconcile_logged(body: dict, namespace: str, name: str, job_pods) -> None:
     started = time.perf_counter()
-    result = await _reconcile(dict(body), namespace, name, STATE.rayjobs, job_pods)
+    try:
+        result = await _reconcile(body, namespace, name, STATE.rayjobs, job_pods)
+    except ApiException as err:  # e.g. the API server restarting: try again shortly
+        log.warning("TPUTorchJob %s/%s: reconcile failed (HTTP %s %s); retrying in %ss", namespace, name,
+                    err.status, err.reason, RETRY_SECONDS)
+        result = "retry"
+    if result == "retry":
+        _retry_later(namespace, name)
     METRICS.reconciled(result, time.perf_counter() - started)
+
+
+def _retry_later(namespace: str, name: str) -> None:
+    """Reconcile the job again after RETRY_SECONDS (one pending retry per job), from the index."""
+    key = (namespace, name)
+    if key in STATE.retries and not STATE.retries[key].done():
+        return
+
+    async def again() -> None:
+        await asyncio.sleep(RETRY_SECONDS)
+        STATE.retries.pop(key, None)
+        parent = _one(STATE.tputorchjobs, key)
+        if parent is not None:
+            await _reconcile_logged(parent, namespace, name, STATE.job_pods)
+
+    STATE.retries[key] = asyncio.create_task(again())
+
+
+def _forget(uid: str, namespace: str, name: str) -> None:
+    STATE.written.pop(uid, None)
+    STATE.phases.pop(uid, None)
+    STATE.create_errors.pop((namespace, name), None)
+    STATE.locks.pop((namespace, name), None)
+    retry = STATE.retries.pop((namespace, name), None)
+    if retry is not None:
+        retry.cancel()
 
 
 async def _rayjob_changed(kind: str, obj: dict) -> None:
@@ -183,7 +231,7 @@ async def _rayjob_changed(kind: str, obj: dict) -> None:
         for key in [k for k in STATE.create_errors if _one(rayjobs, k) is None]:
             parent = _one(tputorchjobs, key)
             if parent is not None:
-                await _reconcile(parent, key[0], key[1], rayjobs, job_pods, observed=None, retry=False)
+                await _reconcile_logged(parent, key[0], key[1], job_pods)
         return
     namespace = obj["metadata"]["namespace"]
     job = (obj["metadata"].get("labels") or {}).get(render.JOB_LABEL)
@@ -196,9 +244,10 @@ async def _rayjob_changed(kind: str, obj: dict) -> None:
         # Policy: a RayJob deleted behind our back is recreated while the job has not finished.
         if not statuses.finished(_previous(parent)) and not parent["metadata"].get("deletionTimestamp"):
             log.info("RayJob %s/%s was deleted before the job finished: recreating it", namespace, job)
-            await _reconcile(parent, namespace, job, rayjobs, job_pods, observed=None, retry=False)
+            await _reconcile_logged(parent, namespace, job, job_pods)
         return
-    await _refresh(parent, namespace, job, rayjobs, job_pods)
+    # Level-based: a RayJob change may be an edit of its suspend, which follows the TPUTorchJob.
+    await _reconcile_logged(parent, namespace, job, job_pods)
 
 
 @kopf.on.event("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
@@ -218,42 +267,27 @@ def stop_watch(**_) -> None:
         STATE.dispatcher.cancel()
 
 
-@kopf.on.delete(*JOB, optional=True)
-def forget(uid, namespace, name, **_):
-    # optional=True: no finalizer; ownerReferences let the garbage collector delete the children.
-    STATE.written.pop(uid, None)
-    STATE.phases.pop(uid, None)
-    STATE.create_errors.pop((namespace, name), None)
-    STATE.locks.pop((namespace, name), None)
-
-
-_MISSING = object()
-
-
-async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods, observed=_MISSING, retry=True) -> str:
+async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods) -> str:
     try:
         job = specs.parse({**body, "metadata": {**body["metadata"], "namespace": namespace}})
     except specs.InvalidSpec as err:
         await _write_invalid(body, namespace, name, err)
         return "invalid"
-    observed = _one(rayjobs, (namespace, name)) if observed is _MISSING else observed
+    observed = _one(rayjobs, (namespace, name))
     if observed is None and statuses.finished(_previous(body)):
         # The job ran and its RayJob is gone (deleted after the end): creating one would train again.
         return "finished"
-    created = None
     if observed is None:
-        result, created = await _create(body, job, namespace, name)
+        result = await _create(body, job, namespace, name)
     else:
         result = await _sync_suspend(job, observed, namespace, name)
-    # The RayJob just created is not in the index yet: derive from the API's answer, so that the
-    # status says RayJobCreated=True in one patch instead of "Creating" now and "Created" later.
-    await _refresh(body, namespace, name, rayjobs, job_pods, job=job, rayjob=created)
-    if result == "retry" and retry:  # outside kopf's handlers, the watch's next change retries
-        raise kopf.TemporaryError(STATE.create_errors[(namespace, name)][1], delay=30)
+    if result == "exists":
+        return result  # its watch event is on the way and will refresh the status
+    await _refresh(body, namespace, name, rayjobs, job_pods, job=job)
     return result
 
 
-async def _create(body: dict, job: specs.JobSpec, namespace: str, name: str) -> tuple[str, dict | None]:
+async def _create(body: dict, job: specs.JobSpec, namespace: str, name: str) -> str:
     desired = render.rayjob(job)
     kopf.adopt(desired, owner=body)  # ownerReference + the owner's namespace, whatever the spec says
     desired["metadata"]["namespace"] = namespace
@@ -262,14 +296,16 @@ async def _create(body: dict, job: specs.JobSpec, namespace: str, name: str) -> 
     except ApiException as err:
         if err.status == 409:
             STATE.create_errors.pop((namespace, name), None)
-            return "exists", None
+            return "exists"
         STATE.create_errors[(namespace, name)] = _create_problem(err)
         log.warning("RayJob %s/%s not created: %s", namespace, name, STATE.create_errors[(namespace, name)][1])
-        return "retry", None
+        return "retry"
     STATE.create_errors.pop((namespace, name), None)
+    if isinstance(created, dict):
+        STATE.rayjobs.remember(created)
     log.info("RayJob %s/%s created for a %s %s slice (%d hosts, %d workers)", namespace, name,
              job.slice.generation.name, job.slice.topology, job.slice.hosts, job.workers)
-    return "created", created if isinstance(created, dict) else None
+    return "created"
 
 
 def _create_problem(err: ApiException) -> tuple[str, str]:
@@ -299,8 +335,7 @@ async def _write_invalid(body: dict, namespace: str, name: str, err: specs.Inval
             log.warning("TPUTorchJob %s/%s is invalid: %s", namespace, name, err)
 
 
-async def _refresh(body: dict, namespace: str, name: str, rayjobs, job_pods, job: specs.JobSpec | None = None,
-                   rayjob: dict | None = None) -> None:
+async def _refresh(body: dict, namespace: str, name: str, rayjobs, job_pods, job: specs.JobSpec | None = None) -> None:
     """Derive the status from the indexes and patch it if it changed."""
     if job is None:
         try:
@@ -312,7 +347,7 @@ async def _refresh(body: dict, namespace: str, name: str, rayjobs, job_pods, job
         current = statuses.derive(
             job,
             body["metadata"].get("generation", 0),
-            _one(rayjobs, (namespace, name)) or rayjob,
+            _one(rayjobs, (namespace, name)),
             list(job_pods.get((namespace, name)) or []),
             previous,
             _now(),

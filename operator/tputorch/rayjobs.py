@@ -68,6 +68,11 @@ class RayJobWatch:
         obj = self.store.get(key)
         return [obj] if obj is not None else None
 
+    def remember(self, obj: dict) -> None:
+        """A RayJob this operator just created: known at once, before its watch event arrives, so
+        that the next event of its TPUTorchJob does not try to create it again."""
+        self.store.setdefault(key_of(obj), _slim(obj))
+
     def start(self) -> None:
         for scope in self.scopes:
             threading.Thread(target=self._run, args=(scope,), name=f"rayjob-watch-{scope or 'all'}", daemon=True).start()

@@ -36,7 +36,8 @@ _WARNING_STATES = {
 }
 _WARNING_REASONS = {"Unschedulable"}
 # Reasons that only describe waiting; they change often and get no event of their own.
-_QUIET_REASONS = {"Creating", "WaitingForHosts", "WaitingForRayJob", "NotFinished", "Pending"}
+# "Valid" is every job's first state: an event per job for it would only add a write to each create.
+_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForRayJob", "NotFinished", "Pending"}
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,16 @@ def namespace(kube, request):
     except client.ApiException as exc:
         if exc.status != 404:
             raise
+    # Wait until it is gone: its pods hold fake TPU chips that the next test's slice needs.
+    def gone():
+        try:
+            kube.core.read_namespace(name)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+    kube.wait(gone, 180, f"namespace {name} deleted")
 
 
 @pytest.fixture

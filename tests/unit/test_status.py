@@ -147,7 +147,7 @@ def test_invalid_status():
 def test_events_on_transitions():
     created = derive("initializing")
     evs = status.events({}, created)
-    assert [(e.type, e.reason) for e in evs] == [("Normal", "Valid"), ("Normal", "Created")]
+    assert [(e.type, e.reason) for e in evs] == [("Normal", "Created")]
     running = derive("running", previous=created)
     evs = status.events(created, running)
     assert [(e.type, e.reason) for e in evs] == [("Normal", "AllHostsReady"), ("Normal", "Running")]

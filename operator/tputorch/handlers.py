@@ -62,6 +62,9 @@ class Kube:
     async def create_rayjob(self, namespace: str, body: dict) -> dict:
         return await self._run(self.custom.create_namespaced_custom_object, *RAYJOB[:2], namespace, RAYJOB[2], body)
 
+    async def get_rayjob(self, namespace: str, name: str) -> dict:
+        return await self._run(self.custom.get_namespaced_custom_object, *RAYJOB[:2], namespace, RAYJOB[2], name)
+
     async def patch_rayjob(self, namespace: str, name: str, patch: dict) -> None:
         await self._run(self.custom.patch_namespaced_custom_object, *RAYJOB[:2], namespace, RAYJOB[2], name, patch)
 
@@ -281,8 +284,6 @@ async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods) -
         result = await _create(body, job, namespace, name)
     else:
         result = await _sync_suspend(job, observed, namespace, name)
-    if result == "exists":
-        return result  # its watch event is on the way and will refresh the status
     await _refresh(body, namespace, name, rayjobs, job_pods, job=job)
     return result
 
@@ -295,8 +296,7 @@ async def _create(body: dict, job: specs.JobSpec, namespace: str, name: str) -> 
         created = await STATE.kube.create_rayjob(namespace, desired)
     except ApiException as err:
         if err.status == 409:
-            STATE.create_errors.pop((namespace, name), None)
-            return "exists"
+            return await _adopt_existing(body, namespace, name)
         STATE.create_errors[(namespace, name)] = _create_problem(err)
         log.warning("RayJob %s/%s not created: %s", namespace, name, STATE.create_errors[(namespace, name)][1])
         return "retry"
@@ -306,6 +306,22 @@ async def _create(body: dict, job: specs.JobSpec, namespace: str, name: str) -> 
     log.info("RayJob %s/%s created for a %s %s slice (%d hosts, %d workers)", namespace, name,
              job.slice.generation.name, job.slice.topology, job.slice.hosts, job.workers)
     return "created"
+
+
+async def _adopt_existing(body: dict, namespace: str, name: str) -> str:
+    """The create answered 409: ours (its watch event is late) or someone else's RayJob."""
+    existing = await STATE.kube.get_rayjob(namespace, name)
+    owners = (existing.get("metadata") or {}).get("ownerReferences") or []
+    if any(o.get("uid") == body["metadata"].get("uid") for o in owners):
+        STATE.create_errors.pop((namespace, name), None)
+        STATE.rayjobs.remember(existing)
+        return "exists"
+    STATE.create_errors[(namespace, name)] = (
+        "RayJobNameTaken",
+        f"a RayJob named {name} already exists in {namespace} and does not belong to this TPUTorchJob: "
+        "delete that RayJob or give the TPUTorchJob another name",
+    )
+    return "retry"
 
 
 def _create_problem(err: ApiException) -> tuple[str, str]:

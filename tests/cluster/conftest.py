@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from dashboard import DashboardClient
+from namespaces import delete_namespace, make_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "hack" / "cluster.sh"
@@ -104,28 +105,10 @@ def kube(kube_env) -> Kube:
 
 @pytest.fixture
 def namespace(kube, request):
-    from kubernetes import client
-
     base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{base}-{uuid.uuid4().hex[:5]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"tputorch.local/test": "true"})))
+    name = make_namespace(kube, f"{base}-{uuid.uuid4().hex[:5]}")
     yield name
-    try:
-        kube.core.delete_namespace(name, propagation_policy="Background")
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
-    # Wait until it is gone: its pods hold fake TPU chips that the next test's slice needs.
-    def gone():
-        try:
-            kube.core.read_namespace(name)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        return False
-    kube.wait(gone, 180, f"namespace {name} deleted")
+    delete_namespace(kube, name)
 
 
 @pytest.fixture

@@ -8,14 +8,13 @@ a good job created alongside keeps progressing, and children only ever land in t
 
 from __future__ import annotations
 
-import copy
 import urllib.request
 import uuid
 
 import pytest
 import yaml
-from kubernetes import client
 
+from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
 from tputorch import render
@@ -84,11 +83,9 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def bad_ns(kube, tputorch_crd):
-    name = f"bad-input-{uuid.uuid4().hex[:5]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"tputorch.local/test": "true"})))
+    name = make_namespace(kube, f"bad-input-{uuid.uuid4().hex[:5]}")
     yield name
-    kube.core.delete_namespace(name, propagation_policy="Background")
+    delete_namespace(kube, name)
 
 
 @pytest.fixture(scope="module")

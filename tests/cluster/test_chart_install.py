@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,24 +60,6 @@ def helm(kubeconfig: str, *args: str, check: bool = True) -> subprocess.Complete
     return out
 
 
-def make_namespace(kube, name: str, labels: dict | None = None) -> str:
-    from kubernetes import client
-
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"tputorch.local/test": "true", **(labels or {})})))
-    return name
-
-
-def delete_namespace(kube, name: str) -> None:
-    from kubernetes import client
-
-    try:
-        kube.core.delete_namespace(name, propagation_policy="Background")
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
-
-
 @pytest.fixture
 def extra_namespaces(kube):
     made: list[str] = []
@@ -87,7 +70,7 @@ def extra_namespaces(kube):
 
     yield make
     for ns in made:
-        delete_namespace(kube, ns)
+        delete_namespace(kube, ns, wait=False)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from operator_process import REPO, kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 
-from tputorch import render, status as statuses
+from tputorch import status as statuses
 
 GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"
 RAY = ("ray.io", "v1", "rayjobs")
@@ -309,8 +309,10 @@ def test_kuberay_crds_missing_then_installed(kube, namespace, operator):
         for name in ("no-kuberay-1", "no-kuberay-2"):
             st = kube.wait(lambda: says_not_installed(name), 60, f"{name}: RayJobCreated=False KubeRayNotInstalled")
             assert st["phase"] == "Pending"
-            events = kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
-            assert ("Warning", "KubeRayNotInstalled") in {(e.type, e.reason) for e in events}
+            # kopf posts events asynchronously, after the status patch.
+            kube.wait(lambda: ("Warning", "KubeRayNotInstalled") in {
+                (e.type, e.reason) for e in kube.core.list_namespaced_event(
+                    namespace, field_selector=f"involvedObject.name={name}").items}, 30, f"{name}: KubeRayNotInstalled event")
         assert operator.proc.poll() is None
     finally:
         # `hack/cluster.sh up` reinstalls KubeRay's CRDs from the Go module cache exactly as it did at

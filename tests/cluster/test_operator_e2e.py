@@ -249,3 +249,15 @@ def test_every_supported_slice_renders_a_rayjob_the_api_server_accepts(kube, nam
     proc = kubectl(kube.kubeconfig, "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("created (server dry run)") == len(ALL_SLICES)
+
+
+def test_a_foreign_rayjob_with_the_same_name_is_reported_not_taken_over(kube, namespace, operator):
+    foreign = render.rayjob(spec.parse(job_body("taken", topo="2x2", suspend=True)))
+    foreign["metadata"]["namespace"] = namespace
+    foreign["metadata"]["labels"] = {"team": "someone-else"}
+    kube.custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", foreign)
+    apply(kube, namespace, job_body("taken", topo="2x2", suspend=True))
+    st = kube.wait(lambda: (lambda s: s if condition(s, "RayJobCreated").get("reason") == "RayJobNameTaken" else None)(
+        job_status(kube, namespace, "taken")), 60, "RayJobCreated=False RayJobNameTaken")
+    assert st["phase"] == "Pending" and "does not belong to this TPUTorchJob" in st["message"]
+    assert "ownerReferences" not in get_rayjob(kube, namespace, "taken")["metadata"]

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 import ray

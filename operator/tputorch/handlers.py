@@ -1,8 +1,8 @@
 """kopf registrations. Each handler is a few lines; decisions are in spec/render/status.
 
-One level-based reconcile (create/resume/update of a TPUTorchJob, and deletion of its RayJob):
-make the RayJob exist, then derive status from what the watches hold. Status follows the RayJob
-and its pods through kopf indexes, so a child's change reaches the parent without a GET.
+One level-based reconcile, run on every event of a TPUTorchJob and of its RayJob: make the RayJob
+exist, then derive status from what the watches hold. Status follows the RayJob (our own watch,
+rayjobs.py) and its pods (a kopf index), so a child's change reaches the parent without a GET.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -118,7 +118,7 @@ async def configure(settings: kopf.OperatorSettings, tputorchjobs: kopf.Index, j
         prefix=crd.GROUP, key="last-handled-configuration"
     )
     STATE.kube = Kube(CONFIG.api_workers)
-    METRICS.phases = lambda: dict(_count(STATE.phases.values()))
+    METRICS.phases = lambda: dict(Counter(STATE.phases.values()))
     STATE.tputorchjobs, STATE.job_pods = tputorchjobs, job_pods
     STATE.rayjobs = RayJobWatch(STATE.kube.custom, CONFIG.namespaces, _rayjob_changed, asyncio.get_running_loop())
     STATE.rayjobs.start()
@@ -130,13 +130,6 @@ async def configure(settings: kopf.OperatorSettings, tputorchjobs: kopf.Index, j
     if CONFIG.metrics_port is not None:
         await serve(CONFIG.metrics_host, CONFIG.metrics_port)
         log.info("metrics on %s:%s/metrics", CONFIG.metrics_host, CONFIG.metrics_port)
-
-
-def _count(values) -> dict[str, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for v in values:
-        counts[v] += 1
-    return counts
 
 
 # --- indexes: the latest TPUTorchJobs, their RayJobs and pods, keyed by (namespace, job) ----
@@ -181,8 +174,6 @@ async def job_event(event, body, namespace, name, uid, job_pods: kopf.Index, **_
     STATE.rayjobs.kopf_context()
     if event["type"] == "DELETED":
         _forget(uid, namespace, name)  # no finalizer: the garbage collector deletes the children
-        return
-    if body.metadata.get("deletionTimestamp"):
         return
     await _reconcile_logged(dict(body), namespace, name, job_pods)
 
@@ -241,15 +232,8 @@ async def _rayjob_changed(kind: str, obj: dict) -> None:
     parent = _one(tputorchjobs, (namespace, job))
     if parent is None:
         return
-    if kind == "DELETED":
-        if _one(rayjobs, (namespace, job)) is not None:
-            return  # already recreated
-        # Policy: a RayJob deleted behind our back is recreated while the job has not finished.
-        if not statuses.finished(_previous(parent)) and not parent["metadata"].get("deletionTimestamp"):
-            log.info("RayJob %s/%s was deleted before the job finished: recreating it", namespace, job)
-            await _reconcile_logged(parent, namespace, job, job_pods)
-        return
-    # Level-based: a RayJob change may be an edit of its suspend, which follows the TPUTorchJob.
+    # Level-based: a deleted RayJob is recreated unless the job finished or is being deleted, an
+    # edited suspend is put back; _reconcile decides both.
     await _reconcile_logged(parent, namespace, job, job_pods)
 
 
@@ -270,9 +254,16 @@ def stop_watch(**_) -> None:
         STATE.dispatcher.cancel()
 
 
+def _parse(body: dict, namespace: str) -> specs.JobSpec:
+    # The namespace the object lives in, whatever its body says.
+    return specs.parse({**body, "metadata": {**body["metadata"], "namespace": namespace}})
+
+
 async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods) -> str:
+    if body["metadata"].get("deletionTimestamp"):
+        return "deleting"  # the garbage collector removes the children; create nothing now
     try:
-        job = specs.parse({**body, "metadata": {**body["metadata"], "namespace": namespace}})
+        job = _parse(body, namespace)
     except specs.InvalidSpec as err:
         await _write_invalid(body, namespace, name, err)
         return "invalid"
@@ -281,6 +272,7 @@ async def _reconcile(body: dict, namespace: str, name: str, rayjobs, job_pods) -
         # The job ran and its RayJob is gone (deleted after the end): creating one would train again.
         return "finished"
     if observed is None:
+        # First create, or a RayJob deleted behind our back before the job finished: (re)create.
         result = await _create(body, job, namespace, name)
     else:
         result = await _sync_suspend(job, observed, namespace, name)
@@ -355,7 +347,7 @@ async def _refresh(body: dict, namespace: str, name: str, rayjobs, job_pods, job
     """Derive the status from the indexes and patch it if it changed."""
     if job is None:
         try:
-            job = specs.parse({**body, "metadata": {**body["metadata"], "namespace": namespace}})
+            job = _parse(body, namespace)
         except specs.InvalidSpec:
             return  # the reconcile reported it
     async with STATE.locks[(namespace, name)]:

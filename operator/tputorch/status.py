@@ -37,7 +37,7 @@ _WARNING_STATES = {
 _WARNING_REASONS = {"Unschedulable"}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
-_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForRayJob", "NotFinished", "Pending"}
+_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts"}
 
 
 @dataclass(frozen=True)

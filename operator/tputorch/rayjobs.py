@@ -14,7 +14,6 @@ operator's event loop: ("ADDED" | "MODIFIED" | "DELETED" | "RELISTED", rayjob).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import threading
 import time
@@ -36,6 +35,10 @@ def _slim(obj: dict) -> dict:
     """What the operator reads of a RayJob: metadata without managedFields, spec, status."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
     return {"metadata": meta, "spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
+
+
+def _version(obj: dict | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
 def key_of(obj: dict) -> tuple[str, str | None]:
@@ -60,8 +63,6 @@ class RayJobWatch:
         self._stop = threading.Event()
         self._listed_scopes: set = set()
         self.queue: asyncio.Queue = asyncio.Queue()
-        self._context: contextvars.Context | None = None
-        self._has_context = asyncio.Event()
 
     # an index-like read for the handlers
     def get(self, key):
@@ -92,20 +93,12 @@ class RayJobWatch:
     def _emit(self, kind: str, obj: dict) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, obj))
 
-    def kopf_context(self) -> None:
-        """Called from kopf's resource handlers: keep their context (kopf.event needs its event
-        queue, which kopf sets only for resource handlers) for the callbacks."""
-        if self._context is None:
-            self._context = contextvars.copy_context()
-            self._has_context.set()
-
     async def dispatch(self) -> None:
-        """Run the callback for each change as a task, in a copy of a kopf handler's context."""
+        """Run the callback for each change as a task on the operator's event loop."""
         tasks: set[asyncio.Task] = set()
         while True:
             kind, obj = await self.queue.get()
-            await self._has_context.wait()  # no TPUTorchJob handled yet: nothing to update anyway
-            task = asyncio.create_task(self.callback(kind, obj), context=self._context.copy())
+            task = asyncio.create_task(self.callback(kind, obj))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             task.add_done_callback(_log_failure)
@@ -157,6 +150,8 @@ class RayJobWatch:
                         k = key_of(obj)
                         if event["type"] == "DELETED":
                             self.store.pop(k, None)
+                        elif k in self.store and _version(self.store[k]) == _version(obj):
+                            continue  # known already: the echo of our own create (remember)
                         else:
                             self.store[k] = obj
                         self._emit(event["type"], obj)

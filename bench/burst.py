@@ -230,6 +230,39 @@ class Bench:
         result["apiserver_cpu_s"] = (cpu_s(api) - api_cpu) if api else float("nan")
         return result
 
+    def _through_controller(self, ns: str, n: int, pid: int) -> dict:
+        """Burst n TPUTorchJobs into ns while the controller process pid turns them into RayJobs."""
+        w = self._watch(RAY, ns)
+        self._live(ns, w)
+        bodies = [(f"job-{i:05d}", (GROUP, VERSION, PLURAL), throughput.job_body(f"job-{i:05d}", ns)) for i in range(n)]
+        for _, _, b in bodies:
+            del b["metadata"]["namespace"], b["metadata"]["generation"]
+        api = component_pid("kube-apiserver")
+        api_cpu, ctl_cpu = (cpu_s(api) if api else float("nan")), cpu_s(pid)
+        sent, start = self._burst(ns, bodies)
+        ok = w.wait(sent, 60 + n * 0.2)
+        w.stop_flag.set()
+        result = self._latency(sent, w.seen, start)
+        result["complete"] = ok
+        result["operator_cpu_s"] = cpu_s(pid) - ctl_cpu
+        result["apiserver_cpu_s"] = (cpu_s(api) - api_cpu) if api else float("nan")
+        result["kuberay_running"] = component_pid("kuberay-operator") is not None
+        return result
+
+    def minimal(self, n: int) -> dict:
+        """The yardstick: bench/minimal_controller.py (watch, render, create; nothing else)."""
+        ns = self.namespace("minimal", n)
+        env = {**os.environ, "PYTHONPATH": str(REPO / "operator")}
+        with open(self.log_dir / f"minimal-{n}.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "minimal_controller.py"), ns], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            time.sleep(2)  # its watch is established (as for the operator below)
+            return self._through_controller(ns, n, proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
     def operator(self, n: int, status_samples: int = 100) -> dict:
         ns = self.namespace("operator", n)
         op = OperatorProcess(self.kubeconfig, self.log_dir / f"operator-{n}.log", [ns])
@@ -237,26 +270,12 @@ class Bench:
         try:
             time.sleep(2)
             rss_idle = rss_mb(op.proc.pid)
-            w = self._watch(RAY, ns)
-            self._live(ns, w)
-            bodies = [(f"job-{i:05d}", (GROUP, VERSION, PLURAL), throughput.job_body(f"job-{i:05d}", ns)) for i in range(n)]
-            for _, _, b in bodies:
-                del b["metadata"]["namespace"], b["metadata"]["generation"]
-            api = component_pid("kube-apiserver")
-            api_cpu, op_cpu = (cpu_s(api) if api else float("nan")), cpu_s(op.proc.pid)
-            sent, start = self._burst(ns, bodies)
-            ok = w.wait(sent, 60 + n * 0.2)
-            w.stop_flag.set()
-            result = self._latency(sent, w.seen, start)
-            result["complete"] = ok
-            result["operator_cpu_s"] = cpu_s(op.proc.pid) - op_cpu
-            result["apiserver_cpu_s"] = (cpu_s(api) - api_cpu) if api else float("nan")
-            result["kuberay_running"] = component_pid("kuberay-operator") is not None
+            result = self._through_controller(ns, n, op.proc.pid)
             # Let the operator finish its status writes before measuring the idle-after RSS.
             self._settle(ns, n)
             result["rss_idle_mb"] = rss_idle
             result["rss_loaded_mb"] = rss_mb(op.proc.pid)
-            result["status"] = self.propagation(ns, sorted(sent)[:status_samples])
+            result["status"] = self.propagation(ns, sorted(f"job-{i:05d}" for i in range(n))[:status_samples])
             result["rss_after_status_mb"] = rss_mb(op.proc.pid)
             result["operator_traceback"] = "Traceback" in op.log()
         finally:

@@ -70,13 +70,17 @@ def run_cluster(sizes: list[int], samples: int) -> dict:
     print(f"KubeRay operator stopped for the measurement (pid {stopped}); only tputorch acts on the objects")
     try:
         for n in sizes:
-            print(f"-- N={n}: direct RayJob creates (baseline)", flush=True)
-            direct = bench.direct(n)
-            print(f"-- N={n}: TPUTorchJobs through the operator", flush=True)
-            op = bench.operator(n, samples)
-            results["sizes"][str(n)] = {"direct": direct, "operator": op}
-            bench.cleanup()
-            bench.wait_namespaces_gone()
+            sides = {}
+            for side, label, measure in (("direct", "direct RayJob creates (baseline)", bench.direct),
+                                         ("minimal", "TPUTorchJobs through bench/minimal_controller.py", bench.minimal),
+                                         ("operator", "TPUTorchJobs through the operator",
+                                          lambda n: bench.operator(n, samples))):
+                print(f"-- N={n}: {label}", flush=True)
+                sides[side] = measure(n)
+                # The namespace's deletion would load the API server during the next measurement.
+                bench.cleanup()
+                bench.wait_namespaces_gone()
+            results["sizes"][str(n)] = sides
     finally:
         bench.cleanup()
         bench.wait_namespaces_gone()
@@ -85,30 +89,51 @@ def run_cluster(sizes: list[int], samples: int) -> dict:
     return results
 
 
-def report_cluster(res: dict) -> list[str]:
-    rows, srows, mrows = [], [], []
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
+
+
+def cluster_rows(res: dict) -> tuple[list, list, list, list]:
+    """Latency, throughput, status propagation and resource rows, one per burst size."""
+    lat, rate, status, resources = [], [], [], []
     for n, r in res["sizes"].items():
-        d, o = r["direct"], r["operator"]
-        rows.append([n, d["p50_ms"], o["p50_ms"], f"{o['p50_ms'] / d['p50_ms']:.2f}x", d["p99_ms"], o["p99_ms"],
-                     f"{o['p99_ms'] / d['p99_ms']:.2f}x", d["per_s"], o["per_s"], f"{o['per_s'] / d['per_s']:.2f}x",
-                     f"{o['seen']}/{o['n']}"])
+        d, m, o = r["direct"], r["minimal"], r["operator"]
+        lat.append([n, d["p50_ms"], m["p50_ms"], o["p50_ms"], ratio(m["p50_ms"], d["p50_ms"]), ratio(o["p50_ms"], d["p50_ms"]),
+                    d["p99_ms"], m["p99_ms"], o["p99_ms"], ratio(o["p99_ms"], d["p99_ms"]), f"{o['seen']}/{o['n']}"])
+        rate.append([n, d["per_s"], m["per_s"], o["per_s"], ratio(m["per_s"], d["per_s"]), ratio(o["per_s"], d["per_s"]),
+                     ratio(o["per_s"], m["per_s"])])
         s = o["status"]
-        srows.append([n, s["n"], s["p50_ms"], s["p99_ms"], s["max_ms"], f"{s['seen']}/{s['n']}"])
-        mrows.append([n, o["rss_idle_mb"], o["rss_loaded_mb"], o["rss_after_status_mb"], o.get("operator_cpu_s", float("nan")),
-                      d.get("apiserver_cpu_s", float("nan")), o.get("apiserver_cpu_s", float("nan")),
-                      "yes" if o.get("kuberay_running") else "no"])
-    out = [
-        "Create -> RayJob watch event (ms, client clock); jobs/s until all RayJobs exist",
-        table(["N", "direct p50", "op p50", "ratio", "direct p99", "op p99", "ratio", "direct/s", "op/s", "ratio", "RayJobs"], rows),
-        "",
-        "RayJob status patch -> TPUTorchJob status shows it (ms)",
-        table(["N", "samples", "p50", "p99", "max", "seen"], srows),
-        "",
-        "Operator RSS (MB) and CPU seconds during the burst (apiserver: direct run vs operator run)",
-        table(["N", "RSS idle", "after burst", "after status", "op CPU s", "apiserver CPU s direct", "apiserver CPU s op",
-               "KubeRay running?"], mrows),
+        status.append([n, s["n"], s["p50_ms"], s["p99_ms"], s["max_ms"], f"{s['seen']}/{s['n']}"])
+        per_job = lambda side, key: 1000 * side[key] / side["n"]  # noqa: E731
+        resources.append([n, o["rss_idle_mb"], o["rss_loaded_mb"], o["rss_after_status_mb"], per_job(m, "operator_cpu_s"),
+                          per_job(o, "operator_cpu_s"), per_job(d, "apiserver_cpu_s"), per_job(m, "apiserver_cpu_s"),
+                          per_job(o, "apiserver_cpu_s"), "yes" if o.get("kuberay_running") else "no"])
+    return lat, rate, status, resources
+
+
+LAT_HEAD = ["N", "direct p50", "minimal p50", "op p50", "minimal/direct", "op/direct", "direct p99", "minimal p99", "op p99",
+            "op/direct p99", "RayJobs"]
+RATE_HEAD = ["N", "direct", "minimal", "operator", "minimal/direct", "op/direct", "op/minimal"]
+STATUS_HEAD = ["N", "samples", "p50", "p99", "max", "seen"]
+RES_HEAD = ["N", "RSS idle MB", "after burst", "after status", "minimal CPU ms/job", "op CPU ms/job",
+            "apiserver ms/job direct", "minimal", "operator", "KubeRay running?"]
+
+
+def report_cluster(res: dict) -> list[str]:
+    lat, rate, status, resources = cluster_rows(res)
+    return [
+        "Create -> RayJob watch event (ms, client clock)", table(LAT_HEAD, lat), "",
+        "Jobs/s until all RayJobs exist", table(RATE_HEAD, rate), "",
+        "RayJob status patch -> TPUTorchJob status shows it (ms)", table(STATUS_HEAD, status), "",
+        "Operator RSS (MB); CPU per job of the controller and of the API server during each burst",
+        table(RES_HEAD, resources),
     ]
-    return out
+
+
+def md_table(headers: list[str], rows: list[list]) -> list[str]:
+    fmt = lambda c: f"{c:.0f}" if isinstance(c, float) else str(c)  # noqa: E731
+    return ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)] + \
+        ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
 
 
 def markdown(results: dict) -> str:
@@ -122,18 +147,12 @@ def markdown(results: dict) -> str:
         lines.append(f"| {k} | {v['per_s']:.0f} | {v['us_per_call']:.0f} | {v.get('operator_ratio', float('nan')):.2f} |")
     c = results.get("cluster")
     if c:
-        lines += ["", f"### Bursts on the local cluster (KubeRay operator stopped; {c['creator_threads']} client threads create)", "",
-                  "| N | direct p50 ms | operator p50 ms | ratio | direct p99 ms | operator p99 ms | ratio | direct jobs/s | operator jobs/s | ratio |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for n, r in c["sizes"].items():
-            d, o = r["direct"], r["operator"]
-            lines.append(f"| {n} | {d['p50_ms']:.0f} | {o['p50_ms']:.0f} | {o['p50_ms'] / d['p50_ms']:.2f}x | {d['p99_ms']:.0f} | "
-                         f"{o['p99_ms']:.0f} | {o['p99_ms'] / d['p99_ms']:.2f}x | {d['per_s']:.0f} | {o['per_s']:.0f} | {o['per_s'] / d['per_s']:.2f}x |")
-        lines += ["", "| N | status propagation p50 ms | p99 ms | samples | RSS idle MB | RSS after burst MB |", "|---:|---:|---:|---:|---:|---:|"]
-        for n, r in c["sizes"].items():
-            o = r["operator"]
-            s = o["status"]
-            lines.append(f"| {n} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['seen']}/{s['n']} | {o['rss_idle_mb']:.0f} | {o['rss_after_status_mb']:.0f} |")
+        lat, rate, status, resources = cluster_rows(c)
+        lines += ["", f"### Bursts on the local cluster (KubeRay operator stopped; {c['creator_threads']} client threads create)",
+                  "", "Create → RayJob (ms):", ""] + md_table(LAT_HEAD, lat)
+        lines += ["", "Jobs/s until all RayJobs exist:", ""] + md_table(RATE_HEAD, rate)
+        lines += ["", "Status propagation (ms):", ""] + md_table(STATUS_HEAD, status)
+        lines += ["", "Memory and CPU:", ""] + md_table(RES_HEAD, resources)
     return "\n".join(lines) + "\n"
 
 
@@ -154,10 +173,10 @@ def plot(results: dict, path: Path) -> None:
     if sizes:
         ns = list(sizes)
         x = range(len(ns))
-        for off, key, color in ((-0.2, "direct", "C7"), (0.2, "operator", "C0")):
-            axes[1].bar([i + off for i in x], [sizes[n][key]["p50_ms"] for n in ns], 0.4, label=f"{key} p50", color=color)
+        for off, key, color in ((-0.27, "direct", "C7"), (0, "minimal", "C1"), (0.27, "operator", "C0")):
+            axes[1].bar([i + off for i in x], [sizes[n][key]["p50_ms"] for n in ns], 0.27, label=f"{key} p50", color=color)
             axes[1].scatter([i + off for i in x], [sizes[n][key]["p99_ms"] for n in ns], color="k", marker="_", s=200)
-            axes[2].bar([i + off for i in x], [sizes[n][key]["per_s"] for n in ns], 0.4, label=key, color=color)
+            axes[2].bar([i + off for i in x], [sizes[n][key]["per_s"] for n in ns], 0.27, label=key, color=color)
         for ax, title, label in ((axes[1], "create -> RayJob (p50 bar, p99 tick)", "ms"), (axes[2], "jobs/s until all RayJobs exist", "jobs/s")):
             ax.set_xticks(list(x), [f"N={n}" for n in ns])
             ax.set_title(title)

@@ -213,7 +213,8 @@ def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, 
     assert can_i(kube, user, "patch", "tputorchjobs.tputorch.io", "--subresource=status", "-n", job_ns)
     assert can_i(kube, user, "watch", "tputorchjobs.tputorch.io", "--all-namespaces")
     assert can_i(kube, user, "list", "pods", "--all-namespaces")
-    assert can_i(kube, user, "create", "events", "-n", job_ns)
+    assert can_i(kube, user, "create", "events", "-n", job_ns)  # kopf's own warnings
+    assert can_i(kube, user, "create", "events.events.k8s.io", "-n", job_ns)
     assert can_i(kube, user, "watch", "customresourcedefinitions.apiextensions.k8s.io")
     assert not can_i(kube, user, "get", "secrets", "-n", job_ns)
     assert not can_i(kube, user, "list", "secrets", "--all-namespaces")

@@ -75,7 +75,7 @@ NAMESPACED_RULES = [
     {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs/status"], "verbs": ["get", "patch"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": ["events.k8s.io", ""], "resources": ["events"], "verbs": ["create"]},
 ]
 CRD_DISCOVERY = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
                  "verbs": ["get", "list", "watch"]}

@@ -71,8 +71,8 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
-# Events on TPUTorchJobs (kopf posts core/v1 Events).
-- apiGroups: [""]
+# Events on TPUTorchJobs: the operator's own (events.k8s.io/v1) and kopf's warnings (core/v1).
+- apiGroups: ["events.k8s.io", ""]
   resources: ["events"]
   verbs: ["create"]
 {{- end -}}

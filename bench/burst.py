@@ -247,6 +247,7 @@ class Bench:
         result["operator_cpu_s"] = cpu_s(pid) - ctl_cpu
         result["apiserver_cpu_s"] = (cpu_s(api) - api_cpu) if api else float("nan")
         result["kuberay_running"] = component_pid("kuberay-operator") is not None
+        result["burst_start"] = start
         return result
 
     def minimal(self, n: int) -> dict:
@@ -273,6 +274,7 @@ class Bench:
             result = self._through_controller(ns, n, op.proc.pid)
             # Let the operator finish its status writes before measuring the idle-after RSS.
             self._settle(ns, n)
+            result["all_status_s"] = time.monotonic() - result["burst_start"]
             result["rss_idle_mb"] = rss_idle
             result["rss_loaded_mb"] = rss_mb(op.proc.pid)
             result["status"] = self.propagation(ns, sorted(f"job-{i:05d}" for i in range(n))[:status_samples])

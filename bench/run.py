@@ -101,7 +101,7 @@ def cluster_rows(res: dict) -> tuple[list, list, list, list]:
         lat.append([n, d["p50_ms"], m["p50_ms"], o["p50_ms"], ratio(m["p50_ms"], d["p50_ms"]), ratio(o["p50_ms"], d["p50_ms"]),
                     d["p99_ms"], m["p99_ms"], o["p99_ms"], ratio(o["p99_ms"], d["p99_ms"]), f"{o['seen']}/{o['n']}"])
         rate.append([n, d["per_s"], m["per_s"], o["per_s"], ratio(m["per_s"], d["per_s"]), ratio(o["per_s"], d["per_s"]),
-                     ratio(o["per_s"], m["per_s"])])
+                     ratio(o["per_s"], m["per_s"]), o["wall_s"], o["all_status_s"]])
         s = o["status"]
         status.append([n, s["n"], s["p50_ms"], s["p99_ms"], s["max_ms"], f"{s['seen']}/{s['n']}"])
         per_job = lambda side, key: 1000 * side[key] / side["n"]  # noqa: E731
@@ -113,7 +113,8 @@ def cluster_rows(res: dict) -> tuple[list, list, list, list]:
 
 LAT_HEAD = ["N", "direct p50", "minimal p50", "op p50", "minimal/direct", "op/direct", "direct p99", "minimal p99", "op p99",
             "op/direct p99", "RayJobs"]
-RATE_HEAD = ["N", "direct", "minimal", "operator", "minimal/direct", "op/direct", "op/minimal"]
+RATE_HEAD = ["N", "direct", "minimal", "operator", "minimal/direct", "op/direct", "op/minimal", "op: all RayJobs s",
+             "op: all statuses s"]
 STATUS_HEAD = ["N", "samples", "p50", "p99", "max", "seen"]
 RES_HEAD = ["N", "RSS idle MB", "after burst", "after status", "minimal CPU ms/job", "op CPU ms/job",
             "apiserver ms/job direct", "minimal", "operator", "KubeRay running?"]
@@ -131,7 +132,7 @@ def report_cluster(res: dict) -> list[str]:
 
 
 def md_table(headers: list[str], rows: list[list]) -> list[str]:
-    fmt = lambda c: f"{c:.0f}" if isinstance(c, float) else str(c)  # noqa: E731
+    fmt = lambda c: (f"{c:.0f}" if c >= 100 else f"{c:.1f}") if isinstance(c, float) else str(c)  # noqa: E731
     return ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)] + \
         ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
 
@@ -144,7 +145,8 @@ def markdown(results: dict) -> str:
              "### Render + validate (one process, one core)", "",
              "| path | calls/s | µs/call | parse+render ÷ this |", "|---|---:|---:|---:|"]
     for k, v in results["throughput"]["rows"].items():
-        lines.append(f"| {k} | {v['per_s']:.0f} | {v['us_per_call']:.0f} | {v.get('operator_ratio', float('nan')):.2f} |")
+        lines.append(f"| {k} | {v['per_s']:.0f} | {v['us_per_call']:.0f} | "
+                     f"{format(v['operator_ratio'], '.2f') if 'operator_ratio' in v else ''} |")
     c = results.get("cluster")
     if c:
         lat, rate, status, resources = cluster_rows(c)

@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 from tputorch import crd, render, spec  # noqa: E402
 
-WORKERS = 16  # the operator's default kubernetes client pool (handlers.Config.api_workers)
+WORKERS = 8  # as many threads as the operator has for RayJob calls (handlers.Config.api_workers)
 
 
 def main() -> int:

@@ -44,8 +44,9 @@ class OperatorProcess:
     """One operator process; start() blocks until its liveness endpoint answers."""
 
     def __init__(self, kubeconfig: str, log_path: Path, namespaces: list[str] | None = None,
-                 extra_env: dict | None = None) -> None:
+                 extra_env: dict | None = None, source: Path = REPO / "operator") -> None:
         self.kubeconfig = kubeconfig
+        self.source = source  # the tputorch package's parent folder (bench/ab.py runs other revisions)
         self.log_path = log_path
         self.namespaces = namespaces or []
         self.extra_env = extra_env or {}
@@ -64,7 +65,7 @@ class OperatorProcess:
         for ns in self.namespaces:
             args += ["--namespace", ns]
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env,
-               "PYTHONPATH": str(REPO / "operator") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+               "PYTHONPATH": str(self.source) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()

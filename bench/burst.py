@@ -210,45 +210,40 @@ class Bench:
 
     # --- the two sides ---------------------------------------------------------------------
 
-    def direct(self, n: int) -> dict:
-        """Baseline: the same client creates the rendered RayJobs itself."""
-        ns = self.namespace("direct", n)
+    def _measure(self, ns: str, bodies: list[tuple[str, tuple, dict]], timeout: float,
+                 controller_pid: int | None = None) -> dict:
+        """Create bodies in ns from CREATORS threads and time each until a RayJob of its name is
+        seen; CPU of the API server, and of the controller process if any, during the burst."""
         w = self._watch(RAY, ns)
         self._live(ns, w)
-        bodies = []
-        for i in range(n):
-            name = f"job-{i:05d}"
-            body = render.rayjob(spec.parse(throughput.job_body(name, ns)))
-            bodies.append((name, RAY, body))
         api = component_pid("kube-apiserver")
         api_cpu = cpu_s(api) if api else float("nan")
+        ctl_cpu = cpu_s(controller_pid) if controller_pid else float("nan")
         sent, start = self._burst(ns, bodies)
-        ok = w.wait(sent, 60 + n * 0.1)
+        ok = w.wait(sent, timeout)
         w.stop_flag.set()
         result = self._latency(sent, w.seen, start)
         result["complete"] = ok
         result["apiserver_cpu_s"] = (cpu_s(api) - api_cpu) if api else float("nan")
-        return result
-
-    def _through_controller(self, ns: str, n: int, pid: int) -> dict:
-        """Burst n TPUTorchJobs into ns while the controller process pid turns them into RayJobs."""
-        w = self._watch(RAY, ns)
-        self._live(ns, w)
-        bodies = [(f"job-{i:05d}", (GROUP, VERSION, PLURAL), throughput.job_body(f"job-{i:05d}", ns)) for i in range(n)]
-        for _, _, b in bodies:
-            del b["metadata"]["namespace"], b["metadata"]["generation"]
-        api = component_pid("kube-apiserver")
-        api_cpu, ctl_cpu = (cpu_s(api) if api else float("nan")), cpu_s(pid)
-        sent, start = self._burst(ns, bodies)
-        ok = w.wait(sent, 60 + n * 0.2)
-        w.stop_flag.set()
-        result = self._latency(sent, w.seen, start)
-        result["complete"] = ok
-        result["operator_cpu_s"] = cpu_s(pid) - ctl_cpu
-        result["apiserver_cpu_s"] = (cpu_s(api) - api_cpu) if api else float("nan")
+        if controller_pid:
+            result["operator_cpu_s"] = cpu_s(controller_pid) - ctl_cpu
         result["kuberay_running"] = component_pid("kuberay-operator") is not None
         result["burst_start"] = start
         return result
+
+    def direct(self, n: int) -> dict:
+        """Baseline: the same client creates the rendered RayJobs itself."""
+        ns = self.namespace("direct", n)
+        bodies = [(f"job-{i:05d}", RAY, render.rayjob(spec.parse(throughput.job_body(f"job-{i:05d}", ns))))
+                  for i in range(n)]
+        return self._measure(ns, bodies, 60 + n * 0.1)
+
+    def _through_controller(self, ns: str, n: int, pid: int) -> dict:
+        """Burst n TPUTorchJobs into ns while the controller process pid turns them into RayJobs."""
+        bodies = [(f"job-{i:05d}", (GROUP, VERSION, PLURAL), throughput.job_body(f"job-{i:05d}", ns)) for i in range(n)]
+        for _, _, b in bodies:
+            del b["metadata"]["namespace"], b["metadata"]["generation"]
+        return self._measure(ns, bodies, 60 + n * 0.2, controller_pid=pid)
 
     def minimal(self, n: int) -> dict:
         """The yardstick: bench/minimal_controller.py (watch, render, create; nothing else)."""

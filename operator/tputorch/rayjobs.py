@@ -141,7 +141,7 @@ class RayJobWatch:
                 while not self._stop.is_set():  # watch on from rv; a server timeout just resumes
                     for event in self._stream(scope, rv):
                         obj = _slim(event["object"])
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        rv = _version(obj) or rv
                         if event["type"] == "ERROR":  # e.g. 410 Gone inside the stream: list again
                             rv = self._relist(scope)
                             break

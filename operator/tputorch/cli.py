@@ -121,6 +121,8 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     # kopf logs every handler step at INFO; ours says what was decided.
     logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # the client's election logs every retry of a standby at INFO; ours says who leads
+    logging.getLogger("leaderelection").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 def cmd_run(args) -> int:
@@ -129,17 +131,14 @@ def cmd_run(args) -> int:
     from . import handlers
 
     _setup_logging(args.log_format, args.verbose)
-    handlers.CONFIG.metrics_port = args.metrics_port
-    handlers.CONFIG.metrics_host = args.metrics_host
-    namespaces = args.namespace or []
-    handlers.CONFIG.namespaces = namespaces or None
-    kopf.run(
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        standalone=args.standalone,
-        liveness_endpoint=args.liveness,
-        peering_name=args.peering_name if not args.standalone else None,
-    )
+    cfg = handlers.CONFIG
+    cfg.metrics_port, cfg.metrics_host = args.metrics_port, args.metrics_host
+    cfg.namespaces = args.namespace or None
+    cfg.leader_election, cfg.lease_name, cfg.lease_namespace = args.leader_elect, args.lease_name, args.lease_namespace
+    cfg.reconcile_workers = args.workers
+    # kopf runs the process only; without peering: replicas are coordinated by the Lease.
+    kopf.run(clusterwide=not args.namespace, namespaces=args.namespace or [], standalone=True,
+             liveness_endpoint=args.liveness)
     return 0
 
 
@@ -153,9 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness", metavar="URL", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (/metrics)")
     run.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics endpoint")
-    run.add_argument("--standalone", action=argparse.BooleanOptionalAction, default=True,
-                     help="run without kopf peering (default; deploy exactly one replica). --no-standalone uses peering")
-    run.add_argument("--peering-name", default="tputorch-operator", help="kopf peering object name with --no-standalone")
+    run.add_argument("--leader-elect", action="store_true",
+                     help="elect a leader through a coordination.k8s.io Lease: only the leader reconciles (run 2+ replicas)")
+    run.add_argument("--lease-name", default="tputorch-operator", help="name of the Lease (with --leader-elect)")
+    run.add_argument("--lease-namespace", default=None,
+                     help="namespace of the Lease; default: the pod's own (POD_NAMESPACE or its service account's)")
+    run.add_argument("--workers", type=int, default=16, help="objects reconciled at once (default 16)")
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)

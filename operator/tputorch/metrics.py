@@ -22,7 +22,9 @@ class Metrics:
         self._bucket_counts = [0] * (len(DURATION_BUCKETS) + 1)
         self._duration_sum = 0.0
         self._duration_count = 0
-        self.phases: Callable[[], dict[str, int]] = dict
+        # gauge name -> phase -> objects, e.g. {"tputorch_jobs": {"Running": 3}}; counted from the
+        # stores at scrape time, so only objects that exist are counted
+        self.phases: Callable[[], dict[str, dict[str, int]]] = dict
 
     def reconciled(self, result: str, seconds: float) -> None:
         with self._lock:
@@ -42,13 +44,13 @@ class Metrics:
     def exposition(self) -> str:
         with self._lock:
             lines = [
-                "# HELP tputorch_reconciles_total Reconciles of TPUTorchJobs by result.",
+                "# HELP tputorch_reconciles_total Reconciles by result.",
                 "# TYPE tputorch_reconciles_total counter",
             ]
             for result in sorted(self.reconciles):
                 lines.append(f'tputorch_reconciles_total{{result="{result}"}} {self.reconciles[result]}')
             lines += [
-                "# HELP tputorch_reconcile_duration_seconds Time to reconcile one TPUTorchJob.",
+                "# HELP tputorch_reconcile_duration_seconds Time to reconcile one object.",
                 "# TYPE tputorch_reconcile_duration_seconds histogram",
             ]
             cumulative = 0
@@ -66,12 +68,11 @@ class Metrics:
                 "# TYPE tputorch_status_patches_total counter",
                 f"tputorch_status_patches_total {self.status_patches}",
             ]
-        lines += [
-            "# HELP tputorch_jobs TPUTorchJobs by phase.",
-            "# TYPE tputorch_jobs gauge",
-        ]
-        for phase, count in sorted(self.phases().items()):
-            lines.append(f'tputorch_jobs{{phase="{phase}"}} {count}')
+        for gauge, counts in sorted(self.phases().items()):
+            what = gauge.removeprefix("tputorch_")
+            lines += [f"# HELP {gauge} Objects ({what}) by phase.", f"# TYPE {gauge} gauge"]
+            for phase, count in sorted(counts.items()):
+                lines.append(f'{gauge}{{phase="{phase}"}} {count}')
         return "\n".join(lines) + "\n"
 
 

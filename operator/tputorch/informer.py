@@ -1,0 +1,302 @@
+"""List + watch of one resource into an in-memory store, one thread per scope (the kubernetes
+client is blocking). Used for every kind the operator reads: its own kinds, KubeRay's children
+and the Ray pods.
+
+Why not kopf's watches and indexes: kopf never drops from an index an object that vanished while
+it was not watching (its re-list only yields what exists), it stops the operator when a watched
+kind's CRD disappears, and each event costs its per-object machinery. Here:
+- a re-list replaces the store and reports every vanished object as DELETED (the sweep);
+- a kind that is not served (404: KubeRay's CRDs missing) is a normal state, re-listed with backoff,
+  and reported once when it becomes served;
+- a 403 is logged once per streak and exposed as ``forbidden`` for the status to show;
+- an object is stored slimmed to what the operator reads.
+
+Changes reach the operator's event loop through ``on_change(event, obj)`` with event one of
+ADDED, MODIFIED, DELETED, SYNCED (an object seen by a re-list), LISTED (a scope was (re)listed;
+obj is {}) or SERVED (the kind became served; obj is {}).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import threading
+from typing import Callable, Hashable, Iterable, Iterator, Protocol
+
+from kubernetes.client.rest import ApiException
+
+from .workqueue import Backoff
+
+log = logging.getLogger("tputorch")
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class Source(Protocol):
+    """How an informer reads one resource; the real one wraps the kubernetes client, tests fake it."""
+
+    def list(self, scope: str | None) -> dict: ...  # {"items": [...], "metadata": {"resourceVersion": rv}}
+
+    def watch(self, scope: str | None, resource_version: str) -> Iterable[dict]: ...  # {"type", "object"}
+
+
+def key_of(obj: dict) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def version_of(obj: dict | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+class Informer:
+    def __init__(self, what: str, source: Source, namespaces: list[str] | None,
+                 on_change: Callable[[str, dict], None], slim: Callable[[dict], dict],
+                 index: Callable[[dict], Hashable | None] | None = None,
+                 backoff: Backoff | None = None) -> None:
+        self.what = what  # for logs: "RayJobs", "pods", ...
+        self.source = source
+        names = namespaces or []
+        # Exact names get a namespaced list/watch (works with per-namespace Roles); no names or a
+        # glob pattern need a cluster-wide one, filtered here.
+        self.scopes: list[str | None] = names if names and not any(c in n for n in names for c in "*?[!") else [None]
+        self.patterns = names if self.scopes == [None] else []
+        self.on_change = on_change
+        self.slim = slim
+        self.index_of = index
+        self.store: dict[Key, dict] = {}
+        self.by_index: dict[Hashable, set[Key]] = {}
+        self.served: bool | None = None  # unknown until the first list
+        self.forbidden: str | None = None  # the API's message while listing is refused
+        self.synced = threading.Event()
+        self._listed: set = set()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the store is written by the scope threads, read on the loop
+        self._backoff = backoff or Backoff(base=1.0, cap=60.0)
+
+    # --- reads (any thread) ----------------------------------------------------------------------
+
+    def get(self, key: Key) -> dict | None:
+        return self.store.get(key)
+
+    def indexed(self, value: Hashable) -> list[dict]:
+        with self._lock:
+            return [self.store[k] for k in self.by_index.get(value, ()) if k in self.store]
+
+    def keys(self) -> set[Key]:
+        with self._lock:
+            return set(self.store)
+
+    def values(self) -> list[dict]:
+        with self._lock:
+            return list(self.store.values())
+
+    # --- writes ----------------------------------------------------------------------------------
+
+    def remember(self, obj: dict) -> None:
+        """An object this operator just created or read: known at once, before its watch event."""
+        self._put(self.slim(obj), keep_newer=True)
+
+    def _put(self, obj: dict, keep_newer: bool = False) -> bool:
+        """Store ``obj``; False when it is the very version already stored (our own echo)."""
+        key = key_of(obj)
+        with self._lock:
+            old = self.store.get(key)
+            if old is not None and version_of(old) == version_of(obj):
+                return False
+            if keep_newer and old is not None:
+                return False  # the watch already brought this object (or a newer version of it)
+            self.store[key] = obj
+            self._reindex(key, old, obj)
+        return True
+
+    def _pop(self, key: Key) -> dict | None:
+        with self._lock:
+            old = self.store.pop(key, None)
+            if old is not None:
+                self._reindex(key, old, None)
+        return old
+
+    def _reindex(self, key: Key, old: dict | None, new: dict | None) -> None:
+        if self.index_of is None:
+            return
+        before = self.index_of(old) if old is not None else None
+        after = self.index_of(new) if new is not None else None
+        if before == after:
+            return
+        if before is not None:
+            keys = self.by_index.get(before)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.by_index[before]
+        if after is not None:
+            self.by_index.setdefault(after, set()).add(key)
+
+    def _wanted(self, obj: dict) -> bool:
+        if not self.patterns:
+            return True
+        ns = key_of(obj)[0]
+        return any(fnmatch.fnmatchcase(ns, p) for p in self.patterns)
+
+    # --- the scope threads -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        for scope in self.scopes:
+            threading.Thread(target=self._run, args=(scope,), name=f"watch-{self.what}-{scope or 'all'}",
+                             daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _mark_listed(self, scope) -> None:
+        self._listed.add(scope)
+        if self._listed >= set(self.scopes):
+            self.synced.set()
+
+    def relist(self, scope) -> str:
+        listing = self.source.list(scope)
+        fresh = {}
+        for item in listing.get("items") or []:
+            if self._wanted(item):
+                obj = self.slim(item)
+                fresh[key_of(obj)] = obj
+        in_scope = [k for k in self.keys() if scope is None or k[0] == scope]
+        for key in in_scope:
+            if key not in fresh:
+                gone = self._pop(key)
+                if gone is not None:
+                    self.on_change("DELETED", gone)
+        for obj in fresh.values():
+            self._put(obj)
+            self.on_change("SYNCED", obj)  # level-based: whatever was missed while not watching
+        if self.served is not True:
+            log.info("%s served: watching %s", self.what, f"in {scope}" if scope else "cluster-wide")
+            if self.served is False:
+                self.on_change("SERVED", {})
+        self.served = True
+        if self.forbidden is not None:
+            log.info("%s: listing allowed again", self.what)
+            self.forbidden = None
+        self._mark_listed(scope)
+        self.on_change("LISTED", {})
+        return (listing.get("metadata") or {}).get("resourceVersion") or ""
+
+    def _apply(self, event: dict) -> str | None:
+        """One watch event into the store; returns its resourceVersion. Raises _Relist on ERROR."""
+        etype, raw = event.get("type"), event.get("object") or {}
+        if etype == "ERROR":
+            raise _Relist(raw.get("code") if isinstance(raw, dict) else None)
+        if etype == "BOOKMARK":
+            return version_of(raw)
+        if not self._wanted(raw):
+            return version_of(raw)
+        obj = self.slim(raw)
+        if etype == "DELETED":
+            self._pop(key_of(obj))
+            self.on_change("DELETED", obj)
+        elif self._put(obj):
+            self.on_change(etype, obj)
+        return version_of(obj)
+
+    def run_scope_once(self, scope) -> None:
+        """List, then watch until the stream fails; every failure returns to the caller (tests
+        drive this directly; the thread loops over it with backoff)."""
+        rv = self.relist(scope)
+        self._backoff.forget(scope)
+        while not self._stop.is_set():  # a server-side timeout just resumes from rv
+            for event in self.source.watch(scope, rv):
+                rv = self._apply(event) or rv
+                if self._stop.is_set():
+                    return
+
+    def _run(self, scope) -> None:
+        while not self._stop.is_set():
+            delay = None
+            try:
+                self.run_scope_once(scope)
+            except _Relist as err:
+                if err.code != 410:  # 410: the resourceVersion expired; list again at once
+                    delay = self._backoff.next(scope)
+            except ApiException as err:
+                delay = self._failed(scope, err)
+            except Exception as err:  # connection refused/reset, timeouts: the API server restarting
+                delay = self._backoff.next(scope)
+                log.warning("%s watch interrupted (%s: %s); re-listing in %.0fs", self.what, type(err).__name__,
+                            str(err)[:200], delay)
+            if delay:
+                self._stop.wait(delay)
+
+    def _failed(self, scope, err: ApiException) -> float | None:
+        if err.status == 410:
+            return None
+        delay = self._backoff.next(scope)
+        if err.status == 404:
+            if self.served is not False:
+                log.warning("the %s kind is not served (its CRD is missing); re-listing with backoff", self.what)
+                self.served = False
+                # Deleting a CRD deletes its objects: nothing of this kind exists any more.
+                for key in [k for k in self.keys() if scope is None or k[0] == scope]:
+                    gone = self._pop(key)
+                    if gone is not None:
+                        self.on_change("DELETED", gone)
+            self._mark_listed(scope)
+        elif err.status == 403:
+            if self.forbidden is None:
+                self.forbidden = f"{err.reason}: {(err.body or '')[:300]}"
+                log.error("the operator may not list/watch %s%s: %s; fix its RBAC (re-listing with backoff)",
+                          self.what, f" in {scope}" if scope else "", self.forbidden)
+                self.on_change("FORBIDDEN", {})
+            self._mark_listed(scope)
+        else:
+            log.warning("%s watch: HTTP %s %s; re-listing in %.0fs", self.what, err.status, err.reason, delay)
+        return delay
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self.synced.wait(timeout)
+
+
+class _Relist(Exception):
+    def __init__(self, code) -> None:
+        super().__init__(f"watch error {code}")
+        self.code = code
+
+
+class RestSource:
+    """A Source over raw GETs of the API (lists and watch streams parsed as JSON). Raw rather than
+    the typed clients: pods would otherwise be deserialized into models only to be read as dicts."""
+
+    def __init__(self, api_client, path: Callable[[str | None], str], label_selector: str | None) -> None:
+        self.api, self.path, self.label_selector = api_client, path, label_selector
+
+    def _get(self, scope, query: list, timeout: float):
+        if self.label_selector:
+            query = [*query, ("labelSelector", self.label_selector)]
+        method, url, headers, _body, _post = self.api.param_serialize(
+            "GET", self.path(scope), query_params=query, header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        resp = self.api.call_api(method, url, header_params=headers, _request_timeout=timeout)
+        if not 200 <= resp.status <= 299:
+            raise ApiException(status=resp.status, reason=resp.reason, body=resp.read().decode("utf-8", "replace"))
+        return resp
+
+    def list(self, scope):
+        return json.loads(self._get(scope, [], 60).read())
+
+    def watch(self, scope, resource_version) -> Iterator[dict]:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        query = [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", "300")]
+        resp = self._get(scope, query, 330)
+        try:
+            for line in iter_resp_lines(resp.response):
+                if line:
+                    yield json.loads(line)
+        finally:
+            resp.response.release_conn()
+
+
+def pods_path(scope):
+    return "/api/v1/pods" if scope is None else f"/api/v1/namespaces/{scope}/pods"

@@ -1,0 +1,338 @@
+"""One reconcile machinery for every kind of this operator (TPUTorchJob -> RayJob,
+TPUTorchService -> RayService): a kind brings only its parse, render, status derivation and the
+patch a live child takes (``Kind``).
+
+Every source of work (the object's events, its child's, its pods', retries, a child kind becoming
+served) adds the object's key to one work queue; one worker handles a key at a time and every
+decision is made there, from what the stores hold now (level-based). In memory: parsed specs and
+the status written but not yet seen back, both rebuilt from the API after a restart and dropped
+when the object is gone (and swept after every re-list).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kubernetes.client.rest import ApiException
+
+from . import status as statuses
+from .informer import Informer
+from .kube import Resource
+from .metrics import METRICS
+from .spec import InvalidSpec
+from .workqueue import WorkQueue
+
+log = logging.getLogger("tputorch")
+
+CLUSTER_LABEL = "ray.io/cluster"  # KubeRay labels every pod with its RayCluster's name
+
+Key = tuple[str, str, str]  # (kind, namespace, name)
+
+
+@dataclass(frozen=True)
+class Kind:
+    resource: Resource  # the object: TPUTorchJob, TPUTorchService
+    child: Resource  # what it becomes: RayJob, RayService (same name and namespace)
+    label: str  # carried by the child and its pods: the object's name
+    parse: Callable[[dict], Any]  # body -> spec, or raises InvalidSpec
+    render: Callable[[Any], dict]  # spec -> child (without ownerReferences)
+    derive: Callable[..., dict]  # (spec, generation, child, pods, previous, now, problem) -> status
+    child_patch: Callable[[Any, dict], dict | None]  # what a live child of ours takes from the spec
+    cluster_names: Callable[[dict], set[str]]  # the RayClusters the child runs on (its pods' cluster label)
+    finished: Callable[[dict], bool]  # status -> the work is done: a vanished child is not made again
+    phase_metric: str  # the jobs/services-by-phase gauge
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def controller_of(obj: dict) -> dict | None:
+    return next((o for o in (obj.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")), None)
+
+
+def owner_reference(kind: Kind, parent: dict) -> dict:
+    meta = parent["metadata"]
+    return {"apiVersion": kind.resource.api_version, "kind": kind.resource.kind, "name": meta["name"],
+            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def ownership(kind: Kind, parent: dict, child: dict) -> str:
+    """'ours' only when the child's controller is this very object (its uid); 'previous' when it
+    belongs to an earlier object of the same kind and name (deleted, its child still going);
+    'foreign' otherwise, whatever labels it carries."""
+    owner = controller_of(child)
+    if owner is None:
+        return "foreign"
+    if owner.get("uid") == parent["metadata"].get("uid"):
+        return "ours"
+    same_kind = owner.get("kind") == kind.resource.kind and owner.get("apiVersion") == kind.resource.api_version
+    return "previous" if same_kind and owner.get("name") == parent["metadata"].get("name") else "foreign"
+
+
+def waiting_problem(kind: Kind, namespace: str, name: str, owned: str) -> tuple[str, str]:
+    child = kind.child.kind
+    if owned == "previous":
+        return (f"Previous{child}Terminating",
+                f"the {child} {name} of an earlier {kind.resource.kind} of this name is still being deleted; "
+                f"this one creates its own once it is gone")
+    return (f"{child}NameTaken",
+            f"a {child} named {name} already exists in {namespace} and does not belong to this "
+            f"{kind.resource.kind}: delete that {child} or give the {kind.resource.kind} another name")
+
+
+def create_problem(kind: Kind, err: Exception) -> tuple[str, str]:
+    child = kind.child.kind
+    status = getattr(err, "status", None)
+    if status == 404:
+        return ("KubeRayNotInstalled", f"the {child} kind ({kind.child.api_version}) is not served: install "
+                f"KubeRay's CRDs and operator; the {child} will be created once they exist")
+    if status == 403:
+        return ("Forbidden", f"the operator may not create {child}s here: {getattr(err, 'reason', '')}")
+    if isinstance(err, ApiException):
+        return (f"{child}CreateFailed", f"creating the {child} failed: HTTP {err.status} {err.reason}: "
+                f"{(err.body or '')[:500]}")
+    return (f"{child}CreateFailed", f"creating the {child} failed: {type(err).__name__}: {str(err)[:300]}")
+
+
+class Controller:
+    def __init__(self, kinds: list[Kind], kube, parents: dict[str, Informer], children: dict[str, Informer],
+                 pods: Informer, clock: Callable[[], str] = now) -> None:
+        self.kinds = {k.resource.kind: k for k in kinds}
+        self.kube = kube
+        self.parents, self.children, self.pods = parents, children, pods
+        self.clock = clock
+        self.queue = WorkQueue()
+        self.parsed: dict[str, tuple] = {}  # uid -> (spec version, spec or InvalidSpec)
+        self.written: dict[str, tuple[str, dict]] = {}  # uid -> (resourceVersion it was derived from, status)
+        self.problems: dict[Key, tuple[str, str]] = {}  # why a child could not be created
+        self.uids: dict[Key, str] = {}  # key -> uid, to drop its state when the object is gone
+
+    # --- sources of work (called on the event loop) ----------------------------------------------
+
+    def parent_changed(self, kind: str, event: str, obj: dict) -> None:
+        if event == "LISTED":
+            self.sweep()
+        elif obj:
+            self.queue.add((kind, *_nn(obj)))
+
+    def child_changed(self, kind: str, event: str, obj: dict) -> None:
+        if event in ("SERVED", "FORBIDDEN"):  # every object of the kind may now read differently
+            for key in self.parents[kind].keys():
+                self.queue.add((kind, *key))
+        elif obj:  # the child's name is the object's
+            self.queue.add((kind, *_nn(obj)))
+
+    def pod_changed(self, event: str, obj: dict) -> None:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        for kind in self.kinds.values():
+            if kind.label in labels:
+                self.queue.add((kind.resource.kind, _nn(obj)[0], labels[kind.label]))
+
+    def sweep(self) -> None:
+        """Drop what is kept for objects that no longer exist (a deletion missed while not watching)."""
+        existing = {(kind, *k) for kind, informer in self.parents.items() for k in informer.keys()}
+        for key in (set(self.uids) | set(self.problems) | self.queue.known()) - existing:
+            self.forget(key)
+
+    def forget(self, key: Key) -> None:
+        uid = self.uids.pop(key, None)
+        if uid is not None:
+            self.parsed.pop(uid, None)
+            self.written.pop(uid, None)
+        self.problems.pop(key, None)
+        self.queue.drop(key)
+
+    def phases(self) -> dict[str, dict[str, int]]:
+        return {kind.phase_metric: dict(Counter((o.get("status") or {}).get("phase") or "Unknown"
+                                                for o in self.parents[name].values()))
+                for name, kind in self.kinds.items()}
+
+    # --- workers ---------------------------------------------------------------------------------
+
+    async def work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            started = time.perf_counter()
+            try:
+                result = await self.reconcile(key)
+            except Exception as err:  # every failure: API errors, refused/reset connections, timeouts
+                delay = self.queue.retry(key)
+                log.warning("%s %s/%s: reconcile failed (%s); retrying in %.0fs", key[0], key[1], key[2],
+                            _describe(err), delay)
+                result = "error"
+            else:
+                if result == "retry":
+                    self.queue.retry(key)
+                elif result != "gone":
+                    self.queue.forget(key)
+            finally:
+                self.queue.done(key)
+            METRICS.reconciled(result, time.perf_counter() - started)
+
+    # --- the reconcile ---------------------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> str:
+        kind = self.kinds[key[0]]
+        namespace, name = key[1], key[2]
+        parent = self.parents[key[0]].get((namespace, name))
+        if parent is None:
+            self.forget(key)
+            return "gone"
+        meta = parent["metadata"]
+        if self.uids.get(key) not in (None, meta.get("uid")):
+            self.forget(key)  # deleted and made again under the same name: nothing of the old one holds
+        self.uids[key] = meta.get("uid")
+        if meta.get("deletionTimestamp"):
+            return "deleting"  # the garbage collector removes the children; create nothing now
+        try:
+            spec = self._parse(kind, parent, namespace)
+        except InvalidSpec as err:
+            previous = self._previous(parent)
+            current = statuses.invalid(err.errors, meta.get("generation", 0), previous, self.clock())
+            if await self._write(kind, parent, previous, current):
+                METRICS.validation_failed()
+                log.warning("%s %s/%s is invalid: %s", kind.resource.kind, namespace, name, err)
+            return "invalid"
+
+        result, child = await self._ensure_child(kind, key, parent, spec)
+        if result == "finished":
+            return result  # its status already tells the end; nothing observed would add to it
+        ours = child if child is not None and ownership(kind, parent, child) == "ours" else None
+        pods = []
+        if ours is not None:
+            clusters = kind.cluster_names(ours)
+            pods = [p for p in self.pods.indexed((kind.label, namespace, name))
+                    if ((p.get("metadata") or {}).get("labels") or {}).get(CLUSTER_LABEL) in clusters]
+        previous = self._previous(parent)
+        current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
+                              self.problems.get(key))
+        await self._write(kind, parent, previous, current)
+        return result
+
+    async def _ensure_child(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
+        namespace, name = key[1], key[2]
+        children = self.children[key[0]]
+        child = children.get((namespace, name))
+        if child is None:
+            if kind.finished(self._previous(parent)):
+                return "finished", None  # it ran and its child is gone: making one would run it again
+            if children.forbidden is not None:
+                self.problems[key] = ("Forbidden", f"the operator may not watch {kind.child.kind}s: "
+                                      f"{children.forbidden}")
+                return "retry", None
+            return await self._create(kind, key, parent, spec)
+        owned = ownership(kind, parent, child)
+        if owned != "ours":
+            self.problems[key] = waiting_problem(kind, namespace, name, owned)
+            # 'previous': its deletion event brings the key back; 'foreign' may carry no label of
+            # ours (invisible to the watch): look again with backoff either way.
+            return "retry", child
+        self.problems.pop(key, None)
+        patch = kind.child_patch(spec, child)
+        if patch is None:
+            return "unchanged", child
+        await self.kube.patch(kind.child, namespace, name, patch)
+        log.info("%s %s/%s patched: %s", kind.child.kind, namespace, name, sorted(patch.get("spec") or patch))
+        return "child-patched", child
+
+    async def _create(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
+        namespace, name = key[1], key[2]
+        desired = kind.render(spec)
+        desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
+        desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
+        try:
+            created = await self.kube.create(kind.child, namespace, desired)
+        except ApiException as err:
+            if err.status != 409:
+                self.problems[key] = create_problem(kind, err)
+                log.warning("%s %s/%s not created: %s", kind.child.kind, namespace, name, self.problems[key][1])
+                return "retry", None
+            # There already: ours with a late watch event, an earlier object's, or someone else's.
+            existing = await self.kube.get(kind.child, namespace, name)
+            self.children[key[0]].remember(existing)
+            owned = ownership(kind, parent, existing)
+            if owned != "ours":
+                self.problems[key] = waiting_problem(kind, namespace, name, owned)
+                return "retry", existing
+            self.problems.pop(key, None)
+            return "exists", existing
+        except Exception as err:
+            self.problems[key] = create_problem(kind, err)
+            raise
+        self.problems.pop(key, None)
+        self.children[key[0]].remember(created)
+        log.info("%s %s/%s created (%s %s slice, %d hosts)", kind.child.kind, namespace, name,
+                 spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
+        return "created", created
+
+    def _parse(self, kind: Kind, parent: dict, namespace: str):
+        """The spec, parsed once per version of it: every status write and child change reconciles
+        again. metadata.generation moves on every spec change; labels are metadata, so they are part
+        of the key."""
+        meta = parent["metadata"]
+        version = (meta.get("generation"), tuple(sorted((meta.get("labels") or {}).items())))
+        cached = self.parsed.get(meta.get("uid"))
+        if cached is None or cached[0] != version:
+            try:
+                cached = (version, kind.parse({**parent, "metadata": {**meta, "namespace": namespace}}))
+            except InvalidSpec as err:
+                cached = (version, err)
+            self.parsed[meta.get("uid")] = cached
+        if isinstance(cached[1], InvalidSpec):
+            raise cached[1]
+        return cached[1]
+
+    def _previous(self, parent: dict) -> dict:
+        """The status as it is now: the object's own, or the one this operator wrote from this very
+        version of the object when its echo has not arrived yet. A status edited or wiped by
+        someone else is a newer version, so it is what gets compared (and put right)."""
+        meta = parent["metadata"]
+        written = self.written.get(meta.get("uid"))
+        if written is not None:
+            if written[0] == meta.get("resourceVersion"):
+                return written[1]
+            del self.written[meta["uid"]]
+        return dict(parent.get("status") or {})
+
+    async def _write(self, kind: Kind, parent: dict, previous: dict, current: dict) -> bool:
+        meta = parent["metadata"]
+        patch = statuses.patch_for(previous, current)
+        if patch is None:
+            return False
+        namespace, name = meta["namespace"], meta["name"]
+        try:
+            await self.kube.patch_status(kind.resource, namespace, name, patch)
+        except ApiException as err:
+            if err.status == 404:
+                return False  # deleted meanwhile
+            raise
+        self.written[meta["uid"]] = (meta.get("resourceVersion"), current)
+        METRICS.status_patched()
+        regarding = {"apiVersion": kind.resource.api_version, "kind": kind.resource.kind, "name": name,
+                     "namespace": namespace, "uid": meta.get("uid")}
+        for event in statuses.events(previous, current):
+            try:
+                await self.kube.post_event(regarding, event)
+            except Exception as err:  # an event is a courtesy: never fail the reconcile for it
+                log.warning("%s %s/%s: event %s not posted: %s", kind.resource.kind, namespace, name, event.reason, err)
+        log.info("%s %s/%s: phase %s (%s)", kind.resource.kind, namespace, name, current.get("phase"),
+                 (current.get("message") or "")[:200])
+        return True
+
+
+def _nn(obj: dict) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def _describe(err: Exception) -> str:
+    if isinstance(err, ApiException):
+        return f"HTTP {err.status} {err.reason}"
+    return f"{type(err).__name__}: {str(err)[:200]}"
+

@@ -1,0 +1,102 @@
+"""A rate-limited work queue of object keys, after client-go's workqueue, on asyncio.
+
+- A key is queued at most once (the dirty set): a burst of events for one object coalesces into
+  one reconcile.
+- A key is handed to one worker at a time (the processing set): a key added while it is being
+  reconciled is queued again when that reconcile is done, never run twice at once.
+- ``retry(key)`` re-adds the key after a per-key exponential backoff, capped; ``forget(key)``
+  resets it after a success. Only the earliest pending delayed add of a key is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Hashable
+
+
+class Backoff:
+    """Per-key exponential backoff: base * 2**failures, at most cap (client-go's per-item limiter)."""
+
+    def __init__(self, base: float = 1.0, cap: float = 300.0) -> None:
+        self.base, self.cap = base, cap
+        self.failures: dict[Hashable, int] = {}
+
+    def next(self, key: Hashable) -> float:
+        n = self.failures.get(key, 0)
+        self.failures[key] = n + 1
+        return min(self.base * (2 ** n), self.cap)
+
+    def forget(self, key: Hashable) -> None:
+        self.failures.pop(key, None)
+
+
+class WorkQueue:
+    def __init__(self, backoff: Backoff | None = None) -> None:
+        self.backoff = backoff or Backoff()
+        self._queue: deque = deque()
+        self._dirty: set = set()
+        self._processing: set = set()
+        self._timers: dict[Hashable, tuple[float, asyncio.TimerHandle]] = {}
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def add(self, key: Hashable) -> None:
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.append(key)
+            self._ready.set()
+
+    def add_after(self, key: Hashable, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        pending = self._timers.get(key)
+        if pending is not None:
+            if pending[0] <= when:
+                return  # an earlier add is already due
+            pending[1].cancel()
+        self._timers[key] = (when, loop.call_at(when, self._fire, key))
+
+    def _fire(self, key: Hashable) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def retry(self, key: Hashable) -> float:
+        """Re-add ``key`` after its backoff; returns the delay."""
+        delay = self.backoff.next(key)
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: Hashable) -> None:
+        """The key's last reconcile succeeded: its next failure starts from the base delay."""
+        self.backoff.forget(key)
+
+    def drop(self, key: Hashable) -> None:
+        """The object is gone: no backoff state and no pending delayed add is kept for it."""
+        self.backoff.forget(key)
+        pending = self._timers.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
+
+    def known(self) -> set:
+        """Keys the queue holds any state for (for the sweep after a re-list)."""
+        return set(self.backoff.failures) | set(self._timers)
+
+    async def get(self) -> Hashable:
+        while not self._queue:
+            self._ready.clear()
+            await self._ready.wait()
+        key = self._queue.popleft()
+        self._processing.add(key)
+        self._dirty.discard(key)
+        return key
+
+    def done(self, key: Hashable) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._queue.append(key)
+            self._ready.set()

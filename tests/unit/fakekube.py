@@ -1,0 +1,112 @@
+"""A fake of the operator's API adapter (tputorch.kube.Kube) and of an informer's Source, so that
+the reconcile's decisions and the informer's list/watch handling are tested without a cluster.
+
+FakeKube keeps children in a dict like the API server would (resourceVersion, 409 on a second
+create), records every call, and raises the exceptions queued in ``fail[method]`` first."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+from kubernetes.client.rest import ApiException
+
+from tputorch import kinds
+from tputorch.informer import Informer
+from tputorch.reconcile import Controller
+
+_rv = itertools.count(100)
+
+
+def api_error(status: int, reason: str = "", body: str = "") -> ApiException:
+    return ApiException(status=status, reason=reason or {404: "Not Found", 409: "Conflict", 403: "Forbidden",
+                                                          500: "Internal Server Error"}.get(status, "Error"), body=body)
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.objects: dict[tuple, dict] = {}  # (plural, namespace, name) -> object
+        self.calls: list[tuple] = []
+        self.fail: dict[str, list[Exception]] = defaultdict(list)
+
+    def _maybe_fail(self, method: str) -> None:
+        if self.fail[method]:
+            raise self.fail[method].pop(0)
+
+    async def create(self, res, namespace, body):
+        self.calls.append(("create", res.plural, namespace, body["metadata"]["name"]))
+        self._maybe_fail("create")
+        key = (res.plural, namespace, body["metadata"]["name"])
+        if key in self.objects:
+            raise api_error(409)
+        obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{next(_rv)}", "resourceVersion": str(next(_rv))}}
+        self.objects[key] = obj
+        return obj
+
+    async def get(self, res, namespace, name):
+        self.calls.append(("get", res.plural, namespace, name))
+        self._maybe_fail("get")
+        try:
+            return self.objects[(res.plural, namespace, name)]
+        except KeyError:
+            raise api_error(404) from None
+
+    async def patch(self, res, namespace, name, patch):
+        self.calls.append(("patch", res.plural, namespace, name, patch))
+        self._maybe_fail("patch")
+
+    async def patch_status(self, res, namespace, name, status):
+        self.calls.append(("patch_status", res.plural, namespace, name, status))
+        self._maybe_fail("patch_status")
+
+    async def post_event(self, regarding, event):
+        self.calls.append(("event", regarding["name"], event.reason))
+
+    def called(self, method: str) -> list[tuple]:
+        return [c for c in self.calls if c[0] == method]
+
+
+class FakeSource:
+    """Answers an informer's list with ``listing`` and its watch with the next queued stream (a list
+    of events, or an exception to raise)."""
+
+    def __init__(self) -> None:
+        self.listing: dict = {"items": [], "metadata": {"resourceVersion": "1"}}
+        self.list_error: list[Exception] = []
+        self.streams: list = []
+        self.lists = 0
+        self.watched_from: list[str] = []
+
+    def list(self, scope):
+        self.lists += 1
+        if self.list_error:
+            raise self.list_error.pop(0)
+        return self.listing
+
+    def watch(self, scope, resource_version):
+        self.watched_from.append(resource_version)
+        stream = self.streams.pop(0) if self.streams else StopWatching()
+        if isinstance(stream, Exception):
+            raise stream
+        return iter(stream)
+
+
+class StopWatching(Exception):
+    """Ends a test's informer loop (as a dropped connection would)."""
+
+
+def informer(what="things", source=None, slim=kinds.slim_object, index=None):
+    changes: list[tuple[str, dict]] = []
+    inf = Informer(what, source or FakeSource(), None, lambda e, o: changes.append((e, o)), slim, index=index)
+    return inf, changes
+
+
+def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z") -> Controller:
+    noop = lambda *_: None  # noqa: E731
+    ctl = Controller(kinds.KINDS, kube or FakeKube(), {}, {}, None, clock=clock)
+    for kind in kinds.KINDS:
+        name = kind.resource.kind
+        ctl.parents[name] = Informer(kind.resource.plural, FakeSource(), None, noop, kinds.slim_object)
+        ctl.children[name] = Informer(kind.child.plural, FakeSource(), None, noop, kinds.slim_child)
+    ctl.pods = Informer("pods", FakeSource(), None, noop, kinds.slim_pod, index=kinds.pod_index)
+    return ctl

@@ -1,0 +1,263 @@
+"""The reconcile's decisions through a fake API adapter: create, wait for a previous object's child,
+refuse a foreign one, adopt our own after a 409, suspend, retry with backoff, status that heals,
+state swept after a re-list."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import urllib3
+
+from tputorch import kinds, status as statuses
+from tputorch.reconcile import ownership
+
+from .fakekube import FakeKube, api_error, controller
+from .jobs import body
+
+KIND = "TPUTorchJob"
+KEY = (KIND, "ml", "demo")
+
+
+def job(uid="uid-new", rv="10", status=None, **spec):
+    b = body(**spec)
+    b["metadata"].update(uid=uid, resourceVersion=rv)
+    if status is not None:
+        b["status"] = status
+    return b
+
+
+def rayjob(owner_uid, name="demo", owner_kind=KIND, rv="50", suspend=False, labels=None, deleting=False, status=None):
+    meta = {"name": name, "namespace": "ml", "uid": f"rj-{owner_uid}", "resourceVersion": rv,
+            "labels": labels if labels is not None else {"tputorch.io/job": name}}
+    if owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": "tputorch.io/v1alpha1", "kind": owner_kind, "name": name,
+                                    "uid": owner_uid, "controller": True}]
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    return {"metadata": meta, "spec": {"suspend": suspend}, "status": status or {}}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def setup(parent, child=None, kube=None):
+    ctl = controller(kube)
+    ctl.parents[KIND].remember(parent)
+    if child is not None:
+        ctl.children[KIND].remember(child)
+    return ctl
+
+
+def last_status(kube: FakeKube) -> dict:
+    return kube.called("patch_status")[-1][4]
+
+
+def condition(status: dict, ctype: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == ctype)
+
+
+def test_a_new_job_gets_its_rayjob_owned_by_its_uid():
+    ctl = setup(job())
+    assert run(ctl.reconcile(KEY)) == "created"
+    created = ctl.kube.objects[("rayjobs", "ml", "demo")]
+    (owner,) = created["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["kind"], owner["controller"], owner["blockOwnerDeletion"]) == ("uid-new", KIND, True, True)
+    assert created["metadata"]["namespace"] == "ml"
+    # the store knows it at once: the next event does not create again
+    assert run(ctl.reconcile(KEY)) == "unchanged"
+    assert len(ctl.kube.called("create")) == 1
+    assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
+
+
+def test_a_rerun_waits_for_the_previous_jobs_rayjob_then_creates_its_own():
+    old = rayjob("uid-old", deleting=True, status={"jobStatus": "STOPPED", "jobDeploymentStatus": "Running"})
+    ctl = setup(job(), old)
+    assert run(ctl.reconcile(KEY)) == "retry"
+    assert ctl.kube.called("create") == [] and ctl.kube.called("patch") == []
+    status = last_status(ctl.kube)
+    assert status["phase"] == "Pending"
+    cond = condition(status, "RayJobCreated")
+    assert (cond["status"], cond["reason"]) == ("False", "PreviousRayJobTerminating")
+    assert "jobStatus" not in status  # the old job's Ray status is not ours to report
+    ctl.children[KIND]._pop(("ml", "demo"))  # the old RayJob is gone (its DELETED event)
+    assert run(ctl.reconcile(KEY)) == "created"
+    owner = ctl.kube.objects[("rayjobs", "ml", "demo")]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == "uid-new"
+    assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
+
+
+@pytest.mark.parametrize("child", [
+    rayjob(None),  # no owner, our labels (as `tputorch render | kubectl apply` makes it)
+    rayjob("someone", owner_kind="Workflow"),  # another controller's
+])
+def test_a_foreign_rayjob_is_never_taken_over(child):
+    ctl = setup(job(suspend=True), child)
+    assert run(ctl.reconcile(KEY)) == "retry"
+    assert ctl.kube.called("patch") == [] and ctl.kube.called("create") == []
+    assert condition(last_status(ctl.kube), "RayJobCreated")["reason"] == "RayJobNameTaken"
+
+
+def test_a_409_on_create_reads_the_rayjob_and_takes_only_its_own():
+    kube = FakeKube()
+    ctl = setup(job(), kube=kube)
+    kube.objects[("rayjobs", "ml", "demo")] = rayjob("uid-new")  # created, watch event late
+    assert run(ctl.reconcile(KEY)) == "exists"
+    assert ctl.children[KIND].get(("ml", "demo")) is not None
+
+    kube2 = FakeKube()
+    ctl2 = setup(job(), kube=kube2)
+    kube2.objects[("rayjobs", "ml", "demo")] = rayjob("someone-else", owner_kind="Workflow")
+    assert run(ctl2.reconcile(KEY)) == "retry"
+    assert condition(last_status(kube2), "RayJobCreated")["reason"] == "RayJobNameTaken"
+
+
+def test_suspend_follows_the_job_and_nothing_else_is_patched():
+    ctl = setup(job(suspend=True), rayjob("uid-new", suspend=False))
+    assert run(ctl.reconcile(KEY)) == "child-patched"
+    assert ctl.kube.called("patch")[-1][4] == {"spec": {"suspend": True}}
+    ctl2 = setup(job(suspend=True), rayjob("uid-new", suspend=True))
+    assert run(ctl2.reconcile(KEY)) == "unchanged"
+    assert ctl2.kube.called("patch") == []
+
+
+def test_a_finished_jobs_vanished_rayjob_is_not_made_again():
+    done = {"phase": "Succeeded", "completionTime": "2026-11-30T00:00:00Z"}
+    ctl = setup(job(status=done))
+    assert run(ctl.reconcile(KEY)) == "finished"
+    assert ctl.kube.called("create") == [] and ctl.kube.called("patch_status") == []
+
+
+def test_a_job_being_deleted_gets_nothing_created():
+    deleting = job()
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    ctl = setup(deleting)
+    assert run(ctl.reconcile(KEY)) == "deleting"
+    assert ctl.kube.calls == []
+
+
+def test_kuberay_missing_is_reported_and_retried():
+    kube = FakeKube()
+    kube.fail["create"].append(api_error(404))
+    ctl = setup(job(), kube=kube)
+    assert run(ctl.reconcile(KEY)) == "retry"
+    assert condition(last_status(kube), "RayJobCreated")["reason"] == "KubeRayNotInstalled"
+    assert run(ctl.reconcile(KEY)) == "created"
+
+
+@pytest.mark.parametrize("error", [
+    api_error(500), api_error(429, "Too Many Requests"), ConnectionResetError("reset by peer"),
+    urllib3.exceptions.ProtocolError("Connection aborted."), TimeoutError("timed out"),
+])
+def test_every_transient_error_is_retried_with_growing_capped_backoff(error):
+    async def scenario():
+        kube = FakeKube()
+        ctl = setup(job(), kube=kube)
+        delays = []
+        ctl.queue.add_after = lambda key, delay: delays.append(delay)  # observe, do not sleep
+        for _ in range(12):
+            kube.fail["create"].append(copy.copy(error))
+        worker = asyncio.create_task(ctl.work())
+        for _ in range(12):
+            ctl.queue.add(KEY)
+            while ctl.queue._queue or KEY in ctl.queue._processing:
+                await asyncio.sleep(0)
+        ctl.queue.add(KEY)  # no failure left: created, and the backoff starts over
+        while ctl.queue._queue or KEY in ctl.queue._processing:
+            await asyncio.sleep(0)
+        worker.cancel()
+        return delays, ctl, kube
+    delays, ctl, kube = run(scenario())
+    assert delays[:5] == [1, 2, 4, 8, 16]
+    assert max(delays) == 300 and len(delays) == 12
+    assert ("rayjobs", "ml", "demo") in kube.objects
+    assert KEY not in ctl.queue.backoff.failures
+
+
+def test_a_status_wiped_by_someone_else_is_written_again():
+    ctl = setup(job(rv="10"), rayjob("uid-new"))
+    run(ctl.reconcile(KEY))
+    written = last_status(ctl.kube)
+    n = len(ctl.kube.called("patch_status"))
+    # our write's echo not seen yet (same resourceVersion): nothing new to write
+    run(ctl.reconcile(KEY))
+    assert len(ctl.kube.called("patch_status")) == n
+    # the echo arrives: still nothing to write
+    ctl.parents[KIND]._put(job(rv="11", status=written))
+    run(ctl.reconcile(KEY))
+    assert len(ctl.kube.called("patch_status")) == n
+    # someone wipes the status: a newer version without it is put right
+    ctl.parents[KIND]._put(job(rv="12", status={}))
+    run(ctl.reconcile(KEY))
+    assert len(ctl.kube.called("patch_status")) == n + 1
+    assert last_status(ctl.kube)["phase"] == written["phase"]
+
+
+def test_an_invalid_job_gets_a_failed_status_once_and_no_rayjob():
+    ctl = setup(job(tpu={"topology": "3x3"}))
+    assert run(ctl.reconcile(KEY)) == "invalid"
+    assert run(ctl.reconcile(KEY)) == "invalid"
+    assert ctl.kube.called("create") == []
+    assert len(ctl.kube.called("patch_status")) == 1
+    assert condition(last_status(ctl.kube), "Validated")["reason"] == "ValidationFailed"
+
+
+def test_pods_of_another_raycluster_do_not_count():
+    child = rayjob("uid-new", status={"rayClusterName": "demo-new", "jobDeploymentStatus": "Running"})
+    ctl = setup(job(tpu={"topology": "2x2"}), child)
+    for cluster, pod in (("demo-old", "old-worker"), ("demo-new", "new-worker")):
+        ctl.pods.remember({"metadata": {"name": pod, "namespace": "ml", "resourceVersion": "1", "labels": {
+            "tputorch.io/job": "demo", "ray.io/cluster": cluster, "ray.io/node-type": "worker"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if cluster == "demo-old" else "False"}]}})
+    run(ctl.reconcile(KEY))
+    assert last_status(ctl.kube)["readyHosts"] == 0
+
+
+def test_state_of_vanished_objects_is_swept_after_a_relist():
+    ctl = setup(job(), rayjob("uid-new"))
+    run(ctl.reconcile(KEY))
+    ctl.problems[KEY] = ("X", "y")
+    ctl.queue.backoff.next(KEY)
+    assert ctl.parsed and ctl.uids
+    ctl.parents[KIND]._pop(("ml", "demo"))  # deleted while the operator was not watching
+    ctl.parent_changed(KIND, "LISTED", {})
+    assert (ctl.parsed, ctl.written, ctl.problems, ctl.uids, ctl.queue.known()) == ({}, {}, {}, {}, set())
+    assert ctl.phases() == {"tputorch_jobs": {}}
+
+
+def test_a_new_object_under_an_old_name_keeps_nothing_of_the_old_one():
+    ctl = setup(job(uid="uid-old", tpu={"topology": "2x2"}))
+    run(ctl.reconcile(KEY))
+    ctl.parents[KIND]._put(job(uid="uid-new", rv="20"))
+    ctl.children[KIND]._pop(("ml", "demo"))
+    run(ctl.reconcile(KEY))
+    assert "uid-old" not in ctl.parsed and ctl.uids[KEY] == "uid-new"
+    assert last_status(ctl.kube)["hosts"] == 4  # 4x4, not the old 2x2
+
+
+def test_ownership_is_by_uid_not_by_name_or_labels():
+    parent = job()
+    assert ownership(kinds.JOB, parent, rayjob("uid-new")) == "ours"
+    assert ownership(kinds.JOB, parent, rayjob("uid-old")) == "previous"
+    assert ownership(kinds.JOB, parent, rayjob("uid-old", name="other")) == "foreign"
+    assert ownership(kinds.JOB, parent, rayjob(None)) == "foreign"
+    not_controller = rayjob("uid-new")
+    not_controller["metadata"]["ownerReferences"][0]["controller"] = False
+    assert ownership(kinds.JOB, parent, not_controller) == "foreign"
+
+
+def test_events_of_children_and_pods_enqueue_their_object():
+    ctl = controller()
+    ctl.child_changed(KIND, "MODIFIED", rayjob("x", name="a"))
+    ctl.pod_changed("ADDED", {"metadata": {"name": "p", "namespace": "ml", "labels": {"tputorch.io/job": "b"}}})
+    ctl.pod_changed("ADDED", {"metadata": {"name": "q", "namespace": "ml", "labels": {}}})
+    assert list(ctl.queue._queue) == [(KIND, "ml", "a"), (KIND, "ml", "b")]
+
+
+def test_statuses_module_reports_a_wait_as_pending():
+    # the derive of a job without a RayJob of its own, with the wait's reason
+    from tputorch import spec
+    s = statuses.derive(spec.parse(job()), 1, None, [], {}, "t", ("PreviousRayJobTerminating", "m"))
+    assert s["phase"] == "Pending" and s["message"] == "m"

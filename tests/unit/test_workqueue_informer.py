@@ -1,0 +1,129 @@
+"""The work queue (coalescing, one worker per key, backoff) and the informer (re-list, echo, 404,
+403, 410, resourceVersion) through a fake Source."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tputorch.informer import _Relist
+from tputorch.workqueue import Backoff, WorkQueue
+
+from .fakekube import FakeSource, StopWatching, api_error, informer
+
+
+def obj(name, rv, ns="ml", **extra):
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv, **extra}, "spec": {}, "status": {}}
+
+
+# --- work queue -----------------------------------------------------------------------------------
+
+def test_a_burst_for_one_key_coalesces_and_a_key_runs_once_at_a_time():
+    async def scenario():
+        q = WorkQueue()
+        for _ in range(5):
+            q.add("a")
+        q.add("b")
+        assert len(q) == 2
+        key = await q.get()
+        q.add(key)  # changed while being reconciled: not handed to a second worker now
+        assert (len(q), await q.get()) == (1, "b")
+        assert len(q) == 0
+        q.done(key)  # ... but right after
+        assert await q.get() == "a"
+    asyncio.run(scenario())
+
+
+def test_delayed_adds_keep_the_earliest():
+    async def scenario():
+        q = WorkQueue()
+        q.add_after("a", 0.05)
+        q.add_after("a", 10)  # later: ignored
+        q.add_after("b", 10)
+        q.add_after("b", 0.01)  # earlier: replaces
+        got = [await asyncio.wait_for(q.get(), 1), await asyncio.wait_for(q.get(), 1)]
+        assert got == ["b", "a"] and q.known() == set()
+    asyncio.run(scenario())
+
+
+def test_backoff_doubles_up_to_its_cap_and_forget_resets():
+    b = Backoff(base=0.5, cap=4)
+    assert [b.next("k") for _ in range(6)] == [0.5, 1, 2, 4, 4, 4]
+    b.forget("k")
+    assert b.next("k") == 0.5
+
+
+# --- informer -------------------------------------------------------------------------------------
+
+def test_relist_reports_what_vanished_and_what_exists():
+    src = FakeSource()
+    inf, changes = informer(source=src)
+    inf._put(obj("gone", "1"))
+    inf._put(obj("kept", "1"))
+    src.listing = {"items": [obj("kept", "2"), obj("new", "3")], "metadata": {"resourceVersion": "9"}}
+    assert inf.relist(None) == "9"
+    assert [(e, o.get("metadata", {}).get("name")) for e, o in changes] == [
+        ("DELETED", "gone"), ("SYNCED", "kept"), ("SYNCED", "new"), ("LISTED", None)]
+    assert inf.keys() == {("ml", "kept"), ("ml", "new")} and inf.synced.is_set()
+
+
+def test_watch_resumes_from_the_listed_version_and_skips_our_own_echo():
+    src = FakeSource()
+    src.listing = {"items": [obj("mine", "6")], "metadata": {"resourceVersion": "5"}}
+    inf, changes = informer(source=src)
+    src.streams = [[{"type": "ADDED", "object": obj("mine", "6")},  # its echo
+                    {"type": "MODIFIED", "object": obj("mine", "7")},
+                    {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}],
+                   StopWatching()]
+    with pytest.raises(StopWatching):
+        inf.run_scope_once(None)
+    assert src.watched_from == ["5", "8"]
+    assert [(e, o["metadata"]["resourceVersion"]) for e, o in changes if e in ("ADDED", "MODIFIED")] == [
+        ("MODIFIED", "7")]
+    inf.remember(obj("mine", "6"))  # what a create answered, older than what the watch brought
+    assert inf.get(("ml", "mine"))["metadata"]["resourceVersion"] == "7"
+
+
+def test_a_410_inside_the_stream_lists_again_at_once():
+    src = FakeSource()
+    inf, _ = informer(source=src)
+    src.streams = [[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]]
+    with pytest.raises(_Relist) as err:
+        inf.run_scope_once(None)
+    assert err.value.code == 410
+    assert inf._failed(None, api_error(410)) is None  # no wait before the new list
+
+
+def test_a_kind_not_served_empties_the_store_then_reports_served():
+    src = FakeSource()
+    inf, changes = informer(source=src)
+    inf.relist(None)
+    inf._put(obj("a", "1"))
+    delay = inf._failed(None, api_error(404))
+    assert delay == 1 and inf.served is False and inf.keys() == set()
+    assert ("DELETED", "a") in [(e, o.get("metadata", {}).get("name")) for e, o in changes]
+    assert inf._failed(None, api_error(404)) == 2  # backs off
+    changes.clear()
+    inf.relist(None)
+    assert "SERVED" in [e for e, _ in changes] and inf.served is True
+
+
+def test_a_403_is_reported_once_per_streak():
+    src = FakeSource()
+    inf, changes = informer(source=src)
+    for _ in range(3):
+        inf._failed(None, api_error(403, body="rayjobs.ray.io is forbidden"))
+    assert [e for e, _ in changes].count("FORBIDDEN") == 1
+    assert "forbidden" in inf.forbidden and inf.synced.is_set()
+    inf.relist(None)
+    assert inf.forbidden is None
+
+
+def test_the_index_follows_label_changes():
+    inf, _ = informer(index=lambda o: o["metadata"].get("labels", {}).get("job"))
+    inf._put(obj("p", "1", labels={"job": "a"}))
+    inf._put(obj("p", "2", labels={"job": "b"}))
+    assert inf.indexed("a") == [] and [o["metadata"]["name"] for o in inf.indexed("b")] == ["p"]
+    inf._pop(("ml", "p"))
+    assert inf.indexed("b") == [] and inf.by_index == {}

@@ -31,7 +31,7 @@ def main() -> int:
     ns = bench.namespace("profile", n)
     prof = out / "operator.prof"
     env = {**os.environ, "PYTHONPATH": str(HERE.parent / "operator")}
-    proc = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "tputorch", "run", "--standalone",
+    proc = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "tputorch", "run",
                              "--namespace", ns], env=env, stdout=open(out / "profile-operator.log", "wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -158,6 +158,7 @@ cmd_up() {
     --service-cluster-ip-range=10.96.0.0/16 --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
     --endpoint-reconciler-type=none --allow-privileged=true --enable-priority-and-fairness=false \
+    --enable-admission-plugins=OwnerReferencesPermissionEnforcement \
     --profiling=false --cert-dir="$DIR/run/apiserver" --v=1
   wait_for kube-apiserver 120 api_ready
 

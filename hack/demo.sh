@@ -34,7 +34,7 @@ kubectl apply --server-side --force-conflicts -f "$REPO/crds/tputorch.io_tputorc
 kubectl wait --for=condition=Established --timeout=60s crd/tputorchjobs.tputorch.io
 
 say "Start the operator (log: $OPLOG)"
-PYTHONPATH=$REPO/operator${PYTHONPATH:+:$PYTHONPATH} "$PY" -m tputorch run --standalone --namespace "$NS" >>"$OPLOG" 2>&1 &
+PYTHONPATH=$REPO/operator${PYTHONPATH:+:$PYTHONPATH} "$PY" -m tputorch run --namespace "$NS" >>"$OPLOG" 2>&1 &
 OP_PID=$!
 
 say "Apply examples/v6e-4x4.yaml"

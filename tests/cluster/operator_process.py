@@ -44,12 +44,13 @@ class OperatorProcess:
     """One operator process; start() blocks until its liveness endpoint answers."""
 
     def __init__(self, kubeconfig: str, log_path: Path, namespaces: list[str] | None = None,
-                 extra_env: dict | None = None, source: Path = REPO / "operator") -> None:
+                 extra_env: dict | None = None, source: Path = REPO / "operator", extra_args: list[str] | None = None) -> None:
         self.kubeconfig = kubeconfig
         self.source = source  # the tputorch package's parent folder (bench/ab.py runs other revisions)
         self.log_path = log_path
         self.namespaces = namespaces or []
         self.extra_env = extra_env or {}
+        self.extra_args = extra_args or []
         self.health_port = free_port()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -59,9 +60,9 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 60) -> "OperatorProcess":
-        args = [sys.executable, "-m", "tputorch", "run", "--standalone",
+        args = [sys.executable, "-m", "tputorch", "run",
                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
-                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
+                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.extra_args]
         for ns in self.namespaces:
             args += ["--namespace", ns]
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env,

@@ -71,9 +71,12 @@ def one(docs: list[dict], kind: str) -> dict:
 # --- what the operator may do: the RBAC rules, exactly ------------------------------------
 
 NAMESPACED_RULES = [
-    {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs/status"], "verbs": ["get", "patch"]},
-    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs", "tputorchservices"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs/status", "tputorchservices/status"],
+     "verbs": ["get", "patch"]},
+    {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs/finalizers", "tputorchservices/finalizers"],
+     "verbs": ["update"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayservices"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["events.k8s.io", ""], "resources": ["events"], "verbs": ["create"]},
 ]
@@ -101,10 +104,14 @@ def assert_least_privilege(rules: list[dict]) -> None:
     assert not allowed(rules, "", "serviceaccounts/token", "create")
     for verb in ("create", "update", "patch", "delete"):
         assert not allowed(rules, "apiextensions.k8s.io", "customresourcedefinitions", verb)
-    for verb in ("update", "delete"):
-        assert not allowed(rules, "ray.io", "rayjobs", verb)
-        assert not allowed(rules, "tputorch.io", "tputorchjobs", verb)
-    assert not allowed(rules, "tputorch.io", "tputorchjobs", "create")
+    for kind in ("tputorchjobs", "tputorchservices"):
+        for verb in ("create", "update", "patch", "delete"):
+            assert not allowed(rules, "tputorch.io", kind, verb)
+    for child in ("rayjobs", "rayservices"):
+        for verb in ("update", "delete"):
+            assert not allowed(rules, "ray.io", child, verb)
+    for verb in ("get", "list", "create", "update", "patch"):
+        assert not allowed(rules, "coordination.k8s.io", "leases", verb), "leases only in the release namespace"
 
 
 # --- generated CRD copies (no helm needed) --------------------------------------------------
@@ -170,7 +177,8 @@ def test_helm_lint(sets):
 def test_default_render_objects():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding",
+                     "ServiceAccount"]
     for d in docs:
         assert d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
         if d["kind"] in ("Deployment", "ServiceAccount"):
@@ -185,15 +193,15 @@ def test_default_render_objects():
 def test_deployment_shape():
     dep = one(render(), "Deployment")
     spec = dep["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     pod = spec["template"]["spec"]
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     assert pod["serviceAccountName"] == FULLNAME
     (c,) = pod["containers"]
     assert c["image"] == "tputorch-operator:0.1.0"
     assert "command" not in c  # the image's ENTRYPOINT is `tputorch`
-    assert c["args"] == ["run", "--standalone", "--liveness", "http://0.0.0.0:8080/healthz",
+    assert c["args"] == ["run", "--leader-elect", "--lease-name", FULLNAME, "--liveness", "http://0.0.0.0:8080/healthz",
                          "--metrics-port", "9090", "--log-format", "json"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
@@ -238,7 +246,29 @@ def test_clusterwide_rbac_is_exactly_the_operators_needs():
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": FULLNAME}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}]
-    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    assert [r["metadata"]["name"] for r in by_kind(docs, "Role")] == [f"{FULLNAME}-leader-election"]
+
+
+LEASE_RULES = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [FULLNAME],
+     "verbs": ["get", "update", "patch"]},
+]
+
+
+@needs_helm
+def test_leader_election_lease_only_in_the_release_namespace():
+    docs = render()
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == NS and role["rules"] == LEASE_RULES
+    (binding,) = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"].endswith("-leader-election")]
+    assert binding["metadata"]["namespace"] == NS
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+           for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"] if "valueFrom" in e}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert not by_kind(render("replicaCount=1"), "PodDisruptionBudget")
 
 
 @needs_helm
@@ -246,12 +276,12 @@ def test_namespaced_mode():
     docs = render("watchNamespaces={team-a,team-b}")
     (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["args"][-4:] == ["--namespace", "team-a", "--namespace", "team-b"]
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == FULLNAME]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert role["rules"] == NAMESPACED_RULES
         assert_least_privilege(role["rules"])
-    bindings = by_kind(docs, "RoleBinding")
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == FULLNAME]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:
         assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FULLNAME}
@@ -267,7 +297,7 @@ def test_namespaced_mode():
 @needs_helm
 def test_rbac_create_false_renders_no_rbac():
     docs = render("rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=existing")
-    assert sorted(d["kind"] for d in docs) == ["Deployment"]
+    assert sorted(d["kind"] for d in docs) == ["Deployment", "PodDisruptionBudget"]
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
 
 
@@ -355,7 +385,7 @@ def test_notes_say_what_to_apply_next(tmp_path):
 # --- values.schema.json refuses bad values --------------------------------------------------
 
 BAD_VALUES = {
-    "two-replicas": ["--set", "replicaCount=2"],
+    "no-replicas": ["--set", "replicaCount=0"],
     "replicas-as-string": ["--set-string", "replicaCount=1"],
     "unknown-key": ["--set", "replicas=1"],
     "typo-nested": ["--set", "image.tags=1.0"],

@@ -79,7 +79,7 @@ def test_run_help_from_installed_wheel(installed, tmp_path):
     bin_dir, _ = installed
     out = _run([bin_dir / "tputorch", "run", "--help"], tmp_path, 60, env=_isolated_env(bin_dir))
     assert out.returncode == 0, out.stderr
-    for flag in ("--namespace", "--liveness", "--metrics-port", "--standalone", "--log-format"):
+    for flag in ("--namespace", "--liveness", "--metrics-port", "--leader-elect", "--log-format"):
         assert flag in out.stdout
 
 

@@ -55,23 +55,29 @@ RBAC rules for the namespaced objects the operator touches, used by the ClusterR
 namespace) or by one Role per watched namespace. Nothing else: no Secrets, no pod create.
 */}}
 {{- define "tputorch.namespacedRules" -}}
-# TPUTorchJobs: kopf watches them and patches its annotations (handler progress, last-handled spec).
+# The operator's kinds: read (list + watch) and their status written through the subresource.
 - apiGroups: ["tputorch.io"]
-  resources: ["tputorchjobs"]
-  verbs: ["get", "list", "watch", "patch"]
-# The operator writes status through the status subresource.
+  resources: ["tputorchjobs", "tputorchservices"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["tputorch.io"]
-  resources: ["tputorchjobs/status"]
+  resources: ["tputorchjobs/status", "tputorchservices/status"]
   verbs: ["get", "patch"]
-# One RayJob per TPUTorchJob; patch keeps spec.suspend in sync.
+# Children carry an ownerReference with blockOwnerDeletion: where the
+# OwnerReferencesPermissionEnforcement admission plugin is on, that needs update on the owner's
+# finalizers subresource.
+- apiGroups: ["tputorch.io"]
+  resources: ["tputorchjobs/finalizers", "tputorchservices/finalizers"]
+  verbs: ["update"]
+# One RayJob per TPUTorchJob and one RayService per TPUTorchService; patch keeps what may change
+# in sync (a job's suspend, a service's spec).
 - apiGroups: ["ray.io"]
-  resources: ["rayjobs"]
+  resources: ["rayjobs", "rayservices"]
   verbs: ["get", "list", "watch", "create", "patch"]
 # Pods of the slice (labelled by KubeRay) are watched for readiness; never created.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
-# Events on TPUTorchJobs: the operator's own (events.k8s.io/v1) and kopf's warnings (core/v1).
+# Events on the operator's objects: its own (events.k8s.io/v1) and kopf's warnings (core/v1).
 - apiGroups: ["events.k8s.io", ""]
   resources: ["events"]
   verbs: ["create"]

@@ -99,6 +99,12 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces)
     RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods]
     METRICS.phases = controller.phases
+    METRICS.gauges = lambda: {
+        "tputorch_tracked_objects": ("Objects the operator keeps state for (swept against what exists).",
+                                     len(controller.uids)),
+        "tputorch_leader": ("1 while this replica leads (or runs without leader election).", int(leading())),
+        "tputorch_queue_depth": ("Object keys waiting for a reconcile worker.", len(controller.queue)),
+    }
     for informer in RUNTIME.informers:
         informer.start()
     # Decide nothing before every store holds what exists: a restarted operator would otherwise

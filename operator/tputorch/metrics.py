@@ -25,6 +25,8 @@ class Metrics:
         # gauge name -> phase -> objects, e.g. {"tputorch_jobs": {"Running": 3}}; counted from the
         # stores at scrape time, so only objects that exist are counted
         self.phases: Callable[[], dict[str, dict[str, int]]] = dict
+        # name -> (help, value) of plain gauges read at scrape time
+        self.gauges: Callable[[], dict[str, tuple[str, float]]] = dict
 
     def reconciled(self, result: str, seconds: float) -> None:
         with self._lock:
@@ -73,6 +75,8 @@ class Metrics:
             lines += [f"# HELP {gauge} Objects ({what}) by phase.", f"# TYPE {gauge} gauge"]
             for phase, count in sorted(counts.items()):
                 lines.append(f'{gauge}{{phase="{phase}"}} {count}')
+        for gauge, (text, value) in sorted(self.gauges().items()):
+            lines += [f"# HELP {gauge} {text}", f"# TYPE {gauge} gauge", f"{gauge} {value}"]
         return "\n".join(lines) + "\n"
 
 

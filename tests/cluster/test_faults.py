@@ -130,7 +130,6 @@ def test_sigkill_during_a_burst_leaves_one_rayjob_per_job(kube, namespace, opera
     creator.join(180)
     assert not creator.is_alive(), "the burst did not finish"
     wait_consistent(kube, namespace, set(names), 240)
-    assert 'result="created"' in operator.metrics() or True  # the last process may have found them all
     print(f"seed={seed}")
 
 

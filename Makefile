@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install cluster-up cluster-down demo test unit bench crd golden
+.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -13,6 +13,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,train]'
 	touch $@
+
+# The local cluster's binaries and helm: built once into ~/.cache/tputorch, or waited for while
+# another build (a demo's background helm build) holds the lock.
+binaries:
+	hack/build.sh
 
 cluster-up: install
 	hack/cluster.sh up
@@ -23,8 +28,9 @@ cluster-down:
 demo: install
 	hack/demo.sh
 
-# Unit, Ray and cluster tests; the cluster tests bring the local cluster up (and down) themselves.
-test: install
+# Every test: unit, integration (packaging), Ray and cluster; the cluster tests bring the local
+# cluster up (and down) themselves. Nothing else needs to run before it on a fresh clone.
+test: install binaries
 	$(PY) -m pytest tests
 
 unit: install

@@ -166,9 +166,8 @@ def test_operator_reconnects_after_apiserver_and_etcd_restart(kube, namespace, o
     create_jobs(kube, namespace, before)
     wait_consistent(kube, namespace, set(before), 90)
 
-    _kill_component("kube-apiserver")
+    _kill_component("kube-apiserver")  # returns once the process is gone: every watch is broken
     _kill_component("etcd")
-    time.sleep(3)  # the operator's watches and requests now fail
     _cluster_up()
 
     after = [f"after-{i}" for i in range(10)]
@@ -210,7 +209,8 @@ def test_deleted_rayjob_of_a_finished_job_is_left_alone(kube, namespace, operato
     # Not recreated, neither by the running operator nor by a restarted one (resume handler).
     operator.kill()
     operator.start()
-    time.sleep(8)
+    kube.wait(lambda: 'tputorch_reconciles_total{result="finished"}' in operator.metrics(), 60,
+              "the restarted operator reconciled the finished job")
     assert not rayjobs(kube, namespace), "a finished job's RayJob must not be recreated (it would train again)"
     st = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "done")["status"]
     assert st["phase"] == "Succeeded"
@@ -296,19 +296,16 @@ def test_kuberay_crds_missing_then_installed(kube, namespace, operator):
     try:
         _drop_rayjob_finalizers(kube)
         kubectl(kube.kubeconfig, "delete", "crd", "rayjobs.ray.io", "--wait=true", "--timeout=120s")
-        create_jobs(kube, namespace, ["no-kuberay-1"])
-        time.sleep(2)
-        create_jobs(kube, namespace, ["no-kuberay-2"])  # the operator is not blocked by the missing kind
-
         def says_not_installed(name):
             st = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name).get("status") or {}
             c = _condition(st, "RayJobCreated")
             return st if (c.get("status"), c.get("reason")) == ("False", "KubeRayNotInstalled") else None
 
-        for name in ("no-kuberay-1", "no-kuberay-2"):
+        for name in ("no-kuberay-1", "no-kuberay-2"):  # one after the other: the first blocks nothing
+            create_jobs(kube, namespace, [name])
             st = kube.wait(lambda: says_not_installed(name), 60, f"{name}: RayJobCreated=False KubeRayNotInstalled")
             assert st["phase"] == "Pending"
-            # kopf posts events asynchronously, after the status patch.
+            # events are posted after the status patch
             kube.wait(lambda: ("Warning", "KubeRayNotInstalled") in {
                 (e.type, e.reason) for e in kube.core.list_namespaced_event(
                     namespace, field_selector=f"involvedObject.name={name}").items}, 30, f"{name}: KubeRayNotInstalled event")
@@ -320,7 +317,7 @@ def test_kuberay_crds_missing_then_installed(kube, namespace, operator):
         _restart_kuberay()
         kubectl(kube.kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd/rayjobs.ray.io")
         assert os.path.isdir(crd_dir)
-    # The operator retries every 30 s: both jobs get their RayJob and KubeRay's status.
+    # The RayJob kind served again: both jobs get their RayJob and KubeRay's status.
     wait_consistent(kube, namespace, {"no-kuberay-1", "no-kuberay-2"}, 120)
     for name in ("no-kuberay-1", "no-kuberay-2"):
         st = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)["status"]

@@ -76,7 +76,11 @@ def test_a_foreign_rayjob_carrying_our_labels_is_never_taken_over(kube, namespac
     apply(kube, namespace, job_body("lookalike", topo="2x2"))  # not suspended: would patch suspend if taken
     st = wait_condition(kube, namespace, "lookalike", "RayJobCreated", "RayJobNameTaken")
     assert st["phase"] == "Pending"
-    time.sleep(3)  # a few more reconciles (its events) must not touch it either
+    # more reconciles (an event of the RayJob, the backoff's retries) must not touch it either
+    retries = _metric(operator, "tputorch_reconciles_total").get('result="retry"', 0)
+    patch_rayjob(kube, namespace, "lookalike", {"metadata": {"labels": {"touched": "yes"}}})
+    kube.wait(lambda: _metric(operator, "tputorch_reconciles_total").get('result="retry"', 0) >= retries + 2, 30,
+              "two more reconciles of the job")
     rj = get_rayjob(kube, namespace, "lookalike")
     assert "ownerReferences" not in rj["metadata"] and rj["spec"]["suspend"] is True
     # once it is gone the job gets its own
@@ -158,7 +162,8 @@ def test_the_standby_takes_over_when_the_leader_is_killed_during_a_burst(kube, n
     names = [f"failover-{i:03d}" for i in range(300)]
     creator = threading.Thread(target=create_jobs, args=(kube, namespace, names), daemon=True)
     creator.start()
-    time.sleep(2)
+    kube.wait(lambda: len(kube.custom.list_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs")["items"]) >= 20,
+              60, "the burst under way")
     leader.kill()
     killed_at = time.monotonic()
     new_id = kube.wait(lambda: (lambda h: h if h and h != leader_id else None)(_leader(kube, namespace, namespace)),

@@ -1,6 +1,7 @@
-"""TPUTorchJob body -> validated JobSpec, or every error at once.
+"""TPUTorchJob / TPUTorchService body -> validated JobSpec / ServiceSpec, or every error at once.
 
-This module holds every validation rule. The CRD (crd.py) repeats the subset that the API server
+This module holds every validation rule. Both kinds share one parser for their common blocks (tpu,
+image, env, head, worker, ...); each adds only its own block. The CRD (crd.py) repeats the subset that the API server
 can check at admission; the two are kept in agreement by tests. ``parse`` never raises anything
 but ``InvalidSpec``, whatever it is given.
 """
@@ -15,6 +16,11 @@ from . import topology
 from .topology import Slice, TopologyError
 
 RAYJOB_NAME_MAX = 47  # KubeRay: the RayCluster name <rayjob>-<5 chars> must stay a valid label
+# KubeRay's limit for a RayService name (its RayCluster is <name>-<5 chars> too); the Serve
+# Service <name>-serve-svc (10 more characters) stays within a 63-character label below it.
+RAYSERVICE_NAME_MAX = 47
+JOB_KIND = "TPUTorchJob"
+SERVICE_KIND = "TPUTorchService"
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -24,6 +30,8 @@ LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 ENV_SOURCES = ("configMapKeyRef", "secretKeyRef", "fieldRef", "resourceFieldRef")
 MIN_RAY_VERSION = (2, 59, 0)  # first Ray whose TorchTrainer runs on TPU (tpu_dist backend)
+# The LLMConfig a service renders (accelerator_config with a TPU topology) is checked against 2.60.
+SERVICE_MIN_RAY_VERSION = (2, 60, 0)
 MAX_STRING = 4096
 INT32_MAX = 2**31 - 1  # KubeRay's int32 fields
 MAX_ENTRYPOINT = 65536
@@ -52,6 +60,10 @@ DEFAULTS: dict[str, Any] = {
 SINGLE_SLICE_REASON = (
     "must be 1: a TPUTorchJob runs on one slice. Ray 2.59's PyTorch backend raises for training "
     "across slices, and multi-slice PyTorch on TPU is not verified on hardware in Ray 2.60"
+)
+SERVICE_SINGLE_SLICE_REASON = (
+    "must be 1: each model replica of a TPUTorchService is one whole slice; "
+    "serve more with spec.replicas (one slice per replica)"
 )
 
 
@@ -202,13 +214,16 @@ def _quantity(v: Any) -> str | None:
     return None if QUANTITY.match(str(v)) else "must be a Kubernetes quantity such as 4, 500m, 16Gi"
 
 
-def _ray_version(v: str) -> str | None:
-    m = RAY_VERSION.match(v)
-    if not m:
-        return "must be a Ray release such as 2.60.0"
-    if tuple(int(x) for x in m.groups()) < MIN_RAY_VERSION:
-        return f"must be {'.'.join(map(str, MIN_RAY_VERSION))} or newer: older Ray cannot run PyTorch on TPU"
-    return None
+def _ray_version(minimum: tuple[int, int, int], why: str) -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        m = RAY_VERSION.match(v)
+        if not m:
+            return "must be a Ray release such as 2.60.0"
+        if tuple(int(x) for x in m.groups()) < minimum:
+            return f"must be {'.'.join(map(str, minimum))} or newer: {why}"
+        return None
+
+    return check
 
 
 def _string_map(r: _Reader, obj: Mapping, key: str, path: str) -> dict[str, str]:
@@ -222,22 +237,61 @@ def _string_map(r: _Reader, obj: Mapping, key: str, path: str) -> dict[str, str]
     return result
 
 
-def _env_name_problem(name: str) -> str | None:
+def _env_name_problem(name: str, operator_env: Mapping[str, str]) -> str | None:
     if name in FORBIDDEN_ENV:
         return f"must not be set: {FORBIDDEN_ENV[name]}"
     if name.startswith(RESERVED_ENV_PREFIX):
         return f"must not start with {RESERVED_ENV_PREFIX}: the operator sets those from spec.tpu"
+    if name in operator_env:
+        return f"must not be set: {operator_env[name]}"
     return None
 
 
 TPU_FIELDS = {"accelerator", "topology", "slices", "chipsPerWorker", "chipsPerHost", "spot", "reservation"}
-SPEC_FIELDS = {
-    "tpu", "image", "rayVersion", "entrypoint", "runtimeEnv", "env", "head", "worker", "tolerations",
-    "serviceAccountName", "nodeSelector", "suspend", "queueName", "activeDeadlineSeconds",
-    "backoffLimit", "ttlSecondsAfterFinished", "shutdownAfterJobFinishes",
+# The blocks both kinds have, parsed by one function.
+COMMON_FIELDS = {
+    "tpu", "image", "rayVersion", "runtimeEnv", "env", "head", "worker", "tolerations",
+    "serviceAccountName", "nodeSelector", "queueName",
+}
+SPEC_FIELDS = COMMON_FIELDS | {
+    "entrypoint", "suspend", "activeDeadlineSeconds", "backoffLimit", "ttlSecondsAfterFinished",
+    "shutdownAfterJobFinishes",
 }
 RESOURCE_FIELDS = {"cpu", "memory"}
 HEAD_FIELDS = RESOURCE_FIELDS | {"nodeSelector"}
+
+# TPUTorchService: vLLM picks its own device split from tensor/pipeline parallelism, so there is no
+# chipsPerWorker.
+SERVICE_TPU_FIELDS = TPU_FIELDS - {"chipsPerWorker"}
+SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas"}
+MODEL_FIELDS = {"source", "name", "hfTokenSecret"}
+SECRET_REF_FIELDS = {"name", "key"}
+ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
+REPLICA_FIELDS = {"min", "max"}
+# engine.args keys the operator owns: the first-class fields (in vLLM's spelling), what Ray Serve
+# LLM sets itself (model, served_model_name from spec.model) and the executor, which Ray forces
+# to "ray" on TPU.
+ENGINE_FIELD_ARGS = {
+    "tensor_parallel_size": "spec.engine.tensorParallelSize",
+    "pipeline_parallel_size": "spec.engine.pipelineParallelSize",
+    "enable_expert_parallel": "spec.engine.enableExpertParallel",
+    "max_model_len": "spec.engine.maxModelLen",
+}
+ENGINE_OWNED_ARGS = {
+    "model": "Ray Serve LLM sets it from spec.model.source; use that",
+    "served_model_name": "Ray Serve LLM sets it from spec.model.name; use that",
+    "distributed_executor_backend": "Ray forces the ray executor on TPU",
+}
+SERVICE_DEFAULTS: dict[str, Any] = {
+    "engine.pipelineParallelSize": 1,
+    "engine.enableExpertParallel": False,
+    "replicas.min": 1,
+}
+# Environment the operator sets on a service's pods (render.py), never the user's to repeat.
+SERVICE_ENV = {
+    "TPU_MULTIHOST_BACKEND": "the operator sets it to ray on multi-host slices, as Ray's TPU serving needs",
+}
+HF_TOKEN_ENV = "HF_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -248,8 +302,8 @@ class _TPU:
     reservation: str | None
 
 
-def _parse_tpu(r: _Reader, spec: Mapping) -> _TPU:
-    tpu = r.mapping(spec, "tpu", "spec.tpu", TPU_FIELDS)
+def _parse_tpu(r: _Reader, spec: Mapping, allowed: set[str], slices_reason: str) -> _TPU:
+    tpu = r.mapping(spec, "tpu", "spec.tpu", allowed)
     if "tpu" not in spec:
         r.error("spec.tpu", None, "is required")
     spot = r.value(tpu, "spot", "spec.tpu.spot", bool, default=DEFAULTS["tpu.spot"])
@@ -258,12 +312,14 @@ def _parse_tpu(r: _Reader, spec: Mapping) -> _TPU:
         r.error("spec.tpu.reservation", reservation, "must not be set together with spec.tpu.spot: a slice is either reserved or spot capacity")
     accelerator = r.value(tpu, "accelerator", "spec.tpu.accelerator", str, required=bool(tpu))
     topo = r.value(tpu, "topology", "spec.tpu.topology", str, required=bool(tpu))
-    r.value(tpu, "slices", "spec.tpu.slices", int, default=1, check=lambda v: None if v == 1 else SINGLE_SLICE_REASON)
-    chips_per_worker = r.value(
-        tpu, "chipsPerWorker", "spec.tpu.chipsPerWorker", int, default=DEFAULTS["tpu.chipsPerWorker"],
-        check=lambda v: None if v in topology.VALID_CHIPS_PER_WORKER
-        else f"must be one of {', '.join(map(str, topology.VALID_CHIPS_PER_WORKER))}",
-    )
+    r.value(tpu, "slices", "spec.tpu.slices", int, default=1, check=lambda v: None if v == 1 else slices_reason)
+    chips_per_worker = DEFAULTS["tpu.chipsPerWorker"]
+    if "chipsPerWorker" in allowed:
+        chips_per_worker = r.value(
+            tpu, "chipsPerWorker", "spec.tpu.chipsPerWorker", int, default=DEFAULTS["tpu.chipsPerWorker"],
+            check=lambda v: None if v in topology.VALID_CHIPS_PER_WORKER
+            else f"must be one of {', '.join(map(str, topology.VALID_CHIPS_PER_WORKER))}",
+        )
     chips_per_host = r.value(tpu, "chipsPerHost", "spec.tpu.chipsPerHost", int)
     try:
         if accelerator is not None:
@@ -283,7 +339,7 @@ def _parse_tpu(r: _Reader, spec: Mapping) -> _TPU:
     return _TPU(tpu_slice, chips_per_worker, spot, reservation)
 
 
-def _parse_env(r: _Reader, spec: Mapping) -> tuple:
+def _parse_env(r: _Reader, spec: Mapping, operator_env: Mapping[str, str]) -> tuple:
     env = r.value(spec, "env", "spec.env", list, default=[])
     seen: set[str] = set()
     for i, item in enumerate(env):
@@ -301,7 +357,7 @@ def _parse_env(r: _Reader, spec: Mapping) -> tuple:
             r.error(f"{path}.valueFrom", dict(source), f"must have exactly one of {', '.join(ENV_SOURCES)}")
         if name is None:
             continue
-        problem = _env_name_problem(name)
+        problem = _env_name_problem(name, operator_env)
         if problem:
             r.error(f"{path}.name", name, problem)
         if name in seen:
@@ -310,12 +366,12 @@ def _parse_env(r: _Reader, spec: Mapping) -> tuple:
     return tuple(dict(item) for item in env if isinstance(item, Mapping))
 
 
-def _parse_runtime_env(r: _Reader, spec: Mapping) -> dict:
+def _parse_runtime_env(r: _Reader, spec: Mapping, operator_env: Mapping[str, str]) -> dict:
     runtime_env = r.mapping(spec, "runtimeEnv", "spec.runtimeEnv")
     if "env_vars" in runtime_env:
         env_vars = _string_map(r, runtime_env, "env_vars", "spec.runtimeEnv.env_vars")
         for name in env_vars:
-            problem = _env_name_problem(name)
+            problem = _env_name_problem(name, operator_env)
             if problem:
                 r.error(f"spec.runtimeEnv.env_vars.{name}", env_vars[name], problem)
     return runtime_env
@@ -364,15 +420,93 @@ def _parse_node_selector(r: _Reader, spec: Mapping, key: str, path: str) -> dict
     return selector
 
 
-def _parse_metadata(r: _Reader, body: Mapping) -> tuple[str, str, dict]:
+def _parse_metadata(r: _Reader, body: Mapping, max_len: int, child: str) -> tuple[str, str, dict]:
     metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
     name = r.value(
         metadata, "name", "metadata.name", str, required=True, default="",
-        check=_string(RAYJOB_NAME_MAX, DNS1035, f"a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {RAYJOB_NAME_MAX} characters, since the RayJob takes this name"),
+        check=_string(max_len, DNS1035, f"a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {max_len} characters, since the {child} takes this name"),
     )
     namespace = r.value(metadata, "namespace", "metadata.namespace", str, default="default")
     labels = metadata.get("labels") if isinstance(metadata.get("labels"), Mapping) else {}
     return name, namespace or "default", {str(k): str(v) for k, v in labels.items()}
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What differs between the kinds in their common blocks."""
+
+    name: str
+    spec_fields: set[str]
+    tpu_fields: set[str]
+    slices_reason: str
+    name_max: int
+    child: str  # the KubeRay object that takes the name
+    min_ray: tuple[int, int, int]
+    min_ray_why: str
+
+
+JOB = _Kind(JOB_KIND, SPEC_FIELDS, TPU_FIELDS, SINGLE_SLICE_REASON, RAYJOB_NAME_MAX, "RayJob", MIN_RAY_VERSION,
+            "older Ray cannot run PyTorch on TPU")
+SERVICE = _Kind(SERVICE_KIND, SERVICE_SPEC_FIELDS, SERVICE_TPU_FIELDS, SERVICE_SINGLE_SLICE_REASON, RAYSERVICE_NAME_MAX,
+                "RayService", SERVICE_MIN_RAY_VERSION, "the TPU LLMConfig the operator writes is checked against Ray 2.60")
+
+
+@dataclass(frozen=True)
+class _Common:
+    name: str
+    namespace: str
+    labels: dict
+    spec: dict  # the raw spec block, for the kind's own fields
+    tpu: _TPU
+    image: str
+    ray_version: str
+    runtime_env: dict
+    env: tuple
+    head: Resources
+    worker: Resources
+    head_node_selector: dict
+    tolerations: tuple
+    service_account_name: str | None
+    node_selector: dict
+    queue_name: str | None
+
+
+def _parse_common(r: _Reader, body: Any, kind: _Kind, operator_env: Mapping[str, str]) -> _Common:
+    """The blocks both kinds share; errors go to ``r``."""
+    name, namespace, labels = _parse_metadata(r, body, kind.name_max, kind.child)
+    spec = r.mapping(body, "spec", "spec", kind.spec_fields)
+    if "spec" not in body:
+        r.error("spec", None, "is required")
+    tpu = _parse_tpu(r, spec, kind.tpu_fields, kind.slices_reason)
+    image = r.value(spec, "image", "spec.image", str, required=True, check=_string(what="an image reference"))
+    ray_version = r.value(spec, "rayVersion", "spec.rayVersion", str, default=DEFAULTS["rayVersion"], check=_ray_version(kind.min_ray, kind.min_ray_why))
+    runtime_env = _parse_runtime_env(r, spec, operator_env)
+    env = _parse_env(r, spec, operator_env)
+    head, head_block = _parse_resources(r, spec, "head", HEAD_FIELDS)
+    worker, _ = _parse_resources(r, spec, "worker", RESOURCE_FIELDS)
+    head_selector = _parse_node_selector(r, head_block, "nodeSelector", "spec.head.nodeSelector")
+    tolerations = _parse_tolerations(r, spec)
+    service_account = r.value(spec, "serviceAccountName", "spec.serviceAccountName", str, check=_string(253, re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), "a DNS subdomain name"))
+    node_selector = _parse_node_selector(r, spec, "nodeSelector", "spec.nodeSelector")
+    queue_name = r.value(spec, "queueName", "spec.queueName", str, check=_string(63, LABEL_VALUE, "a label value (the Kueue LocalQueue's name)"))
+    return _Common(
+        name=name, namespace=namespace, labels=labels, spec=spec, tpu=tpu, image=image, ray_version=ray_version,
+        runtime_env=runtime_env, env=env, head=head, worker=worker, head_node_selector=head_selector,
+        tolerations=tolerations, service_account_name=service_account, node_selector=node_selector,
+        queue_name=queue_name,
+    )
+
+
+def _common_fields(c: _Common) -> dict:
+    """The shared attributes both spec classes carry under the same names."""
+    assert c.tpu.slice is not None  # no errors means the slice resolved
+    return dict(
+        name=c.name, namespace=c.namespace, labels=c.labels, slice=c.tpu.slice, spot=c.tpu.spot,
+        reservation=c.tpu.reservation, image=c.image, ray_version=c.ray_version, runtime_env=c.runtime_env,
+        env=c.env, head=c.head, worker=c.worker, head_node_selector=c.head_node_selector,
+        tolerations=c.tolerations, service_account_name=c.service_account_name, node_selector=c.node_selector,
+        queue_name=c.queue_name,
+    )
 
 
 def parse(body: Any) -> JobSpec:
@@ -380,25 +514,11 @@ def parse(body: Any) -> JobSpec:
     r = _Reader()
     if not isinstance(body, Mapping):
         raise InvalidSpec([FieldError("", body, "must be a TPUTorchJob object")])
-    name, namespace, labels = _parse_metadata(r, body)
-    spec = r.mapping(body, "spec", "spec", SPEC_FIELDS)
-    if "spec" not in body:
-        r.error("spec", None, "is required")
-    tpu = _parse_tpu(r, spec)
-    image = r.value(spec, "image", "spec.image", str, required=True, check=_string(what="an image reference"))
-    ray_version = r.value(spec, "rayVersion", "spec.rayVersion", str, default=DEFAULTS["rayVersion"], check=_ray_version)
+    c = _parse_common(r, body, JOB, {})
+    spec = c.spec
     entrypoint = r.value(spec, "entrypoint", "spec.entrypoint", str, required=True, check=_string(MAX_ENTRYPOINT))
-    runtime_env = _parse_runtime_env(r, spec)
-    env = _parse_env(r, spec)
-    head, head_block = _parse_resources(r, spec, "head", HEAD_FIELDS)
-    worker, _ = _parse_resources(r, spec, "worker", RESOURCE_FIELDS)
-    head_selector = _parse_node_selector(r, head_block, "nodeSelector", "spec.head.nodeSelector")
-    tolerations = _parse_tolerations(r, spec)
-    service_account = r.value(spec, "serviceAccountName", "spec.serviceAccountName", str, check=_string(253, re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), "a DNS subdomain name"))
-    node_selector = _parse_node_selector(r, spec, "nodeSelector", "spec.nodeSelector")
     shutdown = r.value(spec, "shutdownAfterJobFinishes", "spec.shutdownAfterJobFinishes", bool, default=DEFAULTS["shutdownAfterJobFinishes"])
     suspend = r.value(spec, "suspend", "spec.suspend", bool, default=DEFAULTS["suspend"])
-    queue_name = r.value(spec, "queueName", "spec.queueName", str, check=_string(63, LABEL_VALUE, "a label value (the Kueue LocalQueue's name)"))
     deadline = r.value(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", int, check=_between(1, INT32_MAX))
     backoff = r.value(spec, "backoffLimit", "spec.backoffLimit", int, default=DEFAULTS["backoffLimit"], check=_between(0, 100))
     ttl = r.value(spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", int, check=_between(0, INT32_MAX))
@@ -410,30 +530,172 @@ def parse(body: Any) -> JobSpec:
 
     if r.errors:
         raise InvalidSpec(r.errors)
-    assert tpu.slice is not None  # no errors means the slice resolved
     return JobSpec(
-        name=name,
-        namespace=namespace,
-        slice=tpu.slice,
-        chips_per_worker=tpu.chips_per_worker,
-        spot=tpu.spot,
-        reservation=tpu.reservation,
-        image=image,
-        ray_version=ray_version,
+        **_common_fields(c),
+        chips_per_worker=c.tpu.chips_per_worker,
         entrypoint=entrypoint,
-        runtime_env=runtime_env,
-        env=env,
-        head=head,
-        worker=worker,
-        tolerations=tolerations,
-        service_account_name=service_account,
-        node_selector=node_selector,
-        head_node_selector=head_selector,
         suspend=suspend,
-        queue_name=queue_name,
         active_deadline_seconds=deadline,
         backoff_limit=backoff,
         ttl_seconds_after_finished=ttl,
         shutdown_after_job_finishes=shutdown,
-        labels=labels,
     )
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    namespace: str
+    slice: Slice
+    spot: bool
+    reservation: str | None
+    image: str
+    ray_version: str
+    runtime_env: dict
+    env: tuple
+    head: Resources
+    worker: Resources
+    tolerations: tuple
+    service_account_name: str | None
+    node_selector: dict
+    head_node_selector: dict
+    queue_name: str | None
+    model_source: str
+    model_name: str
+    hf_token_secret: tuple[str, str] | None  # (Secret name, key)
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    enable_expert_parallel: bool
+    max_model_len: int | None
+    engine_args: dict
+    min_replicas: int
+    max_replicas: int
+    labels: dict = field(default_factory=dict)
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.max_replicas > self.min_replicas
+
+
+def _arg_key(key: str) -> str:
+    """One spelling for every way a vLLM argument is written: tensor_parallel_size,
+    tensorParallelSize and tensor-parallel-size are the same argument."""
+    return re.sub(r"[-_]", "", key).lower()
+
+
+_FIELD_ARG_KEYS = {_arg_key(k): (k, where) for k, where in ENGINE_FIELD_ARGS.items()}
+_OWNED_ARG_KEYS = {_arg_key(k): (k, why) for k, why in ENGINE_OWNED_ARGS.items()}
+
+
+def _parse_engine_args(r: _Reader, engine: Mapping) -> dict:
+    args = r.mapping(engine, "args", "spec.engine.args")
+    for key, value in args.items():
+        path = f"spec.engine.args.{key}"
+        if not isinstance(key, str) or not key:
+            r.error("spec.engine.args", key, "keys must be non-empty strings (vLLM engine argument names)")
+            continue
+        normal = _arg_key(key)
+        if normal in _FIELD_ARG_KEYS:
+            name, where = _FIELD_ARG_KEYS[normal]
+            r.error(path, value, f"must not be set in spec.engine.args: {name} is {where}; set it there")
+        elif normal in _OWNED_ARG_KEYS:
+            name, why = _OWNED_ARG_KEYS[normal]
+            r.error(path, value, f"must not be set: {why}")
+    return args
+
+
+def _secret_key(v: str) -> str | None:
+    if not re.match(r"^[-._a-zA-Z0-9]+$", v) or len(v) > 253:
+        return "must be a Secret key (at most 253 characters of [-._a-zA-Z0-9])"
+    return None
+
+
+def parse_service(body: Any) -> ServiceSpec:
+    """Validate a TPUTorchService object (as a dict) and return its ServiceSpec; InvalidSpec lists every error."""
+    r = _Reader()
+    if not isinstance(body, Mapping):
+        raise InvalidSpec([FieldError("", body, "must be a TPUTorchService object")])
+    model = body.get("spec", {}).get("model") if isinstance(body.get("spec"), Mapping) else None
+    token_secret_set = isinstance(model, Mapping) and model.get("hfTokenSecret") is not None
+    operator_env = dict(SERVICE_ENV)
+    if token_secret_set:
+        operator_env[HF_TOKEN_ENV] = "the operator sets it from spec.model.hfTokenSecret"
+    c = _parse_common(r, body, SERVICE, operator_env)
+    spec = c.spec
+
+    model = r.mapping(spec, "model", "spec.model", MODEL_FIELDS)
+    if "model" not in spec:
+        r.error("spec.model", None, "is required")
+    source = r.value(model, "source", "spec.model.source", str, required=bool(model),
+                     check=_string(what="a Hugging Face repo id, a gs:// path or a path on the hosts"))
+    model_name = r.value(model, "name", "spec.model.name", str, default=c.name, check=_string(253))
+    secret = r.mapping(model, "hfTokenSecret", "spec.model.hfTokenSecret", SECRET_REF_FIELDS)
+    hf_token_secret = None
+    if secret:
+        secret_name = r.value(secret, "name", "spec.model.hfTokenSecret.name", str, required=True,
+                              check=_string(253, DNS1123_SUBDOMAIN, "a Secret name (a DNS subdomain)"))
+        secret_key = r.value(secret, "key", "spec.model.hfTokenSecret.key", str, required=True, check=_secret_key)
+        if secret_name and secret_key:
+            hf_token_secret = (secret_name, secret_key)
+
+    engine = r.mapping(spec, "engine", "spec.engine", ENGINE_FIELDS)
+    chips = c.tpu.slice.chips if c.tpu.slice else None
+    tp = r.value(engine, "tensorParallelSize", "spec.engine.tensorParallelSize", int, check=_between(1, INT32_MAX))
+    pp = r.value(engine, "pipelineParallelSize", "spec.engine.pipelineParallelSize", int,
+                 default=SERVICE_DEFAULTS["engine.pipelineParallelSize"], check=_between(1, INT32_MAX))
+    expert = r.value(engine, "enableExpertParallel", "spec.engine.enableExpertParallel", bool,
+                     default=SERVICE_DEFAULTS["engine.enableExpertParallel"])
+    max_model_len = r.value(engine, "maxModelLen", "spec.engine.maxModelLen", int, check=_between(1, INT32_MAX))
+    engine_args = _parse_engine_args(r, engine)
+    if tp is None and chips is not None and pp is not None:
+        tp = chips // pp if chips % pp == 0 else None
+        if tp is None:
+            r.error("spec.engine.pipelineParallelSize", pp,
+                    f"must divide the {chips} chips of the slice (tensorParallelSize defaults to chips / pipelineParallelSize)")
+    elif tp is not None and pp is not None and chips is not None and tp * pp != chips:
+        s = c.tpu.slice
+        r.error("spec.engine.tensorParallelSize", tp,
+                f"x spec.engine.pipelineParallelSize {pp} = {tp * pp} chips, but one replica is one whole "
+                f"{s.generation.name} {s.topology} slice: tensorParallelSize x pipelineParallelSize must be {chips}")
+    if c.tpu.slice is not None:
+        s = c.tpu.slice
+        default_layout = topology.host_layouts(s.generation, s.topology)[0]
+        if s.chips_per_host != default_layout:
+            # Ray Serve LLM reserves the slice from its topology alone (slice_placement_group), and
+            # Ray maps this topology to hosts of default_layout chips: other hosts never match.
+            r.error("spec.tpu.chipsPerHost", s.chips_per_host,
+                    f"must be {default_layout} for a TPUTorchService on a {s.generation.name} {s.topology} slice: "
+                    f"Ray Serve LLM reserves the slice by its topology, which Ray maps to {default_layout}-chip hosts")
+
+    replicas = r.mapping(spec, "replicas", "spec.replicas", REPLICA_FIELDS)
+    min_replicas = r.value(replicas, "min", "spec.replicas.min", int, default=SERVICE_DEFAULTS["replicas.min"], check=_between(1, INT32_MAX))
+    max_replicas = r.value(replicas, "max", "spec.replicas.max", int, default=min_replicas, check=_between(1, INT32_MAX))
+    if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
+        r.error("spec.replicas.max", max_replicas, f"must be at least spec.replicas.min ({min_replicas})")
+
+    if r.errors:
+        raise InvalidSpec(r.errors)
+    return ServiceSpec(
+        **_common_fields(c),
+        model_source=source,
+        model_name=model_name,
+        hf_token_secret=hf_token_secret,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        enable_expert_parallel=expert,
+        max_model_len=max_model_len,
+        engine_args=engine_args,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+    )
+
+
+PARSERS: dict[str, Callable[[Any], Any]] = {JOB_KIND: parse, SERVICE_KIND: parse_service}
+
+
+def parse_any(body: Any) -> JobSpec | ServiceSpec:
+    """Parse a body of either kind, chosen by its ``kind``."""
+    kind = body.get("kind") if isinstance(body, Mapping) else None
+    if kind not in PARSERS:
+        raise InvalidSpec([FieldError("kind", kind, f"must be {' or '.join(PARSERS)}")])
+    return PARSERS[kind](body)

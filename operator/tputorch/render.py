@@ -1,10 +1,12 @@
-"""JobSpec -> KubeRay RayJob (RayCluster embedded). Pure and deterministic.
+"""JobSpec -> KubeRay RayJob, ServiceSpec -> KubeRay RayService. Pure and deterministic.
 
-Decisions live here; the object's shape lives in templates/rayjob.json.j2.
+Decisions live here; the objects' shapes live in templates/ (the RayCluster both kinds run on is
+one macro, templates/_cluster.json.j2).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import lru_cache
 
@@ -12,20 +14,38 @@ import jinja2
 import yaml
 
 from . import topology, train
-from .spec import JobSpec
+from .spec import HF_TOKEN_ENV, JobSpec, ServiceSpec
 
 MANAGED_BY = "tputorch-operator"
 JOB_LABEL = "tputorch.io/job"
+SERVICE_LABEL = "tputorch.io/service"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+SPEC_HASH_ANNOTATION = "tputorch.io/spec-hash"
 WORKER_GROUP = "tpu-slice"
+SERVE_APP = "llm"  # the one Serve application of a service (KubeRay reports it under this name)
+SERVE_PORT = 8000
 
 TPU_TOLERATION = {"key": topology.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 SPOT_TOLERATION = {"key": topology.GKE_SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+HEAD_PORTS = [
+    {"name": "gcs-server", "containerPort": 6379},
+    {"name": "dashboard", "containerPort": 8265},
+    {"name": "client", "containerPort": 10001},
+]
+# KubeRay's serve Service targets the head's port named "serve".
+SERVICE_HEAD_PORTS = HEAD_PORTS + [{"name": "serve", "containerPort": SERVE_PORT}]
+
+Spec = JobSpec | ServiceSpec
+
+
+@lru_cache(maxsize=None)
+def _template(name: str) -> jinja2.Template:
+    return _environment().get_template(name)
 
 
 @lru_cache(maxsize=1)
-def _template() -> jinja2.Template:
+def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("tputorch", "templates"),
         undefined=jinja2.StrictUndefined,  # a missing value is a bug, never an empty string
@@ -35,7 +55,7 @@ def _template() -> jinja2.Template:
     # Plain JSON for tojson: Jinja's default also HTML-escapes <>&' (useless here, the output is
     # parsed by json.loads at once) and was half of the rendering time.
     env.filters["tojson"] = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode
-    return env.get_template("rayjob.json.j2")
+    return env
 
 
 def slice_env(job: JobSpec) -> list[dict]:
@@ -52,32 +72,76 @@ def slice_env(job: JobSpec) -> list[dict]:
     ]
 
 
-def worker_node_selector(job: JobSpec) -> dict[str, str]:
-    selector = dict(job.node_selector)
-    selector[topology.GKE_ACCELERATOR_LABEL] = job.slice.generation.gke_accelerator
-    selector[topology.GKE_TOPOLOGY_LABEL] = job.slice.topology
-    if job.spot:
+def serving_env(svc: ServiceSpec) -> list[dict]:
+    """What vLLM on a TPU slice needs in the environment of every Ray node."""
+    env = []
+    if svc.slice.multi_host:
+        # Ray's TPU serving guide: vLLM spans the hosts of a slice through Ray.
+        env.append({"name": "TPU_MULTIHOST_BACKEND", "value": "ray"})
+    if svc.hf_token_secret:
+        name, key = svc.hf_token_secret
+        env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
+    return env
+
+
+def worker_node_selector(spec: Spec) -> dict[str, str]:
+    selector = dict(spec.node_selector)
+    selector[topology.GKE_ACCELERATOR_LABEL] = spec.slice.generation.gke_accelerator
+    selector[topology.GKE_TOPOLOGY_LABEL] = spec.slice.topology
+    if spec.spot:
         selector[topology.GKE_SPOT_LABEL] = "true"
-    if job.reservation:
-        selector[topology.GKE_RESERVATION_LABEL] = job.reservation
+    if spec.reservation:
+        selector[topology.GKE_RESERVATION_LABEL] = spec.reservation
     return selector
 
 
-def pod_labels(job: JobSpec) -> dict[str, str]:
+def pod_labels(spec: Spec) -> dict[str, str]:
     # Never app.kubernetes.io/name: KubeRay sets it to kuberay and GKE's TPU webhook looks for it.
-    return {MANAGED_BY_LABEL: MANAGED_BY, JOB_LABEL: job.name}
+    owner = SERVICE_LABEL if isinstance(spec, ServiceSpec) else JOB_LABEL
+    return {MANAGED_BY_LABEL: MANAGED_BY, owner: spec.name}
+
+
+def object_labels(spec: Spec) -> dict[str, str]:
+    """Labels of the RayJob / RayService: the user's, ours, and Kueue's queue."""
+    labels = {**spec.labels, **pod_labels(spec)}
+    if spec.queue_name:
+        labels[QUEUE_LABEL] = spec.queue_name
+    return labels
+
+
+def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1) -> dict:
+    """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
+    return {
+        "ray_version": spec.ray_version,
+        "autoscaling": max_replicas > min_replicas,
+        "pod_labels": pod_labels(spec),
+        "service_account_name": spec.service_account_name,
+        "head_node_selector": spec.head_node_selector,
+        "head_tolerations": list(spec.tolerations),
+        "accelerator_label": topology.GKE_ACCELERATOR_LABEL,
+        "image": spec.image,
+        "env": env + list(spec.env),
+        "head_ports": head_ports,
+        "head_resources": {"cpu": spec.head.cpu, "memory": spec.head.memory},
+        "group_name": WORKER_GROUP,
+        "min_replicas": min_replicas,
+        "max_replicas": max_replicas,
+        "num_hosts": spec.slice.hosts,
+        "worker_node_selector": worker_node_selector(spec),
+        "worker_tolerations": [TPU_TOLERATION] + ([SPOT_TOLERATION] if spec.spot else []) + list(spec.tolerations),
+        "worker_resources": {
+            "cpu": spec.worker.cpu,
+            "memory": spec.worker.memory,
+            topology.TPU_RESOURCE: str(spec.slice.chips_per_host),
+        },
+    }
 
 
 def context(job: JobSpec) -> dict:
-    rayjob_labels = {**job.labels, **pod_labels(job)}
-    if job.queue_name:
-        rayjob_labels[QUEUE_LABEL] = job.queue_name
-    worker_tolerations = [TPU_TOLERATION] + ([SPOT_TOLERATION] if job.spot else []) + list(job.tolerations)
     return {
         "name": job.name,
         "namespace": job.namespace,
-        "rayjob_labels": rayjob_labels,
-        "pod_labels": pod_labels(job),
+        "rayjob_labels": object_labels(job),
         "entrypoint": job.entrypoint,
         "runtime_env_yaml": yaml.safe_dump(job.runtime_env, sort_keys=True) if job.runtime_env else "",
         "shutdown_after_job_finishes": job.shutdown_after_job_finishes,
@@ -85,30 +149,106 @@ def context(job: JobSpec) -> dict:
         "active_deadline_seconds": job.active_deadline_seconds,
         "backoff_limit": job.backoff_limit,
         "suspend": job.suspend,
-        "ray_version": job.ray_version,
-        "service_account_name": job.service_account_name,
-        "head_node_selector": job.head_node_selector,
-        "accelerator_label": topology.GKE_ACCELERATOR_LABEL,
-        "head_tolerations": list(job.tolerations),
-        "image": job.image,
-        "env": slice_env(job) + list(job.env),
-        "head_resources": {"cpu": job.head.cpu, "memory": job.head.memory},
-        "group_name": WORKER_GROUP,
-        "num_hosts": job.slice.hosts,
-        "worker_node_selector": worker_node_selector(job),
-        "worker_tolerations": worker_tolerations,
-        "worker_resources": {
-            "cpu": job.worker.cpu,
-            "memory": job.worker.memory,
-            topology.TPU_RESOURCE: str(job.slice.chips_per_host),
-        },
+        "cluster": cluster_context(job, slice_env(job), HEAD_PORTS),
     }
+
+
+def spec_hash(child_spec: dict) -> str:
+    """A short stable hash of a rendered child's spec: equal specs, equal hashes."""
+    text = json.dumps(child_spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _with_hash(obj: dict) -> dict:
+    obj["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(obj["spec"])}
+    return obj
 
 
 def rayjob(job: JobSpec) -> dict:
     """The RayJob the operator creates for ``job`` (without ownerReferences, added on create)."""
-    return json.loads(_template().render(context(job)))
+    return _with_hash(json.loads(_template("rayjob.json.j2").render(context(job))))
+
+
+def engine_kwargs(svc: ServiceSpec) -> dict:
+    """vLLM's engine arguments: the user's extra args, then the first-class fields (parse_service
+    refuses args that repeat them)."""
+    kwargs = dict(svc.engine_args)
+    kwargs["tensor_parallel_size"] = svc.tensor_parallel_size
+    kwargs["pipeline_parallel_size"] = svc.pipeline_parallel_size
+    if svc.enable_expert_parallel:
+        kwargs["enable_expert_parallel"] = True
+    if svc.max_model_len is not None:
+        kwargs["max_model_len"] = svc.max_model_len
+    return kwargs
+
+
+def serve_config(svc: ServiceSpec) -> dict:
+    """Ray Serve's config (serveConfigV2, before it becomes YAML) for the service's model."""
+    return json.loads(_template("serveconfig.json.j2").render({
+        "app_name": SERVE_APP,
+        "model_id": svc.model_name,
+        "model_source": svc.model_source,
+        # Ray's TPU-V6E form: Ray Serve LLM refuses v6e and TPU-V6E-16.
+        "accelerator_type": svc.slice.generation.ray_accelerator_type,
+        "topology": svc.slice.topology,
+        "engine_kwargs": engine_kwargs(svc),
+        "runtime_env": svc.runtime_env,
+        "min_replicas": svc.min_replicas,
+        "max_replicas": svc.max_replicas,
+    }))
+
+
+def rayservice(svc: ServiceSpec) -> dict:
+    """The RayService the operator creates for ``svc`` (without ownerReferences, added on create)."""
+    return _with_hash(json.loads(_template("rayservice.json.j2").render({
+        "name": svc.name,
+        "namespace": svc.namespace,
+        "rayservice_labels": object_labels(svc),
+        "serve_config_v2": yaml.safe_dump(serve_config(svc), sort_keys=False, default_flow_style=False),
+        "cluster": cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas),
+    })))
+
+
+def _replacing(observed: object, desired: object) -> object:
+    """Merge patch that makes ``observed`` equal ``desired``: desired whole, and null for every
+    key (at any depth of nested objects) that observed has and desired does not."""
+    if not isinstance(desired, dict) or not isinstance(observed, dict):
+        return desired
+    patch = {k: _replacing(observed.get(k), v) for k, v in desired.items()}
+    patch.update({k: None for k in observed if k not in desired})
+    return patch
+
+
+def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
+    """The merge patch that brings an observed RayService to what ``svc`` renders, or None when
+    its spec-hash annotation says it already is. KubeRay then upgrades the service itself."""
+    desired = rayservice(svc)
+    want = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    have = ((observed.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+    if have == want:
+        return None
+    return {
+        "metadata": {"annotations": {SPEC_HASH_ANNOTATION: want}},
+        "spec": _replacing(observed.get("spec") or {}, desired["spec"]),
+    }
+
+
+def render_any(spec: Spec) -> dict:
+    """The child of either kind."""
+    return rayservice(spec) if isinstance(spec, ServiceSpec) else rayjob(spec)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (serveConfigV2, runtimeEnvYAML) as literal blocks: readable YAML inside YAML."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    block = "\n" in value and not any(line != line.rstrip() for line in value.split("\n"))
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if block else None)
+
+
+_Dumper.add_representer(str, _str)
 
 
 def to_yaml(obj: dict) -> str:
-    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False)

@@ -1,14 +1,19 @@
-"""Observed RayJob (+ its pods) -> TPUTorchJob status, and the events a status change deserves.
+"""Observed RayJob / RayService (+ their pods) -> TPUTorchJob / TPUTorchService status, and the
+events a status change deserves.
 
-Pure functions: the handlers feed them what the watches saw and patch what comes out.
+Pure functions: the reconcile feeds them what the watches saw and patches what comes out. Both
+kinds share the condition helpers, the scheduling and host readiness reading, invalid(),
+patch_for() and events(); each has its own derive.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from .spec import FieldError, JobSpec
+from . import render
+from .spec import FieldError, JobSpec, ServiceSpec
 
 # Condition types, in the order they are written.
 VALIDATED = "Validated"
@@ -17,9 +22,16 @@ SLICE_READY = "SliceReady"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, FAILED)
+RAYSERVICE_CREATED = "RayServiceCreated"
+READY = "Ready"
+SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, SLICE_READY, READY, FAILED)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+SERVICE_PHASES = ("Pending", "Deploying", "Ready", "Updating", "Failed")
 ROLE_LABEL = "ray.io/node-type"  # KubeRay labels each pod head or worker
+CLUSTER_LABEL = "ray.io/cluster"  # and with its RayCluster's name
+# KubeRay >= 1.5 with its RayMultiHostIndexing gate: which slice replica a host pod belongs to.
+REPLICA_LABEL = "ray.io/worker-group-replica-name"
 
 # Every status field this module writes (the CRD declares each one).
 STATUS_FIELDS = (
@@ -27,17 +39,27 @@ STATUS_FIELDS = (
     "hostsReady", "rayJobName", "rayClusterName", "dashboardURL", "jobId", "jobStatus",
     "jobDeploymentStatus", "startTime", "completionTime",
 )
+SERVICE_STATUS_FIELDS = (
+    "phase", "message", "observedGeneration", "conditions", "replicas", "readyReplicas",
+    "replicasReady", "hosts", "readyHosts", "model", "endpoint", "rayServiceName", "rayClusterName",
+    "serviceStatus", "applicationStatus", "applicationMessage",
+)
+# A condition's message is capped (metav1.Condition allows 32768 characters).
+MAX_CONDITION_MESSAGE = 32768
 
 # Condition states that are bad news: their events are Warnings.
 _WARNING_STATES = {
     (VALIDATED, "False"),
     (FAILED, "True"),
     (RAYJOB_CREATED, "False"),
+    (RAYSERVICE_CREATED, "False"),
 }
 _WARNING_REASONS = {"Unschedulable"}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
-_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts"}
+_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService"}
+# Phases whose start is an event of its own (the others have a condition event that says it).
+_PHASE_EVENTS = ("Running", "Suspended", "Deploying", "Ready", "Updating")
 
 
 @dataclass(frozen=True)
@@ -48,6 +70,8 @@ class Event:
 
 
 def _condition(ctype: str, status: bool | None, reason: str, message: str, generation: int) -> dict:
+    if len(message) > MAX_CONDITION_MESSAGE:
+        message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
     return {
         "type": ctype,
         "status": {True: "True", False: "False", None: "Unknown"}[status],
@@ -93,22 +117,59 @@ def _pod_condition(pod: dict, ctype: str) -> dict:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == ctype), {})
 
 
+# The scheduler rewrites the node counts of its message on every retry ("0/7 nodes are available:
+# 3 node(s) had untolerated taint ..."); without them the message changes only with its substance.
+_NODE_TOTAL = re.compile(r"\b0/\d+ nodes are available")
+_REASON_COUNT = re.compile(r"(^|: |, )\d+ ")
+
+
+def stable_scheduler_message(message: str) -> str:
+    """The scheduler's message without its node counts."""
+    return _REASON_COUNT.sub(r"\1", _NODE_TOTAL.sub("no nodes are available", message))
+
+
 def scheduling_problem(pods: Iterable[dict]) -> str | None:
-    """The scheduler's message for the first unschedulable pod of the job, if any."""
+    """Why the first unschedulable pod (by name) waits, if one does; stable across the
+    scheduler's retries."""
     for pod in sorted(pods, key=_pod_name):
         cond = _pod_condition(pod, "PodScheduled")
         if cond.get("status") == "False":
-            return f"pod {_pod_name(pod)}: {cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}".strip()
+            message = stable_scheduler_message(cond.get("message", ""))
+            return f"pod {_pod_name(pod)}: {cond.get('reason', 'Unschedulable')}: {message}".strip()
     return None
+
+
+def _labels(pod: dict) -> dict:
+    return (pod.get("metadata") or {}).get("labels") or {}
+
+
+def _workers(pods: Iterable[dict]) -> list[dict]:
+    return [p for p in pods if _labels(p).get(ROLE_LABEL) == "worker"]
+
+
+def _ready(pod: dict) -> bool:
+    return _pod_condition(pod, "Ready").get("status") == "True"
 
 
 def ready_hosts(pods: Iterable[dict], cluster_status: dict) -> int:
     """TPU host pods that are Ready. The pods are fresher than the RayJob's copy of the
     RayCluster's status, which is only the fallback once the pods are gone (job finished)."""
-    workers = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL) == "worker"]
+    workers = _workers(pods)
     if workers:
-        return sum(1 for p in workers if _pod_condition(p, "Ready").get("status") == "True")
+        return sum(1 for p in workers if _ready(p))
     return int(cluster_status.get("readyWorkerReplicas") or 0)
+
+
+def ready_slices(pods: Iterable[dict], hosts_per_slice: int, ready: int) -> int:
+    """Slice replicas whose every host is Ready. Grouped by KubeRay's replica label where the pods
+    carry it; otherwise whole slices' worth of ready hosts (KubeRay creates a slice's hosts together)."""
+    workers = _workers(pods)
+    if workers and all(REPLICA_LABEL in _labels(p) for p in workers):
+        groups: dict[str, list[dict]] = {}
+        for p in workers:
+            groups.setdefault(_labels(p)[REPLICA_LABEL], []).append(p)
+        return sum(1 for g in groups.values() if len(g) >= hosts_per_slice and all(_ready(p) for p in g))
+    return ready // hosts_per_slice
 
 
 def _phase(deployment: str, job_status: str) -> str:
@@ -130,11 +191,11 @@ def derive(
     pods: Iterable[dict],
     previous: dict,
     now: str,
-    create_error: tuple[str, str] | None = None,
+    problem: tuple[str, str] | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 
-    ``create_error`` is (reason, message) when the RayJob could not be created (e.g. KubeRay's
+    ``problem`` is (reason, message) when the RayJob could not be created (e.g. KubeRay's
     CRDs are missing); ``pods`` are the job's pods (metadata.name, metadata.labels, status.conditions
     as the API returns them).
     """
@@ -155,20 +216,20 @@ def derive(
     conditions = [_condition(VALIDATED, True, "Valid", shape, generation)]
     if rayjob is not None:
         conditions.append(_condition(RAYJOB_CREATED, True, "Created", f"RayJob {job.name} exists", generation))
-    elif create_error is not None:
-        conditions.append(_condition(RAYJOB_CREATED, False, create_error[0], create_error[1], generation))
+    elif problem is not None:
+        conditions.append(_condition(RAYJOB_CREATED, False, problem[0], problem[1], generation))
     else:
         conditions.append(_condition(RAYJOB_CREATED, False, "Creating", "creating the RayJob", generation))
 
-    problem = scheduling_problem(pods)
+    unschedulable = scheduling_problem(pods)
     if phase in TERMINAL_PHASES:
         slice_ready = _condition(SLICE_READY, False, "JobFinished", "the job has finished", generation)
     elif phase == "Suspended":
         slice_ready = _condition(SLICE_READY, False, "Suspended", "the job is suspended", generation)
     elif rayjob is not None and ready >= s.hosts:
         slice_ready = _condition(SLICE_READY, True, "AllHostsReady", f"{ready}/{s.hosts} TPU hosts ready", generation)
-    elif problem:
-        slice_ready = _condition(SLICE_READY, False, "Unschedulable", problem, generation)
+    elif unschedulable:
+        slice_ready = _condition(SLICE_READY, False, "Unschedulable", unschedulable, generation)
     else:
         slice_ready = _condition(SLICE_READY, False, "WaitingForHosts", f"{ready}/{s.hosts} TPU hosts ready", generation)
     conditions.append(slice_ready)
@@ -214,6 +275,153 @@ def derive(
     return status
 
 
+def endpoint(svc: ServiceSpec) -> str:
+    """The OpenAI base URL inside the cluster: KubeRay's serve Service <name>-serve-svc."""
+    return f"http://{svc.name}-serve-svc.{svc.namespace}.svc.cluster.local:{render.SERVE_PORT}/v1"
+
+
+def _kuberay_condition(rs_status: dict, ctype: str) -> dict:
+    return next((c for c in rs_status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == ctype), {})
+
+
+def _application(service_status: dict) -> dict:
+    return ((service_status or {}).get("applicationStatuses") or {}).get(render.SERVE_APP) or {}
+
+
+def _service_phase(rayservice: dict | None, rs_status: dict, up_to_date: bool, slice_ready: bool) -> str:
+    if rayservice is None:
+        return "Pending"
+    ready = _kuberay_condition(rs_status, "Ready")
+    active_app = _application(rs_status.get("activeServiceStatus")).get("status")
+    if ready.get("reason") in ("InitializingTimeout", "ValidationFailed") or active_app == "DEPLOY_FAILED":
+        return "Failed"
+    if ready.get("status") == "True":
+        upgrading = _kuberay_condition(rs_status, "UpgradeInProgress").get("status") == "True"
+        # DEPLOYING while ready: KubeRay redeploys the application in place (a serve config edit).
+        return "Ready" if up_to_date and not upgrading and active_app != "DEPLOYING" else "Updating"
+    return "Deploying" if slice_ready or active_app else "Pending"
+
+
+def derive_service(
+    svc: ServiceSpec,
+    generation: int,
+    rayservice: dict | None,
+    pods: Iterable[dict],
+    previous: dict,
+    now: str,
+    problem: tuple[str, str] | None = None,
+) -> dict:
+    """The whole status of a valid TPUTorchService from its RayService (KubeRay v1.5's status:
+    conditions Ready/UpgradeInProgress, serviceStatus, active/pendingServiceStatus with the Serve
+    application's status) and its pods; ``problem`` as for derive."""
+    s = svc.slice
+    shape = (
+        f"{s.generation.name} {s.topology} slice per replica: {s.hosts} host(s) x {s.chips_per_host} chips, "
+        f"tensor parallel {svc.tensor_parallel_size} x pipeline parallel {svc.pipeline_parallel_size}"
+    )
+    rs_status = (rayservice or {}).get("status") or {}
+    active = rs_status.get("activeServiceStatus") or {}
+    pending = rs_status.get("pendingServiceStatus") or {}
+    cluster_name = active.get("rayClusterName") or pending.get("rayClusterName")
+    pods = list(pods)
+    if cluster_name:
+        # During an upgrade the pending cluster's pods are there too: count the serving cluster's.
+        serving = [p for p in pods if _labels(p).get(CLUSTER_LABEL) in (None, cluster_name)]
+        pods = serving or pods
+    cluster_status = active.get("rayClusterStatus") or pending.get("rayClusterStatus") or {}
+    ready = ready_hosts(pods, cluster_status)
+    ready_replicas = ready_slices(pods, s.hosts, ready)
+    desired_hosts = int(cluster_status.get("desiredWorkerReplicas") or 0)
+    replicas = max(svc.min_replicas, min(desired_hosts // s.hosts, svc.max_replicas))
+    # Our edits reach the RayService by its spec hash; until KubeRay has seen the new generation
+    # (and the hash is the desired one) the service is updating, not ready.
+    meta = (rayservice or {}).get("metadata") or {}
+    desired_hash = render.spec_hash(render.rayservice(svc)["spec"])
+    up_to_date = (
+        (meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION) == desired_hash
+        and rs_status.get("observedGeneration", meta.get("generation")) == meta.get("generation")
+    )
+
+    conditions = [_condition(VALIDATED, True, "Valid", shape, generation)]
+    if rayservice is not None:
+        conditions.append(_condition(RAYSERVICE_CREATED, True, "Created", f"RayService {svc.name} exists", generation))
+    elif problem is not None:
+        conditions.append(_condition(RAYSERVICE_CREATED, False, problem[0], problem[1], generation))
+    else:
+        conditions.append(_condition(RAYSERVICE_CREATED, False, "Creating", "creating the RayService", generation))
+
+    unschedulable = scheduling_problem(pods)
+    slices_message = f"{ready_replicas}/{replicas} slice replica(s) ready, {ready}/{replicas * s.hosts} TPU hosts"
+    if rayservice is not None and ready_replicas >= svc.min_replicas:
+        slice_ready = _condition(SLICE_READY, True, "AllHostsReady", slices_message, generation)
+    elif unschedulable:
+        slice_ready = _condition(SLICE_READY, False, "Unschedulable", unschedulable, generation)
+    else:
+        slice_ready = _condition(SLICE_READY, False, "WaitingForHosts", slices_message, generation)
+    conditions.append(slice_ready)
+
+    kuberay_ready = _kuberay_condition(rs_status, "Ready")
+    if rayservice is None:
+        ready_cond = _condition(READY, False, "NoRayService", "the RayService does not exist yet", generation)
+    elif not kuberay_ready:
+        ready_cond = _condition(READY, False, "WaitingForKubeRay", "KubeRay has not reported on the RayService yet", generation)
+    else:
+        ready_cond = _condition(
+            READY, kuberay_ready.get("status") == "True", kuberay_ready.get("reason") or "Unknown",
+            kuberay_ready.get("message") or "", generation,
+        )
+    conditions.append(ready_cond)
+
+    app = _application(active) or _application(pending)
+    app_status, app_message = app.get("status"), app.get("message") or ""
+    phase = _service_phase(rayservice, rs_status, up_to_date, slice_ready["status"] == "True")
+    if phase == "Failed":
+        reason = "DeployFailed" if _application(active).get("status") == "DEPLOY_FAILED" else kuberay_ready.get("reason", "Failed")
+        conditions.append(_condition(FAILED, True, reason, app_message or kuberay_ready.get("message") or "the service failed", generation))
+
+    if phase == "Ready":
+        message = f"serving {svc.model_name} on {ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
+        if app_status and app_status != "RUNNING":
+            message += f"; the application is {app_status}" + (f": {app_message}" if app_message else "")
+    elif phase == "Updating":
+        pending_app = _application(pending)
+        if pending_app.get("status") == "DEPLOY_FAILED":
+            message = f"the new version failed to deploy, the old one still serves: {pending_app.get('message', '')}".rstrip(": ")
+        else:
+            message = "applying the new spec; the service keeps serving meanwhile (KubeRay upgrades it)"
+    elif phase == "Failed":
+        message = conditions[-1]["message"]
+    elif rayservice is None:
+        message = conditions[1]["message"]
+    elif phase == "Deploying":
+        message = f"deploying {svc.model_name}" + (f": {app_status}" if app_status else "") + (f" {app_message}" if app_message else "")
+    else:
+        message = slice_ready["message"]
+
+    status = {
+        "phase": phase,
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": _stamp(conditions, previous, now),
+        "replicas": replicas,
+        "readyReplicas": ready_replicas,
+        "replicasReady": f"{ready_replicas}/{replicas}",
+        "hosts": replicas * s.hosts,
+        "readyHosts": ready,
+        "model": svc.model_name,
+        "endpoint": endpoint(svc),
+        "rayServiceName": svc.name,
+    }
+    optional = {
+        "rayClusterName": cluster_name,
+        "serviceStatus": rs_status.get("serviceStatus"),
+        "applicationStatus": app_status,
+        "applicationMessage": app_message,
+    }
+    status.update({k: v for k, v in optional.items() if v})
+    return status
+
+
 def finished(status: dict) -> bool:
     """The Ray job ran to an end (not merely a spec that failed validation): never run it again."""
     return bool(status.get("completionTime"))
@@ -235,7 +443,7 @@ def patch_for(previous: dict, current: dict) -> dict | None:
     if without_times(previous) == without_times(current):
         return None
     patch = dict(current)
-    for key in STATUS_FIELDS:
+    for key in dict.fromkeys(STATUS_FIELDS + SERVICE_STATUS_FIELDS):
         if key in previous and key not in current:
             patch[key] = None
     return patch
@@ -253,6 +461,6 @@ def events(previous: dict, current: dict) -> list[Event]:
             continue
         warning = (cond["type"], cond["status"]) in _WARNING_STATES or cond["reason"] in _WARNING_REASONS
         result.append(Event("Warning" if warning else "Normal", cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"))
-    if previous.get("phase") != current.get("phase") and current.get("phase") in ("Running", "Suspended"):
+    if previous.get("phase") != current.get("phase") and current.get("phase") in _PHASE_EVENTS:
         result.append(Event("Normal", current["phase"], current.get("message", "")))
     return result

@@ -77,7 +77,7 @@ def test_failed_carries_kuberays_reason_and_message():
 def test_no_rayjob_yet_and_kuberay_missing():
     st = derive(None)
     assert st["phase"] == "Pending" and cond(st, "RayJobCreated")["reason"] == "Creating"
-    st = derive(None, create_error=("KubeRayNotInstalled", "install KubeRay"))
+    st = derive(None, problem=("KubeRayNotInstalled", "install KubeRay"))
     c = cond(st, "RayJobCreated")
     assert (c["status"], c["reason"], c["message"]) == ("False", "KubeRayNotInstalled", "install KubeRay")
     assert st["message"] == "install KubeRay"
@@ -93,6 +93,37 @@ def test_unschedulable_pods_explain_the_wait():
     assert (c["status"], c["reason"]) == ("False", "Unschedulable")
     assert "didn't match Pod's node affinity/selector" in c["message"] and "demo-x7k2p-tpu-slice-worker-abc" in c["message"]
     assert st["message"] == c["message"]
+
+
+SCHEDULER_RETRIES = [
+    "0/7 nodes are available: 3 node(s) had untolerated taint {google.com/tpu: present}, 4 node(s) didn't match "
+    "Pod's node affinity/selector. preemption: 0/7 nodes are available: 7 Preemption is not helpful for scheduling.",
+    "0/9 nodes are available: 5 node(s) had untolerated taint {google.com/tpu: present}, 4 node(s) didn't match "
+    "Pod's node affinity/selector. preemption: 0/9 nodes are available: 9 Preemption is not helpful for scheduling.",
+]
+
+
+def unschedulable_pod(message):
+    pod = worker_pod("demo-x7k2p-tpu-slice-worker-abc", ready=False)
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+    return pod
+
+
+def test_unschedulable_message_is_stable_across_scheduler_retries():
+    first = derive("initializing", pods=[unschedulable_pod(SCHEDULER_RETRIES[0])], now=T0)
+    second = derive("initializing", previous=first, pods=[unschedulable_pod(SCHEDULER_RETRIES[1])], now=T1)
+    assert status.patch_for(first, second) is None  # the node counts changed, nothing else did
+    message = cond(second, "SliceReady")["message"]
+    assert message == (
+        "pod demo-x7k2p-tpu-slice-worker-abc: Unschedulable: no nodes are available: node(s) had untolerated taint "
+        "{google.com/tpu: present}, node(s) didn't match Pod's node affinity/selector. preemption: no nodes are "
+        "available: Preemption is not helpful for scheduling.")
+    # A different cause is a different message: the status follows it.
+    third = derive("initializing", previous=second, now=T2, pods=[unschedulable_pod(
+        "0/9 nodes are available: 9 Insufficient google.com/tpu. preemption: 0/9 nodes are available: "
+        "9 No preemption victims found for incoming pod.")])
+    assert "Insufficient google.com/tpu" in cond(third, "SliceReady")["message"]
+    assert status.patch_for(second, third) is not None
 
 
 def worker_pod(name, ready, role="worker"):

@@ -44,8 +44,9 @@ $(VENV)/.bench: pyproject.toml
 	touch $@
 
 crd: install
-	$(PY) -m tputorch crd > crds/tputorch.io_tputorchjobs.yaml
-	cp crds/tputorch.io_tputorchjobs.yaml charts/tputorch-operator/crds/
+	$(PY) -m tputorch crd --kind TPUTorchJob > crds/tputorch.io_tputorchjobs.yaml
+	$(PY) -m tputorch crd --kind TPUTorchService > crds/tputorch.io_tputorchservices.yaml
+	cp crds/tputorch.io_tputorchjobs.yaml crds/tputorch.io_tputorchservices.yaml charts/tputorch-operator/crds/
 
 golden: install
 	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/test_render.py

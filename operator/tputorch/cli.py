@@ -20,7 +20,8 @@ def _load(path: str) -> list:
         return [doc for doc in yaml.safe_load_all(stream) if doc is not None]
 
 
-def _parse_all(path: str) -> tuple[list[spec.JobSpec], list[str]]:
+def _parse_all(path: str) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[str]]:
+    """Every TPUTorchJob and TPUTorchService in a file, parsed, or every problem found."""
     jobs, problems = [], []
     try:
         docs = _load(path)
@@ -28,11 +29,12 @@ def _parse_all(path: str) -> tuple[list[spec.JobSpec], list[str]]:
         return [], [f"{path}: {err}"]
     for i, doc in enumerate(docs):
         where = f"{path}" + (f" (document {i + 1})" if len(docs) > 1 else "")
-        if not isinstance(doc, dict) or doc.get("kind") != crd.KIND:
-            problems.append(f"{where}: kind must be {crd.KIND}, got {doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r}")
+        if not isinstance(doc, dict) or doc.get("kind") not in crd.BUILDERS:
+            kinds = " or ".join(crd.BUILDERS)
+            problems.append(f"{where}: kind must be {kinds}, got {doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r}")
             continue
         try:
-            jobs.append(spec.parse(doc))
+            jobs.append(spec.parse_any(doc))
         except spec.InvalidSpec as err:
             problems.extend(f"{where}: {e}" for e in err.errors)
     return jobs, problems
@@ -43,7 +45,7 @@ def cmd_render(args) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
-    sys.stdout.write("---\n".join(render.to_yaml(render.rayjob(job)) for job in jobs))
+    sys.stdout.write("---\n".join(render.to_yaml(render.render_any(job)) for job in jobs))
     return 0
 
 
@@ -54,8 +56,13 @@ def cmd_validate(args) -> int:
         return 1
     for job in jobs:
         s = job.slice
-        print(f"{job.name}: valid; {s.generation.name} {s.topology}, {s.hosts} host(s) x {s.chips_per_host} chips, "
-              f"{job.workers} worker(s) x {job.chips_per_worker} chip(s)")
+        shape = f"{s.generation.name} {s.topology}, {s.hosts} host(s) x {s.chips_per_host} chips"
+        if isinstance(job, spec.ServiceSpec):
+            print(f"{job.name}: valid TPUTorchService; model {job.model_name}, {job.min_replicas}-{job.max_replicas} "
+                  f"replica(s) of a {shape}, tensor parallel {job.tensor_parallel_size} x pipeline parallel "
+                  f"{job.pipeline_parallel_size}")
+        else:
+            print(f"{job.name}: valid; {shape}, {job.workers} worker(s) x {job.chips_per_worker} chip(s)")
     return 0
 
 
@@ -94,8 +101,8 @@ def cmd_topologies(args) -> int:
     return 0
 
 
-def cmd_crd(_args) -> int:
-    sys.stdout.write(crd.crd_yaml())
+def cmd_crd(args) -> int:
+    sys.stdout.write(crd.crd_yaml(args.kind))
     return 0
 
 
@@ -162,10 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)
 
-    for name, func, text in (("render", cmd_render, "print the RayJob the operator would create"),
-                             ("validate", cmd_validate, "validate TPUTorchJob file(s)")):
+    for name, func, text in (("render", cmd_render, "print the RayJob / RayService the operator would create"),
+                             ("validate", cmd_validate, "validate TPUTorchJob and TPUTorchService file(s)")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("file", help="YAML file with one or more TPUTorchJobs ('-' for stdin)")
+        p.add_argument("file", help="YAML file with TPUTorchJobs and/or TPUTorchServices ('-' for stdin)")
         p.set_defaults(func=func)
 
     topo = sub.add_parser("topologies", help="list every supported TPU slice")
@@ -173,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("-o", "--output", choices=["table", "json"], default="table")
     topo.set_defaults(func=cmd_topologies)
 
-    sub.add_parser("crd", help="print the TPUTorchJob CRD").set_defaults(func=cmd_crd)
+    crd_cmd = sub.add_parser("crd", help="print the CRDs (TPUTorchJob and TPUTorchService)")
+    crd_cmd.add_argument("--kind", choices=list(crd.BUILDERS), help="only this kind's CRD")
+    crd_cmd.set_defaults(func=cmd_crd)
     return parser
 
 

@@ -1,4 +1,6 @@
-"""The TPUTorchJob CustomResourceDefinition, built from the same tables spec.py validates with.
+"""The TPUTorchJob and TPUTorchService CustomResourceDefinitions, built from the same tables
+spec.py validates with; the pieces both kinds have (tpu block, common blocks, conditions, name
+rule) are written once.
 
 crds/ and the Helm chart hold what ``tputorch crd`` prints; a test fails when they drift.
 The CEL rules here are the admission-time subset of spec.py's rules.
@@ -8,18 +10,29 @@ from __future__ import annotations
 
 import json
 
-from . import spec, topology
+from . import spec, status, topology
 
 GROUP = "tputorch.io"
 VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
 KIND = "TPUTorchJob"
 PLURAL = "tputorchjobs"
 SINGULAR = "tputorchjob"
 SHORT_NAMES = ["ttj"]
 NAME = f"{PLURAL}.{GROUP}"
-API_VERSION = f"{GROUP}/{VERSION}"
+
+SERVICE_KIND = "TPUTorchService"
+SERVICE_PLURAL = "tputorchservices"
+SERVICE_SINGULAR = "tputorchservice"
+SERVICE_SHORT_NAMES = ["ttsvc"]
+SERVICE_NAME = f"{SERVICE_PLURAL}.{GROUP}"
 
 PHASES = ["Pending", "Running", "Succeeded", "Failed", "Suspended"]
+SERVICE_PHASES = list(status.SERVICE_PHASES)
+MAX_CONDITIONS = 16
+
+INT32_MAX = 2**31 - 1
 
 
 def _s(description: str, **schema) -> dict:
@@ -30,12 +43,9 @@ def _string(description: str, **schema) -> dict:
     return _s(description, type="string", **schema)
 
 
-INT32_MAX = 2**31 - 1
-
-
 def _int(description: str, **schema) -> dict:
     # The API server does not enforce format: int32; without a maximum a huge number reaches the
-    # RayJob and KubeRay (Go, int32 fields) could not decode it.
+    # child and KubeRay (Go, int32 fields) could not decode it.
     schema.setdefault("maximum", INT32_MAX)
     return _s(description, type="integer", format="int32", **schema)
 
@@ -73,60 +83,68 @@ def _topology_rule() -> dict:
     }
 
 
-def _tpu_schema() -> dict:
+def _tpu_schema(kind: str) -> dict:
     accelerators = sorted(topology.ACCELERATOR_ALIASES)
+    job = kind == KIND
+    properties = {
+        "accelerator": _string(
+            "TPU generation: v4, v5e, v5p, v6e or tpu7x (GKE's node-label forms such as "
+            "tpu-v6e-slice are accepted too).",
+            enum=accelerators,
+            # CEL's cost estimate ignores enum: without a length bound the topology rule's
+            # messageExpression is refused by the API server (cost budget exceeded).
+            maxLength=max(map(len, accelerators)),
+        ),
+        "topology": _string(
+            "Slice topology as GKE names it (node label cloud.google.com/gke-tpu-topology), "
+            "e.g. 2x2, 4x4 for v5e/v6e and 2x2x1, 2x2x2 for v4/v5p/tpu7x. "
+            "`tputorch topologies` lists every supported slice.",
+            pattern=r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$",
+            maxLength=12,
+        ),
+        "slices": _int(
+            "Number of slices. Must be 1: PyTorch training on TPU through Ray is supported on a "
+            "single slice only." if job else
+            "Slices per model replica. Must be 1: scale with spec.replicas, one slice each.",
+            default=spec.DEFAULTS["tpu.slices"],
+            **{"x-kubernetes-validations": [{"rule": "self == 1", "message": spec.SINGLE_SLICE_REASON if job else spec.SERVICE_SINGLE_SLICE_REASON}]},
+        ),
+    }
+    if job:
+        properties["chipsPerWorker"] = _int(
+            "TPU chips per Ray Train worker (one process each). 1 (default) gives one TPU "
+            "device per worker, as Ray recommends for PyTorch; must divide the chips per host.",
+            enum=list(topology.VALID_CHIPS_PER_WORKER),
+            default=spec.DEFAULTS["tpu.chipsPerWorker"],
+        )
+    properties.update({
+        "chipsPerHost": _int(
+            "Chips per TPU VM, only needed where a topology has two layouts: v5e/v6e 2x4 is one "
+            "8-chip VM by default, or two 4-chip VMs with chipsPerHost 4"
+            + ("." if job else " (not for a service: Ray Serve LLM reserves 2x4 as one 8-chip host)."),
+            enum=sorted({c for g in topology.GENERATIONS.values() for t in g.topologies for c in topology.host_layouts(g, t)}),
+        ),
+        "spot": _s(
+            "Run on Spot TPU capacity (node label cloud.google.com/gke-spot=true).",
+            type="boolean",
+            default=spec.DEFAULTS["tpu.spot"],
+        ),
+        "reservation": _string(
+            "Name of a TPU reservation to run in (node label cloud.google.com/reservation-name).",
+            maxLength=63,
+        ),
+    })
     return _s(
-        "The TPU slice to train on: one GKE TPU node pool. Immutable after creation.",
+        f"The TPU slice {'to train on' if job else 'each model replica runs on'}: one GKE TPU node pool. "
+        "Immutable after creation.",
         type="object",
         required=["accelerator", "topology"],
-        properties={
-            "accelerator": _string(
-                "TPU generation: v4, v5e, v5p, v6e or tpu7x (GKE's node-label forms such as "
-                "tpu-v6e-slice are accepted too).",
-                enum=accelerators,
-                # CEL's cost estimate ignores enum: without a length bound the topology rule's
-                # messageExpression is refused by the API server (cost budget exceeded).
-                maxLength=max(map(len, accelerators)),
-            ),
-            "topology": _string(
-                "Slice topology as GKE names it (node label cloud.google.com/gke-tpu-topology), "
-                "e.g. 2x2, 4x4 for v5e/v6e and 2x2x1, 2x2x2 for v4/v5p/tpu7x. "
-                "`tputorch topologies` lists every supported slice.",
-                pattern=r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$",
-                maxLength=12,
-            ),
-            "slices": _int(
-                "Number of slices. Must be 1: PyTorch training on TPU through Ray is supported on a "
-                "single slice only.",
-                default=spec.DEFAULTS["tpu.slices"],
-                **{"x-kubernetes-validations": [{"rule": "self == 1", "message": spec.SINGLE_SLICE_REASON}]},
-            ),
-            "chipsPerWorker": _int(
-                "TPU chips per Ray Train worker (one process each). 1 (default) gives one TPU "
-                "device per worker, as Ray recommends for PyTorch; must divide the chips per host.",
-                enum=list(topology.VALID_CHIPS_PER_WORKER),
-                default=spec.DEFAULTS["tpu.chipsPerWorker"],
-            ),
-            "chipsPerHost": _int(
-                "Chips per TPU VM, only needed where a topology has two layouts: v5e/v6e 2x4 is one "
-                "8-chip VM by default, or two 4-chip VMs with chipsPerHost 4.",
-                enum=sorted({c for g in topology.GENERATIONS.values() for t in g.topologies for c in topology.host_layouts(g, t)}),
-            ),
-            "spot": _s(
-                "Run on Spot TPU capacity (node label cloud.google.com/gke-spot=true).",
-                type="boolean",
-                default=spec.DEFAULTS["tpu.spot"],
-            ),
-            "reservation": _string(
-                "Name of a TPU reservation to run in (node label cloud.google.com/reservation-name).",
-                maxLength=63,
-            ),
-        },
+        properties=properties,
         **{
             "x-kubernetes-validations": [
                 {
                     "rule": "self == oldSelf",
-                    "message": "spec.tpu is immutable: delete the TPUTorchJob and create it again to change the slice",
+                    "message": f"spec.tpu is immutable: delete the {kind} and create it again to change the slice",
                 },
                 _topology_rule(),
                 {
@@ -151,84 +169,115 @@ def _resources_schema(role: str, extra: dict | None = None) -> dict:
     )
 
 
-def _spec_schema() -> dict:
+def _common_properties(kind: str) -> dict:
+    """The blocks both kinds have (spec.COMMON_FIELDS)."""
+    job = kind == KIND
+    return {
+        "tpu": _tpu_schema(kind),
+        "image": _string(
+            "Container image for the Ray head and workers: Ray (rayVersion) with PyTorch and "
+            "torch_tpu installed." if job else
+            "Container image for the Ray head and workers: Ray (rayVersion) with vLLM and its "
+            "TPU platform plugin (see docs/serving.md).",
+            minLength=1,
+            maxLength=spec.MAX_STRING,
+        ),
+        "rayVersion": _string(
+            "Ray version in the image.",
+            pattern=spec.RAY_VERSION.pattern,
+            default=spec.DEFAULTS["rayVersion"],
+        ),
+        "runtimeEnv": _s(
+            "Ray runtime environment of the job (pip, working_dir, env_vars, ...)." if job else
+            "Ray runtime environment of the model's deployment (LLMConfig.runtime_env).",
+            type="object",
+            **{"x-kubernetes-preserve-unknown-fields": True},
+        ),
+        "env": _s(
+            "Environment variables for the Ray head and every TPU worker.",
+            type="array",
+            maxItems=256,
+            items={
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 256},
+                    "value": {"type": "string"},
+                    "valueFrom": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                },
+            },
+        ),
+        "head": _resources_schema(
+            "head",
+            {"nodeSelector": _string_map("Extra node selector for the (CPU-only) Ray head pod.")},
+        ),
+        "worker": _resources_schema("worker"),
+        "tolerations": _s(
+            "Extra tolerations for all pods (the TPU taint is tolerated on workers already).",
+            type="array",
+            items={"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        ),
+        "serviceAccountName": _string("Service account of the Ray pods.", maxLength=253),
+        "nodeSelector": _string_map(
+            "Extra node selector for the TPU worker pods; the TPU labels come from spec.tpu."
+        ),
+        "queueName": _string(
+            f"Kueue LocalQueue: the label kueue.x-k8s.io/queue-name on the {'RayJob' if job else 'RayService'}.",
+            maxLength=63,
+        ),
+    }
+
+
+def _immutable(field: str, kind: str) -> dict:
+    """A transition rule on spec that refuses a change of ``field``, including adding or removing
+    it (a rule on the field itself would only run when both old and new have it)."""
+    return {
+        "rule": f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})",
+        "message": f"spec.{field} is immutable: delete the {kind} and create it again to change it "
+                   f"(only spec.suspend may change on a {kind})",
+    }
+
+
+# Fields of a TPUTorchJob that may change after creation: the only one that reaches the RayJob.
+JOB_MUTABLE = {"suspend"}
+
+
+def _job_spec_schema() -> dict:
+    properties = {
+        **_common_properties(KIND),
+        "entrypoint": _string(
+            "Command the Ray job runs on the head, e.g. `python train.py`.",
+            minLength=1,
+            maxLength=spec.MAX_ENTRYPOINT,
+        ),
+        "suspend": _s(
+            "Create the RayJob suspended (no pods) or suspend a running one.",
+            type="boolean",
+            default=spec.DEFAULTS["suspend"],
+        ),
+        "activeDeadlineSeconds": _int("Seconds the job may run before it is failed.", minimum=1),
+        "backoffLimit": _int(
+            "Retries of a failed job; each retry provisions a whole new slice.",
+            minimum=0,
+            maximum=100,
+            default=spec.DEFAULTS["backoffLimit"],
+        ),
+        "ttlSecondsAfterFinished": _int(
+            "Seconds to keep the Ray cluster after the job finishes.", minimum=0
+        ),
+        "shutdownAfterJobFinishes": _s(
+            "Delete the Ray cluster (and free the slice) when the job finishes.",
+            type="boolean",
+            default=spec.DEFAULTS["shutdownAfterJobFinishes"],
+        ),
+    }
+    # spec.tpu has its own self == oldSelf rule (with the slice in its message).
+    immutable = [_immutable(f, KIND) for f in sorted(set(properties) - JOB_MUTABLE - {"tpu"})]
     return _s(
-        "What to train and on which TPU slice.",
+        "What to train and on which TPU slice. Only suspend may change after creation.",
         type="object",
         required=["tpu", "image", "entrypoint"],
-        properties={
-            "tpu": _tpu_schema(),
-            "image": _string(
-                "Container image for the Ray head and workers: Ray (rayVersion) with PyTorch and "
-                "torch_tpu installed.",
-                minLength=1,
-                maxLength=spec.MAX_STRING,
-            ),
-            "rayVersion": _string(
-                "Ray version in the image.",
-                pattern=spec.RAY_VERSION.pattern,
-                default=spec.DEFAULTS["rayVersion"],
-            ),
-            "entrypoint": _string(
-                "Command the Ray job runs on the head, e.g. `python train.py`.",
-                minLength=1,
-                maxLength=spec.MAX_ENTRYPOINT,
-            ),
-            "runtimeEnv": _s(
-                "Ray runtime environment of the job (pip, working_dir, env_vars, ...).",
-                type="object",
-                **{"x-kubernetes-preserve-unknown-fields": True},
-            ),
-            "env": _s(
-                "Environment variables for the Ray head and every TPU worker.",
-                type="array",
-                maxItems=256,
-                items={
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {
-                        "name": {"type": "string", "minLength": 1, "maxLength": 256},
-                        "value": {"type": "string"},
-                        "valueFrom": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                    },
-                },
-            ),
-            "head": _resources_schema(
-                "head",
-                {"nodeSelector": _string_map("Extra node selector for the (CPU-only) Ray head pod.")},
-            ),
-            "worker": _resources_schema("worker"),
-            "tolerations": _s(
-                "Extra tolerations for all pods (the TPU taint is tolerated on workers already).",
-                type="array",
-                items={"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-            ),
-            "serviceAccountName": _string("Service account of the Ray pods.", maxLength=253),
-            "nodeSelector": _string_map(
-                "Extra node selector for the TPU worker pods; the TPU labels come from spec.tpu."
-            ),
-            "suspend": _s(
-                "Create the RayJob suspended (no pods) or suspend a running one.",
-                type="boolean",
-                default=spec.DEFAULTS["suspend"],
-            ),
-            "queueName": _string("Kueue LocalQueue to submit the RayJob to.", maxLength=63),
-            "activeDeadlineSeconds": _int("Seconds the job may run before it is failed.", minimum=1),
-            "backoffLimit": _int(
-                "Retries of a failed job; each retry provisions a whole new slice.",
-                minimum=0,
-                maximum=100,
-                default=spec.DEFAULTS["backoffLimit"],
-            ),
-            "ttlSecondsAfterFinished": _int(
-                "Seconds to keep the Ray cluster after the job finishes.", minimum=0
-            ),
-            "shutdownAfterJobFinishes": _s(
-                "Delete the Ray cluster (and free the slice) when the job finishes.",
-                type="boolean",
-                default=spec.DEFAULTS["shutdownAfterJobFinishes"],
-            ),
-        },
+        properties=properties,
         **{
             "x-kubernetes-validations": [
                 {
@@ -239,48 +288,175 @@ def _spec_schema() -> dict:
                     "rule": "!self.suspend || self.shutdownAfterJobFinishes",
                     "message": "spec.suspend must not be true unless spec.shutdownAfterJobFinishes is true",
                 },
+                *immutable,
             ]
         },
     )
 
 
-CONDITION_SCHEMA = {
-    "type": "object",
-    "required": ["type", "status"],
-    "properties": {
-        "type": {"type": "string"},
-        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-        "reason": {"type": "string"},
-        "message": {"type": "string"},
-        "observedGeneration": {"type": "integer", "format": "int64"},
-        "lastTransitionTime": {"type": "string", "format": "date-time"},
-    },
-}
+def _arg_spellings(name: str) -> list[str]:
+    """snake_case, camelCase and kebab-case of a vLLM argument (the parser accepts no spelling)."""
+    head, *rest = name.split("_")
+    return [name, head + "".join(w.capitalize() for w in rest), name.replace("_", "-")]
 
 
-def _status_schema() -> dict:
+def _chips_table() -> dict[str, int]:
+    return {t: topology.chip_count(t) for g in topology.GENERATIONS.values() for t in g.topologies}
+
+
+def _service_spec_schema() -> dict:
+    forbidden = sorted({s for name in (*spec.ENGINE_FIELD_ARGS, *spec.ENGINE_OWNED_ARGS) for s in _arg_spellings(name)})
+    chips = json.dumps(_chips_table(), separators=(",", ":"))
+    slice_chips = f"{chips}[self.tpu.topology]"
+    pp = "(has(self.engine.pipelineParallelSize) ? self.engine.pipelineParallelSize : 1)"
+    return _s(
+        "The model to serve, its engine and on which TPU slice; each replica is one slice.",
+        type="object",
+        required=["tpu", "image", "model"],
+        properties={
+            **_common_properties(SERVICE_KIND),
+            "model": _s(
+                "The model: where its weights are and the name clients ask for.",
+                type="object",
+                required=["source"],
+                properties={
+                    "source": _string(
+                        "Hugging Face repo id (e.g. Qwen/Qwen3-30B-A3B), a gs:// path or a path on the hosts.",
+                        minLength=1,
+                        maxLength=spec.MAX_STRING,
+                    ),
+                    "name": _string(
+                        "What clients send as \"model\" (the OpenAI model id); default: metadata.name.",
+                        minLength=1,
+                        maxLength=253,
+                    ),
+                    "hfTokenSecret": _s(
+                        "Secret holding a Hugging Face token: HF_TOKEN on the head and every worker.",
+                        type="object",
+                        required=["name", "key"],
+                        properties={
+                            "name": _string("Secret name (same namespace).", minLength=1, maxLength=253),
+                            "key": _string("Key in the Secret.", minLength=1, maxLength=253),
+                        },
+                    ),
+                },
+            ),
+            "engine": _s(
+                "vLLM engine settings (LLMConfig.engine_kwargs).",
+                type="object",
+                default={},
+                properties={
+                    "tensorParallelSize": _int(
+                        "Chips each layer is split over; default: the slice's chips / pipelineParallelSize. "
+                        "tensorParallelSize x pipelineParallelSize must equal the slice's chips.",
+                        minimum=1,
+                    ),
+                    "pipelineParallelSize": _int(
+                        "Pipeline stages.", minimum=1, default=spec.SERVICE_DEFAULTS["engine.pipelineParallelSize"]
+                    ),
+                    "enableExpertParallel": _s(
+                        "Expert parallelism for mixture-of-experts models.",
+                        type="boolean",
+                        default=spec.SERVICE_DEFAULTS["engine.enableExpertParallel"],
+                    ),
+                    "maxModelLen": _int("Longest context (prompt + output tokens).", minimum=1),
+                    "args": _s(
+                        "Other vLLM engine arguments, passed on as they are (not the fields above, "
+                        "model, served_model_name or distributed_executor_backend).",
+                        type="object",
+                        maxProperties=256,
+                        additionalProperties={"x-kubernetes-preserve-unknown-fields": True},
+                        **{"x-kubernetes-validations": [{
+                            "rule": " && ".join(f"!('{k}' in self)" for k in forbidden),
+                            "message": "spec.engine.args must not set tensor/pipeline parallel size, expert parallel or "
+                                       "max model len (they are spec.engine's fields), nor model, served_model_name or "
+                                       "distributed_executor_backend (Ray Serve LLM sets them)",
+                        }]},
+                    ),
+                },
+            ),
+            "replicas": _s(
+                "Model replicas, one whole slice each; KubeRay's autoscaler scales between min and max.",
+                type="object",
+                default={},
+                properties={
+                    "min": _int("Fewest replicas.", minimum=1, default=spec.SERVICE_DEFAULTS["replicas.min"]),
+                    "max": _int("Most replicas; default: min.", minimum=1),
+                },
+                **{"x-kubernetes-validations": [{
+                    "rule": "!has(self.max) || self.min <= self.max",
+                    "message": "spec.replicas.max must be at least spec.replicas.min",
+                }]},
+            ),
+        },
+        **{
+            "x-kubernetes-validations": [
+                {
+                    "rule": (
+                        f"!has(self.engine) || !(self.tpu.topology in {chips}) || "
+                        f"(has(self.engine.tensorParallelSize) ? self.engine.tensorParallelSize * {pp} == {slice_chips} "
+                        f": {slice_chips} % {pp} == 0)"
+                    ),
+                    "messageExpression": (
+                        f"'spec.engine.tensorParallelSize x spec.engine.pipelineParallelSize must equal the ' + "
+                        f"string({slice_chips}) + ' chips of a ' + self.tpu.topology + ' slice (one replica is one whole slice)'"
+                    ),
+                    "fieldPath": ".engine",
+                    "reason": "FieldValueInvalid",
+                },
+            ]
+        },
+    )
+
+
+def _conditions_schema(types: tuple[str, ...]) -> dict:
+    """metav1.Condition, as the Kubernetes API conventions define it."""
+    return _s(
+        ", ".join(types) + ".",
+        type="array",
+        maxItems=MAX_CONDITIONS,
+        items={
+            "type": "object",
+            "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+            "properties": {
+                "type": {"type": "string", "maxLength": 316,
+                         "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "reason": {"type": "string", "minLength": 1, "maxLength": 1024,
+                           "pattern": r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"},
+                "message": {"type": "string", "maxLength": status.MAX_CONDITION_MESSAGE},
+                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
+            },
+        },
+        **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+def _common_status() -> dict:
+    return {
+        "message": _string("Human-readable summary of the current state."),
+        "observedGeneration": _s("Generation of the spec this status describes.", type="integer", format="int64"),
+        "hosts": _int("TPU hosts (pods) wanted."),
+        "readyHosts": _int("TPU host pods that are ready."),
+        "rayClusterName": _string("Name of the RayCluster KubeRay created."),
+    }
+
+
+def _job_status_schema() -> dict:
     return _s(
         "Observed state, derived from the RayJob, its RayCluster and pods.",
         type="object",
         properties={
+            **_common_status(),
             "phase": _string("Pending, Running, Succeeded, Failed or Suspended.", enum=PHASES),
-            "message": _string("Human-readable summary of the current state."),
-            "observedGeneration": _s("Generation of the spec this status describes.", type="integer", format="int64"),
-            "conditions": _s(
-                "Validated, RayJobCreated, SliceReady, Succeeded, Failed.",
-                type="array",
-                items=CONDITION_SCHEMA,
-                **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-            ),
+            "conditions": _conditions_schema(status.CONDITION_TYPES),
             "rayJobName": _string("Name of the RayJob."),
-            "rayClusterName": _string("Name of the RayCluster the RayJob created."),
             "dashboardURL": _string("Ray dashboard address (inside the cluster)."),
             "jobId": _string("Ray job submission id."),
             "jobStatus": _string("Ray job status from KubeRay (PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED)."),
             "jobDeploymentStatus": _string("KubeRay's RayJob deployment status."),
             "workers": _int("Ray Train workers: chips / chipsPerWorker."),
-            "hosts": _int("TPU hosts (pods) in the slice."),
-            "readyHosts": _int("TPU host pods that are ready."),
             "hostsReady": _string("readyHosts/hosts, for display."),
             "startTime": _string("When the Ray job started.", format="date-time"),
             "completionTime": _string("When the Ray job finished.", format="date-time"),
@@ -288,7 +464,42 @@ def _status_schema() -> dict:
     )
 
 
-PRINTER_COLUMNS = [
+def _service_status_schema() -> dict:
+    return _s(
+        "Observed state, derived from the RayService and its pods.",
+        type="object",
+        properties={
+            **_common_status(),
+            "phase": _string("Pending, Deploying, Ready, Updating or Failed.", enum=SERVICE_PHASES),
+            "conditions": _conditions_schema(status.SERVICE_CONDITION_TYPES),
+            "replicas": _int("Model replicas (slices) wanted now."),
+            "readyReplicas": _int("Replicas whose every TPU host is ready."),
+            "replicasReady": _string("readyReplicas/replicas, for display."),
+            "model": _string("The model name clients send."),
+            "endpoint": _string("OpenAI-compatible base URL inside the cluster."),
+            "rayServiceName": _string("Name of the RayService."),
+            "serviceStatus": _string("KubeRay's serviceStatus (Running when ready)."),
+            "applicationStatus": _string("The Serve application's status (DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY...)."),
+            "applicationMessage": _string("The Serve application's message."),
+        },
+    )
+
+
+def _name_rules(kind: str, child: str, max_len: int) -> list[dict]:
+    return [
+        {
+            "rule": f"self.metadata.name.size() <= {max_len}",
+            "message": f"metadata.name must be at most {max_len} characters: the {child} takes this name",
+        },
+        {
+            "rule": f"self.metadata.name.matches('{spec.DNS1035.pattern}')",
+            "message": f"metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with "
+                       f"a letter, ending with a letter or digit): the {child} of a {kind} takes this name",
+        },
+    ]
+
+
+JOB_PRINTER_COLUMNS = [
     {"name": "Accelerator", "type": "string", "jsonPath": ".spec.tpu.accelerator"},
     {"name": "Topology", "type": "string", "jsonPath": ".spec.tpu.topology"},
     {"name": "Workers", "type": "integer", "jsonPath": ".status.workers"},
@@ -296,22 +507,33 @@ PRINTER_COLUMNS = [
     {"name": "Hosts", "type": "string", "jsonPath": ".status.hostsReady", "description": "Ready TPU hosts / hosts in the slice"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+PRINTER_COLUMNS = JOB_PRINTER_COLUMNS
+SERVICE_PRINTER_COLUMNS = [
+    {"name": "Accelerator", "type": "string", "jsonPath": ".spec.tpu.accelerator"},
+    {"name": "Topology", "type": "string", "jsonPath": ".spec.tpu.topology"},
+    {"name": "Model", "type": "string", "jsonPath": ".status.model"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.replicasReady", "description": "Ready replicas (slices) / replicas"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "description": "OpenAI base URL inside the cluster"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
 
 
-def crd() -> dict:
+def _definition(kind: str, plural: str, singular: str, short_names: list[str], description: str,
+                columns: list[dict], spec_schema: dict, status_schema: dict, child: str, name_max: int) -> dict:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": NAME, "labels": {"app.kubernetes.io/name": "tputorch-operator"}},
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/name": "tputorch-operator"}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": SHORT_NAMES,
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": short_names,
                 "categories": ["all", "tputorch"],
             },
             "versions": [
@@ -320,25 +542,20 @@ def crd() -> dict:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {
-                            "description": "Distributed PyTorch training on one GKE TPU slice, run by Ray through KubeRay.",
+                            "description": description,
                             "type": "object",
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
-                                "spec": _spec_schema(),
-                                "status": _status_schema(),
+                                "spec": spec_schema,
+                                "status": status_schema,
                             },
-                            "x-kubernetes-validations": [
-                                {
-                                    "rule": f"self.metadata.name.size() <= {spec.RAYJOB_NAME_MAX}",
-                                    "message": f"metadata.name must be at most {spec.RAYJOB_NAME_MAX} characters: the RayJob takes this name",
-                                },
-                            ],
+                            "x-kubernetes-validations": _name_rules(kind, child, name_max),
                         }
                     },
                 }
@@ -347,9 +564,38 @@ def crd() -> dict:
     }
 
 
-def crd_yaml() -> str:
+def job_crd() -> dict:
+    return _definition(
+        KIND, PLURAL, SINGULAR, SHORT_NAMES,
+        "Distributed PyTorch training on one GKE TPU slice, run by Ray through KubeRay.",
+        JOB_PRINTER_COLUMNS, _job_spec_schema(), _job_status_schema(), "RayJob", spec.RAYJOB_NAME_MAX,
+    )
+
+
+def service_crd() -> dict:
+    return _definition(
+        SERVICE_KIND, SERVICE_PLURAL, SERVICE_SINGULAR, SERVICE_SHORT_NAMES,
+        "An LLM served with vLLM through Ray Serve LLM (OpenAI API) on GKE TPU slices, run by KubeRay.",
+        SERVICE_PRINTER_COLUMNS, _service_spec_schema(), _service_status_schema(), "RayService", spec.RAYSERVICE_NAME_MAX,
+    )
+
+
+BUILDERS = {KIND: job_crd, SERVICE_KIND: service_crd}
+FILES = {KIND: f"{GROUP}_{PLURAL}.yaml", SERVICE_KIND: f"{GROUP}_{SERVICE_PLURAL}.yaml"}
+
+
+def crd() -> list[dict]:
+    """Both CRDs, the job's first."""
+    return [build() for build in BUILDERS.values()]
+
+
+def crd_yaml(kind: str | None = None) -> str:
+    """One CRD (by kind) or both, as the YAML that crds/ holds."""
     import yaml
 
-    return "# Generated by `tputorch crd` from operator/tputorch/crd.py; do not edit.\n" + yaml.safe_dump(
-        crd(), sort_keys=False, width=100
+    kinds = [kind] if kind else list(BUILDERS)
+    return "---\n".join(
+        "# Generated by `tputorch crd` from operator/tputorch/crd.py; do not edit.\n"
+        + yaml.safe_dump(BUILDERS[k](), sort_keys=False, width=100)
+        for k in kinds
     )

@@ -87,7 +87,8 @@ def test_crd_from_installed_wheel_matches_repo(installed, tmp_path):
     bin_dir, _ = installed
     out = _run([bin_dir / "tputorch", "crd"], tmp_path, 60, env=_isolated_env(bin_dir))
     assert out.returncode == 0, out.stderr
-    assert out.stdout == (ROOT / "crds" / "tputorch.io_tputorchjobs.yaml").read_text()
+    assert out.stdout == "---\n".join((ROOT / "crds" / name).read_text() for name in
+                                     ("tputorch.io_tputorchjobs.yaml", "tputorch.io_tputorchservices.yaml"))
 
 
 def test_installed_package_is_not_the_source_tree(installed, tmp_path):

@@ -51,7 +51,7 @@ def test_validate(capsys, tmp_path):
     other = tmp_path / "other.yaml"
     other.write_text("kind: Deployment\n")
     code, _, err = run(capsys, "validate", str(other))
-    assert code == 1 and "kind must be TPUTorchJob" in err
+    assert code == 1 and "kind must be TPUTorchJob or TPUTorchService" in err
     code, _, err = run(capsys, "validate", str(tmp_path / "missing.yaml"))
     assert code == 1 and "No such file" in err
     broken = tmp_path / "broken.yaml"
@@ -75,7 +75,10 @@ def test_topologies_table_and_json(capsys):
 
 def test_crd_command_prints_the_crd(capsys):
     code, out, _ = run(capsys, "crd")
-    assert code == 0 and yaml.safe_load(out)["kind"] == "CustomResourceDefinition"
+    docs = list(yaml.safe_load_all(out))
+    assert code == 0 and [d["spec"]["names"]["kind"] for d in docs] == ["TPUTorchJob", "TPUTorchService"]
+    code, out, _ = run(capsys, "crd", "--kind", "TPUTorchService")
+    assert code == 0 and yaml.safe_load(out)["metadata"]["name"] == "tputorchservices.tputorch.io"
 
 
 def test_python_dash_m_works_the_same():

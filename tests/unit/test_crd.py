@@ -1,69 +1,189 @@
-"""The CRD agrees with the parser and with crds/ (a drift fails here)."""
+"""The CRDs agree with the parser and with crds/ (a drift fails here). What the API server does with
+the CEL rules is tested against a real one in tests/cluster/test_crd_rules.py."""
 
 import pathlib
+import re
 
+import pytest
 import yaml
 
 from tputorch import crd, spec, status, topology
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+KINDS = [crd.KIND, crd.SERVICE_KIND]
 
 
-def schema():
-    return crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+def definition(kind):
+    return crd.BUILDERS[kind]()
 
 
-def test_committed_crd_matches_generated():
-    assert (ROOT / "crds" / "tputorch.io_tputorchjobs.yaml").read_text() == crd.crd_yaml()
+def schema(kind=crd.KIND):
+    return definition(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def test_names_and_scope():
-    c = crd.crd()
-    assert c["metadata"]["name"] == "tputorchjobs.tputorch.io"
+def spec_props(kind=crd.KIND):
+    return schema(kind)["properties"]["spec"]["properties"]
+
+
+def rules(obj):
+    return obj.get("x-kubernetes-validations") or []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_committed_crds_match_generated(kind):
+    assert (ROOT / "crds" / crd.FILES[kind]).read_text() == crd.crd_yaml(kind)
+
+
+def test_crd_yaml_without_kind_holds_both():
+    docs = list(yaml.safe_load_all(crd.crd_yaml()))
+    assert docs == crd.crd() == [crd.job_crd(), crd.service_crd()]
+
+
+@pytest.mark.parametrize("kind,name,plural,short", [
+    (crd.KIND, "tputorchjobs.tputorch.io", "tputorchjobs", ["ttj"]),
+    (crd.SERVICE_KIND, "tputorchservices.tputorch.io", "tputorchservices", ["ttsvc"]),
+])
+def test_names_and_scope(kind, name, plural, short):
+    c = definition(kind)
+    assert c["metadata"]["name"] == name
     names = c["spec"]["names"]
-    assert (names["kind"], names["plural"], names["shortNames"]) == ("TPUTorchJob", "tputorchjobs", ["ttj"])
+    assert (names["kind"], names["plural"], names["shortNames"]) == (kind, plural, short)
+    assert (crd.SERVICE_PLURAL if kind == crd.SERVICE_KIND else crd.PLURAL) == plural
     assert c["spec"]["scope"] == "Namespaced"
     assert c["spec"]["versions"][0]["subresources"] == {"status": {}}
 
 
 def test_schema_fields_are_the_fields_the_parser_knows():
-    props = schema()["properties"]["spec"]["properties"]
-    assert set(props) == spec.SPEC_FIELDS
-    assert set(props["tpu"]["properties"]) == spec.TPU_FIELDS
-    assert set(props["head"]["properties"]) == spec.HEAD_FIELDS
-    assert set(props["worker"]["properties"]) == spec.RESOURCE_FIELDS
+    job, svc = spec_props(crd.KIND), spec_props(crd.SERVICE_KIND)
+    assert set(job) == spec.SPEC_FIELDS
+    assert set(svc) == spec.SERVICE_SPEC_FIELDS
+    assert set(job["tpu"]["properties"]) == spec.TPU_FIELDS
+    assert set(svc["tpu"]["properties"]) == spec.SERVICE_TPU_FIELDS
+    for props in (job, svc):
+        assert set(props["head"]["properties"]) == spec.HEAD_FIELDS
+        assert set(props["worker"]["properties"]) == spec.RESOURCE_FIELDS
+    assert set(svc["model"]["properties"]) == spec.MODEL_FIELDS
+    assert set(svc["model"]["properties"]["hfTokenSecret"]["properties"]) == spec.SECRET_REF_FIELDS
+    assert set(svc["engine"]["properties"]) == spec.ENGINE_FIELDS
+    assert set(svc["replicas"]["properties"]) == spec.REPLICA_FIELDS
 
 
-def test_every_status_field_is_declared():
+def test_shared_blocks_are_the_same_schema_in_both_kinds():
+    job, svc = spec_props(crd.KIND), spec_props(crd.SERVICE_KIND)
+    for key in ("env", "head", "worker", "tolerations", "nodeSelector", "rayVersion", "serviceAccountName"):
+        assert job[key] == svc[key], key
+
+
+@pytest.mark.parametrize("kind,fields", [(crd.KIND, status.STATUS_FIELDS), (crd.SERVICE_KIND, status.SERVICE_STATUS_FIELDS)])
+def test_every_status_field_is_declared(kind, fields):
     # Undeclared status fields would be pruned silently by the API server.
-    assert set(schema()["properties"]["status"]["properties"]) == set(status.STATUS_FIELDS)
+    assert set(schema(kind)["properties"]["status"]["properties"]) == set(fields)
 
 
 def test_defaults_come_from_the_parser():
-    props = schema()["properties"]["spec"]["properties"]
+    props = spec_props()
     assert props["rayVersion"]["default"] == spec.DEFAULTS["rayVersion"]
     assert props["tpu"]["properties"]["chipsPerWorker"]["default"] == spec.DEFAULTS["tpu.chipsPerWorker"]
     assert props["worker"]["properties"]["memory"]["default"] == spec.DEFAULTS["worker.memory"]
     assert props["shutdownAfterJobFinishes"]["default"] is True
+    svc = spec_props(crd.SERVICE_KIND)
+    assert svc["engine"]["properties"]["pipelineParallelSize"]["default"] == spec.SERVICE_DEFAULTS["engine.pipelineParallelSize"] == 1
+    assert svc["replicas"]["properties"]["min"]["default"] == spec.SERVICE_DEFAULTS["replicas.min"] == 1
+    assert "default" not in svc["replicas"]["properties"]["max"]  # the parser defaults it to min
 
 
-def test_accelerator_enum_and_cel_topology_table_match_the_topology_module():
-    tpu = schema()["properties"]["spec"]["properties"]["tpu"]
+@pytest.mark.parametrize("kind", KINDS)
+def test_accelerator_enum_and_cel_topology_table_match_the_topology_module(kind):
+    tpu = spec_props(kind)["tpu"]
     assert set(tpu["properties"]["accelerator"]["enum"]) == set(topology.ACCELERATOR_ALIASES)
-    rule = next(r for r in tpu["x-kubernetes-validations"] if r.get("fieldPath") == ".topology")
+    rule = next(r for r in rules(tpu) if r.get("fieldPath") == ".topology")
     table = yaml.safe_load(rule["rule"].split(" in ", 1)[1].rsplit("[", 1)[0])
     for alias, name in topology.ACCELERATOR_ALIASES.items():
         assert table[alias] == list(topology.GENERATIONS[name].topologies)
 
 
-def test_tpu_block_is_immutable_and_single_slice():
-    tpu = schema()["properties"]["spec"]["properties"]["tpu"]
-    assert {"rule": "self == oldSelf", "message": tpu["x-kubernetes-validations"][0]["message"]} == tpu["x-kubernetes-validations"][0]
+@pytest.mark.parametrize("kind", KINDS)
+def test_tpu_block_is_immutable_and_single_slice(kind):
+    tpu = spec_props(kind)["tpu"]
+    first = rules(tpu)[0]
+    assert first["rule"] == "self == oldSelf" and f"delete the {kind}" in first["message"]
     assert tpu["properties"]["slices"]["x-kubernetes-validations"][0]["rule"] == "self == 1"
 
 
+def transition_rules(obj):
+    return [r for r in rules(obj) if "oldSelf" in r["rule"]]
+
+
+def test_every_job_field_but_suspend_is_immutable_including_adding_or_removing_it():
+    spec_schema = schema()["properties"]["spec"]
+    guarded = {}
+    for r in transition_rules(spec_schema):
+        (field,) = set(re.findall(r"self\.(\w+)", r["rule"]))
+        guarded[field] = r
+        # has() on both sides: adding or removing an optional field is a change too.
+        assert f"has(self.{field}) == has(oldSelf.{field})" in r["rule"]
+        assert f"spec.{field} is immutable: delete the TPUTorchJob and create it again" in r["message"]
+    assert set(guarded) == spec.SPEC_FIELDS - {"suspend", "tpu"}  # tpu: its own rule, above
+
+
+def test_service_only_tpu_is_immutable():
+    spec_schema = schema(crd.SERVICE_KIND)["properties"]["spec"]
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for r in transition_rules(obj):
+                yield path, r
+            for k, v in obj.items():
+                yield from walk(v, f"{path}.{k}")
+        elif isinstance(obj, list):
+            for v in obj:
+                yield from walk(v, path)
+
+    assert [p for p, _ in walk(spec_schema, "spec")] == ["spec.properties.tpu"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_conditions_are_metav1_conditions(kind):
+    conditions = schema(kind)["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert conditions["maxItems"] >= len(status.SERVICE_CONDITION_TYPES)
+    item = conditions["items"]
+    assert set(item["required"]) == {"type", "status", "reason", "message", "lastTransitionTime"}
+    reason = re.compile(item["properties"]["reason"]["pattern"])
+    reasons = ["Valid", "Created", "Unschedulable", "AllHostsReady", "NonZeroServeEndpoints", "InitializingTimeout",
+               "KubeRayNotInstalled", "RayJobNameTaken", "ValidationFailed", "DeployFailed", "WaitingForKubeRay"]
+    assert all(reason.match(r) for r in reasons)
+    assert item["properties"]["message"]["maxLength"] == status.MAX_CONDITION_MESSAGE
+
+
+@pytest.mark.parametrize("kind,child", [(crd.KIND, "RayJob"), (crd.SERVICE_KIND, "RayService")])
+def test_name_rules_at_the_root(kind, child):
+    size, dns = rules(schema(kind))
+    assert size["rule"] == "self.metadata.name.size() <= 47" and child in size["message"]
+    pattern = re.search(r"matches\('(.*)'\)", dns["rule"]).group(1)
+    assert pattern == spec.DNS1035.pattern
+    assert "DNS-1035" in dns["message"]
+
+
+def test_engine_args_rule_names_every_spelling_the_parser_refuses():
+    args = spec_props(crd.SERVICE_KIND)["engine"]["properties"]["args"]
+    (rule,) = rules(args)
+    named = set(re.findall(r"'([^']+)' in self", rule["rule"]))
+    for key in named:
+        assert spec._arg_key(key) in spec._FIELD_ARG_KEYS or spec._arg_key(key) in spec._OWNED_ARG_KEYS
+    for name in (*spec.ENGINE_FIELD_ARGS, *spec.ENGINE_OWNED_ARGS):
+        assert {name, name.replace("_", "-")} <= named
+
+
+def test_tp_times_pp_rule_uses_the_chip_table():
+    (rule,) = [r for r in rules(schema(crd.SERVICE_KIND)["properties"]["spec"]) if r.get("fieldPath") == ".engine"]
+    table = yaml.safe_load(re.search(r"(\{[^}]*\})", rule["rule"]).group(1))
+    assert table["4x4"] == 16 and table["2x2x2"] == 8 and table["16x16"] == 256
+    assert all(table[t] == topology.chip_count(t) for g in topology.GENERATIONS.values() for t in g.topologies)
+
+
 def test_printer_columns():
-    cols = {c["name"]: c["jsonPath"] for c in crd.crd()["spec"]["versions"][0]["additionalPrinterColumns"]}
+    cols = {c["name"]: c["jsonPath"] for c in definition(crd.KIND)["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert cols == {
         "Accelerator": ".spec.tpu.accelerator",
         "Topology": ".spec.tpu.topology",
@@ -72,3 +192,13 @@ def test_printer_columns():
         "Hosts": ".status.hostsReady",
         "Age": ".metadata.creationTimestamp",
     }
+    cols = [(c["name"], c["jsonPath"]) for c in definition(crd.SERVICE_KIND)["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert cols == [
+        ("Accelerator", ".spec.tpu.accelerator"),
+        ("Topology", ".spec.tpu.topology"),
+        ("Model", ".status.model"),
+        ("Ready", ".status.replicasReady"),
+        ("Phase", ".status.phase"),
+        ("Endpoint", ".status.endpoint"),
+        ("Age", ".metadata.creationTimestamp"),
+    ]

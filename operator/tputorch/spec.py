@@ -422,10 +422,14 @@ def _parse_node_selector(r: _Reader, spec: Mapping, key: str, path: str) -> dict
 
 def _parse_metadata(r: _Reader, body: Mapping, max_len: int, child: str) -> tuple[str, str, dict]:
     metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
-    name = r.value(
-        metadata, "name", "metadata.name", str, required=True, default="",
-        check=_string(max_len, DNS1035, f"a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {max_len} characters, since the {child} takes this name"),
-    )
+    dns = _string(MAX_STRING, DNS1035, f"a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {max_len} characters, since the {child} takes this name")
+
+    def check(v: str) -> str | None:
+        if len(v) > max_len:
+            return f"must be at most {max_len} characters, since the {child} takes this name (KubeRay's limit)"
+        return dns(v)
+
+    name = r.value(metadata, "name", "metadata.name", str, required=True, default="", check=check)
     namespace = r.value(metadata, "namespace", "metadata.namespace", str, default="default")
     labels = metadata.get("labels") if isinstance(metadata.get("labels"), Mapping) else {}
     return name, namespace or "default", {str(k): str(v) for k, v in labels.items()}

@@ -143,3 +143,181 @@ def test_runtime_env_is_yaml_and_strings_are_quoted_safely():
 
 def test_rendering_is_deterministic():
     assert render.to_yaml(rendered(CASES["v6e-4x4-everything"])) == render.to_yaml(rendered(CASES["v6e-4x4-everything"]))
+
+
+# --- TPUTorchService -> RayService ---------------------------------------------------------
+
+from .services import service_body  # noqa: E402
+
+SERVICE_CASES = {
+    "service-v6e-4x4-qwen3-moe": {
+        "model": {"name": "qwen3-30b-a3b"},
+        "engine": {"tensorParallelSize": 16, "enableExpertParallel": True, "maxModelLen": 8192},
+    },
+    "service-v6e-2x2-single-host": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"}},
+    "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
+    "service-v6e-4x4-replicas-1-3": {"replicas": {"min": 1, "max": 3}},
+    "service-v6e-4x4-spot": {"tpu": {"spot": True}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "serve", "effect": "NoSchedule"}]},
+    "service-v6e-4x4-hf-token": {
+        "model": {"source": "meta-llama/Llama-3.1-8B-Instruct", "hfTokenSecret": {"name": "hf-token", "key": "token"}},
+        "engine": {"args": {"gpu_memory_utilization": 0.9, "enable_prefix_caching": True}},
+        "runtimeEnv": {"env_vars": {"HF_HUB_ENABLE_HF_TRANSFER": "1"}},
+        "env": [{"name": "LOG_LEVEL", "value": "debug"}],
+        "serviceAccountName": "serving",
+        "queueName": "serving-queue",
+    },
+}
+
+
+def rendered_service(overrides, name="svc"):
+    return render.rayservice(spec.parse_service(service_body(name=name, **overrides)))
+
+
+def serve_config(rayservice):
+    return yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+
+
+def llm_config(rayservice):
+    (app,) = serve_config(rayservice)["applications"]
+    (cfg,) = app["args"]["llm_configs"]
+    return cfg
+
+
+@pytest.mark.parametrize("case", sorted(SERVICE_CASES))
+def test_service_golden(case):
+    text = render.to_yaml(rendered_service(SERVICE_CASES[case], name=case.removeprefix("service-")[:47]))
+    path = GOLDEN / f"{case}.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with UPDATE_GOLDEN=1"
+    assert text == path.read_text()
+    assert yaml.safe_load(text) == rendered_service(SERVICE_CASES[case], name=case.removeprefix("service-")[:47])
+
+
+def test_reference_service_serve_config():
+    rs = rendered_service(SERVICE_CASES["service-v6e-4x4-qwen3-moe"], name="qwen3-moe")
+    (app,) = serve_config(rs)["applications"]
+    assert (app["route_prefix"], app["import_path"]) == ("/", "ray.serve.llm:build_openai_app")
+    cfg = llm_config(rs)
+    assert cfg["model_loading_config"] == {"model_id": "qwen3-30b-a3b", "model_source": "Qwen/Qwen3-30B-A3B"}
+    assert cfg["accelerator_type"] == "TPU-V6E"
+    assert cfg["accelerator_config"] == {"kind": "tpu", "topology": "4x4"}
+    assert cfg["engine_kwargs"] == {"tensor_parallel_size": 16, "pipeline_parallel_size": 1, "enable_expert_parallel": True, "max_model_len": 8192}
+    assert cfg["deployment_config"] == {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
+    assert "runtime_env" not in cfg
+
+
+ALL_SERVICE_SLICES = [s for s in topology.all_slices() if s.chips_per_host == topology.host_layouts(s.generation, s.topology)[0]]
+
+
+@pytest.mark.parametrize("s", ALL_SERVICE_SLICES, ids=lambda s: f"{s.generation.name}-{s.topology}")
+def test_every_service_slice_is_one_worker_replica_that_passes_the_gke_webhook_rule(s):
+    rs = rendered_service({"tpu": {"accelerator": s.generation.name, "topology": s.topology}})
+    cluster = rs["spec"]["rayClusterConfig"]
+    (group,) = cluster["workerGroupSpecs"]
+    per_pod = int(container(group["template"])["resources"]["limits"]["google.com/tpu"])
+    assert group["numOfHosts"] * per_pod == s.chips and group["numOfHosts"] == max(s.chips // per_pod, 1)
+    assert group["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == s.topology
+    assert llm_config(rs)["engine_kwargs"]["tensor_parallel_size"] == s.chips
+    assert llm_config(rs)["accelerator_type"] == s.generation.ray_accelerator_type
+    env = env_of(container(group["template"]))
+    assert (env.get("TPU_MULTIHOST_BACKEND") == "ray") == s.multi_host
+    assert not any(k.startswith("TPUTORCH_") for k in env)  # the training env is the job's
+
+
+def test_service_head_serves_port_8000_and_stays_cpu_only():
+    rs = rendered_service({})
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in container(head)["ports"]}
+    assert ports == {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": 8000}
+    assert "google.com/tpu" not in container(head)["resources"]["limits"]
+    assert "tolerations" not in head["spec"]
+
+
+def test_replicas_drive_the_worker_group_serve_autoscaling_and_kuberays_autoscaler():
+    fixed = rendered_service({"replicas": {"min": 2}})
+    (group,) = fixed["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 2, 2)
+    assert fixed["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is False
+    scaled = rendered_service({"replicas": {"min": 1, "max": 3}})
+    (group,) = scaled["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 3)
+    assert scaled["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+    assert llm_config(scaled)["deployment_config"]["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3}
+
+
+def test_hf_token_reaches_head_and_workers_from_the_secret():
+    rs = rendered_service(SERVICE_CASES["service-v6e-4x4-hf-token"])
+    cluster = rs["spec"]["rayClusterConfig"]
+    for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
+        env = container(template)["env"]
+        token = next(e for e in env if e["name"] == "HF_TOKEN")
+        assert token == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+        assert env[-1] == {"name": "LOG_LEVEL", "value": "debug"}  # the user's env comes last
+    cfg = llm_config(rs)
+    assert cfg["runtime_env"] == {"env_vars": {"HF_HUB_ENABLE_HF_TRANSFER": "1"}}
+    assert cfg["engine_kwargs"]["gpu_memory_utilization"] == 0.9 and cfg["engine_kwargs"]["enable_prefix_caching"] is True
+    assert "HF_TOKEN" not in env_of(container(rendered_service({})["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]))
+
+
+def test_service_labels_and_queue():
+    rs = rendered_service(SERVICE_CASES["service-v6e-4x4-hf-token"], name="my-svc")
+    cluster = rs["spec"]["rayClusterConfig"]
+    for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
+        assert template["metadata"]["labels"] == {render.MANAGED_BY_LABEL: "tputorch-operator", render.SERVICE_LABEL: "my-svc"}
+    assert rs["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "tputorch-operator", "tputorch.io/service": "my-svc",
+        "kueue.x-k8s.io/queue-name": "serving-queue"}
+    assert render.SERVICE_LABEL == "tputorch.io/service" and render.JOB_LABEL == "tputorch.io/job"
+
+
+def test_spec_hash_annotation_follows_the_spec():
+    a, b = rendered_service({}), rendered_service({})
+    h = a["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]
+    assert h == b["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] == render.spec_hash(a["spec"])
+    assert len(h) == 16 and int(h, 16) >= 0
+    assert render.spec_hash(rendered_service({"replicas": {"max": 2}})["spec"]) != h
+    assert render.spec_hash(rendered_service({"engine": {"maxModelLen": 4096}})["spec"]) != h
+    # Key order never matters, only content.
+    assert render.spec_hash({"a": 1, "b": [1, 2]}) == render.spec_hash({"b": [1, 2], "a": 1}) != render.spec_hash({"a": 1, "b": [2, 1]})
+    job = rendered({})
+    assert job["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] == render.spec_hash(job["spec"])
+
+
+def test_rayservice_patch_only_when_the_hash_differs():
+    svc = spec.parse_service(service_body(engine={"maxModelLen": 8192}))
+    current = render.rayservice(svc)
+    # What KubeRay keeps (status, defaults it adds) never causes a patch while the hash matches.
+    observed = {**current, "status": {"serviceStatus": "Running"}}
+    observed["spec"] = {**current["spec"], "upgradeStrategy": {"type": "NewCluster"}}
+    assert render.rayservice_patch(svc, observed) is None
+
+    edited = spec.parse_service(service_body(engine={"maxModelLen": 4096}, replicas={"min": 1, "max": 2}))
+    patch = render.rayservice_patch(edited, observed)
+    desired = render.rayservice(edited)
+    assert patch["metadata"] == {"annotations": {render.SPEC_HASH_ANNOTATION: desired["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]}}
+    assert patch["spec"]["upgradeStrategy"] is None  # a key we do not render is removed
+    assert {k: v for k, v in patch["spec"].items() if v is not None} == desired["spec"]
+    assert "max_model_len: 4096" in patch["spec"]["serveConfigV2"]
+
+
+def test_rayservice_patch_removes_what_the_new_spec_no_longer_has():
+    before = render.rayservice(spec.parse_service(service_body(serviceAccountName="serving")))
+    after = spec.parse_service(service_body())
+    patch = render.rayservice_patch(after, before)
+    head = patch["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    assert head["serviceAccountName"] is None
+    # Applied as a JSON merge patch (RFC 7386) to the old spec it gives exactly the new one.
+    assert merge(before["spec"], patch["spec"]) == render.rayservice(after)["spec"]
+
+
+def merge(target, patch):
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v)
+    return out

@@ -1,0 +1,158 @@
+"""TPUTorchService: every validation rule, its field path and message; defaults; parse_any."""
+
+import pytest
+
+from tputorch import spec
+
+from .jobs import body
+from .services import service_body
+
+
+def errors_of(obj):
+    with pytest.raises(spec.InvalidSpec) as err:
+        spec.parse_service(obj)
+    return err.value.errors
+
+
+def only_error(obj):
+    errors = errors_of(obj)
+    assert len(errors) == 1, [str(e) for e in errors]
+    return errors[0]
+
+
+def test_minimal_service_gets_the_documented_defaults():
+    svc = spec.parse_service(service_body())
+    assert (svc.slice.topology, svc.slice.hosts, svc.slice.chips) == ("4x4", 4, 16)
+    assert svc.model_name == "qwen" and svc.model_source == "Qwen/Qwen3-30B-A3B" and svc.hf_token_secret is None
+    assert (svc.tensor_parallel_size, svc.pipeline_parallel_size) == (16, 1)
+    assert svc.enable_expert_parallel is False and svc.max_model_len is None and svc.engine_args == {}
+    assert (svc.min_replicas, svc.max_replicas, svc.autoscaling) == (1, 1, False)
+    assert svc.ray_version == "2.60.0" and (svc.worker.cpu, svc.head.memory) == ("8", "8Gi")
+
+
+def test_the_reference_service():
+    svc = spec.parse_service(service_body(
+        model={"name": "qwen3-30b-a3b", "hfTokenSecret": {"name": "hf-token", "key": "token"}},
+        engine={"tensorParallelSize": 16, "enableExpertParallel": True, "maxModelLen": 8192, "args": {"gpu_memory_utilization": 0.9}},
+        replicas={"min": 1, "max": 3},
+    ))
+    assert svc.model_name == "qwen3-30b-a3b" and svc.hf_token_secret == ("hf-token", "token")
+    assert (svc.tensor_parallel_size, svc.enable_expert_parallel, svc.max_model_len) == (16, True, 8192)
+    assert svc.engine_args == {"gpu_memory_utilization": 0.9}
+    assert (svc.min_replicas, svc.max_replicas, svc.autoscaling) == (1, 3, True)
+
+
+def test_pipeline_parallel_sets_the_tensor_parallel_default_and_max_defaults_to_min():
+    svc = spec.parse_service(service_body(engine={"pipelineParallelSize": 4}, replicas={"min": 2}))
+    assert (svc.tensor_parallel_size, svc.pipeline_parallel_size) == (4, 4)
+    assert (svc.min_replicas, svc.max_replicas) == (2, 2)
+
+
+def test_both_kinds_expose_the_same_reconcile_attributes():
+    job, svc = spec.parse(body(name="a")), spec.parse_service(service_body(name="b"))
+    for s in (job, svc):
+        assert (s.namespace, s.slice.topology, s.labels) == ("ml", "4x4", {})
+    assert (job.name, svc.name) == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    "overrides,path,fragment",
+    [
+        ({"engine": {"tensorParallelSize": 8}}, "spec.engine.tensorParallelSize",
+         "8 x spec.engine.pipelineParallelSize 1 = 8 chips, but one replica is one whole v6e 4x4 slice: tensorParallelSize x pipelineParallelSize must be 16"),
+        ({"engine": {"tensorParallelSize": 8, "pipelineParallelSize": 4}}, "spec.engine.tensorParallelSize", "= 32 chips"),
+        ({"engine": {"pipelineParallelSize": 3}}, "spec.engine.pipelineParallelSize", "must divide the 16 chips of the slice"),
+        ({"engine": {"tensorParallelSize": 0}}, "spec.engine.tensorParallelSize", "must be at least 1"),
+        ({"engine": {"maxModelLen": 0}}, "spec.engine.maxModelLen", "must be at least 1"),
+        ({"engine": {"maxModelLen": "8k"}}, "spec.engine.maxModelLen", "must be an integer"),
+        ({"engine": {"enableExpertParallel": "yes"}}, "spec.engine.enableExpertParallel", "must be a boolean"),
+        ({"engine": {"tp": 16}}, "spec.engine.tp", "is not a known field"),
+        ({"engine": {"args": ["--x"]}}, "spec.engine.args", "must be an object"),
+        ({"engine": {"args": {"tensor_parallel_size": 16}}}, "spec.engine.args.tensor_parallel_size",
+         "tensor_parallel_size is spec.engine.tensorParallelSize; set it there"),
+        ({"engine": {"args": {"tensorParallelSize": 16}}}, "spec.engine.args.tensorParallelSize", "is spec.engine.tensorParallelSize"),
+        ({"engine": {"args": {"pipeline-parallel-size": 1}}}, "spec.engine.args.pipeline-parallel-size", "is spec.engine.pipelineParallelSize"),
+        ({"engine": {"args": {"enable_expert_parallel": True}}}, "spec.engine.args.enable_expert_parallel", "is spec.engine.enableExpertParallel"),
+        ({"engine": {"args": {"maxModelLen": 4096}}}, "spec.engine.args.maxModelLen", "is spec.engine.maxModelLen"),
+        ({"engine": {"args": {"distributed_executor_backend": "mp"}}}, "spec.engine.args.distributed_executor_backend", "Ray forces the ray executor on TPU"),
+        ({"engine": {"args": {"distributedExecutorBackend": "ray"}}}, "spec.engine.args.distributedExecutorBackend", "Ray forces the ray executor"),
+        ({"engine": {"args": {"model": "x"}}}, "spec.engine.args.model", "from spec.model.source"),
+        ({"engine": {"args": {"served_model_name": "x"}}}, "spec.engine.args.served_model_name", "from spec.model.name"),
+        ({"model": {"source": ""}}, "spec.model.source", "must not be empty"),
+        ({"model": {"source": 7}}, "spec.model.source", "must be a string"),
+        ({"model": {"source": "q", "hfTokenSecret": {"name": "hf"}}}, "spec.model.hfTokenSecret.key", "is required"),
+        ({"model": {"source": "q", "hfTokenSecret": {"name": "Bad_Name", "key": "t"}}}, "spec.model.hfTokenSecret.name", "a Secret name"),
+        ({"model": {"source": "q", "hfTokenSecret": {"name": "hf", "key": "a b"}}}, "spec.model.hfTokenSecret.key", "must be a Secret key"),
+        ({"model": {"source": "q", "format": "gguf"}}, "spec.model.format", "is not a known field"),
+        ({"replicas": {"min": 0}}, "spec.replicas.min", "must be at least 1"),
+        ({"replicas": {"min": 3, "max": 2}}, "spec.replicas.max", "must be at least spec.replicas.min (3)"),
+        ({"replicas": {"max": "3"}}, "spec.replicas.max", "must be an integer"),
+        ({"tpu": {"slices": 2}}, "spec.tpu.slices", "each model replica of a TPUTorchService is one whole slice"),
+        ({"tpu": {"chipsPerWorker": 4}}, "spec.tpu.chipsPerWorker", "is not a known field"),
+        ({"tpu": {"topology": "2x4", "chipsPerHost": 4}, "engine": {"tensorParallelSize": 8}}, "spec.tpu.chipsPerHost",
+         "must be 8 for a TPUTorchService on a v6e 2x4 slice: Ray Serve LLM reserves the slice by its topology"),
+        ({"tpu": {"topology": "4x5"}}, "spec.tpu.topology", "is not a v6e slice on GKE"),
+        ({"rayVersion": "2.59.1"}, "spec.rayVersion", "must be 2.60.0 or newer"),
+        ({"env": [{"name": "TPU_VISIBLE_CHIPS", "value": "0"}]}, "spec.env[0].name", "Ray sets it per worker"),
+        ({"env": [{"name": "TPU_MULTIHOST_BACKEND", "value": "mp"}]}, "spec.env[0].name", "the operator sets it to ray"),
+        ({"runtimeEnv": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS": "1"}}},
+         "spec.runtimeEnv.env_vars.RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS", "chip isolation off"),
+        ({"entrypoint": "python serve.py"}, "spec.entrypoint", "is not a known field"),
+        ({"image": ""}, "spec.image", "must not be empty"),
+    ],
+)
+def test_each_rule_names_field_value_and_what_is_allowed(overrides, path, fragment):
+    err = only_error(service_body(**overrides))
+    assert err.path == path
+    assert fragment in str(err), str(err)
+    assert str(err).startswith(path + ": ")
+
+
+def test_hf_token_env_is_the_operators_only_with_a_token_secret():
+    env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "mine", "key": "t"}}}]
+    assert spec.parse_service(service_body(env=env)).env[0]["name"] == "HF_TOKEN"
+    err = only_error(service_body(env=env, model={"hfTokenSecret": {"name": "hf", "key": "token"}}))
+    assert (err.path, err.value) == ("spec.env[0].name", "HF_TOKEN") and "spec.model.hfTokenSecret" in err.message
+
+
+def test_model_is_required():
+    b = service_body()
+    del b["spec"]["model"]
+    assert only_error(b).path == "spec.model"
+
+
+def test_name_limit_is_kuberays_rayservice_limit():
+    assert spec.RAYSERVICE_NAME_MAX == 47
+    # <name>-serve-svc must stay a DNS-1035 label of at most 63 characters: 47 leaves room.
+    assert len("a" * spec.RAYSERVICE_NAME_MAX + "-serve-svc") <= 63
+    spec.parse_service(service_body(name="a" * 47))
+    err = only_error(service_body(name="a" * 48))
+    assert err.path == "metadata.name" and "at most 47 characters, since the RayService takes this name" in err.message
+
+
+def test_every_error_at_once():
+    errors = errors_of(service_body(
+        name="Bad", tpu={"slices": 3}, engine={"maxModelLen": -1, "args": {"max_model_len": 1}},
+        replicas={"min": 2, "max": 1}, model={"source": ""},
+    ))
+    assert {e.path for e in errors} == {
+        "metadata.name", "spec.tpu.slices", "spec.engine.maxModelLen", "spec.engine.args.max_model_len",
+        "spec.replicas.max", "spec.model.source",
+    }
+
+
+@pytest.mark.parametrize("bad", [None, [], "x", 3, {"spec": []}, {"metadata": "x", "spec": {"model": []}}])
+def test_anything_else_is_an_invalid_spec(bad):
+    with pytest.raises(spec.InvalidSpec):
+        spec.parse_service(bad)
+
+
+def test_parse_any_dispatches_on_kind():
+    assert isinstance(spec.parse_any(body()), spec.JobSpec)
+    assert isinstance(spec.parse_any(service_body()), spec.ServiceSpec)
+    with pytest.raises(spec.InvalidSpec) as err:
+        spec.parse_any({**body(), "kind": "RayJob"})
+    (e,) = err.value.errors
+    assert e.path == "kind" and e.message == "must be TPUTorchJob or TPUTorchService"
+    with pytest.raises(spec.InvalidSpec):
+        spec.parse_any(["not", "an", "object"])

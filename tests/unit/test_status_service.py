@@ -1,0 +1,169 @@
+"""TPUTorchService status from KubeRay v1.5 RayService statuses and the slice's pods."""
+
+import pathlib
+
+import pytest
+import yaml
+
+from tputorch import render, spec, status
+
+from .services import service_body
+
+STATUSES = yaml.safe_load((pathlib.Path(__file__).parent / "data" / "rayservice-statuses.yaml").read_text())
+T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:01:00Z"
+SVC = spec.parse_service(service_body(replicas={"min": 1, "max": 2}))
+ENDPOINT = "http://qwen-serve-svc.ml.svc.cluster.local:8000/v1"
+
+
+def rayservice(stage, svc=SVC, generation=None):
+    obj = render.rayservice(svc)  # carries the spec hash of what the operator created
+    obj["metadata"]["generation"] = generation or STATUSES[stage].get("observedGeneration", 1)
+    obj["status"] = STATUSES[stage]
+    return obj
+
+
+def derive(stage, pods=(), previous=None, svc=SVC, now=T0, **kw):
+    rs = None if stage is None else rayservice(stage, svc)
+    return status.derive_service(svc, 3, rs, list(pods), previous or {}, now, **kw)
+
+
+def cond(st, ctype):
+    return next((c for c in st["conditions"] if c["type"] == ctype), None)
+
+
+def host(name, ready, replica=None, cluster="qwen-k2x9p", role="worker"):
+    labels = {"ray.io/node-type": role, "ray.io/cluster": cluster}
+    if replica:
+        labels["ray.io/worker-group-replica-name"] = replica
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def slice_hosts(n_ready, n=4, **kw):
+    return [host(f"w{i}", i < n_ready, **kw) for i in range(n)]
+
+
+@pytest.mark.parametrize("stage,pods,phase,ready_cond", [
+    (None, [], "Pending", ("False", "NoRayService")),
+    ("created", [], "Pending", ("False", "WaitingForKubeRay")),
+    ("initializing", slice_hosts(2), "Pending", ("False", "Initializing")),
+    ("deploying", slice_hosts(4), "Deploying", ("False", "Initializing")),
+    ("running", slice_hosts(4), "Ready", ("True", "NonZeroServeEndpoints")),
+    ("upgrading", slice_hosts(4), "Updating", ("True", "NonZeroServeEndpoints")),
+    ("deploy-failed", slice_hosts(4), "Failed", ("False", "Initializing")),
+    ("initializing-timeout", [], "Failed", ("False", "InitializingTimeout")),
+])
+def test_phase_and_ready_condition_per_stage(stage, pods, phase, ready_cond):
+    st = derive(stage, pods)
+    assert st["phase"] == phase
+    c = cond(st, "Ready")
+    assert (c["status"], c["reason"]) == ready_cond
+    assert st["endpoint"] == ENDPOINT and st["model"] == "qwen" and st["observedGeneration"] == 3
+    assert cond(st, "Validated")["status"] == "True"
+    assert cond(st, "RayServiceCreated")["status"] == ("False" if stage is None else "True")
+    assert (cond(st, "Failed") is not None) == (phase == "Failed")
+
+
+def test_ready_service_reports_kuberay_and_serve_fields():
+    st = derive("running", slice_hosts(4))
+    assert (st["replicas"], st["readyReplicas"], st["replicasReady"], st["hosts"], st["readyHosts"]) == (1, 1, "1/1", 4, 4)
+    assert (st["serviceStatus"], st["applicationStatus"], st["rayClusterName"], st["rayServiceName"]) == ("Running", "RUNNING", "qwen-k2x9p", "qwen")
+    assert cond(st, "SliceReady")["status"] == "True"
+    assert st["message"] == "serving qwen on 1 replica(s) of a v6e 4x4 slice"
+
+
+def test_deploying_says_what_serve_reports():
+    st = derive("deploying", slice_hosts(4))
+    assert st["message"] == "deploying qwen: DEPLOYING" and st["applicationStatus"] == "DEPLOYING"
+
+
+def test_deploy_failure_carries_serves_message():
+    st = derive("deploy-failed", slice_hosts(4))
+    failed = cond(st, "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "DeployFailed")
+    assert "TPU not found" in failed["message"] and "TPU not found" in st["message"]
+    assert ("Warning", "DeployFailed") in [(e.type, e.reason) for e in status.events({}, st)]
+    assert cond(derive("initializing-timeout"), "Failed")["reason"] == "InitializingTimeout"
+
+
+def test_a_failed_upgrade_keeps_the_old_version_serving():
+    st = derive("upgrade-failed", slice_hosts(4))
+    assert st["phase"] == "Updating" and cond(st, "Ready")["status"] == "True"
+    assert st["message"] == "the new version failed to deploy, the old one still serves: ValueError: model Qwen/Qwen3-30B-A4B not found"
+
+
+def test_an_edit_not_yet_applied_is_updating_not_ready():
+    edited = spec.parse_service(service_body(replicas={"min": 1, "max": 2}, engine={"maxModelLen": 4096}))
+    # The RayService still has the old spec (hash of SVC): the edit has not reached it.
+    st = status.derive_service(edited, 4, rayservice("running"), slice_hosts(4), {}, T0)
+    assert st["phase"] == "Updating"
+    # Patched (new hash) but KubeRay has not observed the new generation yet.
+    rs = rayservice("running", edited, generation=2)
+    assert status.derive_service(edited, 4, rs, slice_hosts(4), {}, T0)["phase"] == "Updating"
+    rs["status"] = {**rs["status"], "observedGeneration": 2}
+    assert status.derive_service(edited, 4, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
+
+
+def test_ready_replicas_count_whole_slices():
+    # Two replicas wanted by the autoscaler; one slice all ready, the other with 2 of 4 hosts.
+    pods = slice_hosts(4, replica="tpu-slice-aaaaa") + [host(f"x{i}", i < 2, replica="tpu-slice-bbbbb") for i in range(4)]
+    st = derive("scaled-up", pods)
+    assert (st["replicas"], st["readyReplicas"], st["replicasReady"], st["hosts"], st["readyHosts"]) == (2, 1, "1/2", 8, 6)
+    # Without KubeRay's replica label (its RayMultiHostIndexing gate is off by default in 1.5):
+    # whole slices' worth of ready hosts.
+    st = derive("scaled-up", slice_hosts(4) + [host(f"x{i}", i < 2) for i in range(4)])
+    assert st["readyReplicas"] == 1
+    # Replica-labelled hosts that are all ready but fewer than a slice are no replica.
+    assert derive("scaled-up", [host(f"y{i}", True, replica="r") for i in range(3)])["readyReplicas"] == 0
+
+
+def test_only_the_serving_clusters_pods_count_during_an_upgrade():
+    pods = slice_hosts(4) + [host(f"n{i}", False, cluster="qwen-7fz4q") for i in range(4)]
+    st = derive("upgrading", pods)
+    assert (st["readyHosts"], st["readyReplicas"], st["rayClusterName"]) == (4, 1, "qwen-k2x9p")
+
+
+def test_no_rayservice_and_a_creation_problem():
+    st = derive(None, problem=("RayServiceNameTaken", "a RayService named qwen already exists"))
+    c = cond(st, "RayServiceCreated")
+    assert (c["status"], c["reason"]) == ("False", "RayServiceNameTaken")
+    assert st["message"] == "a RayService named qwen already exists" and st["phase"] == "Pending"
+    assert ("Warning", "RayServiceNameTaken") in [(e.type, e.reason) for e in status.events({}, st)]
+    assert derive(None)["message"] == "creating the RayService"
+
+
+def test_unschedulable_slice_explains_the_wait():
+    pod = host("qwen-k2x9p-tpu-slice-worker-abc", False)
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                    "message": "0/7 nodes are available: 7 Insufficient google.com/tpu."}]
+    st = derive("initializing", [pod])
+    c = cond(st, "SliceReady")
+    assert (c["reason"], c["message"]) == ("Unschedulable", "pod qwen-k2x9p-tpu-slice-worker-abc: Unschedulable: no nodes are available: Insufficient google.com/tpu.")
+
+
+def test_events_on_service_phase_changes():
+    pending = derive("initializing", slice_hosts(0))
+    deploying = derive("deploying", slice_hosts(4), previous=pending, now=T1)
+    ready = derive("running", slice_hosts(4), previous=deploying, now=T1)
+    updating = derive("upgrading", slice_hosts(4), previous=ready, now=T1)
+    assert ("Normal", "Deploying") in [(e.type, e.reason) for e in status.events(pending, deploying)]
+    reasons = [(e.type, e.reason) for e in status.events(deploying, ready)]
+    assert ("Normal", "NonZeroServeEndpoints") in reasons and ("Normal", "Ready") in reasons
+    assert [(e.type, e.reason) for e in status.events(ready, updating)] == [("Normal", "Updating")]
+    assert status.events(ready, derive("running", slice_hosts(4), previous=ready, now=T1)) == []
+
+
+def test_patch_for_nulls_fields_of_either_kind():
+    ready = derive("running", slice_hosts(4))
+    invalid = status.invalid([spec.FieldError("spec.model.source", "", "must not be empty")], 4, ready, T1)
+    patch = status.patch_for(ready, invalid)
+    assert patch["endpoint"] is None and patch["readyReplicas"] is None and patch["phase"] == "Failed"
+    assert status.patch_for(ready, derive("running", slice_hosts(4), previous=ready, now=T1)) is None
+
+
+def test_condition_messages_are_capped_for_the_api():
+    st = derive("deploy-failed", slice_hosts(4))
+    huge = rayservice("deploy-failed")
+    huge["status"]["activeServiceStatus"]["applicationStatuses"]["llm"]["message"] = "x" * 100000
+    st = status.derive_service(SVC, 1, huge, slice_hosts(4), {}, T0)
+    assert len(cond(st, "Failed")["message"]) == status.MAX_CONDITION_MESSAGE

@@ -29,7 +29,7 @@ def _parse_all(path: str) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[s
         return [], [f"{path}: {err}"]
     for i, doc in enumerate(docs):
         where = f"{path}" + (f" (document {i + 1})" if len(docs) > 1 else "")
-        if not isinstance(doc, dict) or doc.get("kind") not in crd.BUILDERS:
+        if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str) or doc["kind"] not in crd.BUILDERS:
             kinds = " or ".join(crd.BUILDERS)
             problems.append(f"{where}: kind must be {kinds}, got {doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r}")
             continue

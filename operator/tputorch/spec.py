@@ -304,14 +304,15 @@ class _TPU:
 
 def _parse_tpu(r: _Reader, spec: Mapping, allowed: set[str], slices_reason: str) -> _TPU:
     tpu = r.mapping(spec, "tpu", "spec.tpu", allowed)
-    if "tpu" not in spec:
+    if spec.get("tpu") is None:
         r.error("spec.tpu", None, "is required")
     spot = r.value(tpu, "spot", "spec.tpu.spot", bool, default=DEFAULTS["tpu.spot"])
     reservation = r.value(tpu, "reservation", "spec.tpu.reservation", str, check=_string(63, LABEL_VALUE, "a label value (the reservation's name)"))
     if reservation and spot:
         r.error("spec.tpu.reservation", reservation, "must not be set together with spec.tpu.spot: a slice is either reserved or spot capacity")
-    accelerator = r.value(tpu, "accelerator", "spec.tpu.accelerator", str, required=bool(tpu))
-    topo = r.value(tpu, "topology", "spec.tpu.topology", str, required=bool(tpu))
+    given = isinstance(spec.get("tpu"), Mapping)  # not an object: that error is reported already
+    accelerator = r.value(tpu, "accelerator", "spec.tpu.accelerator", str, required=given)
+    topo = r.value(tpu, "topology", "spec.tpu.topology", str, required=given)
     r.value(tpu, "slices", "spec.tpu.slices", int, default=1, check=lambda v: None if v == 1 else slices_reason)
     chips_per_worker = DEFAULTS["tpu.chipsPerWorker"]
     if "chipsPerWorker" in allowed:
@@ -479,7 +480,7 @@ def _parse_common(r: _Reader, body: Any, kind: _Kind, operator_env: Mapping[str,
     """The blocks both kinds share; errors go to ``r``."""
     name, namespace, labels = _parse_metadata(r, body, kind.name_max, kind.child)
     spec = r.mapping(body, "spec", "spec", kind.spec_fields)
-    if "spec" not in body:
+    if body.get("spec") is None:
         r.error("spec", None, "is required")
     tpu = _parse_tpu(r, spec, kind.tpu_fields, kind.slices_reason)
     image = r.value(spec, "image", "spec.image", str, required=True, check=_string(what="an image reference"))
@@ -628,9 +629,9 @@ def parse_service(body: Any) -> ServiceSpec:
     spec = c.spec
 
     model = r.mapping(spec, "model", "spec.model", MODEL_FIELDS)
-    if "model" not in spec:
+    if spec.get("model") is None:
         r.error("spec.model", None, "is required")
-    source = r.value(model, "source", "spec.model.source", str, required=bool(model),
+    source = r.value(model, "source", "spec.model.source", str, required=isinstance(spec.get("model"), Mapping),
                      check=_string(what="a Hugging Face repo id, a gs:// path or a path on the hosts"))
     model_name = r.value(model, "name", "spec.model.name", str, default=c.name, check=_string(253))
     secret = r.mapping(model, "hfTokenSecret", "spec.model.hfTokenSecret", SECRET_REF_FIELDS)
@@ -700,6 +701,6 @@ PARSERS: dict[str, Callable[[Any], Any]] = {JOB_KIND: parse, SERVICE_KIND: parse
 def parse_any(body: Any) -> JobSpec | ServiceSpec:
     """Parse a body of either kind, chosen by its ``kind``."""
     kind = body.get("kind") if isinstance(body, Mapping) else None
-    if kind not in PARSERS:
+    if not isinstance(kind, str) or kind not in PARSERS:
         raise InvalidSpec([FieldError("kind", kind, f"must be {' or '.join(PARSERS)}")])
     return PARSERS[kind](body)

@@ -1,8 +1,15 @@
 """Property-based: whatever a user writes, parse raises only InvalidSpec whose errors name a field,
-and whatever parses renders into a RayJob that keeps the slice rules."""
+and whatever parses renders into a child that keeps the slice rules.
+
+The generators build mostly valid bodies (a supported slice, valid values for every optional
+field) and then break at most one field with arbitrary JSON: so the render assertions run on most
+examples, and each test asserts that they did.
+"""
 
 import string
+from collections import Counter
 
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,69 +21,173 @@ scalars = st.one_of(
 )
 json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)), max_leaves=8)
 
-accelerators = st.one_of(st.sampled_from(sorted(topology.ACCELERATOR_ALIASES)), st.text(max_size=12), json_values)
-topologies = st.one_of(st.sampled_from(sorted({t for g in topology.GENERATIONS.values() for t in g.topologies})), st.text(alphabet="0123456789x", max_size=9), json_values)
-small_ints = st.one_of(st.sampled_from([0, 1, 2, 3, 4, 8, 16, -1]), json_values)
+names = st.from_regex(r"[a-z][a-z0-9-]{0,40}[a-z0-9]", fullmatch=True)
+env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,15}", fullmatch=True).filter(
+    lambda n: n not in spec.FORBIDDEN_ENV and not n.startswith(spec.RESERVED_ENV_PREFIX) and n not in spec.SERVICE_ENV and n != spec.HF_TOKEN_ENV)
+quantities = st.one_of(st.sampled_from(["1", "4", "500m", "16Gi", "1.5", "32Gi"]), st.integers(min_value=1, max_value=64))
+label_values = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
 
-tpu_blocks = st.fixed_dictionaries(
-    {"accelerator": accelerators, "topology": topologies},
-    optional={"slices": small_ints, "chipsPerWorker": small_ints, "chipsPerHost": small_ints, "spot": st.one_of(st.booleans(), json_values),
-              "reservation": st.one_of(st.text(max_size=70), json_values)},
-)
-env_items = st.one_of(
-    st.fixed_dictionaries({"name": st.one_of(st.sampled_from(["A", "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS", "TPUTORCH_X", "TPU_VISIBLE_CHIPS", "1x"]), st.text(max_size=10), json_values)},
-                          optional={"value": json_values, "valueFrom": json_values}),
-    json_values,
-)
-specs = st.fixed_dictionaries(
-    {},
-    optional={
-        "tpu": st.one_of(tpu_blocks, json_values),
-        "image": st.one_of(st.just("example.com/img:1"), json_values),
-        "entrypoint": st.one_of(st.just("python train.py"), json_values),
-        "rayVersion": st.one_of(st.sampled_from(["2.60.0", "2.59.1", "2.9.0", "x"]), json_values),
-        "runtimeEnv": json_values,
-        "env": st.one_of(st.lists(env_items, max_size=3), json_values),
-        "head": st.one_of(st.fixed_dictionaries({}, optional={"cpu": json_values, "memory": json_values, "nodeSelector": json_values}), json_values),
-        "worker": st.one_of(st.fixed_dictionaries({}, optional={"cpu": st.one_of(st.sampled_from(["4", "500m", 8]), json_values), "memory": json_values}), json_values),
-        "tolerations": json_values,
-        "serviceAccountName": json_values,
-        "nodeSelector": json_values,
-        "suspend": json_values,
-        "queueName": json_values,
-        "activeDeadlineSeconds": small_ints,
-        "backoffLimit": small_ints,
-        "ttlSecondsAfterFinished": small_ints,
-        "shutdownAfterJobFinishes": json_values,
-        "unknownField": json_values,
-    },
-)
-bodies = st.fixed_dictionaries(
-    {"metadata": st.one_of(st.fixed_dictionaries({"name": st.one_of(st.from_regex(r"[a-z][a-z0-9-]{0,50}", fullmatch=True), json_values)},
-                                                  optional={"namespace": st.text(max_size=10)}), json_values)},
-    optional={"spec": st.one_of(specs, json_values), "kind": st.just("TPUTorchJob")},
-)
+common_optional = {
+    "rayVersion": st.sampled_from(["2.60.0", "2.61.3", "3.0.0"]),
+    "runtimeEnv": st.fixed_dictionaries({}, optional={"pip": st.lists(st.sampled_from(["datasets", "numpy==2.1"]), max_size=2),
+                                                      "env_vars": st.dictionaries(env_names, st.text(max_size=5), max_size=2)}),
+    "env": st.lists(st.fixed_dictionaries({"name": env_names, "value": st.text(max_size=8)}), max_size=3, unique_by=lambda e: e["name"]),
+    "head": st.fixed_dictionaries({}, optional={"cpu": quantities, "memory": quantities, "nodeSelector": st.dictionaries(st.sampled_from(["pool", "team"]), label_values, max_size=2)}),
+    "worker": st.fixed_dictionaries({}, optional={"cpu": quantities, "memory": quantities}),
+    "tolerations": st.lists(st.fixed_dictionaries({"key": st.text(max_size=5), "operator": st.sampled_from(["Exists", "Equal"]),
+                                                   "effect": st.sampled_from(["NoSchedule", "NoExecute"])}), max_size=2),
+    "serviceAccountName": names,
+    "nodeSelector": st.dictionaries(st.sampled_from(["team", "example.com/pool"]), label_values, max_size=2),
+    "queueName": label_values,
+}
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(bodies)
-def test_parse_and_render_never_crash_and_errors_name_their_field(body):
-    try:
-        job = spec.parse(body)
-    except spec.InvalidSpec as err:
-        assert err.errors
-        for e in err.errors:
-            assert e.path.startswith(("spec", "metadata")), e
-            assert e.message
-            assert str(e).startswith(e.path + ": ")
-        return
-    rayjob = render.rayjob(job)
-    (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    per_pod = int(group["template"]["spec"]["containers"][0]["resources"]["limits"]["google.com/tpu"])
-    assert group["numOfHosts"] * per_pod == job.slice.chips
-    assert job.slice.chips_per_host % job.chips_per_worker == 0
-    names = [e["name"] for e in group["template"]["spec"]["containers"][0]["env"]]
+def tpu_block(s: topology.Slice, extra: dict) -> st.SearchStrategy:
+    accelerator = st.sampled_from([s.generation.name, s.generation.gke_accelerator])
+    base = {"accelerator": accelerator, "topology": st.just(s.topology)}
+    optional = {"spot": st.booleans(), "slices": st.just(1)}
+    if s.chips_per_host != topology.host_layouts(s.generation, s.topology)[0]:
+        base["chipsPerHost"] = st.just(s.chips_per_host)
+    return st.fixed_dictionaries(base, optional={**optional, **extra})
+
+
+def broken(valid: st.SearchStrategy) -> st.SearchStrategy:
+    """A valid body, or one with a single field of spec (or the name) replaced by anything."""
+    def mutate(body, data):
+        body = yaml.safe_load(yaml.safe_dump(body))  # a deep copy
+        targets = ["metadata.name"] + [f"spec.{k}" for k in body["spec"]] + [f"spec.tpu.{k}" for k in body["spec"]["tpu"]]
+        where = data.draw(st.sampled_from(targets))
+        *parents, leaf = where.split(".")
+        obj = body
+        for p in parents:
+            obj = obj[p]
+        obj[leaf] = data.draw(json_values)
+        return body
+
+    return st.tuples(valid, st.data(), st.integers(0, 9)).map(lambda t: mutate(t[0], t[1]) if t[2] in (3, 6) else t[0])
+
+
+@st.composite
+def job_bodies(draw):
+    s = draw(st.sampled_from(topology.all_slices()))
+    per_worker = draw(st.sampled_from([c for c in topology.VALID_CHIPS_PER_WORKER if s.chips_per_host % c == 0]))
+    tpu = draw(tpu_block(s, {"chipsPerWorker": st.just(per_worker)}))
+    spec_ = draw(st.fixed_dictionaries(
+        {"tpu": st.just(tpu), "image": st.just("example.com/img:1"), "entrypoint": st.sampled_from(["python train.py", "python -m t --x 'a: b'"])},
+        optional={**common_optional, "activeDeadlineSeconds": st.integers(1, 10**6), "backoffLimit": st.integers(0, 100),
+                  "suspend": st.booleans()},
+    ))
+    return {"kind": "TPUTorchJob", "metadata": {"name": draw(names), "namespace": "ml"}, "spec": spec_}
+
+
+@st.composite
+def service_bodies(draw):
+    s = draw(st.sampled_from([x for x in topology.all_slices() if x.chips_per_host == topology.host_layouts(x.generation, x.topology)[0]]))
+    tpu = draw(tpu_block(s, {}))
+    pp = draw(st.sampled_from([p for p in (1, 2, 4) if s.chips % p == 0]))
+    engine = draw(st.fixed_dictionaries({}, optional={
+        "tensorParallelSize": st.just(s.chips // pp), "pipelineParallelSize": st.just(pp), "enableExpertParallel": st.booleans(),
+        "maxModelLen": st.integers(1, 131072), "args": st.dictionaries(st.sampled_from(["gpu_memory_utilization", "enable_prefix_caching", "dtype"]), scalars, max_size=2)}))
+    if "tensorParallelSize" in engine and "pipelineParallelSize" not in engine:
+        engine["tensorParallelSize"] = s.chips
+    low = draw(st.integers(1, 4))
+    replicas = draw(st.fixed_dictionaries({}, optional={"min": st.just(low), "max": st.integers(low, 8)}))
+    model = draw(st.fixed_dictionaries({"source": st.sampled_from(["Qwen/Qwen3-0.6B", "gs://b/m", "/models/x"])},
+                                       optional={"name": st.text(min_size=1, max_size=10).filter(str.strip),
+                                                 "hfTokenSecret": st.fixed_dictionaries({"name": names, "key": st.sampled_from(["token", "hf_api_token"])})}))
+    spec_ = draw(st.fixed_dictionaries(
+        {"tpu": st.just(tpu), "image": st.just("example.com/vllm:1"), "model": st.just(model)},
+        optional={**common_optional, "engine": st.just(engine), "replicas": st.just(replicas)},
+    ))
+    return {"kind": "TPUTorchService", "metadata": {"name": draw(names), "namespace": "ml"}, "spec": spec_}
+
+
+def check_errors(err: spec.InvalidSpec) -> None:
+    assert err.errors
+    for e in err.errors:
+        assert e.path.startswith(("spec", "metadata", "kind")), e
+        assert e.message
+        assert str(e).startswith(e.path + ": ")
+
+
+def worker_group(child: dict) -> dict:
+    cluster = child["spec"].get("rayClusterSpec") or child["spec"]["rayClusterConfig"]
+    (group,) = cluster["workerGroupSpecs"]
+    return group
+
+
+def check_slice(child: dict, s: topology.Slice) -> list[str]:
+    group = worker_group(child)
+    c = group["template"]["spec"]["containers"][0]
+    assert group["numOfHosts"] * int(c["resources"]["limits"]["google.com/tpu"]) == s.chips
+    assert group["template"]["spec"]["nodeSelector"][topology.GKE_TOPOLOGY_LABEL] == s.topology
+    names = [e["name"] for e in c["env"]]
     assert "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS" not in names and "TPU_VISIBLE_CHIPS" not in names
+    assert len(names) == len(set(names))  # never an env var twice (the user's and ours)
+    return names
+
+
+def test_jobs_parse_or_fail_cleanly_and_most_render():
+    seen = Counter()
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(broken(job_bodies()))
+    def run(body):
+        try:
+            job = spec.parse_any(body)
+        except spec.InvalidSpec as err:
+            check_errors(err)
+            seen["invalid"] += 1
+            return
+        seen["valid"] += 1
+        check_slice(render.rayjob(job), job.slice)
+        assert job.slice.chips_per_host % job.chips_per_worker == 0
+
+    run()
+    assert seen["valid"] >= 0.5 * sum(seen.values()), seen
+    assert seen["invalid"] > 0, seen
+
+
+def test_services_parse_or_fail_cleanly_and_most_render():
+    seen = Counter()
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(broken(service_bodies()))
+    def run(body):
+        try:
+            svc = spec.parse_any(body)
+        except spec.InvalidSpec as err:
+            check_errors(err)
+            seen["invalid"] += 1
+            return
+        seen["valid"] += 1
+        rs = render.rayservice(svc)
+        names = check_slice(rs, svc.slice)
+        (app,) = yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"]
+        (cfg,) = app["args"]["llm_configs"]
+        kwargs = cfg["engine_kwargs"]
+        assert kwargs["tensor_parallel_size"] * kwargs["pipeline_parallel_size"] == svc.slice.chips
+        assert "distributed_executor_backend" not in kwargs
+        scaling = cfg["deployment_config"]["autoscaling_config"]
+        group = worker_group(rs)
+        assert (group["minReplicas"], group["maxReplicas"]) == (scaling["min_replicas"], scaling["max_replicas"])
+        assert 1 <= scaling["min_replicas"] <= scaling["max_replicas"]
+        assert ("TPU_MULTIHOST_BACKEND" in names) == svc.slice.multi_host
+        assert render.rayservice_patch(svc, rs) is None
+
+    run()
+    assert seen["valid"] >= 0.5 * sum(seen.values()), seen
+    assert seen["invalid"] > 0, seen
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(json_values, st.dictionaries(st.sampled_from(["kind", "metadata", "spec"]), json_values)))
+def test_arbitrary_json_never_crashes_either_parser(body):
+    for parse in (spec.parse, spec.parse_service, spec.parse_any):
+        try:
+            parse(body)
+        except spec.InvalidSpec as err:
+            assert err.errors
 
 
 @settings(max_examples=300, deadline=None)

@@ -156,3 +156,16 @@ def test_parse_any_dispatches_on_kind():
     assert e.path == "kind" and e.message == "must be TPUTorchJob or TPUTorchService"
     with pytest.raises(spec.InvalidSpec):
         spec.parse_any(["not", "an", "object"])
+
+
+@pytest.mark.parametrize("field", ["tpu", "model"])
+def test_a_null_required_block_is_missing(field):
+    b = service_body()
+    b["spec"][field] = None
+    assert only_error(b).path == f"spec.{field}"
+
+
+def test_an_empty_block_lists_its_required_fields():
+    b = service_body(tpu=None, model=None)
+    b["spec"]["tpu"], b["spec"]["model"] = {}, {}
+    assert {e.path for e in errors_of(b)} == {"spec.tpu.accelerator", "spec.tpu.topology", "spec.model.source"}

@@ -1,0 +1,136 @@
+"""Ray 2.60 accepts what a TPUTorchService renders, and Ray's own code reserves exactly its slice.
+
+No Ray cluster and no vLLM: Ray Serve's ServeDeploySchema validates each golden serveConfigV2,
+Ray Serve LLM's LLMConfig (pydantic, unknown keys refused) validates each llm_config, and the TPU
+accelerator backend LLMConfig resolves to computes the placement bundles a replica reserves.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import yaml
+from ray._private.accelerators.tpu import TPUAcceleratorManager
+from ray.llm._internal.serve.core.configs.accelerators import TPUAccelerator, TPUConfig
+from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
+from ray.serve.schema import ServeDeploySchema
+from ray.util.tpu import get_tpu_version_from_type
+
+from tputorch import render, spec, topology
+
+pytestmark = pytest.mark.ray
+
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "unit" / "golden"
+GOLDEN_SERVICES = sorted(GOLDEN.glob("service-*.yaml"))
+
+
+def service(accelerator: str, topology_: str, chips_per_host: int | None = None, **engine) -> spec.ServiceSpec:
+    tpu = {"accelerator": accelerator, "topology": topology_}
+    if chips_per_host:
+        tpu["chipsPerHost"] = chips_per_host
+    return spec.parse_service({
+        "kind": "TPUTorchService",
+        "metadata": {"name": "svc", "namespace": "default"},
+        "spec": {"tpu": tpu, "image": "example.invalid/vllm:1", "model": {"source": "Qwen/Qwen3-0.6B"}, "engine": engine},
+    })
+
+
+def llm_configs(rayservice: dict) -> list[dict]:
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    return [cfg for app in config["applications"] for cfg in app["args"]["llm_configs"]]
+
+
+def bundles(cfg: dict) -> tuple[LLMConfig, list[dict]]:
+    """The placement bundles of one replica, as Ray computes them for the config."""
+    llm = LLMConfig(**cfg)
+    assert isinstance(llm.accelerator_config, TPUConfig)
+    # Ray's VLLMEngineConfig.num_devices (importing it needs vLLM): tp x pp of the engine kwargs.
+    devices = llm.engine_kwargs.get("tensor_parallel_size", 1) * llm.engine_kwargs.get("pipeline_parallel_size", 1)
+    return llm, TPUAccelerator(llm.accelerator_config).default_bundles(num_devices=devices, accelerator_type_str=llm.accelerator_type)
+
+
+def test_goldens_are_there():
+    assert {p.stem for p in GOLDEN_SERVICES} >= {"service-v6e-4x4-qwen3-moe", "service-v6e-2x2-single-host", "service-v5p-2x2x2"}
+
+
+@pytest.mark.parametrize("path", GOLDEN_SERVICES, ids=lambda p: p.stem)
+def test_golden_serve_config_validates_with_rays_own_schemas(path):
+    rayservice = yaml.safe_load(path.read_text())
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    schema = ServeDeploySchema(**config)
+    (app,) = schema.applications
+    assert (app.route_prefix, app.import_path) == ("/", "ray.serve.llm:build_openai_app")
+    (cfg,) = llm_configs(rayservice)
+    llm = LLMConfig(**cfg)  # unknown or wrongly typed keys raise here
+    assert llm.accelerator_type == cfg["accelerator_type"]
+    assert llm.accelerator_config.topology == rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"][topology.GKE_TOPOLOGY_LABEL]
+    scaling = llm.deployment_config["autoscaling_config"]
+    group = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    assert (scaling["min_replicas"], scaling["max_replicas"]) == (group["minReplicas"], group["maxReplicas"])
+
+
+@pytest.mark.parametrize("path", GOLDEN_SERVICES, ids=lambda p: p.stem)
+def test_golden_bundles_cover_exactly_the_slice(path):
+    rayservice = yaml.safe_load(path.read_text())
+    group = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    per_host = int(group["template"]["spec"]["containers"][0]["resources"]["limits"][topology.TPU_RESOURCE])
+    (cfg,) = llm_configs(rayservice)
+    llm, reserved = bundles(cfg)
+    assert len(reserved) == group["numOfHosts"]
+    assert all(b["TPU"] == per_host for b in reserved)
+    assert all(b[f"accelerator_type:{llm.accelerator_type}"] > 0 for b in reserved)
+
+
+def test_reference_v6e_4x4_reserves_four_hosts_of_four_chips():
+    (cfg,) = llm_configs(yaml.safe_load((GOLDEN / "service-v6e-4x4-qwen3-moe.yaml").read_text()))
+    _, reserved = bundles(cfg)
+    assert [b["TPU"] for b in reserved] == [4, 4, 4, 4]
+
+
+SERVICE_SLICES = [s for s in topology.all_slices() if s.chips_per_host == topology.host_layouts(s.generation, s.topology)[0]]
+
+
+@pytest.mark.parametrize("s", SERVICE_SLICES, ids=lambda s: f"{s.generation.name}-{s.topology}")
+def test_every_slice_a_service_accepts_is_reserved_host_for_host(s):
+    rs = render.rayservice(service(s.generation.name, s.topology))
+    (cfg,) = llm_configs(rs)
+    llm, reserved = bundles(cfg)
+    assert len(reserved) == s.hosts and all(b["TPU"] == s.chips_per_host for b in reserved)
+    assert sum(b["TPU"] for b in reserved) == s.chips
+    # The slice placement group Ray creates at replica start checks the topology against its table.
+    assert TPUAcceleratorManager.is_valid_tpu_accelerator_topology(get_tpu_version_from_type(llm.accelerator_type), s.topology)
+
+
+def test_pipeline_parallel_still_reserves_the_whole_slice():
+    (cfg,) = llm_configs(render.rayservice(service("v6e", "4x4", pipelineParallelSize=2)))
+    assert cfg["engine_kwargs"]["tensor_parallel_size"] == 8
+    _, reserved = bundles(cfg)
+    assert [b["TPU"] for b in reserved] == [4, 4, 4, 4]
+
+
+def test_why_two_host_2x4_is_refused_for_services():
+    """Ray maps a v6e 2x4 topology to one 8-chip host: on two 4-chip hosts the replica's one
+    8-chip bundle would never be placed, so parse_service refuses chipsPerHost 4 there."""
+    (cfg,) = llm_configs(render.rayservice(service("v6e", "2x4")))
+    _, reserved = bundles(cfg)
+    assert [b["TPU"] for b in reserved] == [8]
+    with pytest.raises(spec.InvalidSpec) as err:
+        service("v6e", "2x4", chips_per_host=4)
+    assert [e.path for e in err.value.errors] == ["spec.tpu.chipsPerHost"]
+
+
+@pytest.mark.parametrize("wrong", ["v6e", "TPU-V6E-16"])
+def test_ray_refuses_other_accelerator_spellings(wrong):
+    """Why the operator writes TPU-V6E."""
+    (cfg,) = llm_configs(render.rayservice(service("v6e", "4x4")))
+    assert cfg["accelerator_type"] == "TPU-V6E"
+    with pytest.raises(ValueError):
+        LLMConfig(**{**cfg, "accelerator_type": wrong})
+
+
+def test_ray_refuses_an_unknown_llm_config_key():
+    """LLMConfig is strict, so the validation above can fail: a key Ray does not know is refused."""
+    (cfg,) = llm_configs(render.rayservice(service("v6e", "4x4")))
+    with pytest.raises(ValueError):
+        LLMConfig(**{**cfg, "topology": "4x4"})

@@ -70,7 +70,7 @@ def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[st
         controller.parents[name] = Informer(kind.resource.plural, source_for(kind.resource.path, None), namespaces,
                                             on_loop(controller.parent_changed, name), kinds_.slim_object)
         controller.children[name] = Informer(kind.child.plural, source_for(kind.child.path, SELECTOR), namespaces,
-                                             on_loop(controller.child_changed, name), kinds_.slim_child)
+                                             on_loop(controller.child_changed, name), kinds_.child_slimmer(kind))
     controller.pods = Informer("pods", source_for(pods_path, SELECTOR), namespaces, on_loop(controller.pod_changed),
                                kinds_.slim_pod, index=kinds_.pod_index)
     return controller

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from . import crd, render, spec as specs, status as statuses
 from .kube import Resource
-from .reconcile import CLUSTER_LABEL, Kind
+from .reconcile import Kind
 
 RAYJOB = Resource("ray.io", "v1", "rayjobs", "RayJob")
+RAYSERVICE = Resource("ray.io", "v1", "rayservices", "RayService")
 TPUTORCHJOB = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
-SPEC_HASH_ANNOTATION = "tputorch.io/spec-hash"
+TPUTORCHSERVICE = Resource(crd.GROUP, crd.VERSION, crd.SERVICE_PLURAL, crd.SERVICE_KIND)
 
 
 def _rayjob_patch(job: specs.JobSpec, rayjob: dict) -> dict | None:
@@ -23,14 +24,32 @@ def _rayjob_clusters(rayjob: dict) -> set[str]:
     return {name} if name else set()
 
 
+def _rayservice_clusters(rayservice: dict) -> set[str]:
+    # the serving cluster and, during an upgrade, the one being prepared
+    status = rayservice.get("status") or {}
+    names = {(status.get(s) or {}).get("rayClusterName") for s in ("activeServiceStatus", "pendingServiceStatus")}
+    return names - {None, ""}
+
+
+def _never_finished(_status: dict) -> bool:
+    return False  # a service serves until it is deleted: a vanished RayService is always made again
+
+
 JOB = Kind(
     resource=TPUTORCHJOB, child=RAYJOB, label=render.JOB_LABEL,
     parse=specs.parse, render=render.rayjob, derive=statuses.derive,
     child_patch=_rayjob_patch, cluster_names=_rayjob_clusters, finished=statuses.finished,
-    phase_metric="tputorch_jobs",
+    phase_metric="tputorch_jobs", child_spec_read=("suspend",),
+)
+SERVICE = Kind(
+    resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL,
+    parse=specs.parse_service, render=render.rayservice, derive=statuses.derive_service,
+    # every other field is applied to the live RayService (KubeRay upgrades it without downtime)
+    child_patch=render.rayservice_patch, cluster_names=_rayservice_clusters, finished=_never_finished,
+    phase_metric="tputorch_services", child_spec_read=None,
 )
 
-KINDS = [JOB]
+KINDS = [JOB, SERVICE]
 
 
 # --- what the stores keep: what the reconcile reads, nothing else ---------------------------------
@@ -42,22 +61,27 @@ def slim_object(obj: dict) -> dict:
     return {"metadata": meta, "spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
 
 
-_CHILD_META = ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "deletionTimestamp")
+_CHILD_META = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "ownerReferences",
+               "deletionTimestamp")
 
 
-def slim_child(obj: dict) -> dict:
-    """A RayJob or RayService: identity, owner, our spec hash, suspend, and KubeRay's status."""
-    meta = obj.get("metadata") or {}
-    slim = {k: meta[k] for k in _CHILD_META if k in meta}
-    annotation = (meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-    if annotation:
-        slim["annotations"] = {SPEC_HASH_ANNOTATION: annotation}
-    spec = obj.get("spec") or {}
-    return {"metadata": slim, "spec": {"suspend": spec["suspend"]} if "suspend" in spec else {},
-            "status": obj.get("status") or {}}
+def child_slimmer(kind: Kind):
+    """A RayJob or RayService as its store keeps it: identity, owner, our spec hash, the spec fields
+    the kind's patch reads (all of them for a RayService, whose patch replaces the spec), status."""
+    def slim(obj: dict) -> dict:
+        meta = obj.get("metadata") or {}
+        kept = {k: meta[k] for k in _CHILD_META if k in meta}
+        annotation = (meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION)
+        if annotation:
+            kept["annotations"] = {render.SPEC_HASH_ANNOTATION: annotation}
+        spec = obj.get("spec") or {}
+        if kind.child_spec_read is not None:
+            spec = {k: spec[k] for k in kind.child_spec_read if k in spec}
+        return {"metadata": kept, "spec": spec, "status": obj.get("status") or {}}
+    return slim
 
 
-_POD_LABELS = tuple(k.label for k in KINDS) + (statuses.ROLE_LABEL, CLUSTER_LABEL)
+_POD_LABELS = tuple(k.label for k in KINDS) + (statuses.ROLE_LABEL, statuses.CLUSTER_LABEL)
 
 
 def slim_pod(obj: dict) -> dict:

@@ -29,8 +29,6 @@ from .workqueue import WorkQueue
 
 log = logging.getLogger("tputorch")
 
-CLUSTER_LABEL = "ray.io/cluster"  # KubeRay labels every pod with its RayCluster's name
-
 Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
@@ -46,6 +44,7 @@ class Kind:
     cluster_names: Callable[[dict], set[str]]  # the RayClusters the child runs on (its pods' cluster label)
     finished: Callable[[dict], bool]  # status -> the work is done: a vanished child is not made again
     phase_metric: str  # the jobs/services-by-phase gauge
+    child_spec_read: tuple[str, ...] | None  # the child's spec fields child_patch reads (None: all)
 
 
 def now() -> str:
@@ -208,7 +207,7 @@ class Controller:
         if ours is not None:
             clusters = kind.cluster_names(ours)
             pods = [p for p in self.pods.indexed((kind.label, namespace, name))
-                    if ((p.get("metadata") or {}).get("labels") or {}).get(CLUSTER_LABEL) in clusters]
+                    if ((p.get("metadata") or {}).get("labels") or {}).get(statuses.CLUSTER_LABEL) in clusters]
         previous = self._previous(parent)
         current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
                               self.problems.get(key))

@@ -224,7 +224,7 @@ def test_state_of_vanished_objects_is_swept_after_a_relist():
     ctl.parents[KIND]._pop(("ml", "demo"))  # deleted while the operator was not watching
     ctl.parent_changed(KIND, "LISTED", {})
     assert (ctl.parsed, ctl.written, ctl.problems, ctl.uids, ctl.queue.known()) == ({}, {}, {}, {}, set())
-    assert ctl.phases() == {"tputorch_jobs": {}}
+    assert ctl.phases() == {"tputorch_jobs": {}, "tputorch_services": {}}
 
 
 def test_a_new_object_under_an_old_name_keeps_nothing_of_the_old_one():
@@ -261,3 +261,50 @@ def test_statuses_module_reports_a_wait_as_pending():
     from tputorch import spec
     s = statuses.derive(spec.parse(job()), 1, None, [], {}, "t", ("PreviousRayJobTerminating", "m"))
     assert s["phase"] == "Pending" and s["message"] == "m"
+
+
+# --- the serving kind through the same machinery ----------------------------------------------------
+
+SVC_KEY = ("TPUTorchService", "ml", "qwen")
+
+
+def service(uid="svc-uid", rv="10", generation=1, **spec):
+    from .services import service_body
+    b = service_body(**spec)
+    b["metadata"].update(uid=uid, resourceVersion=rv, generation=generation)
+    return b
+
+
+def test_a_service_gets_its_rayservice_and_an_edit_reaches_it_once():
+    from tputorch import render
+    ctl = controller()
+    ctl.parents["TPUTorchService"].remember(service())
+    assert run(ctl.reconcile(SVC_KEY)) == "created"
+    created = ctl.kube.objects[("rayservices", "ml", "qwen")]
+    assert created["metadata"]["ownerReferences"][0]["uid"] == "svc-uid"
+    assert created["metadata"]["labels"][render.SERVICE_LABEL] == "qwen"
+    assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
+    # replicas edited: the live RayService is patched with the new spec and hash, once
+    ctl.parents["TPUTorchService"]._put(service(rv="11", generation=2, replicas={"min": 1, "max": 3}))
+    assert run(ctl.reconcile(SVC_KEY)) == "child-patched"
+    (patch,) = [c[4] for c in ctl.kube.called("patch") if c[1] == "rayservices"]
+    assert patch["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] == 3
+    observed = ctl.children["TPUTorchService"].get(("ml", "qwen"))
+    ctl.children["TPUTorchService"]._put({**observed, "metadata": {
+        **observed["metadata"], "resourceVersion": "99", "annotations": patch["metadata"]["annotations"]}})
+    assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
+
+
+def test_a_services_pods_count_for_its_active_and_pending_clusters_only():
+    ctl = controller()
+    ctl.parents["TPUTorchService"].remember(service(tpu={"topology": "2x2"}))
+    run(ctl.reconcile(SVC_KEY))
+    observed = ctl.children["TPUTorchService"].get(("ml", "qwen"))
+    ctl.children["TPUTorchService"]._put({**observed, "metadata": {**observed["metadata"], "resourceVersion": "98"},
+                                          "status": {"activeServiceStatus": {"rayClusterName": "qwen-a"}}})
+    for cluster in ("qwen-a", "qwen-old"):
+        ctl.pods.remember({"metadata": {"name": f"{cluster}-w", "namespace": "ml", "resourceVersion": "1", "labels": {
+            "tputorch.io/service": "qwen", "ray.io/cluster": cluster, "ray.io/node-type": "worker"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    run(ctl.reconcile(SVC_KEY))
+    assert last_status(ctl.kube)["readyHosts"] == 1

@@ -18,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "tputorch.io_tputorchjobs.yaml"
+CRD_FILES = [CRD_FILE, REPO / "crds" / "tputorch.io_tputorchservices.yaml"]
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -36,8 +37,10 @@ def kubectl(kubeconfig: str, *args: str, input: str | None = None, check: bool =
 
 
 def install_crd(kubeconfig: str) -> None:
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd/tputorchjobs.tputorch.io")
+    for path in CRD_FILES:
+        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd/tputorchjobs.tputorch.io",
+            "crd/tputorchservices.tputorch.io")
 
 
 class OperatorProcess:

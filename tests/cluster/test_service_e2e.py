@@ -1,0 +1,127 @@
+"""TPUTorchService end to end on the real API server with KubeRay's RayService controller: the
+stand-in dashboard answers Ray Serve's REST API (PUT/GET /api/serve/applications/), so a service
+goes Pending -> Deploying -> Ready with its endpoint and KubeRay's `<name>-serve-svc`."""
+
+from __future__ import annotations
+
+import yaml
+from kubernetes.client.rest import ApiException
+
+from operator_process import OperatorProcess, kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
+from test_operator_e2e import EXAMPLES, condition
+
+GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchservices"
+RAY = ("ray.io", "v1", "rayservices")
+
+
+def service_body(name: str, topo: str = "2x2", **spec) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": name},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": topo}, "image": "example.com/ray-vllm-torchtpu:2.60.0",
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, "head": {"cpu": "1", "memory": "2Gi"},
+                     "worker": {"cpu": "4", "memory": "16Gi"}, **spec}}
+
+
+def apply(kube, ns, body, check=True):
+    return kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body), check=check)
+
+
+def status(kube, ns, name) -> dict:
+    return kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
+
+
+def rayservice(kube, ns, name) -> dict | None:
+    try:
+        return kube.custom.get_namespaced_custom_object(*RAY[:2], ns, RAY[2], name)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def wait_phase(kube, ns, name, phase, timeout=180):
+    return kube.wait(lambda: (lambda s: s if s.get("phase") == phase else None)(status(kube, ns, name)),
+                     timeout, f"TPUTorchService {ns}/{name} phase {phase}")
+
+
+def phases_seen(kube, ns, name, until: str, timeout=240) -> list[str]:
+    seen: list[str] = []
+
+    def step():
+        phase = status(kube, ns, name).get("phase")
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
+        return phase == until
+    kube.wait(step, timeout, f"{name} {until}", interval=0.2)
+    return seen
+
+
+def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace, operator, dashboard):
+    dashboard.set_serve_ready_after(3)
+    body = yaml.safe_load((EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text()) \
+        if (EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").exists() else service_body("qwen3-moe", topo="4x4")
+    name = body["metadata"]["name"]
+    apply(kube, namespace, body)
+    seen = phases_seen(kube, namespace, name, "Ready")
+    assert seen[0] == "Pending" and "Deploying" in seen, seen
+    st = status(kube, namespace, name)
+    assert st["endpoint"] == f"http://{name}-serve-svc.{namespace}.svc.cluster.local:8000/v1"
+    assert condition(st, "Ready")["status"] == "True" and st["readyReplicas"] == 1
+    assert st["hosts"] == 4 and st["readyHosts"] == 4
+    rs = rayservice(kube, namespace, name)
+    assert rs["metadata"]["ownerReferences"][0]["uid"] == kube.custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name)["metadata"]["uid"]
+    group = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    assert group["numOfHosts"] == 4
+    svc = kube.core.read_namespaced_service(f"{name}-serve-svc", namespace)
+    assert [p.port for p in svc.spec.ports] == [8000]
+    assert 'tputorch_services{phase="Ready"} 1' in operator.metrics()
+
+
+def test_an_edit_of_replicas_and_engine_reaches_the_rayservice(kube, namespace, operator, dashboard):
+    dashboard.set_serve_ready_after(1)
+    apply(kube, namespace, service_body("edited"))
+    wait_phase(kube, namespace, "edited", "Ready")
+    apply(kube, namespace, service_body("edited", replicas={"min": 1, "max": 2}, engine={"maxModelLen": 4096}))
+
+    def edited():
+        rs = rayservice(kube, namespace, "edited")
+        group = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+        return rs if group["maxReplicas"] == 2 and "max_model_len: 4096" in rs["spec"]["serveConfigV2"] else None
+    rs = kube.wait(edited, 60, "the edit on the RayService")
+    assert rs["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+    st = kube.wait(lambda: (lambda s: s if s.get("observedGeneration") == 2 else None)(status(kube, namespace, "edited")),
+                   60, "status of generation 2")
+    assert st["phase"] in ("Updating", "Ready")
+    wait_phase(kube, namespace, "edited", "Ready")
+
+
+def test_an_invalid_service_is_refused_at_admission_and_by_the_operator(kube, namespace, operator):
+    refused = apply(kube, namespace, service_body("bad-tp", engine={"tensorParallelSize": 0}), check=False)
+    assert refused.returncode != 0 and "tensorParallelSize" in refused.stderr
+    # admitted by the schema, refused by the operator: tp x pp must be the slice's chips
+    apply(kube, namespace, service_body("bad-product", engine={"tensorParallelSize": 2}))
+    st = wait_phase(kube, namespace, "bad-product", "Failed", 60)
+    assert condition(st, "Validated")["reason"] == "ValidationFailed"
+    assert "tensorParallelSize" in st["message"] and "4" in st["message"]
+    assert rayservice(kube, namespace, "bad-product") is None
+
+
+def test_deleting_the_service_removes_everything(kube, namespace, operator, dashboard):
+    dashboard.set_serve_ready_after(1)
+    apply(kube, namespace, service_body("gone"))
+    wait_phase(kube, namespace, "gone", "Ready")
+    kubectl(kube.kubeconfig, "delete", "-n", namespace, "tputorchservice", "gone", "--wait=true", "--timeout=60s")
+    kube.wait(lambda: rayservice(kube, namespace, "gone") is None, 90, "RayService gone")
+    kube.wait(lambda: not kube.core.list_namespaced_pod(namespace, label_selector="tputorch.io/service=gone").items,
+              90, "pods gone")
+
+
+def test_an_operator_restart_mid_deploy_makes_no_second_rayservice(kube, namespace, operator, dashboard):
+    dashboard.set_serve_ready_after(6)
+    apply(kube, namespace, service_body("restarted"))
+    first = kube.wait(lambda: rayservice(kube, namespace, "restarted"), 60, "RayService")
+    operator.kill()
+    operator.start()
+    wait_phase(kube, namespace, "restarted", "Ready")
+    (only,) = kube.custom.list_namespaced_custom_object(*RAY[:2], namespace, RAY[2])["items"]
+    assert only["metadata"]["uid"] == first["metadata"]["uid"]

@@ -57,8 +57,7 @@ def phases_seen(kube, ns, name, until: str, timeout=240) -> list[str]:
 
 def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace, operator, dashboard):
     dashboard.set_serve_ready_after(3)
-    body = yaml.safe_load((EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text()) \
-        if (EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").exists() else service_body("qwen3-moe", topo="4x4")
+    body = yaml.safe_load((EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
     name = body["metadata"]["name"]
     apply(kube, namespace, body)
     seen = phases_seen(kube, namespace, name, "Ready")

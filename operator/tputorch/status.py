@@ -450,7 +450,8 @@ def patch_for(previous: dict, current: dict) -> dict | None:
 
 
 def events(previous: dict, current: dict) -> list[Event]:
-    """One event per condition whose status or reason changed, and one per phase change."""
+    """One event per condition whose status or reason changed, and one per phase change unless a
+    condition's event already carries that reason (a suspend is one `Suspended` event, not two)."""
     before = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
     result = []
     for cond in current.get("conditions") or []:
@@ -461,6 +462,7 @@ def events(previous: dict, current: dict) -> list[Event]:
             continue
         warning = (cond["type"], cond["status"]) in _WARNING_STATES or cond["reason"] in _WARNING_REASONS
         result.append(Event("Warning" if warning else "Normal", cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"))
-    if previous.get("phase") != current.get("phase") and current.get("phase") in _PHASE_EVENTS:
-        result.append(Event("Normal", current["phase"], current.get("message", "")))
+    phase = current.get("phase")
+    if previous.get("phase") != phase and phase in _PHASE_EVENTS and phase not in {e.reason for e in result}:
+        result.append(Event("Normal", phase, current.get("message", "")))
     return result

@@ -188,6 +188,12 @@ def test_events_on_transitions():
     assert status.events(failed, derive("failed", previous=failed)) == []
 
 
+def test_a_suspend_is_one_suspended_event():
+    running = derive("running")
+    suspended = derive("suspended", previous=running)
+    assert [e.reason for e in status.events(running, suspended)].count("Suspended") == 1
+
+
 def test_invalid_spec_event_is_a_warning():
     st = status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 1, {}, T0)
     evs = status.events({}, st)

@@ -294,20 +294,11 @@ def _job_spec_schema() -> dict:
     )
 
 
-def _arg_spellings(name: str) -> list[str]:
-    """snake_case, camelCase and kebab-case of a vLLM argument (the parser accepts no spelling)."""
-    head, *rest = name.split("_")
-    return [name, head + "".join(w.capitalize() for w in rest), name.replace("_", "-")]
-
-
 def _chips_table() -> dict[str, int]:
     return {t: topology.chip_count(t) for g in topology.GENERATIONS.values() for t in g.topologies}
 
 
 def _service_spec_schema() -> dict:
-    forbidden = sorted({s for name in (*spec.ENGINE_FIELD_ARGS, *spec.ENGINE_OWNED_ARGS) for s in _arg_spellings(name)})
-    chips = json.dumps(_chips_table(), separators=(",", ":"))
-    slice_chips = f"{chips}[self.tpu.topology]"
     pp = "(has(self.engine.pipelineParallelSize) ? self.engine.pipelineParallelSize : 1)"
     return _s(
         "The model to serve, its engine and on which TPU slice; each replica is one slice.",
@@ -360,18 +351,14 @@ def _service_spec_schema() -> dict:
                         default=spec.SERVICE_DEFAULTS["engine.enableExpertParallel"],
                     ),
                     "maxModelLen": _int("Longest context (prompt + output tokens).", minimum=1),
+                    # No CEL rule here: CEL cannot type a map of arbitrary values (the API server
+                    # refuses the CRD); the operator refuses the reserved keys (ValidationFailed).
                     "args": _s(
                         "Other vLLM engine arguments, passed on as they are (not the fields above, "
-                        "model, served_model_name or distributed_executor_backend).",
+                        "model, served_model_name or distributed_executor_backend: the operator refuses them).",
                         type="object",
                         maxProperties=256,
                         additionalProperties={"x-kubernetes-preserve-unknown-fields": True},
-                        **{"x-kubernetes-validations": [{
-                            "rule": " && ".join(f"!('{k}' in self)" for k in forbidden),
-                            "message": "spec.engine.args must not set tensor/pipeline parallel size, expert parallel or "
-                                       "max model len (they are spec.engine's fields), nor model, served_model_name or "
-                                       "distributed_executor_backend (Ray Serve LLM sets them)",
-                        }]},
                     ),
                 },
             ),
@@ -389,24 +376,30 @@ def _service_spec_schema() -> dict:
                 }]},
             ),
         },
-        **{
-            "x-kubernetes-validations": [
-                {
-                    "rule": (
-                        f"!has(self.engine) || !(self.tpu.topology in {chips}) || "
-                        f"(has(self.engine.tensorParallelSize) ? self.engine.tensorParallelSize * {pp} == {slice_chips} "
-                        f": {slice_chips} % {pp} == 0)"
-                    ),
-                    "messageExpression": (
-                        f"'spec.engine.tensorParallelSize x spec.engine.pipelineParallelSize must equal the ' + "
-                        f"string({slice_chips}) + ' chips of a ' + self.tpu.topology + ' slice (one replica is one whole slice)'"
-                    ),
-                    "fieldPath": ".engine",
-                    "reason": "FieldValueInvalid",
-                },
-            ]
-        },
+        # One rule per chip count, so that each message names the product its slices need (a
+        # messageExpression computing it is refused by the API server's CEL cost estimate).
+        **{"x-kubernetes-validations": [_parallel_rule(n, ts, pp) for n, ts in sorted(_topologies_by_chips().items())]},
     )
+
+
+def _topologies_by_chips() -> dict[int, list[str]]:
+    by_chips: dict[int, list[str]] = {}
+    for t, n in sorted(_chips_table().items()):
+        by_chips.setdefault(n, []).append(t)
+    return by_chips
+
+
+def _parallel_rule(chips: int, topologies: list[str], pp: str) -> dict:
+    listed = json.dumps(topologies)
+    return {
+        "rule": (f"!has(self.engine) || !(self.tpu.topology in {listed}) || "
+                 f"(has(self.engine.tensorParallelSize) ? self.engine.tensorParallelSize * {pp} == {chips} "
+                 f": {chips} % {pp} == 0)"),
+        "message": (f"spec.engine.tensorParallelSize x spec.engine.pipelineParallelSize must equal {chips}, the chips "
+                    f"of a {'/'.join(topologies)} slice (one replica is one whole slice)"),
+        "fieldPath": ".engine",
+        "reason": "FieldValueInvalid",
+    }
 
 
 def _conditions_schema(types: tuple[str, ...]) -> dict:

@@ -1,4 +1,5 @@
-# tputorch-operator image: `docker build -t IMAGE .` at the repo root.
+# tputorch-operator image: `make image` (docker, or buildah without a daemon), or by hand
+# `docker build -t IMAGE .` at the repo root (BuildKit, the default since Docker 23).
 # Stage 1 builds the wheel; stage 2 installs it into a clean Python with no build tools.
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
@@ -8,16 +9,26 @@ WORKDIR /src
 # README.m[d]: the long description, optional (the wheel builds without it; setuptools warns).
 COPY pyproject.toml README.m[d] ./
 COPY operator/ operator/
-RUN pip wheel --no-deps --wheel-dir /wheels .
+# Secret pip-ca (optional): a CA bundle the build host needs to reach the package index, e.g.
+# --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt. A secret mount is there for this RUN
+# only and is never written to a layer.
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && pip wheel --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-COPY --from=builder /wheels /wheels
 # Dependencies (kopf, kubernetes, pyyaml, jinja2) come from PyPI as wheels; pip, setuptools and
-# wheel are then removed so the final image holds no build tooling.
-RUN pip install /wheels/*.whl \
- && rm -rf /wheels \
+# wheel are then removed so the final image holds no build tooling. The wheel is bind-mounted from
+# the builder stage, so it never becomes a layer of this image. kubernetes.aio, the client's asyncio
+# twin and the largest part of the package, is never imported (the operator uses the sync client;
+# kopf talks to the API with aiohttp itself): removed.
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && pip install /wheels/*.whl \
  && pip uninstall -y pip setuptools wheel \
+ && rm -rf "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kubernetes/aio" \
  && groupadd --gid 65532 tputorch \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin tputorch
 USER 65532:65532

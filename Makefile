@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden
+.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -28,9 +28,14 @@ cluster-down:
 demo: install
 	hack/demo.sh
 
-# Every test: unit, integration (packaging), Ray and cluster; the cluster tests bring the local
+# The operator image: dist/tputorch-operator.oci.tar and .docker.tar (hack/image.sh: docker when a
+# daemon answers, else buildah; BASE_IMAGE=... picks the base). Reused while its sources are unchanged.
+image:
+	hack/image.sh build
+
+# Every test: unit, integration (packaging), image, Ray and cluster; the cluster tests bring the local
 # cluster up (and down) themselves. Nothing else needs to run before it on a fresh clone.
-test: install binaries
+test: install binaries image
 	$(PY) -m pytest tests
 
 unit: install

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +32,9 @@ import yaml
 
 from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "image"))
+from imagetools import image_info  # noqa: E402,F401 (fixture: the image `make image` built)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tputorch-operator"
@@ -74,14 +78,15 @@ def extra_namespaces(kube):
 
 
 @pytest.fixture
-def release(kube, namespace, tputorch_crd):
-    """helm install/uninstall of the chart into the test namespace; yields a function taking --set values."""
+def release(kube, namespace, tputorch_crd, image_info):
+    """helm install/uninstall of the chart into the test namespace, with the image `make image`
+    built; yields a function taking --set values."""
     installed: list[str] = []
 
     def install(*sets: str) -> dict:
         name = f"tto-{uuid.uuid4().hex[:6]}"
         args = ["install", name, str(CHART), "--namespace", namespace]
-        for s in sets:
+        for s in (f"image.repository={image_info['repository']}", f"image.tag={image_info['tag']}", *sets):
             args += ["--set", s]
         out = helm(kube.kubeconfig, *args)
         installed.append(name)
@@ -198,13 +203,14 @@ def test_pod_template_is_admitted_at_restricted_pod_security(kube, extra_namespa
 # --- 2-4. install, can-i, and the operator running with only the chart's RBAC ----------------
 
 
-def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, namespace, release,
+def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, namespace, release, image_info,
                                                                          extra_namespaces, tmp_path):
     rel = release()
     assert "kubectl apply -f examples/v6e-4x4.yaml" in rel["stdout"]
     deployments = kube.apps.list_namespaced_deployment(namespace).items
     assert [d.metadata.name for d in deployments] == [rel["sa"]]
     assert deployments[0].spec.strategy.type == "Recreate"
+    assert [c.image for c in deployments[0].spec.template.spec.containers] == [image_info["name"]]
     user = f"system:serviceaccount:{namespace}:{rel['sa']}"
     job_ns = extra_namespaces("ttj")
 

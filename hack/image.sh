@@ -166,6 +166,9 @@ build() {
     rm -rf "$hit.tmp" && mkdir -p "$hit.tmp"
     build_into "$hit.tmp" "$tag"
     rm -rf "$hit" && mv "$hit.tmp" "$hit"
+    # Keep the newest few builds (other clones and branches of this machine share the cache).
+    find "$CACHE" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended -regex '.*/[0-9a-f]{16}' -printf '%T@ %p\n' \
+      | sort -rn | tail -n +5 | cut -d' ' -f2- | xargs -r rm -rf
     # Older builds of the operator image in this project's storage are no longer needed.
     if [[ $(builder) == buildah ]]; then
       for old in $(bah images --format '{{.Name}}:{{.Tag}}' | grep "/$NAME:" | grep -v ":$tag\$"); do

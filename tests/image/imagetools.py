@@ -145,13 +145,22 @@ def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
 # --- fixtures -------------------------------------------------------------------------------
 
 
+# Each test module that imports a fixture gets its own definition of it; these keep one build
+# check and one unpack per session all the same.
+_session: dict = {}
+
+
 @pytest.fixture(scope="session")
 def image_info() -> dict:
     if os.geteuid() != 0:
         pytest.skip("the image tests unpack and chroot as root")
-    return build_image()
+    if "info" not in _session:
+        _session["info"] = build_image()
+    return _session["info"]
 
 
 @pytest.fixture(scope="session")
 def image_bundle(image_info, tmp_path_factory) -> Bundle:
-    return unpack(OCI_ARCHIVE, image_info["tag"], tmp_path_factory.mktemp("image"))
+    if "bundle" not in _session:
+        _session["bundle"] = unpack(OCI_ARCHIVE, image_info["tag"], tmp_path_factory.mktemp("image"))
+    return _session["bundle"]

@@ -35,4 +35,5 @@ USER 65532:65532
 # 8080: kopf liveness (/healthz), 9090: Prometheus metrics (/metrics), as the Helm chart sets them.
 EXPOSE 8080 9090
 ENTRYPOINT ["tputorch"]
-CMD ["run", "--standalone"]
+# One replica, every namespace; the chart passes its own args (leader election, namespaces, ports).
+CMD ["run"]

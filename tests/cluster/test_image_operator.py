@@ -1,9 +1,12 @@
 """The operator from the built image (`make image`) reconciling on the local cluster.
 
-The archive is unpacked and the image's own command (its entrypoint and default command, as the
-runtime config says) runs in a chroot as uid 65532 on a read-only root, with the cluster's
-kubeconfig mounted: the code path of the chart's Deployment on GKE. The extra flags keep it to
-this test's namespace and put its endpoints on free loopback ports.
+The archive is unpacked and the operator runs in a chroot as the image's user (65532) on a
+read-only root, with the cluster's kubeconfig mounted, in two ways:
+  default  the image's own command (entrypoint + CMD, as the runtime config says), plus flags that
+           keep it to this test's namespace and put its endpoints on free loopback ports;
+  chart    the args and env of the chart's Deployment (`helm template` with the built image's
+           name): leader election through a Lease, the code path the chart runs on GKE.
+Either turns examples/v6e-4x4.yaml into a RayJob and reports the job Running.
 """
 
 from __future__ import annotations
@@ -15,13 +18,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "image"))
-from imagetools import image_bundle, image_info, popen_in_image, stop  # noqa: E402,F401 (fixtures)
+from imagetools import (OCI_ARCHIVE, Bundle, image_bundle, image_info, popen_in_image,  # noqa: E402,F401 (fixtures)
+                        read_oci_archive, stop)
 from operator_process import free_port, kubectl, tputorch_crd  # noqa: E402,F401 (fixture)
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "v6e-4x4.yaml"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "v6e-4x4.yaml"
+CHART = REPO / "charts" / "tputorch-operator"
 KUBECONFIG_INSIDE = "/etc/tputorch/kubeconfig"
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -38,27 +45,67 @@ def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 9
     raise AssertionError(f"the operator was not healthy after {timeout}s:\n{log.read_text()[-5000:]}")
 
 
-def test_operator_from_the_image_runs_a_job(kube, namespace, tputorch_crd, image_bundle, dashboard, tmp_path):
+def helm_binary() -> str:
+    bin_dir = subprocess.run([str(REPO / "hack" / "build.sh"), "dir"], capture_output=True, text=True).stdout.strip()
+    return os.environ.get("HELM") or os.path.join(bin_dir, "helm")
+
+
+def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
+    i = args.index(flag)
+    return [*args[:i + 1], value, *args[i + 2:]]
+
+
+def chart_container(namespace: str, info: dict) -> dict:
+    """The operator container of the chart's Deployment, watching namespace, with the built image."""
+    out = subprocess.run([helm_binary(), "template", "img", str(CHART), "--namespace", namespace,
+                          "--set", f"watchNamespaces={{{namespace}}}", "--set", f"image.repository={info['repository']}",
+                          "--set", f"image.tag={info['tag']}"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HELM_CACHE_HOME": "/tmp/tputorch-helm/cache",
+                              "HELM_CONFIG_HOME": "/tmp/tputorch-helm/config", "HELM_DATA_HOME": "/tmp/tputorch-helm/data"})
+    assert out.returncode == 0, out.stderr
+    (dep,) = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment"]
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def operator_command(mode: str, bundle: Bundle, info: dict, namespace: str, health: int, metrics: int):
+    """(args, env) for the operator: the image's command, or the chart's args on the image's entrypoint."""
+    if mode == "default":
+        args = [*bundle.process["args"], "--namespace", namespace]
+        assert args[:2] == ["tputorch", "run"]
+        args += ["--liveness", f"http://127.0.0.1:{health}/healthz", "--metrics-port", str(metrics)]
+        return args + ["--metrics-host", "127.0.0.1"], {}
+    container = chart_container(namespace, info)
+    assert container["image"] == info["name"]
+    # Kubernetes: args replace the image's CMD, the ENTRYPOINT stays.
+    entrypoint = read_oci_archive(OCI_ARCHIVE).config["config"]["Entrypoint"]
+    args = replace_flag(container["args"], "--liveness", f"http://127.0.0.1:{health}/healthz")
+    args = replace_flag(args, "--metrics-port", str(metrics)) + ["--metrics-host", "127.0.0.1"]
+    assert "--leader-elect" in args, args
+    fields = {"metadata.name": "image-test-pod", "metadata.namespace": namespace}
+    env = {e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+           for e in container["env"]}
+    return [*entrypoint, *args], env
+
+
+@pytest.mark.parametrize("mode", ["default", "chart"])
+def test_operator_from_the_image_runs_a_job(kube, namespace, tputorch_crd, image_info, image_bundle, dashboard,
+                                            tmp_path, mode):
     # dashboard: the fake Ray dashboard reports the RayJob's Ray job RUNNING (its default)
-    # Self-contained (the CA inlined), readable by the image's user only.
+    # The kubeconfig self-contained (CA inlined) and readable by the image's user only.
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(kubectl(kube.kubeconfig, "config", "view", "--raw", "--flatten", "--minify").stdout)
-    uid, gid = image_bundle.process["user"]["uid"], image_bundle.process["user"]["gid"]
-    os.chown(kubeconfig, uid, gid)
+    os.chown(kubeconfig, image_bundle.process["user"]["uid"], image_bundle.process["user"]["gid"])
     kubeconfig.chmod(0o600)
 
     health, metrics = free_port(), free_port()
-    args = [*image_bundle.process["args"], "--namespace", namespace,
-            "--liveness", f"http://127.0.0.1:{health}/healthz", "--metrics-host", "127.0.0.1",
-            "--metrics-port", str(metrics)]
-    assert args[:3] == ["tputorch", "run", "--standalone"]
+    args, env = operator_command(mode, image_bundle, image_info, namespace, health, metrics)
     log = tmp_path / "operator.log"
     proc = popen_in_image(image_bundle, args, log, files={KUBECONFIG_INSIDE: kubeconfig},
-                          env={"KUBECONFIG": KUBECONFIG_INSIDE})
+                          env={**env, "KUBECONFIG": KUBECONFIG_INSIDE})
     try:
         wait_healthy(proc, f"http://127.0.0.1:{health}/healthz", log)
-        body = yaml.safe_load(EXAMPLE.read_text())
-        name = body["metadata"]["name"]
+        name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
         kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", str(EXAMPLE))
 
         def running():
@@ -72,6 +119,11 @@ def test_operator_from_the_image_runs_a_job(kube, namespace, tputorch_crd, image
         assert rayjob["status"]["jobDeploymentStatus"] == "Running"
         with _no_proxy.open(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as resp:
             assert b"tputorch_reconciles_total" in resp.read()
+        if mode == "chart":
+            from kubernetes import client
+            lease_name = args[args.index("--lease-name") + 1]
+            lease = client.CoordinationV1Api(kube.api_client).read_namespaced_lease(lease_name, namespace)
+            assert lease.spec.holder_identity.startswith(env["POD_NAME"] + "_"), lease.spec.holder_identity
     finally:
         stop(proc)
     text = log.read_text()

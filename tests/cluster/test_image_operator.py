@@ -5,16 +5,20 @@ read-only root, with the cluster's kubeconfig mounted, in two ways:
   default  the image's own command (entrypoint + CMD, as the runtime config says), plus flags that
            keep it to this test's namespace and put its endpoints on free loopback ports;
   chart    the args and env of the chart's Deployment (`helm template` with the built image's
-           name): leader election through a Lease, the code path the chart runs on GKE.
+           name): leader election through a Lease; credentials as a pod has them (a token and
+           the CA where the service account volume puts them, KUBERNETES_SERVICE_HOST/PORT):
+           the code path the chart runs on GKE.
 Either turns examples/v6e-4x4.yaml into a RayJob and reports the job Running.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -88,21 +92,40 @@ def operator_command(mode: str, bundle: Bundle, info: dict, namespace: str, heal
     return [*entrypoint, *args], env
 
 
+def credentials(mode: str, kube, namespace: str, tmp_path: Path, user: dict) -> tuple[dict, dict]:
+    """(files to mount, env): the kubeconfig (default), or what a pod's service account volume holds
+    (chart; the kubernetes client's in-cluster config reads them). Readable by the image's user only."""
+    flat = kubectl(kube.kubeconfig, "config", "view", "--raw", "--flatten", "--minify").stdout
+    if mode == "default":
+        contents = {KUBECONFIG_INSIDE: flat}
+        env = {"KUBECONFIG": KUBECONFIG_INSIDE}
+    else:
+        cfg = yaml.safe_load(flat)
+        server = urllib.parse.urlsplit(cfg["clusters"][0]["cluster"]["server"])
+        ca = base64.b64decode(cfg["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
+        # /var/run/secrets/... in a pod; /var/run is a symlink to /run in the image
+        sa = "/run/secrets/kubernetes.io/serviceaccount"
+        contents = {f"{sa}/token": cfg["users"][0]["user"]["token"], f"{sa}/ca.crt": ca, f"{sa}/namespace": namespace}
+        env = {"KUBERNETES_SERVICE_HOST": server.hostname, "KUBERNETES_SERVICE_PORT": str(server.port)}
+    files = {}
+    for i, (inside, text) in enumerate(contents.items()):
+        host = tmp_path / f"cred-{i}"
+        host.write_text(text)
+        os.chown(host, user["uid"], user["gid"])
+        host.chmod(0o600)
+        files[inside] = host
+    return files, env
+
+
 @pytest.mark.parametrize("mode", ["default", "chart"])
 def test_operator_from_the_image_runs_a_job(kube, namespace, tputorch_crd, image_info, image_bundle, dashboard,
                                             tmp_path, mode):
     # dashboard: the fake Ray dashboard reports the RayJob's Ray job RUNNING (its default)
-    # The kubeconfig self-contained (CA inlined) and readable by the image's user only.
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(kubectl(kube.kubeconfig, "config", "view", "--raw", "--flatten", "--minify").stdout)
-    os.chown(kubeconfig, image_bundle.process["user"]["uid"], image_bundle.process["user"]["gid"])
-    kubeconfig.chmod(0o600)
-
     health, metrics = free_port(), free_port()
     args, env = operator_command(mode, image_bundle, image_info, namespace, health, metrics)
+    files, env_creds = credentials(mode, kube, namespace, tmp_path, image_bundle.process["user"])
     log = tmp_path / "operator.log"
-    proc = popen_in_image(image_bundle, args, log, files={KUBECONFIG_INSIDE: kubeconfig},
-                          env={**env, "KUBECONFIG": KUBECONFIG_INSIDE})
+    proc = popen_in_image(image_bundle, args, log, files=files, env={**env, **env_creds})
     try:
         wait_healthy(proc, f"http://127.0.0.1:{health}/healthz", log)
         name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]

@@ -94,6 +94,15 @@ def unpack(archive: Path, tag: str, dest: Path) -> Bundle:
     return Bundle(bundle / "rootfs", config["process"])
 
 
+def _refuse_symlinks(root: Path, inside: str) -> None:
+    """mkdir/touch on the host side of a path in the image must not follow the image's symlinks
+    (e.g. /var/run -> /run, absolute: it would lead out of the rootfs)."""
+    path = root
+    for part in Path(inside).parts[1:]:
+        path = path / part
+        assert not path.is_symlink(), f"{inside}: {path} is a symlink in the image; mount at its target instead"
+
+
 def chroot_command(bundle: Bundle, args: list[str], files: dict[str, Path] | None = None,
                    env: dict[str, str] | None = None) -> list[str]:
     """The command line that runs args in the image as its user. files: in-image path -> host file,
@@ -110,6 +119,7 @@ def chroot_command(bundle: Bundle, args: list[str], files: dict[str, Path] | Non
     for dev in ("null", "zero", "random", "urandom"):
         script += [f"touch {root}/dev/{dev}", f"mount --bind /dev/{dev} {root}/dev/{dev}"]
     for inside, host in (files or {}).items():
+        _refuse_symlinks(bundle.root, inside)
         target = f"{root}{shlex.quote(inside)}"
         script += [f"mkdir -p $(dirname {target})", f"touch {target}",
                    f"mount --bind {shlex.quote(str(host))} {target}", f"mount -o remount,bind,ro {target}"]

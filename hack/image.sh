@@ -122,6 +122,7 @@ build_into() {  # build_into <dir> <tag>: the archives and image.json, written i
   base=$(base_ref)
   ca=$(ca_bundle)
   secret=$out/ca.secret   # empty when the host needs no extra CA (the Dockerfile then uses pip's own)
+  trap "rm -f '$secret'" EXIT   # also when the build fails
   if [[ -n $ca ]]; then cp "$ca" "$secret"; else : >"$secret"; fi
   local args=(--secret "id=pip-ca,src=$secret" -f "$REPO/Dockerfile")
   [[ $base != default ]] && args+=(--build-arg "PYTHON_IMAGE=$base")

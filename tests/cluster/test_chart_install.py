@@ -209,8 +209,8 @@ def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, 
     assert "kubectl apply -f examples/v6e-4x4.yaml" in rel["stdout"]
     deployments = kube.apps.list_namespaced_deployment(namespace).items
     assert [d.metadata.name for d in deployments] == [rel["sa"]]
-    assert deployments[0].spec.strategy.type == "Recreate"
     assert [c.image for c in deployments[0].spec.template.spec.containers] == [image_info["name"]]
+    assert deployments[0].spec.strategy.type == "Recreate"
     user = f"system:serviceaccount:{namespace}:{rel['sa']}"
     job_ns = extra_namespaces("ttj")
 

@@ -136,9 +136,12 @@ def permission_problems(log: str, expected: tuple[str, ...] = ()) -> list[str]:
             if any(p in line for p in PERMISSION_PROBLEMS) and not any(e in line for e in expected)]
 
 
-def run_example_as(kube, kubeconfig: str, namespaces: list[str], job_ns: str, log_path: Path):
-    """Run the operator with the given credentials; apply the v6e 4x4 example; return (rayjob, status, log)."""
-    op = OperatorProcess(kubeconfig, log_path, namespaces).start()
+def run_example_as(kube, kubeconfig: str, namespaces: list[str], job_ns: str, log_path: Path,
+                   lease: tuple[str, str]):
+    """Run the operator with the given credentials and, as the chart does, leader election on the
+    release's Lease (namespace, name); apply the v6e 4x4 example; return (rayjob, status, events, log)."""
+    op = OperatorProcess(kubeconfig, log_path, namespaces,
+                         extra_args=["--leader-elect", "--lease-namespace", lease[0], "--lease-name", lease[1]]).start()
     try:
         body = yaml.safe_load(EXAMPLE.read_text())
         name = body["metadata"]["name"]
@@ -175,7 +178,8 @@ def test_rendered_chart_passes_server_side_dry_run(kube, namespace, tputorch_crd
                   "-f", "-", input=manifest)
     assert out.stdout.count("(server dry run)") == len(kinds), out.stdout
     if mode == "namespaced":
-        assert kinds.count("Role") == 1 and kinds.count("RoleBinding") == 1
+        # the watched namespace's Role, and the Lease's in the release namespace
+        assert kinds.count("Role") == 2 and kinds.count("RoleBinding") == 2
     if mode == "metrics":
         assert "Service" in kinds and "ServiceMonitor" not in kinds  # no Prometheus Operator here
 
@@ -210,7 +214,7 @@ def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, 
     deployments = kube.apps.list_namespaced_deployment(namespace).items
     assert [d.metadata.name for d in deployments] == [rel["sa"]]
     assert [c.image for c in deployments[0].spec.template.spec.containers] == [image_info["name"]]
-    assert deployments[0].spec.strategy.type == "Recreate"
+    assert deployments[0].spec.strategy.type == "RollingUpdate" and deployments[0].spec.replicas == 2
     user = f"system:serviceaccount:{namespace}:{rel['sa']}"
     job_ns = extra_namespaces("ttj")
 
@@ -222,6 +226,12 @@ def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, 
     assert can_i(kube, user, "create", "events", "-n", job_ns)  # kopf's own warnings
     assert can_i(kube, user, "create", "events.events.k8s.io", "-n", job_ns)
     assert can_i(kube, user, "watch", "customresourcedefinitions.apiextensions.k8s.io")
+    assert can_i(kube, user, "create", "rayservices.ray.io", "-n", job_ns)
+    assert can_i(kube, user, "patch", "tputorchservices.tputorch.io", "--subresource=status", "-n", job_ns)
+    assert can_i(kube, user, "update", "tputorchjobs.tputorch.io", "--subresource=finalizers", "-n", job_ns)
+    assert can_i(kube, user, "update", "leases.coordination.k8s.io", rel["sa"], "-n", namespace)
+    assert not can_i(kube, user, "update", "leases.coordination.k8s.io", "other-lease", "-n", namespace)
+    assert not can_i(kube, user, "create", "leases.coordination.k8s.io", "-n", job_ns)
     assert not can_i(kube, user, "get", "secrets", "-n", job_ns)
     assert not can_i(kube, user, "list", "secrets", "--all-namespaces")
     assert not can_i(kube, user, "get", "secrets", "-n", namespace)
@@ -238,7 +248,9 @@ def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, 
     # cluster-wide grants.
     config = sa_kubeconfig(kube, namespace, rel["sa"], tmp_path / "sa.kubeconfig")
     watch = [] if EXCLUSIVE else [job_ns]
-    rayjob, status, events, log = run_example_as(kube, config, watch, job_ns, tmp_path / "operator.log")
+    rayjob, status, events, log = run_example_as(kube, config, watch, job_ns, tmp_path / "operator.log",
+                                                 lease=(namespace, rel["sa"]))
+    # blockOwnerDeletion passed the OwnerReferencesPermissionEnforcement plugin: the finalizers grant
     assert rayjob["metadata"]["ownerReferences"][0]["kind"] == "TPUTorchJob"
     assert rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["numOfHosts"] == 4
     assert status["phase"] in ("Pending", "Running"), status
@@ -266,7 +278,8 @@ def test_helm_install_namespaced_rbac_and_operator_as_its_serviceaccount(kube, n
     assert not can_i(kube, user, "get", "namespaces", "-n", watched)
 
     config = sa_kubeconfig(kube, namespace, rel["sa"], tmp_path / "sa.kubeconfig")
-    rayjob, status, events, log = run_example_as(kube, config, [watched], watched, tmp_path / "operator.log")
+    rayjob, status, events, log = run_example_as(kube, config, [watched], watched, tmp_path / "operator.log",
+                                                 lease=(namespace, rel["sa"]))
     assert status["rayJobName"] == rayjob["metadata"]["name"]
     problems = permission_problems(log)
     assert not problems, "\n".join(problems)

@@ -116,7 +116,7 @@ def test_deletions_missed_while_paused_leak_nothing(kube, namespace, operator):
             kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     finally:
         os.killpg(operator.proc.pid, signal.SIGCONT)
-    kube.wait(lambda: _metric(operator, "tputorch_tracked_objects").get("") == 2, 60, "2 objects tracked")
+    kube.wait(lambda: _metric(operator, "tputorch_tracked_objects").get(None) == 2, 60, "2 objects tracked")
     kube.wait(lambda: sum(_metric(operator, "tputorch_jobs").values()) == 2, 30, "gauge counts 2 jobs")
     assert _metric(operator, "tputorch_jobs") == {'phase="Suspended"': 2}
 

@@ -14,6 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 EVENT_SOURCE = "tputorch.io/operator"  # reportingController of our Events
+# Every call gives up after this (connect, read) time: a call on a connection that went silent would
+# otherwise hold its object's reconcile, and so the object, forever.
+REQUEST_TIMEOUT = (10, 30)
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ class Kube:
         self.report_pool = ThreadPoolExecutor(max_workers=report_workers, thread_name_prefix="report")
 
     async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, lambda: fn(*args, _request_timeout=REQUEST_TIMEOUT))
 
     async def create(self, res: Resource, namespace: str, body: dict) -> dict:
         return await self._run(self.custom.create_namespaced_custom_object, res.group, res.version, namespace,
@@ -75,7 +79,7 @@ class Kube:
         """A status patch or an event, on the report threads. The answer is not parsed (that costs
         more CPU than the request), only drained so that the connection goes back to the pool."""
         def call():
-            answer = fn(*args, _preload_content=False)
+            answer = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
             answer.drain_conn()
             answer.release_conn()
         await asyncio.get_running_loop().run_in_executor(self.report_pool, call)

@@ -37,6 +37,7 @@ class Election:
         self.name, self.namespace = name, namespace
         self.identity = who or identity()
         self.lock = LeaseLock(name, namespace, self.identity)
+        self.lock.api_instance = _WithTimeout(self.lock.api_instance)
         self.leading = threading.Event()
         self.on_lost = on_lost or _exit_on_lost
 
@@ -79,6 +80,20 @@ class Election:
             log.info("leader election: %s released the Lease", self.identity)
         except Exception as err:  # the standby takes over after the lease duration instead
             log.warning("leader election: could not release the Lease: %s", err)
+
+
+class _WithTimeout:
+    """The lock's API with a timeout on every call: a renewal stuck on a silent connection would
+    keep a standby from ever leading."""
+
+    def __init__(self, api) -> None:
+        self._api = api
+
+    def __getattr__(self, name: str):
+        from .kube import REQUEST_TIMEOUT
+
+        call = getattr(self._api, name)
+        return lambda *args, **kwargs: call(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
 
 
 def _exit_on_lost() -> None:

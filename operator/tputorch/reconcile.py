@@ -11,6 +11,7 @@ when the object is gone (and swept after every re-list).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import time
@@ -30,6 +31,9 @@ from .workqueue import WorkQueue
 log = logging.getLogger("tputorch")
 
 Key = tuple[str, str, str]  # (kind, namespace, name)
+# A reconcile that takes longer is abandoned and retried with backoff: one object's stuck call must
+# not keep it from ever being reconciled again (a key is never handed to a second worker).
+RECONCILE_TIMEOUT = 120
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ class Controller:
             key = await self.queue.get()
             started = time.perf_counter()
             try:
-                result = await self.reconcile(key)
+                result = await asyncio.wait_for(self.reconcile(key), RECONCILE_TIMEOUT)
             except Exception as err:  # every failure: API errors, refused/reset connections, timeouts
                 delay = self.queue.retry(key)
                 log.warning("%s %s/%s: reconcile failed (%s); retrying in %.0fs", key[0], key[1], key[2],

@@ -308,3 +308,35 @@ def test_a_services_pods_count_for_its_active_and_pending_clusters_only():
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     run(ctl.reconcile(SVC_KEY))
     assert last_status(ctl.kube)["readyHosts"] == 1
+
+
+def test_a_reconcile_stuck_on_a_call_is_abandoned_and_retried(monkeypatch):
+    from tputorch import reconcile
+
+    monkeypatch.setattr(reconcile, "RECONCILE_TIMEOUT", 0.05)
+
+    async def scenario():
+        kube = FakeKube()
+        ctl = setup(job(), kube=kube)
+        hang = asyncio.Event()
+        real_create = kube.create
+
+        async def create_once_stuck(res, namespace, body):
+            if not kube.called("create"):
+                kube.calls.append(("create", res.plural, namespace, body["metadata"]["name"]))
+                await hang.wait()  # a call on a connection that went silent
+            return await real_create(res, namespace, body)
+        kube.create = create_once_stuck
+        delays = []
+        ctl.queue.add_after = lambda key, delay: (delays.append(delay), ctl.queue.add(key))
+        worker = asyncio.create_task(ctl.work())
+        ctl.queue.add(KEY)
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if ("rayjobs", "ml", "demo") in kube.objects:
+                break
+        worker.cancel()
+        return delays, kube
+    delays, kube = run(scenario())
+    assert delays == [1]  # abandoned once, then retried
+    assert ("rayjobs", "ml", "demo") in kube.objects

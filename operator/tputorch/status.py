@@ -32,6 +32,8 @@ ROLE_LABEL = "ray.io/node-type"  # KubeRay labels each pod head or worker
 CLUSTER_LABEL = "ray.io/cluster"  # and with its RayCluster's name
 # KubeRay >= 1.5 with its RayMultiHostIndexing gate: which slice replica a host pod belongs to.
 REPLICA_LABEL = "ray.io/worker-group-replica-name"
+# The pod labels the derive functions read (a pod store may keep only these).
+POD_LABELS_READ = (ROLE_LABEL, CLUSTER_LABEL, REPLICA_LABEL)
 
 # Every status field this module writes (the CRD declares each one).
 STATUS_FIELDS = (
@@ -337,9 +339,10 @@ def derive_service(
     # (and the hash is the desired one) the service is updating, not ready.
     meta = (rayservice or {}).get("metadata") or {}
     desired_hash = render.spec_hash(render.rayservice(svc)["spec"])
+    seen, wanted = rs_status.get("observedGeneration"), meta.get("generation")
     up_to_date = (
         (meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION) == desired_hash
-        and rs_status.get("observedGeneration", meta.get("generation")) == meta.get("generation")
+        and (seen is None or wanted is None or seen >= wanted)
     )
 
     conditions = [_condition(VALIDATED, True, "Valid", shape, generation)]

@@ -167,3 +167,11 @@ def test_condition_messages_are_capped_for_the_api():
     huge["status"]["activeServiceStatus"]["applicationStatuses"]["llm"]["message"] = "x" * 100000
     st = status.derive_service(SVC, 1, huge, slice_hosts(4), {}, T0)
     assert len(cond(st, "Failed")["message"]) == status.MAX_CONDITION_MESSAGE
+
+
+def test_a_child_without_generation_is_judged_by_its_hash_alone():
+    # A store that keeps no metadata.generation of the RayService: no false Updating.
+    rs = rayservice("running")
+    del rs["metadata"]["generation"]
+    assert status.derive_service(SVC, 1, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
+    assert set(status.POD_LABELS_READ) == {"ray.io/node-type", "ray.io/cluster", "ray.io/worker-group-replica-name"}

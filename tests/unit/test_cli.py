@@ -92,3 +92,28 @@ def test_every_example_is_valid(capsys):
     for path in sorted(EXAMPLES.rglob("*.yaml")):
         code, _, err = run(capsys, "validate", str(path))
         assert code == 0, f"{path}: {err}"
+
+
+def test_render_and_validate_take_both_kinds_in_one_file(tmp_path, capsys):
+    both = tmp_path / "both.yaml"
+    both.write_text((EXAMPLES / "v6e-4x4.yaml").read_text() + "---\n" + (EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
+    code, out, err = run(capsys, "render", str(both))
+    assert code == 0, err
+    rayjob, rayservice = yaml.safe_load_all(out)
+    assert (rayjob["kind"], rayservice["kind"]) == ("RayJob", "RayService")
+    assert "build_openai_app" in rayservice["spec"]["serveConfigV2"]
+    code, out, err = run(capsys, "validate", str(both))
+    assert code == 0, err
+    assert out.splitlines()[1] == ("qwen3-moe: valid TPUTorchService; model qwen3-30b-a3b, 1-1 replica(s) of a v6e 4x4, "
+                                   "4 host(s) x 4 chips, tensor parallel 16 x pipeline parallel 1")
+
+
+def test_validate_lists_every_service_error(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService", "metadata": {"name": "s"},
+                                   "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "i", "model": {"source": "m"},
+                                            "engine": {"tensorParallelSize": 8}, "replicas": {"min": 2, "max": 1}}}))
+    code, _, err = run(capsys, "validate", str(bad))
+    assert code == 1
+    assert "spec.engine.tensorParallelSize: 8 x spec.engine.pipelineParallelSize 1 = 8 chips" in err
+    assert "spec.replicas.max: 1 must be at least spec.replicas.min (2)" in err

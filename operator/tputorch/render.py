@@ -219,18 +219,27 @@ def _replacing(observed: object, desired: object) -> object:
     return patch
 
 
+# Keys of the head's pod spec the cluster template writes only when set (the worker group is in a
+# list, which a merge patch replaces whole).
+_OPTIONAL_HEAD_KEYS = ("serviceAccountName", "nodeSelector", "tolerations")
+
+
 def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
     """The merge patch that brings an observed RayService to what ``svc`` renders, or None when
-    its spec-hash annotation says it already is. KubeRay then upgrades the service itself."""
+    its spec-hash annotation says it already is. KubeRay then upgrades the service itself.
+
+    ``observed`` needs only metadata.annotations; its spec, when given, lets the patch also remove
+    keys that no longer render. Optional keys of ours are nulled either way."""
     desired = rayservice(svc)
     want = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     have = ((observed.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
     if have == want:
         return None
-    return {
-        "metadata": {"annotations": {SPEC_HASH_ANNOTATION: want}},
-        "spec": _replacing(observed.get("spec") or {}, desired["spec"]),
-    }
+    spec = _replacing(observed.get("spec") or {}, desired["spec"])
+    head = spec["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    for key in _OPTIONAL_HEAD_KEYS:
+        head.setdefault(key, None)
+    return {"metadata": {"annotations": {SPEC_HASH_ANNOTATION: want}}, "spec": spec}
 
 
 def render_any(spec: Spec) -> dict:

@@ -297,7 +297,7 @@ def test_rayservice_patch_only_when_the_hash_differs():
     desired = render.rayservice(edited)
     assert patch["metadata"] == {"annotations": {render.SPEC_HASH_ANNOTATION: desired["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]}}
     assert patch["spec"]["upgradeStrategy"] is None  # a key we do not render is removed
-    assert {k: v for k, v in patch["spec"].items() if v is not None} == desired["spec"]
+    assert merge(observed["spec"], patch["spec"]) == desired["spec"]
     assert "max_model_len: 4096" in patch["spec"]["serveConfigV2"]
 
 
@@ -309,6 +309,12 @@ def test_rayservice_patch_removes_what_the_new_spec_no_longer_has():
     assert head["serviceAccountName"] is None
     # Applied as a JSON merge patch (RFC 7386) to the old spec it gives exactly the new one.
     assert merge(before["spec"], patch["spec"]) == render.rayservice(after)["spec"]
+    # Also when the caller has only the observed annotations (a store that keeps no spec).
+    slim = render.rayservice_patch(after, {"metadata": before["metadata"]})
+    assert merge(before["spec"], slim["spec"]) == render.rayservice(after)["spec"]
+    for optional in ({"tolerations": [{"key": "a", "operator": "Exists"}]}, {"head": {"nodeSelector": {"pool": "cpu"}}}):
+        old = render.rayservice(spec.parse_service(service_body(**optional)))
+        assert merge(old["spec"], render.rayservice_patch(after, {"metadata": old["metadata"]})["spec"]) == render.rayservice(after)["spec"]
 
 
 def merge(target, patch):

@@ -1,0 +1,192 @@
+"""Both CRDs at a real API server: what admission refuses (with which message), which edits are
+immutable, and that the statuses the operator derives are stored as written (no field pruned, every
+condition a valid metav1.Condition). No operator runs here: this is the API server alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from operator_process import REPO, kubectl
+
+from tputorch import crd, render, spec, status
+
+NOW = "2026-11-29T10:00:00Z"
+
+
+@pytest.fixture(scope="module")
+def crds(kube):
+    for name in crd.FILES.values():
+        kubectl(kube.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / name))
+    for definition in crd.crd():
+        kubectl(kube.kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{definition['metadata']['name']}")
+    return kube.kubeconfig
+
+
+def job(name="train", **spec_extra):
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "example.com/img:1",
+                     "entrypoint": "python train.py", "suspend": True, **spec_extra}}
+
+
+def service(name="qwen", **spec_extra):
+    return {"apiVersion": crd.API_VERSION, "kind": crd.SERVICE_KIND, "metadata": {"name": name},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "example.com/vllm:1",
+                     "model": {"source": "Qwen/Qwen3-30B-A3B"}, **spec_extra}}
+
+
+def create(kubeconfig, ns, body):
+    return kubectl(kubeconfig, "-n", ns, "create", "-f", "-", input=yaml.safe_dump(body), check=False)
+
+
+def refused(kubeconfig, ns, body, *fragments):
+    proc = create(kubeconfig, ns, body)
+    assert proc.returncode != 0, f"admitted: {body}"
+    for fragment in fragments:
+        assert fragment in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def get(kubeconfig, ns, plural, name):
+    return json.loads(kubectl(kubeconfig, "-n", ns, "get", plural, name, "-o", "json").stdout)
+
+
+def patch(kubeconfig, ns, plural, name, body, kind="merge", subresource=None):
+    args = ["-n", ns, "patch", plural, name, "--type", kind, "-p", json.dumps(body)]
+    if subresource:
+        args += ["--subresource", subresource]
+    return kubectl(kubeconfig, *args, check=False)
+
+
+# --- TPUTorchJob -----------------------------------------------------------------------------
+
+
+def test_job_every_spec_field_but_suspend_is_immutable(crds, namespace):
+    extra = {"queueName": "q", "env": [{"name": "A", "value": "1"}], "runtimeEnv": {"pip": ["x"]}}
+    assert create(crds, namespace, job(**extra)).returncode == 0
+    edits = {
+        "image": ("merge", {"spec": {"image": "example.com/img:2"}}),
+        "entrypoint": ("merge", {"spec": {"entrypoint": "python other.py"}}),
+        "head": ("merge", {"spec": {"head": {"cpu": "3"}}}),
+        "env": ("merge", {"spec": {"env": [{"name": "A", "value": "2"}]}}),
+        "runtimeEnv": ("merge", {"spec": {"runtimeEnv": {"pip": ["y"]}}}),
+        # An optional field added, and one removed: a rule on the field alone would miss both.
+        "activeDeadlineSeconds": ("merge", {"spec": {"activeDeadlineSeconds": 60}}),
+        "queueName": ("json", [{"op": "remove", "path": "/spec/queueName"}]),
+    }
+    for field, (kind, body) in edits.items():
+        proc = patch(crds, namespace, crd.PLURAL, "train", body, kind)
+        assert proc.returncode != 0, f"edit of spec.{field} admitted"
+        assert f"spec.{field} is immutable: delete the TPUTorchJob and create it again" in proc.stderr, proc.stderr
+    proc = patch(crds, namespace, crd.PLURAL, "train", {"spec": {"tpu": {"topology": "2x2"}}})
+    assert proc.returncode != 0 and "spec.tpu is immutable" in proc.stderr
+    # suspend is the one field a running job takes.
+    assert patch(crds, namespace, crd.PLURAL, "train", {"spec": {"suspend": False}}).returncode == 0
+    assert get(crds, namespace, crd.PLURAL, "train")["spec"]["suspend"] is False
+    assert get(crds, namespace, crd.PLURAL, "train")["spec"]["queueName"] == "q"
+
+
+@pytest.mark.parametrize("plural,body,child", [(crd.PLURAL, job, "RayJob"), (crd.SERVICE_PLURAL, service, "RayService")])
+def test_names_must_be_dns_1035_labels_of_at_most_47(crds, namespace, plural, body, child):
+    for bad in ("1train", "my.job"):  # valid object names, but no valid RayJob/RayService name
+        refused(crds, namespace, body(name=bad), "metadata.name must be a DNS-1035 label", child)
+    refused(crds, namespace, body(name="a" * 48), "metadata.name must be at most 47 characters", child)
+    assert create(crds, namespace, body(name="a" * 47)).returncode == 0
+
+
+# --- TPUTorchService -------------------------------------------------------------------------
+
+
+def test_service_defaults_and_the_reference_example(crds, namespace):
+    assert create(crds, namespace, service()).returncode == 0
+    stored = get(crds, namespace, crd.SERVICE_PLURAL, "qwen")["spec"]
+    assert stored["engine"]["pipelineParallelSize"] == 1 and stored["engine"]["enableExpertParallel"] is False
+    assert stored["replicas"] == {"min": 1}
+    example = yaml.safe_load((REPO / "examples" / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
+    assert create(crds, namespace, example).returncode == 0
+
+
+@pytest.mark.parametrize("spec_extra,fragments", [
+    ({"engine": {"tensorParallelSize": 8}}, ["must equal 16, the chips of a", "4x4"]),
+    ({"engine": {"tensorParallelSize": 8, "pipelineParallelSize": 4}}, ["must equal 16, the chips"]),
+    ({"engine": {"pipelineParallelSize": 3}}, ["must equal 16, the chips"]),
+    ({"engine": {"maxModelLen": 0}}, ["spec.engine.maxModelLen"]),
+    ({"replicas": {"min": 3, "max": 2}}, ["spec.replicas.max must be at least spec.replicas.min"]),
+    ({"replicas": {"min": 0}}, ["spec.replicas.min"]),
+    ({"tpu": {"accelerator": "v6e", "topology": "4x4", "slices": 2}}, ["each model replica of a TPUTorchService is one whole slice"]),
+    ({"tpu": {"accelerator": "v6e", "topology": "4x5"}}, ["topology 4x5 is not a v6e slice on GKE"]),
+    ({"model": {"source": ""}}, ["spec.model.source"]),
+    ({"model": {"name": "x"}}, ["spec.model.source"]),
+])
+def test_service_admission_refusals(crds, namespace, spec_extra, fragments):
+    refused(crds, namespace, service(**spec_extra), *fragments)
+    # The operator's parser refuses the same bodies (tputorch validate would say why).
+    with pytest.raises(spec.InvalidSpec):
+        spec.parse_service(service(**spec_extra))
+
+
+@pytest.mark.parametrize("args", [{"tensor_parallel_size": 16}, {"maxModelLen": 16}, {"distributed_executor_backend": "mp"}])
+def test_engine_args_are_the_operators_to_refuse(crds, namespace, args):
+    """CEL cannot see the keys of the free-form engine.args: the API server admits them, the
+    operator's parser (and tputorch validate) refuses them, and its status says why."""
+    body = service(engine={"args": args})
+    assert create(crds, namespace, body).returncode == 0
+    with pytest.raises(spec.InvalidSpec) as err:
+        spec.parse_service(body)
+    assert [e.path for e in err.value.errors] == [f"spec.engine.args.{next(iter(args))}"]
+
+
+def test_service_edits_are_admitted_but_not_of_the_slice(crds, namespace):
+    assert create(crds, namespace, service(replicas={"min": 1, "max": 1})).returncode == 0
+    for body in ({"spec": {"replicas": {"max": 3}}}, {"spec": {"engine": {"maxModelLen": 4096, "args": {"dtype": "bfloat16"}}}},
+                 {"spec": {"image": "example.com/vllm:2"}}, {"spec": {"model": {"name": "renamed"}}}):
+        proc = patch(crds, namespace, crd.SERVICE_PLURAL, "qwen", body)
+        assert proc.returncode == 0, proc.stderr
+    stored = get(crds, namespace, crd.SERVICE_PLURAL, "qwen")["spec"]
+    assert stored["replicas"] == {"min": 1, "max": 3} and stored["engine"]["maxModelLen"] == 4096
+    proc = patch(crds, namespace, crd.SERVICE_PLURAL, "qwen", {"spec": {"tpu": {"topology": "8x8"}}})
+    assert proc.returncode != 0
+    assert "spec.tpu is immutable: delete the TPUTorchService and create it again" in proc.stderr
+
+
+# --- status: what the operator writes is stored as written -------------------------------------
+
+
+def pods(n_ready, hosts=4):
+    return [{"metadata": {"name": f"w{i}", "labels": {"ray.io/node-type": "worker"}},
+             "status": {"conditions": [{"type": "Ready", "status": "True" if i < n_ready else "False"}]}} for i in range(hosts)]
+
+
+def test_derived_statuses_are_accepted_and_nothing_is_pruned(crds, namespace):
+    assert create(crds, namespace, job()).returncode == 0
+    assert create(crds, namespace, service()).returncode == 0
+    job_spec = spec.parse({**job(), "metadata": {"name": "train", "namespace": namespace}})
+    svc_spec = spec.parse_service({**service(), "metadata": {"name": "qwen", "namespace": namespace}})
+    rayjob = {"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": "train-abcde",
+                         "dashboardURL": "train-head-svc:8265", "jobId": "train-x", "startTime": NOW}}
+    rs = render.rayservice(svc_spec)
+    rs["metadata"]["generation"] = 1
+    rs["status"] = {"serviceStatus": "Running", "observedGeneration": 1,
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "NonZeroServeEndpoints", "message": "ok", "lastTransitionTime": NOW}],
+                    "activeServiceStatus": {"rayClusterName": "qwen-abcde", "applicationStatuses": {"llm": {"status": "RUNNING", "message": "fine"}}}}
+    cases = [
+        (crd.PLURAL, "train", status.derive(job_spec, 1, rayjob, pods(4), {}, NOW)),
+        (crd.PLURAL, "train", status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 1, {}, NOW)),
+        (crd.SERVICE_PLURAL, "qwen", status.derive_service(svc_spec, 1, rs, pods(4), {}, NOW)),
+        (crd.SERVICE_PLURAL, "qwen", status.derive_service(svc_spec, 1, None, [], {}, NOW, ("KubeRayNotInstalled", "install KubeRay"))),
+    ]
+    for plural, name, derived in cases:
+        previous = get(crds, namespace, plural, name).get("status") or {}
+        proc = patch(crds, namespace, plural, name, {"status": status.patch_for(previous, derived)}, subresource="status")
+        assert proc.returncode == 0, proc.stderr
+        assert get(crds, namespace, plural, name)["status"] == derived
+
+
+def test_a_condition_that_is_not_a_metav1_condition_is_refused(crds, namespace):
+    assert create(crds, namespace, service()).returncode == 0
+    bad = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # no reason, message, time
+    proc = patch(crds, namespace, crd.SERVICE_PLURAL, "qwen", bad, subresource="status")
+    assert proc.returncode != 0 and "lastTransitionTime" in proc.stderr and "reason" in proc.stderr

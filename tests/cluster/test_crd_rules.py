@@ -190,3 +190,21 @@ def test_a_condition_that_is_not_a_metav1_condition_is_refused(crds, namespace):
     bad = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # no reason, message, time
     proc = patch(crds, namespace, crd.SERVICE_PLURAL, "qwen", bad, subresource="status")
     assert proc.returncode != 0 and "lastTransitionTime" in proc.stderr and "reason" in proc.stderr
+
+
+# --- what the operator renders fits KubeRay's own CRDs -----------------------------------------
+
+
+GOLDEN = sorted((REPO / "tests" / "unit" / "golden").glob("*.yaml"))
+
+
+def test_every_golden_child_is_accepted_by_kuberays_crds_with_no_unknown_field(crds, namespace):
+    """Server-side dry run with strict field validation: a field KubeRay's schema does not know
+    (which the API server would otherwise prune silently) fails here, as does any schema error."""
+    assert {p.stem.split("-")[0] for p in GOLDEN} >= {"service", "v6e"}
+    for path in GOLDEN:
+        child = yaml.safe_load(path.read_text())
+        child["metadata"]["namespace"] = namespace
+        proc = kubectl(crds, "create", "--dry-run=server", "--validate=strict", "-f", "-", input=yaml.safe_dump(child), check=False)
+        assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
+        assert "Warning" not in proc.stderr, f"{path.name}: {proc.stderr}"

@@ -168,8 +168,8 @@ def _with_hash(obj: dict) -> dict:
 def rayjob(job: JobSpec) -> dict:
     """The RayJob the operator creates for ``job`` (without ownerReferences, added on create).
 
-    No spec hash: a RayJob only ever gets suspend patched, and hashing would add a quarter to the
-    render time of every job in a burst."""
+    No spec hash: a RayJob only ever gets suspend patched, and hashing the spec would slow the
+    render of every job in a burst (bench/RESULTS.md)."""
     return json.loads(_template("rayjob.json.j2").render(context(job)))
 
 

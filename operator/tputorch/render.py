@@ -169,7 +169,7 @@ def rayjob(job: JobSpec) -> dict:
     """The RayJob the operator creates for ``job`` (without ownerReferences, added on create).
 
     No spec hash: a RayJob only ever gets suspend patched, and hashing the spec would slow the
-    render of every job in a burst (bench/RESULTS.md)."""
+    render of every job in a burst."""
     return json.loads(_template("rayjob.json.j2").render(context(job)))
 
 

@@ -81,7 +81,7 @@ def child_slimmer(kind: Kind):
     return slim
 
 
-_POD_LABELS = tuple(k.label for k in KINDS) + (statuses.ROLE_LABEL, statuses.CLUSTER_LABEL)
+_POD_LABELS = tuple(k.label for k in KINDS) + statuses.POD_LABELS_READ
 
 
 def slim_pod(obj: dict) -> dict:

@@ -240,6 +240,13 @@ def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
     if have == want:
         return None
     spec = _replacing(observed.get("spec") or {}, desired["spec"])
+    if svc.max_replicas > svc.min_replicas:
+        # Autoscaled: keep the slice count the autoscaler reached (within the new bounds) rather
+        # than reset it to min with every edit.
+        observed_groups = ((observed.get("spec") or {}).get("rayClusterConfig") or {}).get("workerGroupSpecs") or []
+        for group, seen in zip(spec["rayClusterConfig"]["workerGroupSpecs"], observed_groups):
+            if isinstance(seen.get("replicas"), int):
+                group["replicas"] = min(max(seen["replicas"], svc.min_replicas), svc.max_replicas)
     head = spec["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
     for key in _OPTIONAL_HEAD_KEYS:
         head.setdefault(key, None)

@@ -316,6 +316,17 @@ def test_rayservice_patch_removes_what_the_new_spec_no_longer_has():
         assert merge(old["spec"], render.rayservice_patch(after, {"metadata": old["metadata"]})["spec"]) == render.rayservice(after)["spec"]
 
 
+def test_rayservice_patch_keeps_the_autoscalers_slice_count_within_the_new_bounds():
+    autoscaled = render.rayservice(spec.parse_service(service_body(replicas={"min": 1, "max": 4})))
+    autoscaled["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] = 3  # scaled up meanwhile
+    for bounds, kept in (({"min": 1, "max": 4}, 3), ({"min": 1, "max": 2}, 2), ({"min": 4, "max": 6}, 4)):
+        edited = spec.parse_service(service_body(replicas=bounds, engine={"maxModelLen": 2048}))
+        group = render.rayservice_patch(edited, autoscaled)["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+        assert group["replicas"] == kept, bounds
+    fixed = spec.parse_service(service_body(replicas={"min": 2, "max": 2}))
+    assert render.rayservice_patch(fixed, autoscaled)["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] == 2
+
+
 def merge(target, patch):
     if not isinstance(patch, dict):
         return patch

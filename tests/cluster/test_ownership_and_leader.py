@@ -172,7 +172,9 @@ def test_the_standby_takes_over_when_the_leader_is_killed_during_a_burst(kube, n
     assert _by_identity(replicas, new_id) is standby
     assert took < 25, f"standby led {took:.1f}s after the kill"
     creator.join(180)
-    wait_consistent(kube, namespace, set(names), 240)
+    # KubeRay, not the operator, sets the pace here: on a loaded 2-core machine it took up to 3 min
+    # to move the last of 300 RayJobs to Suspended (the operator's status followed within seconds).
+    wait_consistent(kube, namespace, set(names), 420)
     print(f"standby led {took:.1f}s after SIGKILL of the leader")
 
 

@@ -186,6 +186,16 @@ def _phase(deployment: str, job_status: str) -> str:
     return "Pending"
 
 
+def _child_created(ctype: str, child_kind: str, name: str, child: dict | None, problem: tuple[str, str] | None,
+                   generation: int) -> dict:
+    """<Child>Created: the child exists, or why it does not (yet)."""
+    if child is not None:
+        return _condition(ctype, True, "Created", f"{child_kind} {name} exists", generation)
+    if problem is not None:
+        return _condition(ctype, False, problem[0], problem[1], generation)
+    return _condition(ctype, False, "Creating", f"creating the {child_kind}", generation)
+
+
 def derive(
     job: JobSpec,
     generation: int,
@@ -215,13 +225,8 @@ def derive(
     ready = ready_hosts(pods, cluster_status)
     kuberay_message = rj_status.get("message") or rj_status.get("reason") or ""
 
-    conditions = [_condition(VALIDATED, True, "Valid", shape, generation)]
-    if rayjob is not None:
-        conditions.append(_condition(RAYJOB_CREATED, True, "Created", f"RayJob {job.name} exists", generation))
-    elif problem is not None:
-        conditions.append(_condition(RAYJOB_CREATED, False, problem[0], problem[1], generation))
-    else:
-        conditions.append(_condition(RAYJOB_CREATED, False, "Creating", "creating the RayJob", generation))
+    conditions = [_condition(VALIDATED, True, "Valid", shape, generation),
+                  _child_created(RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, generation)]
 
     unschedulable = scheduling_problem(pods)
     if phase in TERMINAL_PHASES:
@@ -345,13 +350,8 @@ def derive_service(
         and (seen is None or wanted is None or seen >= wanted)
     )
 
-    conditions = [_condition(VALIDATED, True, "Valid", shape, generation)]
-    if rayservice is not None:
-        conditions.append(_condition(RAYSERVICE_CREATED, True, "Created", f"RayService {svc.name} exists", generation))
-    elif problem is not None:
-        conditions.append(_condition(RAYSERVICE_CREATED, False, problem[0], problem[1], generation))
-    else:
-        conditions.append(_condition(RAYSERVICE_CREATED, False, "Creating", "creating the RayService", generation))
+    conditions = [_condition(VALIDATED, True, "Valid", shape, generation),
+                  _child_created(RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem, generation)]
 
     unschedulable = scheduling_problem(pods)
     slices_message = f"{ready_replicas}/{replicas} slice replica(s) ready, {ready}/{replicas * s.hosts} TPU hosts"

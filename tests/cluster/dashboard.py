@@ -5,9 +5,12 @@
     d.set_job_status("ns", "my-rayjob", "SUCCEEDED")
     d.set_job_status("ns", "my-rayjob", "FAILED", message="Traceback ...")
 
-Jobs are keyed by (namespace, RayJob name). Setting a terminal status (SUCCEEDED, FAILED, STOPPED)
-also makes the fake finish the RayJob's submitter pod (exit code `submitter_exit_code`, default 0),
-which KubeRay waits for before it marks a K8sJobMode RayJob Complete/Failed.
+The fake keeps one dashboard per RayCluster; the job calls here name a RayJob and act on its newest
+job (the one of its current RayCluster; before KubeRay's first call, on its first job). Setting a
+terminal status (SUCCEEDED, FAILED, STOPPED) also makes the fake finish the RayJob's submitter pod
+(exit code `submitter_exit_code`, default 0), which KubeRay waits for before it marks a K8sJobMode
+RayJob Complete/Failed. Serve state is per RayCluster too (`serve`, `set_serve_status`); a
+namespace can be handed to a real Ray dashboard (`set_backend`, see hack/fake_dashboard.py).
 Standard library only.
 """
 
@@ -62,7 +65,8 @@ class DashboardClient:
                           {"status": status, "message": message, "submitter_exit_code": submitter_exit_code})
 
     def get_job(self, namespace: str, rayjob: str) -> dict | None:
-        """The fake's record of the job (status, submission_id, ...), None if never seen."""
+        """The fake's record of the RayJob's newest job (status, submission_id, cluster, ...), None
+        if never seen."""
         return self._call("GET", f"/jobs/{namespace}/{rayjob}")
 
     def jobs(self) -> list[dict]:
@@ -71,14 +75,54 @@ class DashboardClient:
     def delete_job(self, namespace: str, rayjob: str) -> bool:
         return self._call("DELETE", f"/jobs/{namespace}/{rayjob}")["deleted"]
 
-    def requests(self, namespace: str | None = None, rayjob: str | None = None) -> list[dict]:
-        """Dashboard API requests received (method, host, path, body, namespace, rayjob, status_code)."""
-        q = {k: v for k, v in (("namespace", namespace), ("rayjob", rayjob)) if v}
+    def requests(self, namespace: str | None = None, rayjob: str | None = None, cluster: str | None = None) -> list[dict]:
+        """Dashboard API requests received (method, host, path, body, namespace, cluster, rayjob,
+        status_code, backend)."""
+        q = {k: v for k, v in (("namespace", namespace), ("rayjob", rayjob), ("cluster", cluster)) if v}
         return self._call("GET", "/requests" + ("?" + urllib.parse.urlencode(q) if q else ""))
 
     def set_default_status(self, status: str) -> None:
         """Status given to jobs the dashboard has not seen yet (initially RUNNING)."""
         self._call("PUT", "/default", {"status": status.upper()})
+
+    def set_serve_ready_after(self, seconds: float) -> None:
+        """Seconds from a Serve config PUT until its applications report RUNNING."""
+        self._call("PUT", "/default", {"serve_ready_after": seconds})
+
+    def clusters(self) -> list[dict]:
+        """Every RayCluster the dashboard heard of: its jobs (by submission id) and Serve state."""
+        return self._call("GET", "/clusters")
+
+    def serve(self, namespace: str, name: str) -> dict | None:
+        """Serve state of RayCluster `name` or of RayService `name`'s newest RayCluster: the config
+        put, `deployed_at`, `puts`, and `details` (what GET /api/serve/applications/ answers)."""
+        return self._call("GET", f"/serve/{namespace}/{name}")
+
+    def set_serve_status(self, namespace: str, name: str, status: str | None, message: str = "") -> dict:
+        """Make every application of it report `status` (e.g. DEPLOY_FAILED); None: timed again."""
+        return self._call("PUT", f"/serve/{namespace}/{name}", {"status": status, "message": message})
+
+    def set_backend(self, namespace: str, url: str, cluster: str | None = None) -> None:
+        """Send this namespace's (or one RayCluster's) dashboard calls to a real Ray dashboard."""
+        self._call("PUT", f"/backends/{namespace}" + (f"/{cluster}" if cluster else ""), {"url": url})
+
+    def delete_backend(self, namespace: str, cluster: str | None = None) -> bool:
+        return self._call("DELETE", f"/backends/{namespace}" + (f"/{cluster}" if cluster else ""))["deleted"]
+
+    def submitters(self, namespace: str | None = None) -> list[dict]:
+        """Submitter pods the runner ran: pod, submission_id, pid, argv, exit_code, log path."""
+        return self._call("GET", "/submitters" + (f"?namespace={namespace}" if namespace else ""))
+
+    def submitter_log(self, namespace: str, pod: str) -> str | None:
+        """What a submitter pod's command printed (the driver's output, via `ray job logs`)."""
+        req = urllib.request.Request(f"{self.url}/_control/submitters/{namespace}/{pod}/log")
+        try:
+            with _opener.open(req, timeout=self.timeout) as resp:
+                return resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
 
     def reset(self) -> None:
         self._call("POST", "/reset", {})

@@ -1,0 +1,209 @@
+"""The stand-in Ray dashboard (hack/fake_dashboard.py) on its own: a real process on 127.0.0.1,
+spoken to as KubeRay speaks to it (proxy-form requests naming a RayCluster's head service).
+
+No API server needed: these tests start their own dashboard process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dashboard import DashboardClient
+
+HACK = Path(__file__).resolve().parents[2] / "hack"
+_spec = importlib.util.spec_from_file_location("fake_dashboard", HACK / "fake_dashboard.py")
+fake_dashboard = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fake_dashboard)
+
+
+def start_dashboard(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port_file = tmp_path / f"port-{time.monotonic_ns()}"
+    proc = subprocess.Popen([sys.executable, str(HACK / "fake_dashboard.py"), "--port-file", str(port_file), *args],
+                            stderr=open(tmp_path / "dashboard.log", "ab"))
+    end = time.monotonic() + 20
+    while not (port_file.exists() and port_file.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < end, (tmp_path / "dashboard.log").read_text()
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+
+@pytest.fixture
+def fake(tmp_path):
+    proc, url = start_dashboard(tmp_path, "--serve-ready-after", "1.5")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+class AsKubeRay:
+    """Calls the dashboard through it as an HTTP proxy, the way KubeRay's Go client does."""
+
+    def __init__(self, proxy: str, namespace: str, cluster: str) -> None:
+        self.base = f"http://{cluster}-head-svc.{namespace}.svc.cluster.local:8265"
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
+
+    def call(self, method: str, path: str, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with self.opener.open(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_a_rerun_under_the_same_name_gets_its_own_dashboard(fake):
+    """Issue 10: the old run's stop must not land on the new run's job."""
+    old = AsKubeRay(fake, "team", "rerun-abcde")
+    new = AsKubeRay(fake, "team", "rerun-fghij")
+    assert old.call("GET", "/api/jobs/rerun-k2m4p")[1]["status"] == "RUNNING"
+    assert old.call("POST", "/api/jobs/rerun-k2m4p/stop") == (200, {"stopped": True})
+    # The new RayJob (same name) has a new RayCluster and a new submission id.
+    assert new.call("GET", "/api/jobs/rerun-x7z9q")[1]["status"] == "RUNNING"
+    assert old.call("GET", "/api/jobs/rerun-k2m4p")[1]["status"] == "STOPPED"
+    # Each cluster lists only its own jobs, as each real head does.
+    assert [j["submission_id"] for j in new.call("GET", "/api/jobs/")[1]] == ["rerun-x7z9q"]
+    assert [j["submission_id"] for j in old.call("GET", "/api/jobs/")[1]] == ["rerun-k2m4p"]
+
+    d = DashboardClient(fake)
+    job = d.set_job_status("team", "rerun", "SUCCEEDED")  # acts on the RayJob's newest job
+    assert (job["cluster"], job["submission_id"], job["status"]) == ("rerun-fghij", "rerun-x7z9q", "SUCCEEDED")
+    assert new.call("GET", "/api/jobs/rerun-x7z9q")[1]["status"] == "SUCCEEDED"
+    assert old.call("GET", "/api/jobs/rerun-k2m4p")[1]["status"] == "STOPPED"
+    assert [r["cluster"] for r in d.requests(namespace="team", rayjob="rerun") if r["method"] == "POST"] == ["rerun-abcde"]
+
+
+def test_the_same_submission_id_on_two_clusters_is_two_jobs(fake):
+    a, b = AsKubeRay(fake, "ns1", "job-aaaaa"), AsKubeRay(fake, "ns1", "job-bbbbb")
+    assert a.call("POST", "/api/jobs/", {"submission_id": "job-s1234", "entrypoint": "python a.py"})[0] == 200
+    code, err = a.call("POST", "/api/jobs/", {"submission_id": "job-s1234", "entrypoint": "python a.py"})
+    assert code == 500 and "Please use a different submission_id" in err["error"]  # KubeRay's retry test
+    assert b.call("POST", "/api/jobs/", {"submission_id": "job-s1234", "entrypoint": "python b.py"})[0] == 200
+    assert a.call("GET", "/api/jobs/job-s1234")[1]["entrypoint"] == "python a.py"
+    assert b.call("GET", "/api/jobs/job-s1234")[1]["entrypoint"] == "python b.py"
+
+
+def test_a_status_set_before_kuberay_asks_applies_to_the_first_job(fake):
+    d = DashboardClient(fake)
+    assert d.set_job_status("ns2", "early", "FAILED", message="boom")["preset"] is True
+    info = AsKubeRay(fake, "ns2", "early-qqqqq").call("GET", "/api/jobs/early-wwwww")[1]
+    assert (info["status"], info["message"], info["error_type"]) == ("FAILED", "boom", "JOB_ENTRYPOINT_COMMAND_ERROR")
+    # A second run of the same RayJob starts fresh.
+    assert AsKubeRay(fake, "ns2", "early-rrrrr").call("GET", "/api/jobs/early-eeeee")[1]["status"] == "RUNNING"
+
+
+SERVE_CONFIG = {
+    "applications": [
+        {"name": "llm", "route_prefix": "/", "import_path": "ray.serve.llm:build_openai_app", "args": {}},
+        {"name": "echo", "route_prefix": "/echo", "import_path": "echo:app",
+         "deployments": [{"name": "Echo", "num_replicas": 1}, {"name": "Router"}]},
+    ]
+}
+
+
+def test_serve_applications_deploy_then_run_per_raycluster(fake):
+    svc = AsKubeRay(fake, "serving", "qwen-abcde")
+    other = AsKubeRay(fake, "serving", "qwen-zzzzz")
+    assert svc.call("GET", "/api/serve/applications/?api_type=declarative") [1]["applications"] == {}
+    assert svc.call("PUT", "/api/serve/applications/", SERVE_CONFIG) == (200, {})
+    t_put = time.monotonic()
+    details = svc.call("GET", "/api/serve/applications/?api_type=declarative")[1]
+    assert details["deploy_mode"] == "MULTI_APP"
+    apps = details["applications"]
+    assert set(apps) == {"llm", "echo"}
+    assert apps["echo"]["route_prefix"] == "/echo" and apps["echo"]["deployed_app_config"] == SERVE_CONFIG["applications"][1]
+    assert {a["status"] for a in apps.values()} == {"DEPLOYING"}
+    assert set(apps["echo"]["deployments"]) == {"Echo", "Router"}
+    assert set(apps["llm"]["deployments"]) == {"build_openai_app"}
+    assert {d["status"] for a in apps.values() for d in a["deployments"].values()} == {"UPDATING"}
+    assert other.call("GET", "/api/serve/applications/")[1]["applications"] == {}, "another RayCluster's dashboard"
+
+    while time.monotonic() - t_put < 1.6:
+        time.sleep(0.1)
+    apps = svc.call("GET", "/api/serve/applications/?api_type=declarative")[1]["applications"]
+    assert {a["status"] for a in apps.values()} == {"RUNNING"}
+    assert {d["status"] for a in apps.values() for d in a["deployments"].values()} == {"HEALTHY"}
+
+    d = DashboardClient(fake)
+    state = d.serve("serving", "qwen")  # by RayService name: its newest RayCluster
+    assert state["cluster"] == "qwen-abcde" and state["puts"] == 1 and state["config"] == SERVE_CONFIG
+    d.set_serve_status("serving", "qwen", "DEPLOY_FAILED", message="engine died")
+    apps = svc.call("GET", "/api/serve/applications/")[1]["applications"]
+    assert {(a["status"], a["message"]) for a in apps.values()} == {("DEPLOY_FAILED", "engine died")}
+    assert {dep["status"] for a in apps.values() for dep in a["deployments"].values()} == {"UNHEALTHY"}
+    d.set_serve_status("serving", "qwen", None)
+
+    # The same config again is no redeploy; a changed one is (DEPLOYING again).
+    assert svc.call("PUT", "/api/serve/applications/", SERVE_CONFIG)[0] == 200
+    assert d.serve("serving", "qwen-abcde")["puts"] == 1
+    changed = json.loads(json.dumps(SERVE_CONFIG))
+    changed["applications"][0]["args"] = {"llm_configs": []}
+    assert svc.call("PUT", "/api/serve/applications/", changed)[0] == 200
+    apps = svc.call("GET", "/api/serve/applications/")[1]["applications"]
+    assert apps["llm"]["status"] == "DEPLOYING" and d.serve("serving", "qwen")["puts"] == 2
+
+    code, err = svc.call("PUT", "/api/serve/applications/", {"apps": []})
+    assert code == 400 and "applications" in err["error"]
+    with pytest.raises(RuntimeError, match="DEPLOY_FAILED"):
+        d.set_serve_status("serving", "qwen", "BROKEN")
+
+
+def test_a_namespace_with_a_real_backend_is_forwarded(fake, tmp_path):
+    """Everything of that namespace goes to the backend (here another dashboard process standing in
+    for a real Ray head); other namespaces keep the invented state."""
+    proc, backend = start_dashboard(tmp_path)
+    try:
+        d = DashboardClient(fake)
+        with pytest.raises(RuntimeError, match="loopback only"):
+            d.set_backend("real", "http://10.0.0.1:8265")
+        d.set_backend("real", backend)
+        real = AsKubeRay(fake, "real", "train-abcde")
+        assert real.call("POST", "/api/jobs/", {"submission_id": "train-11111", "entrypoint": "python t.py"})[0] == 200
+        assert real.call("GET", "/api/jobs/train-11111")[1]["entrypoint"] == "python t.py"
+        # The backend saw the calls (origin form, its own host), the front end only forwarded them.
+        seen = DashboardClient(backend).jobs()
+        assert [(j["submission_id"], j["submitted"]) for j in seen] == [("train-11111", True)]
+        assert {r["backend"] for r in d.requests(namespace="real")} == {backend}
+        # The Ray CLI's route to the same cluster: /_ray/<ns>/<cluster>/api/...
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                f"{fake}/_ray/real/train-abcde/api/jobs/train-11111", timeout=10) as resp:
+            assert json.loads(resp.read())["submission_id"] == "train-11111"
+        # Another namespace is untouched.
+        assert AsKubeRay(fake, "fake", "x-abcde").call("GET", "/api/jobs/x-12345")[1]["message"].endswith("(fake dashboard).")
+        assert d.delete_backend("real") is True
+        assert real.call("GET", "/api/jobs/train-11111")[1]["entrypoint"] == ""  # invented again
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_submission_gets_the_head_containers_env_under_its_own():
+    raycluster = {"spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"env": [
+        {"name": "TPUTORCH_NUM_WORKERS", "value": "16"}, {"name": "SHARED", "value": "head"},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]}}}}}
+    env = fake_dashboard.head_env(raycluster)
+    assert env == {"TPUTORCH_NUM_WORKERS": "16", "SHARED": "head"}
+    body = {"entrypoint": "python t.py", "runtime_env": {"pip": ["x"], "env_vars": {"SHARED": "job"}}}
+    out = fake_dashboard.with_driver_env(body, env)
+    assert out["runtime_env"] == {"pip": ["x"], "env_vars": {"TPUTORCH_NUM_WORKERS": "16", "SHARED": "job"}}
+    assert body["runtime_env"]["env_vars"] == {"SHARED": "job"}, "the caller's body is not changed"
+    assert fake_dashboard.with_driver_env({"entrypoint": "x"}, {}) == {"entrypoint": "x"}
+
+
+@pytest.mark.parametrize("host,expected", [
+    ("rerun-abcde-head-svc.team.svc.cluster.local:8265", ("team", "rerun-abcde")),
+    ("qwen-x1y2z-head-svc.serving.svc:8265", ("serving", "qwen-x1y2z")),
+    ("127.0.0.1:8265", ("default", "127")),
+])
+def test_parse_host(host, expected):
+    assert fake_dashboard.parse_host(host) == expected

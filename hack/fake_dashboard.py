@@ -410,7 +410,7 @@ class Runner(threading.Thread):
                 with self.state.lock:
                     started = key in self.state.runs
                 if not started and pod.get("status", {}).get("phase") == "Running":
-                    self.start(pod)
+                    self.launch(pod)
         for key, proc in list(self.procs.items()):
             if proc.poll() is None and key not in seen:
                 self.log(f"runner: pod {key[0]}/{key[1]} is gone: stopping its command (pid {proc.pid})")
@@ -418,7 +418,7 @@ class Runner(threading.Thread):
             if proc.poll() is not None:
                 self.finish(key, proc)
 
-    def start(self, pod: dict) -> None:
+    def launch(self, pod: dict) -> None:
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         container = pod["spec"]["containers"][0]
         env = plain_env(container)

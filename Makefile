@@ -11,7 +11,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,train,serve]'
+	$(PY) -m pip install -q -e '.[test,train,serve,realray]'
 	touch $@
 
 # The local cluster's binaries and helm: built once into ~/.cache/tputorch, or waited for while
@@ -25,8 +25,9 @@ cluster-up: install
 cluster-down:
 	hack/cluster.sh down
 
+# REAL_RAY=1: the job runs a real Ray Train job on a real local Ray head (hack/demo_real_ray.py).
 demo: install
-	hack/demo.sh
+	REAL_RAY=$(REAL_RAY) hack/demo.sh
 
 # The operator image: dist/tputorch-operator.oci.tar and .docker.tar (hack/image.sh: docker when a
 # daemon answers, else buildah; BASE_IMAGE=... picks the base). Reused while its sources are unchanged.

@@ -162,11 +162,16 @@ cmd_up() {
     --profiling=false --cert-dir="$DIR/run/apiserver" --v=1
   wait_for kube-apiserver 120 api_ready
 
+  # KWOK's kubelets are one process that a busy machine (a real Ray head, builds) can starve: with
+  # the default grace period its nodes went NotReady now and then, the node lifecycle controller
+  # set every pod Ready=False and nothing set them back (hack/README.md, "Node health"). A long
+  # grace period, and node leases that KWOK renews often, keep them Ready.
   start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$DIR/kubeconfig" \
     --authentication-kubeconfig="$DIR/kubeconfig" --authorization-kubeconfig="$DIR/kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --cert-dir="$DIR/run/kcm" --leader-elect=false \
     --service-account-private-key-file="$p/sa.key" --root-ca-file="$p/ca.crt" \
-    --use-service-account-credentials=false --controllers='*' --profiling=false --v=1
+    --use-service-account-credentials=false --controllers='*' --profiling=false --v=1 \
+    --node-monitor-grace-period="${TPUTORCH_NODE_GRACE:-300s}"
   start kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$DIR/kubeconfig" \
     --authentication-kubeconfig="$DIR/kubeconfig" --authorization-kubeconfig="$DIR/kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" \
@@ -195,11 +200,12 @@ cmd_up() {
 
   start kwok "$BIN/kwok" --kubeconfig="$DIR/kubeconfig" --config="$HACK/kwok-pod-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --node-ip=127.0.0.1 --server-address="127.0.0.1:$KWOK_PORT"
+    --node-ip=127.0.0.1 --server-address="127.0.0.1:$KWOK_PORT" --node-lease-duration-seconds=40
   wait_for "nodes Ready (kwok)" 60 nodes_ready
 
   start fake-dashboard "$PY" "$HACK/fake_dashboard.py" --port="$DASHBOARD_PORT" \
-    --kube-server="https://127.0.0.1:$APISERVER_PORT" --kube-token-file="$DIR/token" --kube-ca="$p/ca.crt"
+    --kube-server="https://127.0.0.1:$APISERVER_PORT" --kube-token-file="$DIR/token" --kube-ca="$p/ca.crt" \
+    --submitter-log-dir="$DIR/logs/submitters" --ray-bin="${TPUTORCH_RAY_BIN:-$REPO/.venv/bin}"
   wait_for fake-dashboard 30 curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$DASHBOARD_PORT/_control/healthz"
 
   # Go's HTTP client proxies every non-loopback host: the dashboard calls go to the fake; the

@@ -12,7 +12,12 @@ Fixtures:
   kube       session  Kube: .api_client, .core (CoreV1Api), .batch (BatchV1Api), .apps (AppsV1Api),
                       .custom (CustomObjectsApi), .kubeconfig; plus kube.wait(fn, timeout, what)
   namespace  function a fresh namespace name; deleted after the test
+  health_watch session  node/pod readiness watcher, running from the first test that uses `kube`
   dashboard  function DashboardClient for the fake Ray dashboard (skips if the cluster has none)
+  real_ray   module   a real Ray 2.60 head on 127.0.0.1 (ray_backend.RealRay), started on first use,
+                      warmed with a no-op job; `real_ray.attach(rayjob)` attaches a slice's hosts
+  real_ray_namespace  function  `namespace`, with its dashboard calls forwarded to `real_ray`
+                      (so its submitter pods really run `ray job submit` against it)
 Every test under tests/cluster/ gets the `cluster` marker.
 """
 
@@ -103,6 +108,31 @@ def kube(kube_env) -> Kube:
                 apps=client.AppsV1Api(api_client), custom=client.CustomObjectsApi(api_client))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def health_watch(request):
+    """Watches node and pod readiness for as long as the session uses the cluster (from the first
+    test that needs `kube`); test_zz_node_health.py checks what it saw."""
+    from node_health import HealthWatch
+
+    watch = {}
+
+    def begin(kube):
+        if "w" not in watch:
+            watch["w"] = HealthWatch(kube.core)
+            watch["w"].start()
+        return watch["w"]
+
+    yield begin
+    if "w" in watch:
+        watch["w"].stop()
+
+
+@pytest.fixture(autouse=True)
+def _watch_when_the_cluster_is_used(request, health_watch):
+    if "kube" in request.fixturenames:
+        health_watch(request.getfixturevalue("kube"))
+
+
 @pytest.fixture
 def namespace(kube, request):
     base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower()).strip("-")[:40].strip("-")
@@ -116,3 +146,32 @@ def dashboard(kube_env) -> DashboardClient:
     if not kube_env["dashboard_url"]:
         pytest.skip("this cluster has no fake Ray dashboard (TPUTORCH_DASHBOARD_URL unset)")
     return DashboardClient(kube_env["dashboard_url"])
+
+
+_REAL_RAY_TIMINGS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def real_ray(tmp_path_factory):
+    """Module-scoped: it is stopped before tests/ray starts a Ray head of its own in the same session."""
+    from ray_backend import RealRay
+
+    ray = RealRay(tmp_path_factory.mktemp("real-ray")).start()
+    try:
+        yield ray
+    finally:
+        _REAL_RAY_TIMINGS.update(ray.timings, memory_mb=round(ray.memory_bytes() / 2**20))
+        ray.stop()
+
+
+@pytest.fixture
+def real_ray_namespace(namespace, dashboard, real_ray):
+    dashboard.set_backend(namespace, real_ray.url)
+    yield namespace
+    dashboard.delete_backend(namespace)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REAL_RAY_TIMINGS:
+        terminalreporter.write_line("real Ray backend: " + ", ".join(
+            f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in _REAL_RAY_TIMINGS.items()))

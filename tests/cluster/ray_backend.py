@@ -1,0 +1,367 @@
+"""A real Ray 2.60 head on 127.0.0.1 with the hosts of a rendered RayJob's TPU slice attached.
+
+The local cluster's stand-in dashboard forwards a namespace's dashboard calls here
+(`DashboardClient.set_backend`), its submitter runner runs the submitter pods' `ray job submit`
+against it, and the Ray job then really runs: the driver on this head, Ray Train workers on the
+simulated TPU hosts (one Ray node per TPU host, made by tests/ray's slicesim from the rendered
+RayJob's worker pod: `TPU` resource, the container env, what GKE's webhook and device plugin add).
+
+The Ray cluster lives in a server process of its own (this file run as a script, driven over
+stdin/stdout): the test process never connects to Ray, so it does not clash with tests/ray's head
+in the same pytest session. That process starts the head (with the dashboard) and the hosts with
+Ray's own `ray.cluster_utils.Cluster`, as slicesim does; `ray start` cannot be used for the hosts
+(with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 it refuses to join a cluster, without it it resolves
+127.0.0.1 to the machine's routable address). Everything binds to 127.0.0.1; token auth is off
+(KubeRay sends no token). Stopping is Cluster.shutdown() and then a kill of the server's session
+(never `ray stop`, which kills every Ray process on the machine by name).
+
+    ray = RealRay(workdir).start()          # head + dashboard, warmed with a no-op job
+    ray.attach(rayjob_dict)                 # worker nodes of that slice (kept for the same shape)
+    ray.url                                 # http://127.0.0.1:<dashboard port>
+    ray.job(submission_id)                  # the dashboard's job info, None if unknown
+    ray.stop()
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# The simulated-slice code of the Ray tests: the one place to change if that folder moves.
+SLICESIM = REPO / "tests" / "ray" / "slicesim.py"
+OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB
+RAY_ENV = {
+    "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+    # On a busy 2-core machine a node's dashboard agent can take longer to come up than Ray's
+    # default wait, and the raylet then aborts: wait longer.
+    "RAY_agent_register_timeout_ms": "180000", "RAY_raylet_start_wait_time_s": "180",
+}
+_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def load_slicesim():
+    if "slicesim" in sys.modules:
+        return sys.modules["slicesim"]
+    spec = importlib.util.spec_from_file_location("slicesim", SLICESIM)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["slicesim"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(method: str, url: str, body: dict | None = None, timeout: float = 10):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with _no_proxy.open(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def wait(predicate, timeout: float, what: str, interval: float = 0.3):
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (OSError, ValueError) as exc:
+            last = exc
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Resident memory of these processes and all their descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo, seen = 0, list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(children.get(pid, []))
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+class RealRay:
+    """Client side: runs `python ray_backend.py` (the server below) in its own session and sends it
+    commands; the test process itself never connects to Ray (tests/ray's session may have)."""
+
+    def __init__(self, workdir: Path | None = None) -> None:
+        # Ray's socket paths must stay short: its temp dir is under /tmp, not in pytest's tmp_path.
+        self.temp_dir = tempfile.mkdtemp(prefix="tt-ray-", dir="/tmp")
+        self.workdir = Path(workdir or self.temp_dir)
+        self.dashboard_port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.current = None  # the attached slice: {"name", "pod_type", "topology", "hosts", "node_ids"}
+        self.timings: dict[str, float] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def _call(self, command: dict, timeout: float = 300) -> dict:
+        assert self.proc is not None and self.proc.poll() is None, f"Ray backend not running; see {self.workdir}"
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"Ray backend: no answer to {command.get('cmd')} in {timeout}s; "
+                               f"log: {self.log()[-3000:]}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"Ray backend: {command.get('cmd')}: {answer['error']}")
+        return answer
+
+    def log(self) -> str:
+        path = self.workdir / "ray-backend.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def start(self, warm: bool = True) -> "RealRay":
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        # The driver runs on the head: `python` there is this interpreter (with tputorch and Ray).
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        env.update(RAY_ENV)
+        log = open(self.workdir / "ray-backend.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, __file__, "--dashboard-port", str(self.dashboard_port),
+                                      "--temp-dir", self.temp_dir],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                                     cwd=self.workdir, start_new_session=True)
+        log.close()
+        try:
+            self.timings.update(self._call({"cmd": "start", "warm": warm})["timings"])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def attach(self, rayjob: dict) -> dict:
+        """Attach the simulated TPU hosts of `rayjob`'s slice (a rendered or live RayJob dict).
+        Hosts of the same shape stay attached between calls."""
+        answer = self._call({"cmd": "attach", "rayjob": rayjob})
+        self.current = answer["slice"]
+        self.timings.update(answer["timings"])
+        return self.current
+
+    def detach(self) -> None:
+        self._call({"cmd": "detach"})
+        self.current = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self._call({"cmd": "stop"}, timeout=120)
+            except (RuntimeError, OSError, ValueError):
+                pass
+        _stop_session(self.proc)
+        self.proc = None
+
+    def memory_bytes(self) -> int:
+        return rss_bytes([self.proc.pid]) if self.proc else 0
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def job(self, submission_id: str) -> dict | None:
+        try:
+            return http_json("GET", f"{self.url}/api/jobs/{submission_id}")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def jobs(self) -> list[dict]:
+        return http_json("GET", f"{self.url}/api/jobs/")
+
+    def logs(self, submission_id: str) -> str:
+        return http_json("GET", f"{self.url}/api/jobs/{submission_id}/logs")["logs"]
+
+
+# -- the server: one process that owns the Ray cluster --------------------------------------------
+
+class _Server:
+    def __init__(self, dashboard_port: int, temp_dir: str) -> None:
+        self.dashboard_port = dashboard_port
+        self.temp_dir = temp_dir
+        self.cluster = None
+        self.hosts = None  # contextlib.ExitStack of the attached slice
+        self.key = None
+        self.sim = None
+
+    def start(self, warm: bool) -> dict:
+        import ray
+        from ray._private import ray_constants
+        from ray.cluster_utils import Cluster
+
+        slicesim = load_slicesim()  # sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray reads it
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        _patient_node_start()
+        gcs_port = free_port()
+        # Every process of this cluster inherits its address: a Ray process that looks for "the"
+        # cluster (address "auto") must not pick another Ray cluster running on this machine.
+        os.environ["RAY_ADDRESS"] = f"{slicesim.LOOPBACK}:{gcs_port}"
+        t0 = time.monotonic()
+        self.cluster = Cluster(initialize_head=True, head_node_args=dict(
+            gcs_server_port=gcs_port, num_cpus=1, node_ip_address=slicesim.LOOPBACK, include_dashboard=True,
+            dashboard_host=slicesim.LOOPBACK,
+            dashboard_port=self.dashboard_port, object_store_memory=OBJECT_STORE_BYTES, temp_dir=self.temp_dir))
+        # Ray's job supervisor finds the cluster of a job's driver as address "auto": the address
+        # file in the head's temp dir (which `ray start --head` writes and cluster_utils does not),
+        # else any Ray cluster running on this machine.
+        from ray._private.utils import write_ray_address
+
+        write_ray_address(self.cluster.address, self.temp_dir)
+        ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
+        url = f"http://127.0.0.1:{self.dashboard_port}"
+        wait(lambda: http_json("GET", f"{url}/api/version"), 120, "the Ray dashboard")
+        timings = {"head_start_s": time.monotonic() - t0}
+        if warm:  # the first job pays for the job agent and a worker process: not the tests
+            t1 = time.monotonic()
+            http_json("POST", f"{url}/api/jobs/", {"entrypoint": "true", "submission_id": "tputorch-warmup"}, 60)
+            job = wait(lambda: (lambda j: j if j["status"] in ("SUCCEEDED", "FAILED", "STOPPED") else None)(
+                http_json("GET", f"{url}/api/jobs/tputorch-warmup")), 120, "the warm-up job")
+            if job["status"] != "SUCCEEDED":
+                raise RuntimeError(f"warm-up job: {job}")
+            timings["warmup_job_s"] = time.monotonic() - t1
+        return {"timings": timings}
+
+    def attach(self, rayjob: dict) -> dict:
+        import contextlib
+
+        slicesim = load_slicesim()
+        probe = slicesim.slice_from_rayjob(rayjob)
+        key = (probe.pod_type, probe.topology, probe.chips_per_host, len(probe.hosts))
+        timings = {}
+        if key != self.key:
+            self.detach()
+            sim = slicesim.slice_from_rayjob(rayjob, slice_name=f"sim-{probe.pod_type}-{probe.topology}")
+            t0 = time.monotonic()
+            stack = contextlib.ExitStack()
+            stack.enter_context(slicesim.attached(self.cluster, sim))
+            self.hosts, self.key, self.sim = stack, key, sim
+            timings[f"attach_{sim.pod_type}_{len(sim.hosts)}_hosts_s"] = time.monotonic() - t0
+        s = self.sim
+        return {"slice": {"name": s.name, "pod_type": s.pod_type, "topology": s.topology, "hosts": len(s.hosts),
+                          "chips_per_host": s.chips_per_host, "node_ids": s.node_ids}, "timings": timings}
+
+    def detach(self) -> dict:
+        if self.hosts is not None:
+            self.hosts.close()
+        self.hosts = self.key = self.sim = None
+        return {}
+
+    def stop(self) -> dict:
+        import ray
+
+        self.detach()
+        ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+        return {}
+
+
+def _patient_node_start(wait_s: float = 180) -> None:
+    """Ray's Node gives a new node's raylet a fixed 30 s to register with the GCS; on a busy 2-core
+    machine its dashboard agent alone can take longer. Make the registration lookup itself wait."""
+    from ray._private import services
+
+    if getattr(services.get_node, "_patient", False):
+        return
+    get_node = services.get_node
+
+    def patient_get_node(*args, **kwargs):
+        end = time.monotonic() + wait_s
+        while True:
+            try:
+                return get_node(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.5)
+
+    patient_get_node._patient = True
+    services.get_node = patient_get_node
+
+
+def _serve(argv: list[str]) -> int:
+    import argparse
+    import traceback
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--dashboard-port", type=int, required=True)
+    p.add_argument("--temp-dir", required=True)
+    args = p.parse_args(argv)
+    server = _Server(args.dashboard_port, args.temp_dir)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # Ray's prints must not mix with the answers
+    for line in sys.stdin:
+        command = json.loads(line)
+        try:
+            cmd = command.pop("cmd")
+            answer = getattr(server, cmd)(**command)
+        except Exception as exc:
+            traceback.print_exc()
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+        if cmd == "stop":
+            break
+    return 0
+
+
+def _stop_session(proc: subprocess.Popen) -> None:
+    """`ray start --block` stops its node's processes on SIGTERM; anything left in the session goes
+    with a SIGKILL of the process group."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        except ProcessLookupError:
+            return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(sys.argv[1:]))

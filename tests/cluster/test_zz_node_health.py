@@ -1,0 +1,48 @@
+"""The local cluster keeps its fake nodes and their pods Ready on a busy machine.
+
+Named to run last among the cluster tests: the session's readiness watcher (conftest
+`health_watch`) has then watched every test before it, real Ray jobs included. Alone, or after a
+short session, this test keeps the machine busy (both cores) and pods running until the watch has
+lasted HEALTH_WATCH_S.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+HEALTH_WATCH_S = float(os.environ.get("TPUTORCH_HEALTH_WATCH_S", "180"))
+
+
+def _burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_nodes_and_pods_stay_ready_on_a_busy_machine(kube, namespace, health_watch):
+    from kubernetes import client
+
+    watch = health_watch(kube)
+    # Pods on every kind of node pool, held Running while the watch goes on.
+    for i, pool in enumerate(("cpu-pool", "tpu-v6e-2x2", "tpu-v5p-2x2x2")):
+        kube.core.create_namespaced_pod(namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name=f"hold-{i}"),
+            spec=client.V1PodSpec(node_selector={"cloud.google.com/gke-nodepool": pool},
+                                  tolerations=[client.V1Toleration(key="google.com/tpu", operator="Exists")],
+                                  containers=[client.V1Container(name="c", image="example.com/hold")])))
+    kube.wait(lambda: all(p.status.phase == "Running" for p in kube.core.list_namespaced_pod(namespace).items)
+              and len(kube.core.list_namespaced_pod(namespace).items) == 3, 60, "3 pods Running")
+
+    remaining = HEALTH_WATCH_S - watch.watched_s
+    if remaining > 0:
+        burners = [multiprocessing.Process(target=_burn, args=(remaining,)) for _ in range(os.cpu_count() or 2)]
+        for b in burners:
+            b.start()
+        for b in burners:
+            b.join()
+        time.sleep(2 * watch.interval)
+    assert watch.watched_s >= HEALTH_WATCH_S
+    assert watch.polls > 0.5 * watch.watched_s / watch.interval, (watch.polls, watch.errors)
+    assert not watch.lapses, f"readiness lost during {watch.watched_s:.0f}s: {watch.lapses[:20]}"

@@ -250,9 +250,11 @@ class _Server:
         timings = {"head_start_s": time.monotonic() - t0}
         if warm:  # the first job pays for the job agent and a worker process: not the tests
             t1 = time.monotonic()
-            http_json("POST", f"{url}/api/jobs/", {"entrypoint": "true", "submission_id": "tputorch-warmup"}, 60)
+            # The dashboard answers /api/version before its job module can take a job (500 then).
+            sid = wait(lambda: http_json("POST", f"{url}/api/jobs/", {"entrypoint": "true"}, 60)["submission_id"],
+                       120, "the warm-up job to be accepted", interval=2)
             job = wait(lambda: (lambda j: j if j["status"] in ("SUCCEEDED", "FAILED", "STOPPED") else None)(
-                http_json("GET", f"{url}/api/jobs/tputorch-warmup")), 120, "the warm-up job")
+                http_json("GET", f"{url}/api/jobs/{sid}")), 120, "the warm-up job")
             if job["status"] != "SUCCEEDED":
                 raise RuntimeError(f"warm-up job: {job}")
             timings["warmup_job_s"] = time.monotonic() - t1

@@ -4,7 +4,9 @@
 # Brings the local cluster up (hack/cluster.sh), installs the CRD, starts the operator, applies
 # examples/v6e-4x4.yaml and shows its status going Pending -> Running (4/4 hosts) -> Succeeded,
 # with the RayJob, RayCluster and the pods on their fake TPU nodes. The fake Ray dashboard plays
-# the Ray job's part. Everything started here is stopped at the end (DEMO_KEEP=1 keeps the cluster).
+# the Ray job's part; with REAL_RAY=1 a real Ray head and four simulated TPU hosts run a small Ray
+# Train job instead (hack/demo_real_ray.py) and its output is printed. Everything started here is
+# stopped at the end (DEMO_KEEP=1 keeps the cluster).
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HACK")
@@ -37,9 +39,14 @@ say "Start the operator (log: $OPLOG)"
 PYTHONPATH=$REPO/operator${PYTHONPATH:+:$PYTHONPATH} "$PY" -m tputorch run --namespace "$NS" >>"$OPLOG" 2>&1 &
 OP_PID=$!
 
-say "Apply examples/v6e-4x4.yaml"
 kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
 kubectl create namespace "$NS"
+if [[ ${REAL_RAY:-0} == 1 ]]; then
+  "$PY" "$HACK/demo_real_ray.py" "$NS" "$REPO/examples/v6e-4x4.yaml"
+  say "Demo passed"
+  exit 0
+fi
+say "Apply examples/v6e-4x4.yaml"
 kubectl apply -n "$NS" -f "$REPO/examples/v6e-4x4.yaml"
 
 field() { kubectl get ttj "$JOB" -n "$NS" -o "jsonpath={.status.$1}" 2>/dev/null; }

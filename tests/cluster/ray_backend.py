@@ -233,8 +233,10 @@ class _Server:
         # Every process of this cluster inherits its address: a Ray process that looks for "the"
         # cluster (address "auto") must not pick another Ray cluster running on this machine.
         os.environ["RAY_ADDRESS"] = f"{slicesim.LOOPBACK}:{gcs_port}"
+        os.environ["DASHBOARD_METRIC_PORT"] = str(free_port())
         t0 = time.monotonic()
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
+            ray_client_server_port=free_port(), **_node_ports(),
             gcs_server_port=gcs_port, num_cpus=1, node_ip_address=slicesim.LOOPBACK, include_dashboard=True,
             dashboard_host=slicesim.LOOPBACK,
             dashboard_port=self.dashboard_port, object_store_memory=OBJECT_STORE_BYTES, temp_dir=self.temp_dir))
@@ -244,6 +246,8 @@ class _Server:
         from ray._private.utils import write_ray_address
 
         write_ray_address(self.cluster.address, self.temp_dir)
+        add_node = self.cluster.add_node  # the hosts slicesim adds get free ports too
+        self.cluster.add_node = lambda **kwargs: add_node(**{**_node_ports(), **kwargs})
         ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
         url = f"http://127.0.0.1:{self.dashboard_port}"
         wait(lambda: http_json("GET", f"{url}/api/version"), 120, "the Ray dashboard")
@@ -293,6 +297,14 @@ class _Server:
         if self.cluster is not None:
             self.cluster.shutdown()
         return {}
+
+
+def _node_ports() -> dict:
+    """Ports for a node's agents. Ray's defaults are fixed (they clash with any other Ray cluster on
+    this machine) or picked by the agent and then awaited by the raylet for a fixed time, which a
+    slow agent on a busy machine misses: give each a free port."""
+    return {"dashboard_agent_listen_port": free_port(), "metrics_export_port": free_port(),
+            "runtime_env_agent_port": free_port(), "metrics_agent_port": free_port()}
 
 
 def _patient_node_start(wait_s: float = 180) -> None:

@@ -95,14 +95,14 @@ def test_an_edit_of_replicas_and_engine_reaches_the_rayservice(kube, namespace, 
 
 
 def test_an_invalid_service_is_refused_at_admission_and_by_the_operator(kube, namespace, operator):
-    refused = apply(kube, namespace, service_body("bad-tp", engine={"tensorParallelSize": 0}), check=False)
-    assert refused.returncode != 0 and "tensorParallelSize" in refused.stderr
-    # admitted by the schema, refused by the operator: tp x pp must be the slice's chips
-    apply(kube, namespace, service_body("bad-product", engine={"tensorParallelSize": 2}))
-    st = wait_phase(kube, namespace, "bad-product", "Failed", 60)
+    refused = apply(kube, namespace, service_body("bad-tp", engine={"tensorParallelSize": 2}), check=False)
+    assert refused.returncode != 0 and "must equal 4, the chips of a 2x2" in refused.stderr
+    # admitted by the schema (CEL cannot type engine.args), refused by the operator
+    apply(kube, namespace, service_body("bad-args", engine={"args": {"distributed_executor_backend": "mp"}}))
+    st = wait_phase(kube, namespace, "bad-args", "Failed", 60)
     assert condition(st, "Validated")["reason"] == "ValidationFailed"
-    assert "tensorParallelSize" in st["message"] and "4" in st["message"]
-    assert rayservice(kube, namespace, "bad-product") is None
+    assert "spec.engine.args" in st["message"] and "distributed_executor_backend" in st["message"]
+    assert rayservice(kube, namespace, "bad-args") is None
 
 
 def test_deleting_the_service_removes_everything(kube, namespace, operator, dashboard):

@@ -31,9 +31,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "Install the TPUTorchJob CRD"
-kubectl apply --server-side --force-conflicts -f "$REPO/crds/tputorch.io_tputorchjobs.yaml"
-kubectl wait --for=condition=Established --timeout=60s crd/tputorchjobs.tputorch.io
+say "Install the TPUTorchJob and TPUTorchService CRDs"
+kubectl apply --server-side --force-conflicts -f "$REPO/crds/tputorch.io_tputorchjobs.yaml" \
+  -f "$REPO/crds/tputorch.io_tputorchservices.yaml"
+kubectl wait --for=condition=Established --timeout=60s crd/tputorchjobs.tputorch.io crd/tputorchservices.tputorch.io
 
 say "Start the operator (log: $OPLOG)"
 PYTHONPATH=$REPO/operator${PYTHONPATH:+:$PYTHONPATH} "$PY" -m tputorch run --namespace "$NS" >>"$OPLOG" 2>&1 &
@@ -74,4 +75,32 @@ kubectl get ttj "$JOB" -n "$NS" -o jsonpath='{range .status.conditions[*]}{.type
 say "Events"
 kubectl get events -n "$NS" --field-selector involvedObject.kind=TPUTorchJob --sort-by=.lastTimestamp \
   -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message'
+say "The job freed its slice; now serve an LLM on the same v6e 4x4 (examples/serve/qwen3-moe-v6e-4x4.yaml)"
+SVC=qwen3-moe
+end=$((SECONDS + 120))
+until [[ -z $(kubectl get pods -n "$NS" -l "tputorch.io/job=$JOB" -o name) ]]; do
+  ((SECONDS < end)) || { echo "the job's pods are still there"; kubectl get pods -n "$NS"; exit 1; }
+  sleep 1
+done
+kubectl create secret generic hf-token -n "$NS" --from-literal=token=hf_demo_token_not_real
+kubectl apply -n "$NS" -f "$REPO/examples/serve/qwen3-moe-v6e-4x4.yaml"
+svc_field() { kubectl get ttsvc "$SVC" -n "$NS" -o "jsonpath={.status.$1}" 2>/dev/null; }
+end=$((SECONDS + 300)); last=
+until [[ $(svc_field phase) == Ready ]]; do
+  phase=$(svc_field phase)
+  [[ $phase != "$last" && -n $phase ]] && { echo "phase: $phase ($(svc_field message))"; last=$phase; }
+  ((SECONDS < end)) || { echo "timed out waiting for Ready"; kubectl get ttsvc -n "$NS" -o yaml; tail -50 "$OPLOG"; exit 1; }
+  sleep 1
+done
+echo "phase: Ready ($(svc_field message))"
+kubectl get ttsvc -n "$NS"
+kubectl get rayservice,svc -n "$NS"
+say "The OpenAI-compatible endpoint inside the cluster: $(svc_field endpoint)"
+cat <<EOF
+On GKE, from your machine:
+  kubectl port-forward -n $NS svc/$SVC-serve-svc 8000:8000 &
+  curl http://localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "$(svc_field model)", "messages": [{"role": "user", "content": "Hello!"}]}'
+(Here the pods are simulated: nothing answers on port 8000.)
+EOF
 say "Demo passed"

@@ -278,7 +278,7 @@ def plot(results: dict, path: Path) -> None:
         x = c["existing"]
         labels = ["first start", "restart"]
         ax.bar(labels, [x["first_start"]["status_writes"], x["restart"]["status_writes"]], color=["C7", "C0"])
-        ax.set_title(f"{x['objects']} existing jobs: status writes\n"
+        ax.set_title(f"{x['objects']} existing jobs (statuses right): status writes\n"
                      f"(restart: all reconciled in {x['restart']['reconciled_s']:.0f}s, "
                      f"RSS {x['restart']['rss_mb']:.0f} MB)")
     ax = axes[3]

@@ -5,6 +5,10 @@ would have written it. Used by the restart test and by the bench (bench/scale.py
 The RayJobs carry ``spec.managedBy: kueue.x-k8s.io/multikueue``: KubeRay (v1.3+) leaves a RayJob
 managed elsewhere alone, so the statuses set here stay put even while KubeRay runs, and no
 RayCluster or pod is made for them.
+
+With ``job_status=True`` each job also gets the status the operator derives (tputorch.status.derive)
+from its RayJob, as an operator that ran earlier would have written it; phase "Cleaned" is a
+succeeded job whose RayJob was deleted since (only with job_status: its status says it finished).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from kubernetes.client.rest import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator"))
-from tputorch import crd, render, spec  # noqa: E402
+from tputorch import crd, render, spec, status as statuses  # noqa: E402
 
 RAY = ("ray.io", "v1", "rayjobs")
 MANAGED_ELSEWHERE = "kueue.x-k8s.io/multikueue"
@@ -63,7 +67,7 @@ def _retrying(call, attempts: int = 6):
             raise
 
 
-def make_one(custom, namespace: str, name: str, phase: str) -> None:
+def make_one(custom, namespace: str, name: str, phase: str, job_status: bool = False) -> None:
     body = job_body(name, suspend=phase == "Suspended")
     try:
         job = _retrying(lambda: custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, namespace, crd.PLURAL,
@@ -72,19 +76,25 @@ def make_one(custom, namespace: str, name: str, phase: str) -> None:
         if exc.status != 409:
             raise
         job = custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name)
-    rayjob = render.rayjob(spec.parse({**body, "metadata": {"name": name, "namespace": namespace}}))
+    parsed = spec.parse({**body, "metadata": {"name": name, "namespace": namespace}})
+    rayjob = render.rayjob(parsed)
     rayjob["spec"]["managedBy"] = MANAGED_ELSEWHERE
     rayjob["metadata"]["ownerReferences"] = [{
         "apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name, "uid": job["metadata"]["uid"],
         "controller": True, "blockOwnerDeletion": True}]
-    try:
-        _retrying(lambda: custom.create_namespaced_custom_object(*RAY[:2], namespace, RAY[2], rayjob))
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    status = rayjob_status(phase, name)
-    _retrying(lambda: custom.patch_namespaced_custom_object_status(*RAY[:2], namespace, RAY[2], name,
-                                                                    {"status": status}))
+    rayjob["status"] = rayjob_status("Succeeded" if phase == "Cleaned" else phase, name)
+    if phase != "Cleaned":
+        try:
+            _retrying(lambda: custom.create_namespaced_custom_object(*RAY[:2], namespace, RAY[2], rayjob))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        _retrying(lambda: custom.patch_namespaced_custom_object_status(*RAY[:2], namespace, RAY[2], name,
+                                                                        {"status": rayjob["status"]}))
+    if job_status:
+        status = statuses.derive(parsed, job["metadata"].get("generation", 1), rayjob, [], {}, END)
+        _retrying(lambda: custom.patch_namespaced_custom_object_status(crd.GROUP, crd.VERSION, namespace, crd.PLURAL,
+                                                                        name, {"status": status}))
 
 
 def plan(counts: dict[str, int]) -> list[tuple[str, str]]:
@@ -100,11 +110,13 @@ def plan(counts: dict[str, int]) -> list[tuple[str, str]]:
     return out
 
 
-def populate(custom, namespace: str, counts: dict[str, int], threads: int = 8) -> dict:
+def populate(custom, namespace: str, counts: dict[str, int], job_status: bool = False, threads: int = 8) -> dict:
     """Make every job of ``counts`` (phase -> number) in ``namespace``; returns timings."""
+    if "Cleaned" in counts and not job_status:
+        raise ValueError("phase Cleaned needs job_status=True: without a status the job would run again")
     jobs = plan(counts)
     started = time.monotonic()
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda job: make_one(custom, namespace, *job), jobs))
+        list(pool.map(lambda job: make_one(custom, namespace, *job, job_status=job_status), jobs))
     return {"objects": len(jobs), "seconds": time.monotonic() - started, "counts": dict(counts)}
 

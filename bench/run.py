@@ -175,6 +175,19 @@ def headline(c: dict) -> dict:
     return h
 
 
+def merged(runs: list[dict]) -> dict:
+    """Several runs' details as one report; each measure from the last run that has it."""
+    if len(runs) == 1:
+        return runs[0]
+    out = {**runs[-1], "cluster": {}, "parts": []}
+    for r in runs:
+        out["cluster"].update(r.get("cluster", {}))
+        out["parts"].append({"date": r["machine"]["date"], "mode": r["mode"], "measures": sorted(r.get("cluster", {})),
+                             "load_at_start": round(r["machine"]["loadavg_at_start"][0], 1)})
+    out["headline"] = headline(out["cluster"])
+    return out
+
+
 # --- tables -----------------------------------------------------------------------------------------
 
 def sections(results: dict) -> list[tuple[str, list[str], list[list]]]:
@@ -244,6 +257,11 @@ def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"Machine: {m['nproc']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, {m['date']}; "
              f"load average at start {m['loadavg_at_start'][0]:.1f}; {results['mode']} mode.", ""]
+    for part in results.get("parts", []):
+        lines.append(f"- {', '.join(part['measures']) or 'render only'}: {part['mode']} run of {part['date']}, "
+                     f"load {part['load_at_start']} at its start")
+    if results.get("parts"):
+        lines.append("")
     for title, headers, rows in sections(results):
         lines += [f"#### {title}", ""] + md_table(headers, rows) + [""]
     lines += ["Headline (bench/out/results.json):", "", "```json", json.dumps(results["headline"], indent=1), "```"]
@@ -298,21 +316,26 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> int:
+    global OUT
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller counts (1,000 existing jobs, bursts of 200): < 10 min")
     p.add_argument("--only", default=",".join(MEASURES), help=f"measures to run, comma-separated ({','.join(MEASURES)})")
     p.add_argument("--direct", action="store_true", help="bursts: also time direct RayJob creates")
     p.add_argument("--no-cluster", action="store_true", help="only the render + validate throughput")
-    p.add_argument("--report", metavar="DETAILS_JSON", help="only print and write the tables and plot of an earlier run")
+    p.add_argument("--out", default=str(OUT), help=f"output folder (default {OUT})")
+    p.add_argument("--report", metavar="DETAILS_JSON", action="append",
+                   help="only print and write the tables and plot of earlier runs (repeat: a later run's "
+                        "measures replace an earlier one's)")
     args = p.parse_args()
     which = {m for m in args.only.split(",") if m}
     if which - set(MEASURES):
         p.error(f"--only: unknown {sorted(which - set(MEASURES))}; allowed: {', '.join(MEASURES)}")
     size = {k: v[1] if args.quick else v[0] for k, v in SIZES.items()}
+    OUT = Path(args.out)
     OUT.mkdir(exist_ok=True)
 
     if args.report:
-        results = json.loads(Path(args.report).read_text())
+        results = merged([json.loads(Path(f).read_text()) for f in args.report])
     else:
         results = {"machine": machine(), "mode": "quick" if args.quick else "full", "sizes": size}
         print(f"machine: {results['machine']}")
@@ -330,6 +353,8 @@ def main() -> int:
         print(f"\n{title}\n{table(headers, rows)}")
     print("\nheadline:", json.dumps(results["headline"]))
     (OUT / "RESULTS.md").write_text(markdown(results))
+    if args.report:
+        (OUT / "results.json").write_text(json.dumps(results["headline"], indent=2) + "\n")
     try:
         plot(results, OUT / "bench.png")
         print(f"\nwrote {OUT}/results.json, details.json, RESULTS.md and bench.png")

@@ -451,6 +451,31 @@ def _slice_reasons(bench: burst.Bench, ns: str) -> dict[str, str]:
     return out
 
 
+class ModifiedCounter(threading.Thread):
+    """Counts MODIFIED events per TPUTorchJob of ``names`` in a namespace, from now on."""
+
+    def __init__(self, custom, namespace: str, names: set[str]) -> None:
+        super().__init__(daemon=True)
+        self.custom, self.namespace, self.names = custom, namespace, names
+        self.counts: dict[str, int] = {}
+        self.live = threading.Event()
+        self.stop_flag = threading.Event()
+
+    def run(self) -> None:
+        rv = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["metadata"]["resourceVersion"]
+        self.live.set()
+        while not self.stop_flag.is_set():
+            try:
+                for event in watch.Watch().stream(self.custom.list_namespaced_custom_object, GROUP, VERSION,
+                                                  self.namespace, PLURAL, resource_version=rv, timeout_seconds=30):
+                    rv = event["object"]["metadata"]["resourceVersion"]
+                    name = event["object"]["metadata"]["name"]
+                    if event["type"] == "MODIFIED" and name in self.names and not self.stop_flag.is_set():
+                        self.counts[name] = self.counts.get(name, 0) + 1
+            except Exception:  # a dropped stream: resume from the last resourceVersion
+                time.sleep(0.5)
+
+
 def waiting(bench: burst.Bench, jobs: int, window_s: float) -> dict:
     """One v6e 4x4 job holds the pool's only slice; ``jobs`` more wait for it. Status writes of
     the waiting jobs over ``window_s`` once all of them show SliceReady=False Unschedulable."""
@@ -477,12 +502,20 @@ def waiting(bench: burst.Bench, jobs: int, window_s: float) -> dict:
                 raise RuntimeError(f"not all jobs Unschedulable: {sorted(set(reasons.values()))}")
             time.sleep(2)
         res["all_unschedulable_s"] = time.monotonic() - started
+        # Writes to the waiting jobs only (the holder's own status moves with its pods): every
+        # MODIFIED event of a waiting job in the window, which only the operator's writes cause.
+        counter = ModifiedCounter(bench.custom, ns, set(names))
+        counter.start()
+        counter.live.wait(30)
         s0 = scrape(op)
         time.sleep(window_s)
         s1 = scrape(op)
-        writes = s1["tputorch_status_patches_total"] - s0["tputorch_status_patches_total"]
-        res.update(status_writes=writes, reconciles=total(s1, "tputorch_reconciles_total") - total(s0, "tputorch_reconciles_total"),
+        counter.stop_flag.set()
+        writes = sum(counter.counts.values())
+        res.update(status_writes=writes, all_status_writes=s1["tputorch_status_patches_total"] - s0["tputorch_status_patches_total"],
+                   reconciles=total(s1, "tputorch_reconciles_total") - total(s0, "tputorch_reconciles_total"),
                    per_job_per_5min=writes / jobs * 300 / window_s, load=load(),
+                   most_written=max(counter.counts.values(), default=0),
                    reasons=sorted(set(_slice_reasons(bench, ns).values())))
         res["operator_traceback"] = "Traceback" in op.log()
         print(f"   {jobs} waiting jobs, {window_s:.0f}s: {writes:.0f} status writes "

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmarks: `make bench` (everything, ~45 min) or `BENCH_ARGS=--quick make bench` (< 10 min).
+"""Benchmarks: `make bench` (everything) or `BENCH_ARGS=--quick make bench` (smaller counts; 17 min
+at load average ~25 in run 6, most of it the API server making the existing jobs).
 
 The five measures of issue 16 on the local cluster (started if needed), then tables,
 bench/out/results.json (the headline figures), bench/out/details.json (every figure, with the load
@@ -318,7 +319,7 @@ def plot(results: dict, path: Path) -> None:
 def main() -> int:
     global OUT
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smaller counts (1,000 existing jobs, bursts of 200): < 10 min")
+    p.add_argument("--quick", action="store_true", help="smaller counts (1,000 existing jobs and pods, bursts of 200)")
     p.add_argument("--only", default=",".join(MEASURES), help=f"measures to run, comma-separated ({','.join(MEASURES)})")
     p.add_argument("--direct", action="store_true", help="bursts: also time direct RayJob creates")
     p.add_argument("--no-cluster", action="store_true", help="only the render + validate throughput")

@@ -15,10 +15,10 @@ from operator_process import OperatorProcess, tputorch_crd  # noqa: F401 (fixtur
 from population import RAY, plan, populate
 from test_operator_e2e import GROUP, PLURAL, VERSION
 
-# Several phases, each with a status of its own. 500 jobs keep the test near 2 minutes on a shared
+# Several phases, each with a status of its own. 500 jobs keep the test within ~2 minutes on a
 # 2-core machine (making a job costs 3 API calls, its first status a patch and ~2 events, and the
-# namespace's deletion waits for all of it); TPUTORCH_RESTART_TEST_JOBS=2000 runs it at the size of
-# issue 16 (1,450 passed in 5.6 min here).
+# namespace's deletion waits for all of it; times in bench/RESULTS.md); TPUTORCH_RESTART_TEST_JOBS=2000
+# runs it at the size of issue 16.
 JOBS = int(os.environ.get("TPUTORCH_RESTART_TEST_JOBS", "500"))
 SHARES = {"Succeeded": 0.4, "Failed": 0.1, "Running": 0.2, "Suspended": 0.15}
 COUNTS = {phase: int(JOBS * share) for phase, share in SHARES.items()}

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Profile the operator's event loop (cProfile) through a burst: `python bench/profile_operator.py N`.
+"""Profile the operator (cProfile of the whole process) through a burst or a start over existing jobs.
 
-Prints the top functions by cumulative and internal time; KubeRay is left running (suspend: true
-jobs only get a status from it). Deletes its namespace afterwards.
+  python bench/profile_operator.py N                       # a burst of N jobs in a new namespace
+  python bench/profile_operator.py --existing NS OBJECTS   # a start over the OBJECTS jobs of NS
+                                                           # (e.g. made by tests/cluster/population.py)
+
+KUBECONFIG from the environment (`eval "$(hack/cluster.sh env)"`). Prints the top functions by
+internal and cumulative time, and the operator's RSS at the end; the profile is bench/out/operator.prof.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import pstats
 import signal
@@ -19,36 +24,69 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "operator"), str(HERE)]
 
 import burst  # noqa: E402
+import scale  # noqa: E402
 import throughput  # noqa: E402
 
 
+class Profiled(burst.OperatorProcess):
+    """The operator under cProfile; SIGINT makes it write its profile on the way out."""
+
+    def __init__(self, kubeconfig: str, log: Path, namespaces: list[str], prof: Path) -> None:
+        super().__init__(kubeconfig, log, namespaces)
+        self.prof = prof
+
+    def start(self, timeout: float = 300) -> "Profiled":
+        args = [sys.executable, "-m", "cProfile", "-o", str(self.prof), "-m", "tputorch", "run",
+                "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
+                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONPATH": str(self.source)}
+        self.proc = subprocess.Popen(args, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        return self
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+        self.proc.wait(120)
+
+
 def main() -> int:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("n", nargs="?", type=int, default=200, help="jobs in the burst (default 200)")
+    p.add_argument("--existing", nargs=2, metavar=("NAMESPACE", "OBJECTS"), help="profile a start over existing jobs")
+    args = p.parse_args()
     kubeconfig = os.environ["KUBECONFIG"]
     out = HERE / "out"
     out.mkdir(exist_ok=True)
-    bench = burst.Bench(kubeconfig, out)
-    ns = bench.namespace("profile", n)
     prof = out / "operator.prof"
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "operator")}
-    proc = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "tputorch", "run",
-                             "--namespace", ns], env=env, stdout=open(out / "profile-operator.log", "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        time.sleep(6)
-        bodies = []
-        for i in range(n):
-            b = throughput.job_body(f"job-{i:05d}", ns)
-            del b["metadata"]["namespace"], b["metadata"]["generation"]
-            bodies.append((f"job-{i:05d}", (burst.GROUP, burst.VERSION, burst.PLURAL), b))
-        t0 = time.monotonic()
-        bench._burst(ns, bodies)
-        bench._settle(ns, n)
-        print(f"{n} jobs settled in {time.monotonic() - t0:.1f}s")
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(60)
-        bench.cleanup()
+    bench = burst.Bench(kubeconfig, out)
+    if args.existing:
+        ns, objects = args.existing[0], int(args.existing[1])
+        op = Profiled(kubeconfig, out / "profile-operator.log", [ns], prof)
+        started = time.monotonic()
+        op.start()
+        print(scale.settle(op, started, objects))
+        print(f"RSS {burst.rss_mb(op.proc.pid):.1f} MB")
+        op.stop()
+    else:
+        ns = bench.namespace("profile", args.n)
+        op = Profiled(kubeconfig, out / "profile-operator.log", [ns], prof)
+        op.start()
+        try:
+            time.sleep(6)
+            bodies = []
+            for i in range(args.n):
+                b = throughput.job_body(f"job-{i:05d}", ns)
+                del b["metadata"]["namespace"], b["metadata"]["generation"]
+                bodies.append((f"job-{i:05d}", (burst.GROUP, burst.VERSION, burst.PLURAL), b))
+            t0 = time.monotonic()
+            bench._burst(ns, bodies)
+            bench._settle(ns, args.n)
+            print(f"{args.n} jobs settled in {time.monotonic() - t0:.1f}s; RSS {burst.rss_mb(op.proc.pid):.1f} MB")
+        finally:
+            op.stop()
+            bench.cleanup()
     stats = pstats.Stats(str(prof))
     stats.sort_stats("tottime").print_stats(25)
     stats.sort_stats("cumulative").print_stats(40)

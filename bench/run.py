@@ -1,8 +1,16 @@
 #!/usr/bin/env python3
-"""Benchmarks: `make bench` (everything) or `python bench/run.py --sizes 50 --seconds 1` (quick).
+"""Benchmarks: `make bench` (everything) or `BENCH_ARGS=--quick make bench` (smaller counts; 17 min
+at load average ~25 in run 6, most of it the API server making the existing jobs).
 
-Prints tables, writes bench/out/results.json and bench/out/bench.png. The cluster part uses the
-local cluster (`hack/cluster.sh up`, started if needed) and deletes every namespace it created.
+The five measures of issue 16 on the local cluster (started if needed), then tables,
+bench/out/results.json (the headline figures), bench/out/details.json (every figure, with the load
+average at its time), bench/out/RESULTS.md (tables for bench/RESULTS.md) and bench/out/bench.png.
+
+1. e2e: apply -> TPU worker pods Running, operator vs the same RayJob by hand (KubeRay running)
+2. bursts: the operator vs bench/minimal_controller.py (KubeRay stopped)
+3. existing: thousands of finished/running jobs; first start, restart, a burst on top (KubeRay stopped)
+4. pods: RSS with thousands of unrelated pods vs none (KubeRay stopped)
+5. waiting: status writes of jobs waiting for a busy slice (KubeRay running)
 """
 
 from __future__ import annotations
@@ -25,6 +33,18 @@ sys.path.insert(0, str(HERE))
 import throughput  # noqa: E402
 
 OUT = HERE / "out"
+MEASURES = ("e2e", "waiting", "bursts", "existing", "pods")
+# (full, quick)
+SIZES = {
+    "e2e_samples": (20, 6), "e2e_concurrent": (100, 10),
+    "waiting_jobs": (50, 10), "waiting_window_s": (300, 90),
+    "bursts": ([500, 1000], [200]),
+    "existing": (5000, 1000), "existing_burst": (100, 100), "idle_s": (30, 10),
+    "pods": (5000, 1000),
+}
+HEADLINE = ("e2e_p50_ratio", "burst_throughput_vs_minimal", "burst_p50_vs_minimal", "restart_objects",
+            "restart_seconds", "restart_creates", "restart_status_writes", "restart_rss_mb",
+            "unrelated_pods_rss_delta_mb", "pending_status_writes_per_job_per_5min")
 
 
 def machine() -> dict:
@@ -37,11 +57,24 @@ def machine() -> dict:
 
 
 def table(headers: list[str], rows: list[list]) -> str:
-    cells = [headers] + [[f"{c:.1f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    cells = [headers] + [[fmt(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def fmt(c) -> str:
+    if isinstance(c, float):
+        if c.is_integer():
+            return str(int(c))
+        return f"{c:.0f}" if abs(c) >= 100 else f"{c:.2f}" if abs(c) < 10 else f"{c:.1f}"
+    return str(c)
+
+
+def md_table(headers: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)] + \
+        ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
 
 
 def cluster_env() -> dict:
@@ -54,107 +87,185 @@ def cluster_env() -> dict:
     return env
 
 
-def run_cluster(sizes: list[int], samples: int) -> dict:
+# --- the run ----------------------------------------------------------------------------------------
+
+def run_cluster(which: set[str], size: dict, direct: bool) -> dict:
     import burst
+    import scale
 
     if subprocess.run([str(REPO / "hack" / "cluster.sh"), "status"], capture_output=True).returncode != 0:
         burst.restart_cluster_components()
     env = cluster_env()
     os.environ.update(env)
-    kubeconfig, cluster_dir = env["KUBECONFIG"], Path(env["TPUTORCH_CLUSTER_DIR"])
-    burst.ensure_crd(kubeconfig)
+    burst.ensure_crd(env["KUBECONFIG"])
     OUT.mkdir(exist_ok=True)
-    bench = burst.Bench(kubeconfig, OUT)
-    results = {"kuberay_stopped": True, "creator_threads": burst.CREATORS, "sizes": {}}
-    stopped = burst.stop_kuberay(cluster_dir)
-    print(f"KubeRay operator stopped for the measurement (pid {stopped}); only tputorch acts on the objects")
+    bench = burst.Bench(env["KUBECONFIG"], OUT)
+    res: dict = {}
+
+    def step(name: str, fn):
+        if name not in which:
+            return
+        at_start = scale.load()
+        print(f"-- {name} (load {at_start})", flush=True)
+        started = time.monotonic()
+        res[name] = fn()
+        res[name].update(seconds=time.monotonic() - started, load_at_start=at_start)
+
     try:
-        for n in sizes:
-            sides = {}
-            for side, label, measure in (("direct", "direct RayJob creates (baseline)", bench.direct),
-                                         ("minimal", "TPUTorchJobs through bench/minimal_controller.py", bench.minimal),
-                                         ("operator", "TPUTorchJobs through the operator",
-                                          lambda n: bench.operator(n, samples))):
-                print(f"-- N={n}: {label}", flush=True)
-                sides[side] = measure(n)
-                # The namespace's deletion would load the API server during the next measurement.
-                bench.cleanup()
-                bench.wait_namespaces_gone()
-            results["sizes"][str(n)] = sides
+        # KubeRay running: a large CPU node for heads and submitters, v6e 2x2 hosts for the concurrent jobs.
+        if which & {"e2e", "waiting"}:
+            scale.bench_nodes(bench, size["e2e_concurrent"] if "e2e" in which else 0)
+            step("e2e", lambda: scale.end_to_end(bench, size["e2e_samples"], size["e2e_concurrent"]))
+            step("waiting", lambda: scale.waiting(bench, size["waiting_jobs"], size["waiting_window_s"]))
+            scale.remove_bench_nodes(bench)
+        if which & {"bursts", "existing", "pods"}:
+            stopped = burst.stop_kuberay(Path(env["TPUTORCH_CLUSTER_DIR"]))
+            print(f"KubeRay operator stopped (pid {stopped}); only tputorch acts on the objects", flush=True)
+            step("bursts", lambda: bursts(bench, size["bursts"], direct))
+            step("existing", lambda: scale.existing(bench, size["existing"], size["existing_burst"], size["idle_s"]))
+            step("pods", lambda: scale.unrelated_pods(bench, size["pods"]))
     finally:
         bench.cleanup()
         bench.wait_namespaces_gone()
+        scale.remove_bench_nodes(bench)
         burst.restart_cluster_components()
-        print("KubeRay operator restarted (hack/cluster.sh up)")
-    return results
+        print("KubeRay operator running again (hack/cluster.sh up)")
+    return res
 
 
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x"
+def bursts(bench, sizes: list[int], direct: bool) -> dict:
+    """Per size: the minimal controller and the operator one after the other (then the direct
+    creates if asked); each side's namespace deleted, and its deletion awaited, before the next."""
+    import scale
+
+    out = {"sizes": {}}
+    for n in sizes:
+        sides = {}
+        for side, measure in (("minimal", bench.minimal), ("operator", lambda n: bench.operator(n, 50)),
+                              *((("direct", bench.direct),) if direct else ())):
+            print(f"   N={n}: {side}", flush=True)
+            sides[side] = {**measure(n), "load": scale.load()}
+            bench.cleanup()
+            bench.wait_namespaces_gone()
+        sides["throughput_ratio"] = sides["operator"]["per_s"] / sides["minimal"]["per_s"]
+        sides["p50_ratio"] = sides["operator"]["p50_ms"] / sides["minimal"]["p50_ms"]
+        print(f"   N={n}: operator/minimal {sides['throughput_ratio']:.2f}x jobs/s, {sides['p50_ratio']:.2f}x p50",
+              flush=True)
+        out["sizes"][str(n)] = sides
+    return out
 
 
-def cluster_rows(res: dict) -> tuple[list, list, list, list]:
-    """Latency, throughput, status propagation and resource rows, one per burst size."""
-    lat, rate, status, resources = [], [], [], []
-    for n, r in res["sizes"].items():
-        d, m, o = r["direct"], r["minimal"], r["operator"]
-        lat.append([n, d["p50_ms"], m["p50_ms"], o["p50_ms"], ratio(m["p50_ms"], d["p50_ms"]), ratio(o["p50_ms"], d["p50_ms"]),
-                    d["p99_ms"], m["p99_ms"], o["p99_ms"], ratio(o["p99_ms"], d["p99_ms"]), f"{o['seen']}/{o['n']}"])
-        rate.append([n, d["per_s"], m["per_s"], o["per_s"], ratio(m["per_s"], d["per_s"]), ratio(o["per_s"], d["per_s"]),
-                     ratio(o["per_s"], m["per_s"]), o["wall_s"], o["all_status_s"]])
-        s = o["status"]
-        status.append([n, s["n"], s["p50_ms"], s["p99_ms"], s["max_ms"], f"{s['seen']}/{s['n']}"])
-        per_job = lambda side, key: 1000 * side[key] / side["n"]  # noqa: E731
-        resources.append([n, o["rss_idle_mb"], o["rss_loaded_mb"], o["rss_after_status_mb"], per_job(m, "operator_cpu_s"),
-                          per_job(o, "operator_cpu_s"), per_job(d, "apiserver_cpu_s"), per_job(m, "apiserver_cpu_s"),
-                          per_job(o, "apiserver_cpu_s"), "yes" if o.get("kuberay_running") else "no"])
-    return lat, rate, status, resources
+def headline(c: dict) -> dict:
+    """The figures of results.json; a measure not run gives null. Bursts: the worst size."""
+    h = dict.fromkeys(HEADLINE)
+    if "e2e" in c:
+        h["e2e_p50_ratio"] = c["e2e"]["single_p50_ratio"]
+    if "bursts" in c:
+        sizes = c["bursts"]["sizes"].values()
+        h["burst_throughput_vs_minimal"] = min(s["throughput_ratio"] for s in sizes)
+        h["burst_p50_vs_minimal"] = max(s["p50_ratio"] for s in sizes)
+    if "existing" in c:
+        r = c["existing"]["restart"]
+        h.update(restart_objects=c["existing"]["objects"], restart_seconds=r.get("reconciled_s"),
+                 restart_creates=r.get("creates"), restart_status_writes=r.get("status_writes"),
+                 restart_rss_mb=r.get("rss_mb"))
+    if "pods" in c:
+        h["unrelated_pods_rss_delta_mb"] = c["pods"]["rss_delta_mb"]
+    if "waiting" in c:
+        h["pending_status_writes_per_job_per_5min"] = c["waiting"]["per_job_per_5min"]
+    return h
 
 
-LAT_HEAD = ["N", "direct p50", "minimal p50", "op p50", "minimal/direct", "op/direct", "direct p99", "minimal p99", "op p99",
-            "op/direct p99", "RayJobs"]
-RATE_HEAD = ["N", "direct", "minimal", "operator", "minimal/direct", "op/direct", "op/minimal", "op: all RayJobs s",
-             "op: all statuses s"]
-STATUS_HEAD = ["N", "samples", "p50", "p99", "max", "seen"]
-RES_HEAD = ["N", "RSS idle MB", "after burst", "after status", "minimal CPU ms/job", "op CPU ms/job",
-            "apiserver ms/job direct", "minimal", "operator", "KubeRay running?"]
+def merged(runs: list[dict]) -> dict:
+    """Several runs' details as one report; each measure from the last run that has it."""
+    if len(runs) == 1:
+        return runs[0]
+    out = {**runs[-1], "cluster": {}, "parts": []}
+    for r in runs:
+        out["cluster"].update(r.get("cluster", {}))
+        out["parts"].append({"date": r["machine"]["date"], "mode": r["mode"], "measures": sorted(r.get("cluster", {})),
+                             "load_at_start": round(r["machine"]["loadavg_at_start"][0], 1)})
+    out["headline"] = headline(out["cluster"])
+    return out
 
 
-def report_cluster(res: dict) -> list[str]:
-    lat, rate, status, resources = cluster_rows(res)
-    return [
-        "Create -> RayJob watch event (ms, client clock)", table(LAT_HEAD, lat), "",
-        "Jobs/s until all RayJobs exist", table(RATE_HEAD, rate), "",
-        "RayJob status patch -> TPUTorchJob status shows it (ms)", table(STATUS_HEAD, status), "",
-        "Operator RSS (MB); CPU per job of the controller and of the API server during each burst",
-        table(RES_HEAD, resources),
-    ]
+# --- tables -----------------------------------------------------------------------------------------
 
-
-def md_table(headers: list[str], rows: list[list]) -> list[str]:
-    fmt = lambda c: (f"{c:.0f}" if c >= 100 else f"{c:.1f}") if isinstance(c, float) else str(c)  # noqa: E731
-    return ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)] + \
-        ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
+def sections(results: dict) -> list[tuple[str, list[str], list[list]]]:
+    """(title, headers, rows) for every measure that ran."""
+    c = results.get("cluster", {})
+    out = []
+    t = results["throughput"]
+    out.append(("Render + validate, one process (calls/s)", ["path", "calls/s", "µs/call", "parse+render ÷ this"],
+                [[k, v["per_s"], v["us_per_call"], v.get("operator_ratio", "")] for k, v in t["rows"].items()]))
+    if "e2e" in c:
+        e = c["e2e"]
+        rows = [["one v6e 4x4 at a time", s["n"], e["single_summary"]["hand"]["p50_s"], s["p50_s"],
+                 e["single_p50_ratio"], e["single_summary"]["hand"]["p90_s"], s["p90_s"],
+                 f"{min(e['load'])}–{max(e['load'])}"]
+                for s in [e["single_summary"]["operator"]]]
+        if "concurrent" in e:
+            m = e["concurrent"]
+            rows.append([f"{m['operator']['of']} v6e 2x2 at once", m["operator"]["n"], m["hand"]["p50_s"],
+                         m["operator"]["p50_s"], m["p50_ratio"], m["hand"]["max_s"], m["operator"]["max_s"],
+                         f"{m['hand']['load']}/{m['operator']['load']}"])
+        out.append(("1. Apply -> all TPU worker pods Running, KubeRay running (s)",
+                    ["jobs", "n", "hand p50", "operator p50", "op/hand p50", "hand p90|max", "op p90|max", "load"], rows))
+    if "bursts" in c:
+        rows = []
+        for n, s in c["bursts"]["sizes"].items():
+            m, o = s["minimal"], s["operator"]
+            rows.append([n, m["per_s"], o["per_s"], s["throughput_ratio"], m["p50_ms"], o["p50_ms"], s["p50_ratio"],
+                         o["p99_ms"], 1000 * m["operator_cpu_s"] / m["n"], 1000 * o["operator_cpu_s"] / o["n"],
+                         o["rss_loaded_mb"], f"{m['load']}/{o['load']}"])
+        out.append(("2. Bursts: operator vs minimal controller (KubeRay stopped)",
+                    ["N", "minimal jobs/s", "op jobs/s", "op/min", "minimal p50 ms", "op p50 ms", "op/min p50",
+                     "op p99 ms", "minimal CPU ms/job", "op CPU ms/job", "op RSS MB", "load"], rows))
+    if "existing" in c:
+        x = c["existing"]
+        rows = []
+        for label, r in (("first start", x["first_start"]), ("restart", x["restart"])):
+            rows.append([label, r.get("served_s"), r.get("reconciled_s"), r.get("last_patch_s"), r.get("creates"),
+                         r.get("status_writes"), r.get("objects_changed", ""), r.get("events_posted", ""),
+                         r.get("rss_mb"), r.get("idle_cpu_ms_per_s", ""), r.get("load")])
+        out.append((f"3. {x['objects']} existing jobs ({', '.join(f'{v} {k}' for k, v in x['counts'].items())}); "
+                    f"made in {x['populate']['seconds']:.0f}s",
+                    ["start", "listed s", "all reconciled s", "last status write s", "RayJob creates", "status writes",
+                     "objects changed", "events", "RSS MB", "idle CPU ms/s", "load"], rows))
+        e, lo = x["burst_empty"], x["burst_loaded"]
+        out.append((f"3b. Burst of {e['n']} on an empty cluster vs on top of the {x['objects']}",
+                    ["cluster", "p50 ms", "p99 ms", "jobs/s", "load"],
+                    [["empty", e["p50_ms"], e["p99_ms"], e["per_s"], e["load"]],
+                     [f"{x['objects']} existing", lo["p50_ms"], lo["p99_ms"], lo["per_s"], lo["load"]],
+                     ["ratio", x["burst_p50_ratio"], lo["p99_ms"] / e["p99_ms"], lo["per_s"] / e["per_s"], ""]]))
+    if "pods" in c:
+        p = c["pods"]
+        out.append((f"4. Cluster-wide operator RSS with {p['pods']} unrelated pods (MB)",
+                    ["pods", "RSS MB", "listed s", "load"],
+                    [["none", p["none"]["rss_mb"], p["none"]["listed_s"], p["none"]["load"]],
+                     [p["pods"], p["with"]["rss_mb"], p["with"]["listed_s"], p["with"]["load"]],
+                     ["none (after)", p["none_after"]["rss_mb"], p["none_after"]["listed_s"], p["none_after"]["load"]],
+                     ["delta", p["rss_delta_mb"], "", ""]]))
+    if "waiting" in c:
+        w = c["waiting"]
+        out.append((f"5. Jobs waiting for a busy v6e 4x4 slice, KubeRay running",
+                    ["jobs", "window s", "status writes", "reconciles", "writes/job/5 min", "load"],
+                    [[w["jobs"], w["window_s"], w["status_writes"], w["reconciles"], w["per_job_per_5min"], w["load"]]]))
+    return out
 
 
 def markdown(results: dict) -> str:
-    """The summary committed as bench/RESULTS.md (copied from bench/out/RESULTS.md by hand)."""
     m = results["machine"]
     lines = [f"Machine: {m['nproc']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, {m['date']}; "
-             f"load average at start {m['loadavg_at_start'][0]:.1f}.", "",
-             "### Render + validate (one process, one core)", "",
-             "| path | calls/s | µs/call | parse+render ÷ this |", "|---|---:|---:|---:|"]
-    for k, v in results["throughput"]["rows"].items():
-        lines.append(f"| {k} | {v['per_s']:.0f} | {v['us_per_call']:.0f} | "
-                     f"{format(v['operator_ratio'], '.2f') if 'operator_ratio' in v else ''} |")
-    c = results.get("cluster")
-    if c:
-        lat, rate, status, resources = cluster_rows(c)
-        lines += ["", f"### Bursts on the local cluster (KubeRay operator stopped; {c['creator_threads']} client threads create)",
-                  "", "Create → RayJob (ms):", ""] + md_table(LAT_HEAD, lat)
-        lines += ["", "Jobs/s until all RayJobs exist:", ""] + md_table(RATE_HEAD, rate)
-        lines += ["", "Status propagation (ms):", ""] + md_table(STATUS_HEAD, status)
-        lines += ["", "Memory and CPU:", ""] + md_table(RES_HEAD, resources)
+             f"load average at start {m['loadavg_at_start'][0]:.1f}; {results['mode']} mode.", ""]
+    for part in results.get("parts", []):
+        lines.append(f"- {', '.join(part['measures']) or 'render only'}: {part['mode']} run of {part['date']}, "
+                     f"load {part['load_at_start']} at its start")
+    if results.get("parts"):
+        lines.append("")
+    for title, headers, rows in sections(results):
+        lines += [f"#### {title}", ""] + md_table(headers, rows) + [""]
+    lines += ["Headline (bench/out/results.json):", "", "```json", json.dumps(results["headline"], indent=1), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -164,62 +275,92 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    rows = results["throughput"]["rows"]
-    axes[0].barh(list(rows), [r["per_s"] for r in rows.values()], color=["C0", "C0", "C0", "C7", "C7"])
-    axes[0].axvline(2000, color="r", ls="--", label="target 2000/s")
-    axes[0].set_xlabel("calls/s (one core)")
-    axes[0].set_title("render + validate")
-    axes[0].legend()
-    sizes = results.get("cluster", {}).get("sizes", {})
-    if sizes:
-        ns = list(sizes)
-        x = range(len(ns))
-        for off, key, color in ((-0.27, "direct", "C7"), (0, "minimal", "C1"), (0.27, "operator", "C0")):
-            axes[1].bar([i + off for i in x], [sizes[n][key]["p50_ms"] for n in ns], 0.27, label=f"{key} p50", color=color)
-            axes[1].scatter([i + off for i in x], [sizes[n][key]["p99_ms"] for n in ns], color="k", marker="_", s=200)
-            axes[2].bar([i + off for i in x], [sizes[n][key]["per_s"] for n in ns], 0.27, label=key, color=color)
-        for ax, title, label in ((axes[1], "create -> RayJob (p50 bar, p99 tick)", "ms"), (axes[2], "jobs/s until all RayJobs exist", "jobs/s")):
-            ax.set_xticks(list(x), [f"N={n}" for n in ns])
-            ax.set_title(title)
-            ax.set_ylabel(label)
-            ax.legend()
-    fig.suptitle(f"tputorch-operator bench, {results['machine']['nproc']} cores, {results['machine']['date']}")
+    c = results.get("cluster", {})
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+    ax = axes[0]
+    if "e2e" in c:
+        e = c["e2e"]
+        ax.boxplot([e["single"]["hand"], e["single"]["operator"]], tick_labels=["by hand", "operator"])
+        ax.set_title(f"apply -> v6e 4x4 workers Running\n(op/hand p50 {e['single_p50_ratio']:.2f}x, target ≤ 1.1x)")
+        ax.set_ylabel("s")
+    ax = axes[1]
+    if "bursts" in c:
+        ns = list(c["bursts"]["sizes"])
+        for off, key, color in ((-0.2, "minimal", "C1"), (0.2, "operator", "C0")):
+            ax.bar([i + off for i in range(len(ns))], [c["bursts"]["sizes"][n][key]["per_s"] for n in ns], 0.4,
+                   label=key, color=color)
+        ax.set_xticks(range(len(ns)), [f"N={n}" for n in ns])
+        ax.set_title("bursts: jobs/s until all RayJobs exist")
+        ax.legend()
+    ax = axes[2]
+    if "existing" in c:
+        x = c["existing"]
+        labels = ["first start", "restart"]
+        ax.bar(labels, [x["first_start"]["status_writes"], x["restart"]["status_writes"]], color=["C7", "C0"])
+        ax.set_title(f"{x['objects']} existing jobs (statuses right): status writes\n"
+                     f"(restart: all reconciled in {x['restart']['reconciled_s']:.0f}s, "
+                     f"RSS {x['restart']['rss_mb']:.0f} MB)")
+    ax = axes[3]
+    if "pods" in c or "waiting" in c:
+        bars = {}
+        if "pods" in c:
+            bars["RSS +MB, unrelated pods"] = c["pods"]["rss_delta_mb"]
+        if "waiting" in c:
+            bars["writes/waiting job/5 min"] = c["waiting"]["per_job_per_5min"]
+        ax.bar(list(bars), list(bars.values()), color=["C2", "C3"][:len(bars)])
+        ax.axhline(1, color="r", ls="--", lw=0.8)
+        ax.set_title("unrelated pods (≤ 10 MB), waiting jobs (≤ 1)")
+    fig.suptitle(f"tputorch-operator bench ({results['mode']}), {results['machine']['nproc']} cores, "
+                 f"{results['machine']['date']}, load {results['machine']['loadavg_at_start'][0]:.1f} at start")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
 
 def main() -> int:
+    global OUT
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="100,500,1000", help="burst sizes, comma-separated (default 100,500,1000)")
-    p.add_argument("--seconds", type=float, default=3.0, help="seconds per throughput row")
-    p.add_argument("--status-samples", type=int, default=100, help="RayJob status patches to time per size")
-    p.add_argument("--no-cluster", action="store_true", help="only the pure throughput part")
+    p.add_argument("--quick", action="store_true", help="smaller counts (1,000 existing jobs and pods, bursts of 200)")
+    p.add_argument("--only", default=",".join(MEASURES), help=f"measures to run, comma-separated ({','.join(MEASURES)})")
+    p.add_argument("--direct", action="store_true", help="bursts: also time direct RayJob creates")
+    p.add_argument("--no-cluster", action="store_true", help="only the render + validate throughput")
+    p.add_argument("--out", default=str(OUT), help=f"output folder (default {OUT})")
+    p.add_argument("--report", metavar="DETAILS_JSON", action="append",
+                   help="only print and write the tables and plot of earlier runs (repeat: a later run's "
+                        "measures replace an earlier one's)")
     args = p.parse_args()
-
-    results = {"machine": machine()}
-    print(f"machine: {results['machine']}")
-    results["throughput"] = throughput.run(args.seconds)
-    t = results["throughput"]
-    print("\nRender + validate, one process (calls/s)")
-    print(table(["path", "calls/s", "us/call", "parse+render / this"],
-                [[k, v["per_s"], v["us_per_call"], f"{v['operator_ratio']:.2f}x" if "operator_ratio" in v else ""] for k, v in t["rows"].items()]))
-    print(f"target >= {t['target_per_s']}/s: {'met' if t['met'] else 'MISSED'}\n")
-
-    if not args.no_cluster:
-        started = time.monotonic()
-        results["cluster"] = run_cluster([int(s) for s in args.sizes.split(",") if s], args.status_samples)
-        results["cluster"]["seconds"] = time.monotonic() - started
-        print("\n" + "\n".join(report_cluster(results["cluster"])))
-
+    which = {m for m in args.only.split(",") if m}
+    if which - set(MEASURES):
+        p.error(f"--only: unknown {sorted(which - set(MEASURES))}; allowed: {', '.join(MEASURES)}")
+    size = {k: v[1] if args.quick else v[0] for k, v in SIZES.items()}
+    OUT = Path(args.out)
     OUT.mkdir(exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(results, indent=2))
+
+    if args.report:
+        results = merged([json.loads(Path(f).read_text()) for f in args.report])
+    else:
+        results = {"machine": machine(), "mode": "quick" if args.quick else "full", "sizes": size}
+        print(f"machine: {results['machine']}")
+        results["throughput"] = throughput.run(1.0 if args.quick else 3.0)
+        if not args.no_cluster:
+            started = time.monotonic()
+            results["cluster"] = run_cluster(which, size, args.direct)
+            results["cluster_seconds"] = time.monotonic() - started
+        results["headline"] = headline(results.get("cluster", {}))
+        # Before any table: a report that fails loses no figure (--report redoes it).
+        (OUT / "details.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+        (OUT / "results.json").write_text(json.dumps(results["headline"], indent=2) + "\n")
+
+    for title, headers, rows in sections(results):
+        print(f"\n{title}\n{table(headers, rows)}")
+    print("\nheadline:", json.dumps(results["headline"]))
     (OUT / "RESULTS.md").write_text(markdown(results))
+    if args.report:
+        (OUT / "results.json").write_text(json.dumps(results["headline"], indent=2) + "\n")
     try:
         plot(results, OUT / "bench.png")
-        print(f"\nwrote {OUT / 'results.json'} and {OUT / 'bench.png'}")
+        print(f"\nwrote {OUT}/results.json, details.json, RESULTS.md and bench.png")
     except ImportError:
-        print(f"\nwrote {OUT / 'results.json'} (no matplotlib: pip install -e '.[bench]' for the plot)")
+        print(f"\nwrote {OUT}/results.json (no matplotlib: pip install -e '.[bench]' for the plot)")
     return 0
 
 

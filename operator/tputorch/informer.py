@@ -36,7 +36,7 @@ Key = tuple[str, str]  # (namespace, name)
 class Source(Protocol):
     """How an informer reads one resource; the real one wraps the kubernetes client, tests fake it."""
 
-    def list(self, scope: str | None) -> dict: ...  # {"items": [...], "metadata": {"resourceVersion": rv}}
+    def list(self, scope: str | None) -> dict: ...  # {"items": iterable, "metadata": {"resourceVersion": rv}}
 
     def watch(self, scope: str | None, resource_version: str) -> Iterable[dict]: ...  # {"type", "object"}
 
@@ -263,6 +263,11 @@ class _Relist(Exception):
         self.code = code
 
 
+# Objects per page of a list, as client-go's informers page theirs: parsed whole, the lists of a
+# restart over thousands of jobs were most of the operator's memory (bench/RESULTS.md, run 6).
+LIST_PAGE = 500
+
+
 class RestSource:
     """A Source over raw GETs of the API (lists and watch streams parsed as JSON). Raw rather than
     the typed clients: pods would otherwise be deserialized into models only to be read as dicts."""
@@ -282,7 +287,19 @@ class RestSource:
         return resp
 
     def list(self, scope):
-        return json.loads(self._get(scope, [], 60).read())
+        """The list in pages of LIST_PAGE objects (one consistent snapshot: the first page's
+        resourceVersion); items are parsed a page at a time as the caller consumes them, so a
+        re-list of thousands never holds every full object at once."""
+        first = json.loads(self._get(scope, [("limit", LIST_PAGE)], 60).read())
+        return {"items": self._pages(scope, first), "metadata": first.get("metadata") or {}}
+
+    def _pages(self, scope, page: dict) -> Iterator[dict]:
+        while True:
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            page = json.loads(self._get(scope, [("limit", LIST_PAGE), ("continue", token)], 60).read())
 
     def watch(self, scope, resource_version) -> Iterator[dict]:
         from kubernetes.watch.watch import iter_resp_lines

@@ -125,9 +125,17 @@ _NODE_TOTAL = re.compile(r"\b0/\d+ nodes are available")
 _REASON_COUNT = re.compile(r"(^|: |, )\d+ ")
 
 
+# The scheduler lists its reasons by descending count: with the counts gone, the order would
+# still move whenever the counts cross (measured: bench/RESULTS.md run 6, measure 5).
+_REASON_LIST = re.compile(r"(no nodes are available: )(.*?)(?=\.(?: |$))")
+_REASON_SEPARATOR = re.compile(r", (?![^{]*\})")  # not inside a taint's {key: value}
+
+
 def stable_scheduler_message(message: str) -> str:
-    """The scheduler's message without its node counts."""
-    return _REASON_COUNT.sub(r"\1", _NODE_TOTAL.sub("no nodes are available", message))
+    """The scheduler's message without its node counts, its reasons in a fixed order."""
+    without_counts = _REASON_COUNT.sub(r"\1", _NODE_TOTAL.sub("no nodes are available", message))
+    return _REASON_LIST.sub(lambda m: m.group(1) + ", ".join(sorted(_REASON_SEPARATOR.split(m.group(2)))),
+                            without_counts)
 
 
 def scheduling_problem(pods: Iterable[dict]) -> str | None:

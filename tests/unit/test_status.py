@@ -115,8 +115,8 @@ def test_unschedulable_message_is_stable_across_scheduler_retries():
     assert status.patch_for(first, second) is None  # the node counts changed, nothing else did
     message = cond(second, "SliceReady")["message"]
     assert message == (
-        "pod demo-x7k2p-tpu-slice-worker-abc: Unschedulable: no nodes are available: node(s) had untolerated taint "
-        "{google.com/tpu: present}, node(s) didn't match Pod's node affinity/selector. preemption: no nodes are "
+        "pod demo-x7k2p-tpu-slice-worker-abc: Unschedulable: no nodes are available: node(s) didn't match Pod's "
+        "node affinity/selector, node(s) had untolerated taint {google.com/tpu: present}. preemption: no nodes are "
         "available: Preemption is not helpful for scheduling.")
     # A different cause is a different message: the status follows it.
     third = derive("initializing", previous=second, now=T2, pods=[unschedulable_pod(
@@ -124,6 +124,22 @@ def test_unschedulable_message_is_stable_across_scheduler_retries():
         "9 No preemption victims found for incoming pod.")])
     assert "Insufficient google.com/tpu" in cond(third, "SliceReady")["message"]
     assert status.patch_for(second, third) is not None
+
+
+def test_unschedulable_reasons_keep_their_order_when_their_counts_cross():
+    # As measured with jobs waiting for a busy slice: the scheduler lists the larger count first.
+    before = ("0/20 nodes are available: 12 node(s) didn't match Pod's node affinity/selector, 8 Insufficient "
+              "google.com/tpu. no new claims to deallocate, preemption: 0/20 nodes are available: 20 Preemption "
+              "is not helpful for scheduling.")
+    after = ("0/20 nodes are available: 11 Insufficient google.com/tpu, 9 node(s) didn't match Pod's node "
+             "affinity/selector. no new claims to deallocate, preemption: 0/20 nodes are available: 20 Preemption "
+             "is not helpful for scheduling.")
+    first = derive("initializing", pods=[unschedulable_pod(before)], now=T0)
+    second = derive("initializing", previous=first, pods=[unschedulable_pod(after)], now=T1)
+    assert status.patch_for(first, second) is None
+    assert cond(second, "SliceReady")["message"].endswith(
+        "no nodes are available: Insufficient google.com/tpu, node(s) didn't match Pod's node affinity/selector. "
+        "no new claims to deallocate, preemption: no nodes are available: Preemption is not helpful for scheduling.")
 
 
 def worker_pod(name, ready, role="worker"):

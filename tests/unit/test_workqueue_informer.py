@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
-from tputorch.informer import _Relist
+from tputorch import informer as informer_module
+from tputorch.informer import RestSource, _Relist
 from tputorch.workqueue import Backoff, WorkQueue
 
 from .fakekube import FakeSource, StopWatching, api_error, informer
@@ -127,3 +129,53 @@ def test_the_index_follows_label_changes():
     assert inf.indexed("a") == [] and [o["metadata"]["name"] for o in inf.indexed("b")] == ["p"]
     inf._pop(("ml", "p"))
     assert inf.indexed("b") == [] and inf.by_index == {}
+
+
+class _Response:
+    def __init__(self, body: dict) -> None:
+        self.status, self.reason, self._body = 200, "OK", json.dumps(body).encode()
+
+    def read(self) -> bytes:
+        return self._body
+
+
+class _PagingApi:
+    """The two ApiClient calls RestSource makes; answers lists in pages as the API server does."""
+
+    def __init__(self, items: list[dict], page: int) -> None:
+        self.items, self.page, self.queries = items, page, []
+
+    def param_serialize(self, method, path, query_params, header_params, auth_settings):
+        return method, (path, dict(query_params)), header_params, None, None
+
+    def call_api(self, method, url, header_params, _request_timeout):
+        path, query = url
+        self.queries.append(query)
+        start = int(query.get("continue", 0))
+        assert int(query["limit"]) == self.page
+        end = start + self.page
+        meta = {"resourceVersion": "77" if start == 0 else "99"}
+        if end < len(self.items):
+            meta["continue"] = str(end)
+        return _Response({"items": self.items[start:end], "metadata": meta})
+
+
+def test_a_list_is_read_in_pages_as_it_is_consumed_and_keeps_the_first_pages_version(monkeypatch):
+    monkeypatch.setattr(informer_module, "LIST_PAGE", 3)
+    items = [{"metadata": {"namespace": "ml", "name": f"job-{i}", "resourceVersion": str(i)}} for i in range(7)]
+    api = _PagingApi(items, page=3)
+    listing = RestSource(api, lambda scope: f"/apis/x/v1/namespaces/{scope}/things", "app=ours").list("ml")
+    assert len(api.queries) == 1  # later pages only once the caller reads that far
+    assert [i["metadata"]["name"] for i in listing["items"]] == [f"job-{i}" for i in range(7)]
+    assert listing["metadata"]["resourceVersion"] == "77"  # the snapshot every page belongs to
+    assert [q.get("continue") for q in api.queries] == [None, "3", "6"]
+    assert all(q["labelSelector"] == "app=ours" for q in api.queries)
+
+
+def test_an_informer_relists_a_paged_listing_into_its_store():
+    inf, changes = informer()
+    inf.source.listing = {"items": iter([{"metadata": {"namespace": "ml", "name": "a", "resourceVersion": "1"}},
+                                         {"metadata": {"namespace": "ml", "name": "b", "resourceVersion": "2"}}]),
+                          "metadata": {"resourceVersion": "5"}}
+    assert inf.relist(None) == "5"
+    assert inf.keys() == {("ml", "a"), ("ml", "b")}

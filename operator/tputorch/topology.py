@@ -2,7 +2,7 @@
 
 Facts come from GKE's TPU node-pool documentation, KubeRay's TPU samples and Ray 2.60 (see
 shared/tpu-facts.md). A shape is listed only if both GKE offers it as a node pool and Ray 2.60's
-own topology table accepts it (tests/ray checks the latter against the installed Ray). A slice is one TPU node pool: ``chips`` = product of the topology's
+own topology table accepts it (tests/raysim checks the latter against the installed Ray). A slice is one TPU node pool: ``chips`` = product of the topology's
 dimensions, ``hosts`` = VMs in the pool, ``chips_per_host`` = ``google.com/tpu`` per pod.
 """
 

@@ -1,4 +1,4 @@
-"""One local Ray head for all tests in tests/ray; TPU hosts are attached per slice shape."""
+"""One local Ray head for all tests in tests/raysim; TPU hosts are attached per slice shape."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="tests/ray need ray[train] (pip install -e '.[train,test]')")
+ray = pytest.importorskip("ray", reason="tests/raysim need ray[train] (pip install -e '.[train,test]')")
 
-import slicesim  # noqa: E402  (tests/ray is on sys.path: pytest's rootdir-relative import)
+import slicesim  # noqa: E402  (tests/raysim is on sys.path: pytest's rootdir-relative import)
 
 
 def pytest_collection_modifyitems(items):

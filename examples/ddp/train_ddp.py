@@ -7,7 +7,11 @@ Ray Train's ScalingConfig, so nothing here names a topology or a chip count.
 Image: Ray 2.60.0 with PyTorch and TorchTPU (``torch_tpu``, which provides the ``tpu`` device
 and the ``tpu_dist`` process-group backend) and this project's ``tputorch`` package; see
 examples/Dockerfile. Only the training function imports torch: the argument parsing and config
-building below import without it (the project's CI tests them with real Ray classes).
+building below import without it.
+
+``--cpu`` runs the same loop on CPUs (device ``cpu``, process group ``gloo``, as many workers as
+the slice has); the lines that differ are in one block below. A run with the same ``--name`` and
+``--storage-path`` resumes from the last checkpoint, as does a restart after a failure.
 """
 
 from __future__ import annotations
@@ -15,9 +19,30 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 DEFAULT_NAME = "ddp-example"
+FEATURES, CLASSES = 128, 10
+
+
+# ---- Where the workers run: the only lines that differ between a TPU slice and --cpu ----------
+# TPU (default): device "tpu"; TorchTrainer picks the tpu_dist process group itself (use_tpu=True);
+# the slice's ScalingConfig. --cpu: device "cpu", process group "gloo", a CPU ScalingConfig with
+# the same number of workers. Nothing falls back to CPU without --cpu.
+def device_type(cpu: bool) -> str:
+    return "cpu" if cpu else "tpu"
+
+
+def backend(cpu: bool) -> str | None:
+    return "gloo" if cpu else None  # None: TorchTrainer chooses (tpu_dist with use_tpu=True)
+
+
+def build_scaling_config(cpu: bool = False, environ: Mapping[str, str] | None = None):
+    """Workers (and, on TPU, chips per worker, topology and accelerator type) of this job's slice."""
+    from tputorch.train import cpu_scaling_config, scaling_config
+
+    return cpu_scaling_config(environ) if cpu else scaling_config(environ)
+# -----------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -35,6 +60,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--name", default=os.environ.get("TPUTORCH_JOB_NAME", DEFAULT_NAME), help="run name")
     p.add_argument("--max-failures", type=int, default=1, help="restarts from the last checkpoint")
+    p.add_argument("--cpu", action="store_true", help="run on CPUs with gloo instead of the slice's TPUs")
     args = p.parse_args(argv)
     if not args.storage_path:
         p.error("--storage-path (or $STORAGE_PATH) is required: every host of a multi-host slice must reach it")
@@ -42,13 +68,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
-
-
-def build_scaling_config(environ: Mapping[str, str] | None = None):
-    """Workers, TPU chips per worker, topology and accelerator type of this job's slice."""
-    from tputorch.train import scaling_config
-
-    return scaling_config(environ)
 
 
 def build_run_config(args: argparse.Namespace):
@@ -64,6 +83,7 @@ def build_run_config(args: argparse.Namespace):
 
 def train_loop_config(args: argparse.Namespace) -> dict:
     return {
+        "device": device_type(args.cpu),
         "epochs": args.epochs,
         "steps_per_epoch": args.steps_per_epoch,
         "batch_size": args.batch_size,
@@ -72,8 +92,12 @@ def train_loop_config(args: argparse.Namespace) -> dict:
     }
 
 
-def train_func(config: dict) -> None:
-    """Runs in every Ray Train worker; Ray has already joined the ``tpu_dist`` process group."""
+def train_func(config: dict, inspect: Callable | None = None) -> None:
+    """Runs in every Ray Train worker; Ray has already joined the process group.
+
+    ``inspect``, if given, is called with the trained model on every worker (the project's tests
+    check the replicas through it).
+    """
     import tempfile
 
     import ray.train
@@ -83,15 +107,16 @@ def train_func(config: dict) -> None:
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = torch.device("tpu")  # was torch.device("cuda") / "cuda:{local_rank}"
+    device = torch.device(config["device"])  # was torch.device("cuda") / "cuda:{local_rank}"
 
     model = torch.nn.Sequential(
-        torch.nn.Linear(128, config["hidden"]),
+        torch.nn.Linear(FEATURES, config["hidden"]),
         torch.nn.GELU(),
-        torch.nn.Linear(config["hidden"], 10),
+        torch.nn.Linear(config["hidden"], CLASSES),
     )
     state = None
-    checkpoint = ray.train.get_checkpoint()  # set when Ray restarts the run after a failure
+    # Set when Ray restarts the run after a failure, or on a new run with the same name and storage.
+    checkpoint = ray.train.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as d:
             state = torch.load(os.path.join(d, "state.pt"), map_location="cpu")
@@ -100,28 +125,31 @@ def train_func(config: dict) -> None:
     # Move first, then build the optimizer: it must hold the on-device parameters.
     model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
-    start_epoch = 0
+    start_epoch, step = 0, 0
     if state:
         optimizer.load_state_dict(state["optimizer"])  # moved to the parameters' device
-        start_epoch = state["epoch"] + 1
+        start_epoch, step = state["epoch"] + 1, state["step"]
     model = DistributedDataParallel(model)  # no device_ids: one device per process
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    # Synthetic data, different per rank (a real job would shard a dataset by rank / world).
-    generator = torch.Generator().manual_seed(1234 + rank)
+    # Synthetic data a model can learn: the labels come from a fixed random linear "teacher"
+    # (the same on every rank); the inputs differ per rank, as a sharded dataset would.
+    teacher = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(1234 + 1000 * step + rank)
     for epoch in range(start_epoch, config["epochs"]):
         model.train()
         total = torch.zeros((), device=device)
         for _ in range(config["steps_per_epoch"]):
-            x = torch.randn(config["batch_size"], 128, generator=generator).to(device)
-            y = torch.randint(0, 10, (config["batch_size"],), generator=generator).to(device)
+            x = torch.randn(config["batch_size"], FEATURES, generator=generator)
+            y = (x @ teacher).argmax(dim=1)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()  # DDP all-reduces gradients over tpu_dist
+            loss = loss_fn(model(x.to(device)), y.to(device))
+            loss.backward()  # DDP all-reduces gradients over the process group
             optimizer.step()
             total += loss.detach()
+            step += 1
         dist.all_reduce(total)
-        metrics = {"epoch": epoch, "loss": (total / (world * config["steps_per_epoch"])).item()}
+        metrics = {"epoch": epoch, "step": step, "loss": (total / (world * config["steps_per_epoch"])).item()}
 
         with tempfile.TemporaryDirectory() as d:
             if rank == 0:  # DDP replicas are identical: one copy is the checkpoint
@@ -129,24 +157,31 @@ def train_func(config: dict) -> None:
                     "model": {k: v.cpu() for k, v in model.module.state_dict().items()},
                     "optimizer": optimizer.state_dict(),
                     "epoch": epoch,
+                    "step": step,
                 }
                 torch.save(state, os.path.join(d, "state.pt"))
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
             else:
                 ray.train.report(metrics)
+    if inspect:
+        inspect(model)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    from ray.train.torch import TorchTrainer  # imports torch
+def run(args: argparse.Namespace):
+    from ray.train.torch import TorchConfig, TorchTrainer  # imports torch
 
     trainer = TorchTrainer(
         train_func,
         train_loop_config=train_loop_config(args),
-        scaling_config=build_scaling_config(),  # use_tpu=True: TorchTrainer picks tpu_dist
+        torch_config=TorchConfig(backend=backend(args.cpu)),
+        scaling_config=build_scaling_config(args.cpu),
         run_config=build_run_config(args),
     )
-    result = trainer.fit()
+    return trainer.fit()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    result = run(parse_args(argv))
     print(f"final metrics: {result.metrics}; checkpoint: {result.checkpoint}")
     return 0 if result.error is None else 1
 

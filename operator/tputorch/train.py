@@ -86,3 +86,18 @@ def scaling_config(environ: Mapping[str, str] | None = None, **overrides: Any):
     if kwargs.get("use_tpu"):
         _check_accelerator_type(kwargs.get("accelerator_type"))
     return ScalingConfig(**kwargs)
+
+
+def cpu_scaling_config(environ: Mapping[str, str] | None = None, **overrides: Any):
+    """A CPU ``ScalingConfig`` with as many workers as this job's slice: for running a TPU
+    script's training loop on CPU (the examples' ``--cpu``), never as a fallback for TPUs.
+
+    Without ``use_tpu`` or ``use_gpu``, ``TorchTrainer`` joins the workers with ``gloo``.
+    """
+    from ray.train import ScalingConfig  # lazy: only training scripts have Ray
+
+    kwargs: dict[str, Any] = {"num_workers": slice_shape(environ).num_workers}
+    kwargs.update(overrides)
+    if kwargs.get("use_tpu") or kwargs.get("use_gpu"):
+        raise ValueError("cpu_scaling_config() runs on CPUs only: use scaling_config() for the slice's TPUs")
+    return ScalingConfig(**kwargs)

@@ -1,5 +1,6 @@
-"""The DDP and FSDP examples: they compile, their TPUTorchJobs are valid, and everything outside
-the training function runs for real with Ray's classes (no torch needed, none imported)."""
+"""The DDP, FSDP and DTensor examples: they compile, their TPUTorchJobs are valid, and everything
+outside the training function runs for real with Ray's classes (no torch needed, none imported).
+The training functions themselves run in test_training.py."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {
     "ddp": (ROOT / "examples/ddp/train_ddp.py", ROOT / "examples/ddp/tputorchjob.yaml"),
     "fsdp": (ROOT / "examples/fsdp/train_fsdp.py", ROOT / "examples/fsdp/tputorchjob.yaml"),
+    "dtensor": (ROOT / "examples/dtensor/train_dtensor.py", ROOT / "examples/dtensor/tputorchjob.yaml"),
 }
 
 
@@ -87,7 +89,11 @@ def test_storage_path_is_required(example, monkeypatch, capsys):
 
 def test_scaling_config_from_the_rendered_job(example):
     _, module, job = example
-    scaling = module.build_scaling_config(head_env(job))
+    args = module.parse_args(entrypoint_args(job)[2:])
+    assert not args.cpu  # the TPUTorchJobs run on the slice's TPUs
+    assert (module.device_type(args.cpu), module.backend(args.cpu)) == ("tpu", None)  # None: tpu_dist
+    assert module.train_loop_config(args)["device"] == "tpu"
+    scaling = module.build_scaling_config(args.cpu, head_env(job))
     assert isinstance(scaling, ScalingConfig)
     assert scaling.use_tpu and not scaling.use_gpu
     assert (scaling.num_workers, scaling.topology, scaling.accelerator_type) == (16, "4x4", "TPU-V6E")
@@ -95,10 +101,24 @@ def test_scaling_config_from_the_rendered_job(example):
     assert get_tpu_num_slices_for_workers("4x4", "TPU-V6E", 16, {"TPU": 1}) == 1
 
 
-def test_scaling_config_outside_a_tputorchjob_says_why(example):
+def test_cpu_switch_replaces_device_backend_and_scaling_config(example):
+    _, module, job = example
+    args = module.parse_args(entrypoint_args(job)[2:] + ["--cpu"])
+    assert (module.device_type(args.cpu), module.backend(args.cpu)) == ("cpu", "gloo")
+    assert module.train_loop_config(args)["device"] == "cpu"
+    scaling = module.build_scaling_config(args.cpu, head_env(job))
+    assert isinstance(scaling, ScalingConfig)
+    assert not scaling.use_tpu and not scaling.use_gpu
+    assert scaling.num_workers == 16  # the slice's worker count
+    assert scaling.topology is None and scaling.accelerator_type is None
+    assert "TPU" not in scaling._resources_per_worker_not_none
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+def test_scaling_config_outside_a_tputorchjob_says_why(example, cpu):
     _, module, _ = example
     with pytest.raises(train.MissingSliceEnvironment, match="TPUTORCH_NUM_WORKERS"):
-        module.build_scaling_config({})
+        module.build_scaling_config(cpu, {})
 
 
 def test_run_config(example, tmp_path):
@@ -109,3 +129,22 @@ def test_run_config(example, tmp_path):
     assert run.storage_path == str(tmp_path) and run.name == f"{name}-run"
     assert isinstance(run.checkpoint_config, CheckpointConfig) and run.checkpoint_config.num_to_keep == 2
     assert isinstance(run.failure_config, FailureConfig) and run.failure_config.max_failures == 1
+
+
+def test_cpu_scaling_config_refuses_accelerators():
+    env = head_env(spec.parse(yaml.safe_load(EXAMPLES["ddp"][1].read_text())))
+    assert train.cpu_scaling_config(env).num_workers == 16
+    for accelerator in ("use_tpu", "use_gpu"):
+        with pytest.raises(ValueError, match="CPUs only"):
+            train.cpu_scaling_config(env, **{accelerator: True})
+
+
+def test_dtensor_mesh_must_divide_the_workers(capsys):
+    module = load("dtensor")
+    assert module.mesh_shape(16, 4) == (4, 4) and module.mesh_shape(4, 2) == (2, 2)
+    for world, tp in ((16, 3), (4, 8)):
+        with pytest.raises(ValueError, match=f"--tp {tp} must divide the number of workers \\({world}\\)"):
+            module.mesh_shape(world, tp)
+    with pytest.raises(SystemExit):
+        module.parse_args(["--storage-path", "/tmp/x", "--d-model", "6", "--tp", "5"])
+    assert "--tp 5 must divide the feed-forward width 4 x --d-model = 24" in capsys.readouterr().err

@@ -7,11 +7,21 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image
 
+# pip's HTTP cache stores nothing here (the index's responses carry no caching headers), so the
+# large wheels (torch with its CUDA libraries, Ray) are kept in a wheelhouse of our own that every
+# clone reuses: `pip download` fetches only what it lacks (with the build backend the editable
+# install needs), then the install reads the wheelhouse alone (pip prefers the index's copy of a
+# file that both have).
+WHEELS ?= $(or $(TPUTORCH_CACHE),$(HOME)/.cache/tputorch)/wheels
+EXTRAS := test,train,serve,realray,torch
+
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,train,serve,realray]'
+	$(PY) -m pip download -q -d $(WHEELS) '.[$(EXTRAS)]' setuptools wheel
+	rm -f $(WHEELS)/tputorch_operator-*
+	$(PY) -m pip install -q --no-index --find-links $(WHEELS) -e '.[$(EXTRAS)]'
 	touch $@
 
 # The local cluster's binaries and helm: built once into ~/.cache/tputorch, or waited for while

@@ -90,14 +90,6 @@ def test_ddp_trains_checkpoints_and_resumes_on_v6e_2x2(slice_hosts, tmp_path, mo
     assert_resumes(second, first, epochs=3)
 
 
-def test_ddp_trains_with_16_workers_on_v6e_4x4(slice_hosts, tmp_path, monkeypatch):
-    run, workers = train_example("ddp", slice_hosts, tmp_path, monkeypatch, "4x4", epochs=2)
-    assert workers == 16
-    assert_every_rank_trained(run, workers)
-    checkpoint = assert_learns_and_checkpoints(run, tmp_path / "storage", "run", epochs=2)
-    assert (checkpoint / "state.pt").is_file()
-
-
 def test_fsdp_shards_every_parameter_and_resumes_on_v6e_2x2(slice_hosts, tmp_path, monkeypatch):
     first, workers = train_example("fsdp", slice_hosts, tmp_path, monkeypatch, "2x2", epochs=2)
     assert workers == 4
@@ -163,3 +155,11 @@ def test_dtensor_tensor_parallel_placements_and_resume_on_v6e_2x2(slice_hosts, t
     assert_every_rank_trained(second, workers)
     assert_resumes(second, first, epochs=3)
 
+
+# Last: the other tests share the 2x2 slice's nodes (conftest keeps one slice attached).
+def test_ddp_trains_with_16_workers_on_v6e_4x4(slice_hosts, tmp_path, monkeypatch):
+    run, workers = train_example("ddp", slice_hosts, tmp_path, monkeypatch, "4x4", epochs=2)
+    assert workers == 16
+    assert_every_rank_trained(run, workers)
+    checkpoint = assert_learns_and_checkpoints(run, tmp_path / "storage", "run", epochs=2)
+    assert (checkpoint / "state.pt").is_file()

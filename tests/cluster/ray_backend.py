@@ -3,11 +3,11 @@
 The local cluster's stand-in dashboard forwards a namespace's dashboard calls here
 (`DashboardClient.set_backend`), its submitter runner runs the submitter pods' `ray job submit`
 against it, and the Ray job then really runs: the driver on this head, Ray Train workers on the
-simulated TPU hosts (one Ray node per TPU host, made by tests/ray's slicesim from the rendered
+simulated TPU hosts (one Ray node per TPU host, made by tests/raysim's slicesim from the rendered
 RayJob's worker pod: `TPU` resource, the container env, what GKE's webhook and device plugin add).
 
 The Ray cluster lives in a server process of its own (this file run as a script, driven over
-stdin/stdout): the test process never connects to Ray, so it does not clash with tests/ray's head
+stdin/stdout): the test process never connects to Ray, so it does not clash with tests/raysim's head
 in the same pytest session. That process starts the head (with the dashboard) and the hosts with
 Ray's own `ray.cluster_utils.Cluster`, as slicesim does; `ray start` cannot be used for the hosts
 (with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 it refuses to join a cluster, without it it resolves
@@ -40,7 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # The simulated-slice code of the Ray tests: the one place to change if that folder moves.
-SLICESIM = REPO / "tests" / "ray" / "slicesim.py"
+SLICESIM = REPO / "tests" / "raysim" / "slicesim.py"
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB
 RAY_ENV = {
     "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
@@ -117,7 +117,7 @@ def rss_bytes(pids: list[int]) -> int:
 
 class RealRay:
     """Client side: runs `python ray_backend.py` (the server below) in its own session and sends it
-    commands; the test process itself never connects to Ray (tests/ray's session may have)."""
+    commands; the test process itself never connects to Ray (tests/raysim's session may have)."""
 
     def __init__(self, workdir: Path | None = None) -> None:
         # Ray's socket paths must stay short: its temp dir is under /tmp, not in pytest's tmp_path.

@@ -153,7 +153,7 @@ _REAL_RAY_TIMINGS: dict = {}
 
 @pytest.fixture(scope="module")
 def real_ray(tmp_path_factory):
-    """Module-scoped: it is stopped before tests/ray starts a Ray head of its own in the same session."""
+    """Module-scoped: it is stopped before tests/raysim starts a Ray head of its own in the same session."""
     from ray_backend import RealRay
 
     ray = RealRay(tmp_path_factory.mktemp("real-ray")).start()

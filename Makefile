@@ -13,7 +13,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # install needs), then the install reads the wheelhouse alone (pip prefers the index's copy of a
 # file that both have).
 WHEELS ?= $(or $(TPUTORCH_CACHE),$(HOME)/.cache/tputorch)/wheels
-EXTRAS := test,train,serve,realray,torch
+EXTRAS := test,train,serve,realray,torch,cli
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml

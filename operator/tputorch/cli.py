@@ -1,4 +1,4 @@
-"""tputorch run | render | validate | topologies | crd"""
+"""tputorch run | render | validate | topologies | crd, and the user commands of submit.py"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Sequence
 
 import yaml
 
-from . import crd, render, spec, topology
+from . import crd, render, spec, submit, topology
 
 
 def _load(path: str) -> list:
@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     crd_cmd = sub.add_parser("crd", help="print the CRDs (TPUTorchJob and TPUTorchService)")
     crd_cmd.add_argument("--kind", choices=list(crd.BUILDERS), help="only this kind's CRD")
     crd_cmd.set_defaults(func=cmd_crd)
+    submit.register(sub)  # submit, serve, get, describe, logs, delete, wait
     return parser
 
 

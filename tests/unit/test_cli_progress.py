@@ -1,0 +1,194 @@
+"""What submit/serve show and which exit code they return: views, renderers, and the follow loop
+driven by a fake API (the cluster tests drive it with the real one)."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from tputorch import client, progress, submit
+from tputorch.progress import View
+
+UNSCHEDULABLE = ("pod llama-tpu-slice-worker-0: Unschedulable: 0/9 nodes are available: "
+                 "4 Insufficient google.com/tpu, 5 node(s) didn't match Pod's node affinity/selector.")
+
+
+def job(phase="", ready=0, hosts=4, job_status=None, conditions=(), message="", name="llama", ns="team"):
+    status = {"phase": phase, "hosts": hosts, "readyHosts": ready, "hostsReady": f"{ready}/{hosts}",
+              "message": message, "conditions": [dict(type=t, status=s, reason=r, message=m) for t, s, r, m in conditions]}
+    if job_status:
+        status["jobStatus"] = job_status
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": "1"}, "status": status if phase else {}}
+
+
+def test_pending_view_carries_the_schedulers_message():
+    v = progress.view("TPUTorchJob", job("Pending", conditions=[("SliceReady", "False", "Unschedulable", UNSCHEDULABLE)]))
+    assert v.waiting == UNSCHEDULABLE
+    assert progress.outcome(v, "Succeeded") is None
+    assert progress.summary(v) == f"Pending  0/4 TPU hosts  waiting: {UNSCHEDULABLE}"
+
+
+def test_merely_waiting_for_hosts_is_not_news():
+    v = progress.view("TPUTorchJob", job("Pending", 2, conditions=[("SliceReady", "False", "WaitingForHosts", "2/4 TPU hosts ready")]))
+    assert v.waiting is None and progress.summary(v) == "Pending  2/4 TPU hosts"
+
+
+def test_missing_kuberay_is_shown_while_waiting():
+    v = progress.view("TPUTorchJob", job("Pending", conditions=[("RayJobCreated", "False", "KubeRayNotInstalled", "no RayJob CRD")]))
+    assert v.waiting == "no RayJob CRD"
+
+
+def test_running_and_the_ray_job_status():
+    v = progress.view("TPUTorchJob", job("Running", 4, job_status="RUNNING"))
+    assert progress.summary(v) == "Running  4/4 TPU hosts  Ray job RUNNING"
+    assert progress.outcome(v, "Succeeded") is None
+
+
+@pytest.mark.parametrize("phase, failed, code", [
+    ("Succeeded", None, progress.OK),
+    ("Failed", ("Failed", "True", "AppFailed", "Ray job failed: exit 1"), progress.FAILED),
+    ("Failed", ("Failed", "True", "ValidationFailed", "invalid spec"), progress.INVALID),
+])
+def test_exit_codes(phase, failed, code):
+    v = progress.view("TPUTorchJob", job(phase, conditions=[failed] if failed else [], message="m"))
+    assert progress.outcome(v, "Succeeded") == code
+
+
+def test_failure_text_names_kuberays_reason():
+    v = progress.view("TPUTorchJob", job("Failed", job_status="FAILED", message="Job failed: Traceback ...",
+                                         conditions=[("Failed", "True", "AppFailed", "Job failed: Traceback ...")]))
+    assert v.reason == "AppFailed"
+    assert progress.final_text(v, progress.FAILED) == "TPUTorchJob team/llama Failed (AppFailed): Job failed: Traceback ..."
+
+
+def test_a_service_is_followed_until_ready_and_shows_its_endpoint():
+    deploying = {"metadata": {"name": "llm", "namespace": "t"}, "status": {"phase": "Deploying"}}
+    ready = {"metadata": {"name": "llm", "namespace": "t"}, "status": {"phase": "Ready", "endpoint": "http://llm-serve.t:8000"}}
+    assert progress.outcome(progress.view("TPUTorchService", deploying), "Ready") is None
+    v = progress.view("TPUTorchService", ready)
+    assert progress.outcome(v, "Ready") == progress.OK
+    assert progress.final_text(v, progress.OK).endswith("is Ready; endpoint: http://llm-serve.t:8000")
+
+
+def test_plain_renderer_prints_a_line_per_change_only():
+    out, err = io.StringIO(), io.StringIO()
+    r = progress.PlainRenderer(out, err)
+    pending = progress.view("TPUTorchJob", job("Pending"))
+    r.update(pending)
+    r.update(pending)
+    r.update(progress.view("TPUTorchJob", job("Running", 4)))
+    r.log("epoch 1 loss 0.3")
+    lines = out.getvalue().splitlines()
+    assert [line.split("] ", 1)[1] for line in lines[:2]] == ["llama: Pending  0/4 TPU hosts", "llama: Running  4/4 TPU hosts"]
+    assert lines[2] == "epoch 1 loss 0.3"
+
+
+def test_json_renderer_is_one_object_per_line():
+    out = io.StringIO()
+    r = progress.JsonRenderer(out)
+    r.created("TPUTorchJob", "llama", "team")
+    v = progress.view("TPUTorchJob", job("Succeeded", 4, job_status="SUCCEEDED"))
+    r.update(v)
+    r.log("done")
+    r.finish(v, 0)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["created", "status", "log", "finished"]
+    assert events[1]["readyHosts"] == 4 and events[1]["rayJobStatus"] == "SUCCEEDED"
+    assert events[3]["exitCode"] == 0 and events[3]["phase"] == "Succeeded"
+
+
+def test_rich_panel_shows_bar_hosts_ray_status_and_reason():
+    from rich.console import Console
+
+    r = progress.RichRenderer(io.StringIO())
+    r.update(progress.view("TPUTorchJob", job("Pending", 3, job_status="PENDING",
+                                              conditions=[("SliceReady", "False", "Unschedulable", UNSCHEDULABLE)])))
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(r._panel())
+    r.close()
+    text = console.export_text()
+    assert "Pending" in text and "TPU hosts" in text and "3/4" in text and "━" in text
+    assert "Ray job" in text and "PENDING" in text and "Insufficient google.com/tpu" in text
+
+
+# ---------------------------------------------------------------- follow() with a fake API
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name, *args))
+
+
+class FakeApi:
+    """Hands out the given object versions and driver-log lines as the real Api's threads would see them."""
+
+    def __init__(self, versions, log_lines=(), log_follow_blocks=False):
+        self.versions = versions
+        self.log_lines = list(log_lines)
+        self.log_follow_blocks = log_follow_blocks
+        pod = SimpleNamespace(metadata=SimpleNamespace(name="llama-abcde"), status=SimpleNamespace(phase="Running"))
+        self.pods = [pod]
+        self.core = SimpleNamespace(read_namespaced_pod=lambda name, ns: SimpleNamespace(status=SimpleNamespace(phase="Succeeded")))
+
+    def watch_object(self, kind, name, namespace, stop, timeout_seconds=60):
+        for obj in self.versions:
+            if stop.wait(0.05):
+                return
+            yield obj
+        stop.wait()
+
+    def submitter_pods(self, rayjob, namespace):
+        return self.pods
+
+    def pod_log(self, pod, namespace, container=None, follow=False):
+        yield from self.log_lines
+        if follow and self.log_follow_blocks:  # KWOK's fake kubelet: a followed log never ends
+            threading.Event().wait(30)
+
+
+def test_follow_reaches_succeeded_with_the_driver_log_and_exit_0():
+    api = FakeApi([job("Pending"), job("Running", 4, job_status="RUNNING"), job("Succeeded", 4, job_status="SUCCEEDED")],
+                  ["Ray job started", "epoch 1", "Job 'llama' succeeded"])
+    out = Recorder()
+    assert submit.follow(api, client.JOB, "llama", "team", out, "Succeeded") == 0
+    assert [c[1] for c in out.calls if c[0] == "log"] == ["Ray job started", "epoch 1", "Job 'llama' succeeded"]
+    assert out.calls[-2][0] == "finish" and out.calls[-2][2] == 0
+
+
+def test_follow_does_not_hang_on_a_log_that_never_ends(monkeypatch):
+    monkeypatch.setattr(submit, "LOG_QUIET_SECONDS", 0.5)
+    api = FakeApi([job("Running", 4), job("Failed", 4, job_status="FAILED",
+                                           conditions=[("Failed", "True", "AppFailed", "boom")], message="boom")],
+                  ["Traceback", "ValueError: boom"], log_follow_blocks=True)
+    out = Recorder()
+    assert submit.follow(api, client.JOB, "llama", "team", out, "Succeeded") == 1
+    finish = next(c for c in out.calls if c[0] == "finish")
+    assert finish[1].reason == "AppFailed" and [c[1] for c in out.calls if c[0] == "log"] == ["Traceback", "ValueError: boom"]
+
+
+def test_follow_a_deleted_job_exits_1():
+    out = Recorder()
+    assert submit.follow(FakeApi([job("Running", 4), None]), client.JOB, "llama", "team", out, "Succeeded") == 1
+    assert next(c for c in out.calls if c[0] == "finish")[1].reason == "Deleted"
+
+
+def test_interrupt_leaves_the_job_and_exits_130(monkeypatch):
+    class Interrupting(Recorder):
+        def update(self, v):
+            raise KeyboardInterrupt
+
+    out = Interrupting()
+    assert submit.follow(FakeApi([job("Running", 4)]), client.JOB, "llama", "team", out, "Succeeded") == 130
+    assert out.calls[0] == ("interrupted", "TPUTorchJob", "llama", "team")
+    assert "keeps running" in progress.interrupted_text("TPUTorchJob", "llama", "team")
+
+
+def test_view_is_pure_data():
+    v = progress.view("TPUTorchJob", job("Running", 2))
+    assert isinstance(v, View) and v.hosts_text == "2/4 TPU hosts"

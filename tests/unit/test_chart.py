@@ -68,6 +68,14 @@ def one(docs: list[dict], kind: str) -> dict:
     return doc
 
 
+USER_ROLES = {f"{FULLNAME}-user-view", f"{FULLNAME}-user-edit"}  # templates/user-roles.yaml
+
+
+def operator_rbac(docs: list[dict]) -> list[dict]:
+    """The release's objects minus the users' aggregated roles (tested on their own)."""
+    return [d for d in docs if d["metadata"]["name"] not in USER_ROLES]
+
+
 # --- what the operator may do: the RBAC rules, exactly ------------------------------------
 
 NAMESPACED_RULES = [
@@ -177,8 +185,8 @@ def test_helm_lint(sets):
 def test_default_render_objects():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding",
-                     "ServiceAccount"]
+    assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role",
+                     "RoleBinding", "ServiceAccount"]
     for d in docs:
         assert d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
         if d["kind"] in ("Deployment", "ServiceAccount"):
@@ -236,7 +244,7 @@ def test_restricted_pod_security():
 
 @needs_helm
 def test_clusterwide_rbac_is_exactly_the_operators_needs():
-    docs = render()
+    docs = operator_rbac(render())
     role = one(docs, "ClusterRole")
     assert role["metadata"]["name"] == FULLNAME
     assert role["rules"] == NAMESPACED_RULES + [CRD_DISCOVERY]
@@ -273,7 +281,7 @@ def test_leader_election_lease_only_in_the_release_namespace():
 
 @needs_helm
 def test_namespaced_mode():
-    docs = render("watchNamespaces={team-a,team-b}")
+    docs = operator_rbac(render("watchNamespaces={team-a,team-b}"))
     (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["args"][-4:] == ["--namespace", "team-a", "--namespace", "team-b"]
     roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == FULLNAME]
@@ -299,6 +307,25 @@ def test_rbac_create_false_renders_no_rbac():
     docs = render("rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=existing")
     assert sorted(d["kind"] for d in docs) == ["Deployment", "PodDisruptionBudget"]
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+@needs_helm
+def test_user_roles_aggregate_into_view_edit_and_admin():
+    roles = {d["metadata"]["name"]: d for d in by_kind(render(), "ClusterRole") if d["metadata"]["name"] in USER_ROLES}
+    view, edit = roles[f"{FULLNAME}-user-view"], roles[f"{FULLNAME}-user-edit"]
+    agg = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in view["metadata"]["labels"].items() if k.startswith(agg) and v == "true"} == {agg + "view"}
+    assert {k for k, v in edit["metadata"]["labels"].items() if k.startswith(agg) and v == "true"} == {agg + "edit", agg + "admin"}
+    for kind in ("tputorchjobs", "tputorchservices"):
+        assert all(allowed(view["rules"], "tputorch.io", kind, v) for v in ("get", "list", "watch"))
+        assert not any(allowed(view["rules"], "tputorch.io", kind, v) for v in ("create", "patch", "delete"))
+        assert all(allowed(edit["rules"], "tputorch.io", kind, v) for v in ("create", "patch", "delete"))
+        assert not allowed(edit["rules"], "tputorch.io", f"{kind}/status", "patch"), "only the operator writes status"
+    assert allowed(edit["rules"], "", "pods/log", "get")
+    assert_least_privilege(view["rules"] + edit["rules"])
+    # userRoles=false, or rbac.create=false, leaves them out
+    for sets in (["rbac.userRoles=false"], ["rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=x"]):
+        assert not USER_ROLES & {d["metadata"]["name"] for d in render(*sets)}
 
 
 @needs_helm

@@ -1,0 +1,76 @@
+"""get / describe / wait without a cluster: durations, --for, rows and the describe text."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from tputorch import manage
+
+NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("1h", 3600), ("1h30m", 5400), ("45", 45), ("2.5", 2.5)])
+def test_parse_duration(text, seconds):
+    assert manage.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "1d", "-5s", "1m1h"])
+def test_parse_duration_refuses(text):
+    with pytest.raises(ValueError, match="--timeout"):
+        manage.parse_duration(text)
+
+
+def test_parse_for():
+    assert manage.parse_for("phase=Succeeded") == ("phase", "Succeeded")
+    assert manage.parse_for("condition=SliceReady") == ("condition", "SliceReady")
+    for bad in ("Succeeded", "phase=", "status=Ready"):
+        with pytest.raises(ValueError, match="--for"):
+            manage.parse_for(bad)
+
+
+def test_met():
+    obj = {"status": {"phase": "Running", "conditions": [{"type": "SliceReady", "status": "True"},
+                                                         {"type": "Succeeded", "status": "False"}]}}
+    assert manage.met(obj, "phase", "Running") and not manage.met(obj, "phase", "Succeeded")
+    assert manage.met(obj, "condition", "SliceReady") and not manage.met(obj, "condition", "Succeeded")
+
+
+@pytest.mark.parametrize("created, shown", [("2026-11-30T11:59:30Z", "30s"), ("2026-11-30T11:55:00Z", "5m"),
+                                            ("2026-11-30T09:00:00Z", "3h"), ("2026-11-28T12:00:00Z", "2d"), (None, "?")])
+def test_age(created, shown):
+    assert manage.age(created, NOW) == shown
+
+
+def test_rows_and_table():
+    jobs = [{"metadata": {"name": "llama", "namespace": "a", "creationTimestamp": "2026-11-30T11:58:00Z"},
+             "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}},
+             "status": {"phase": "Running", "hostsReady": "4/4", "jobStatus": "RUNNING"}}]
+    services = [{"metadata": {"name": "chat", "namespace": "a", "creationTimestamp": "2026-11-30T11:00:00Z"},
+                 "spec": {"tpu": {"accelerator": "v6e", "topology": "2x4"}},
+                 "status": {"phase": "Ready", "endpoint": "http://chat-serve.a.svc:8000"}}]
+    body = manage.rows("ttj", jobs, NOW, False) + manage.rows("ttsvc", services, NOW, False)
+    assert body == [["llama", "ttj", "v6e", "4x4", "Running", "4/4", "RUNNING", "2m"],
+                    ["chat", "ttsvc", "v6e", "2x4", "Ready", "", "http://chat-serve.a.svc:8000", "1h"]]
+    text = manage.table(["NAME", "KIND", "ACCELERATOR", "TOPOLOGY", "PHASE", "HOSTS", "RAY JOB / ENDPOINT", "AGE"], body)
+    header, first, _ = text.splitlines()
+    assert header.index("PHASE") == first.index("Running")
+    assert manage.rows("ttj", jobs, NOW, True)[0][0] == "a"
+
+
+def test_describe_text():
+    obj = {"metadata": {"name": "llama", "namespace": "a"},
+           "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "img", "entrypoint": "python t.py"},
+           "status": {"phase": "Pending", "hostsReady": "0/4", "message": "waiting",
+                      "conditions": [{"type": "SliceReady", "status": "False", "reason": "Unschedulable",
+                                      "message": "0/9 nodes are available"}]}}
+    pods = [{"name": "llama-head", "role": "head", "node": "gke-cpu-pool-0", "phase": "Running"},
+            {"name": "llama-w-0", "role": "worker", "node": None, "phase": "Pending"}]
+    events = [{"type": "Warning", "reason": "Unschedulable", "age": "1m", "message": "SliceReady=False: 0/9 nodes"}]
+    text = manage.describe_text("TPUTorchJob", obj, events, pods)
+    assert "Slice:       v6e 4x4" in text and "Entrypoint:  python t.py" in text and "Hosts:       0/4" in text
+    assert "SliceReady   False    Unschedulable   0/9 nodes are available" in text
+    assert "llama-w-0    worker   <unscheduled>" in text
+    assert "Warning   Unschedulable   1m    SliceReady=False: 0/9 nodes" in text
+    assert "Events:      <none>" in manage.describe_text("TPUTorchJob", obj, [], [])

@@ -125,6 +125,31 @@ nodes_ready() {
   [[ $got -ge $want ]]
 }
 
+kwok_dir() {  # KWOK's module in the Go module cache (its CRDs; the binary came from there too)
+  (cd /tmp && go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION:-v0.7.0}" |
+    "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+}
+
+# `kubectl logs` for fake pods: the API server reads logs from a node's kubelet endpoint, which
+# for KWOK's nodes is KWOK's own server (HTTPS on KWOK_PORT, set as each node's kubelet port). What
+# it serves per pod comes from KWOK's Logs / ClusterLogs objects (a CRI-format file per container).
+kwok_logs_setup() {
+  local crds stamp="$DIR/etcd/.kwok-log-crds"
+  crds=$(kwok_dir)/kustomize/crd/bases
+  if [[ $(cat "$stamp" 2>/dev/null) != "$crds" ]] || ! k get crd logs.kwok.x-k8s.io clusterlogs.kwok.x-k8s.io >/dev/null 2>&1; then
+    log "installing KWOK's Logs and ClusterLogs CRDs"
+    k apply --server-side --force-conflicts -f "$crds/kwok.x-k8s.io_logs.yaml" -f "$crds/kwok.x-k8s.io_clusterlogs.yaml" >/dev/null
+    echo "$crds" >"$stamp"
+  fi
+}
+kwok_nodes_port() {  # KWOK sets the kubelet port only on a node's first start: older nodes get it here
+  local n
+  for n in $(k get nodes -l type=kwok -o jsonpath="{range .items[?(@.status.daemonEndpoints.kubeletEndpoint.Port!=$KWOK_PORT)]}{.metadata.name}{' '}{end}"); do
+    k patch node "$n" --subresource=status --type=merge \
+      -p "{\"status\":{\"daemonEndpoints\":{\"kubeletEndpoint\":{\"Port\":$KWOK_PORT}}}}" >/dev/null
+  done
+}
+
 kuberay_dir() {
   local v; v=$(cat "$BIN/kuberay-operator.version" 2>/dev/null || echo v1.5.0)
   (cd /tmp && go mod download -json "github.com/ray-project/kuberay/ray-operator@$v" |
@@ -159,6 +184,7 @@ cmd_up() {
     --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
     --endpoint-reconciler-type=none --allow-privileged=true --enable-priority-and-fairness=false \
     --enable-admission-plugins=OwnerReferencesPermissionEnforcement \
+    --kubelet-preferred-address-types=InternalIP \
     --profiling=false --cert-dir="$DIR/run/apiserver" --v=1
   wait_for kube-apiserver 120 api_ready
 
@@ -198,10 +224,14 @@ cmd_up() {
     k create --validate=false -f "$HACK/nodes.yaml" 2>&1 | grep -v AlreadyExists >&2 || true
   fi
 
+  kwok_logs_setup
   start kwok "$BIN/kwok" --kubeconfig="$DIR/kubeconfig" --config="$HACK/kwok-pod-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --node-ip=127.0.0.1 --server-address="127.0.0.1:$KWOK_PORT" --node-lease-duration-seconds=40
+    --node-ip=127.0.0.1 --server-address="127.0.0.1:$KWOK_PORT" --node-port="$KWOK_PORT" \
+    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" --enable-crds=Logs,ClusterLogs \
+    --node-lease-duration-seconds=40
   wait_for "nodes Ready (kwok)" 60 nodes_ready
+  kwok_nodes_port
 
   start fake-dashboard "$PY" "$HACK/fake_dashboard.py" --port="$DASHBOARD_PORT" \
     --kube-server="https://127.0.0.1:$APISERVER_PORT" --kube-token-file="$DIR/token" --kube-ca="$p/ca.crt" \

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The first thing to run: a v6e 4x4 TPUTorchJob from apply to Succeeded on the local cluster.
 #
-# Brings the local cluster up (hack/cluster.sh), installs the CRD, starts the operator, applies
-# examples/v6e-4x4.yaml and shows its status going Pending -> Running (4/4 hosts) -> Succeeded,
-# with the RayJob, RayCluster and the pods on their fake TPU nodes. The fake Ray dashboard plays
-# the Ray job's part; with REAL_RAY=1 a real Ray head and four simulated TPU hosts run a small Ray
-# Train job instead (hack/demo_real_ray.py) and its output is printed. Everything started here is
-# stopped at the end (DEMO_KEEP=1 keeps the cluster).
+# Brings the local cluster up (hack/cluster.sh), installs the CRD, starts the operator, submits
+# examples/v6e-4x4.yaml with `tputorch submit`, which shows it going Pending -> Running (4/4 hosts)
+# -> Succeeded and exits 0; then the RayJob, RayCluster and the pods on their fake TPU nodes, and a
+# TPUTorchService to Ready. The fake Ray dashboard plays the Ray job's part; with REAL_RAY=1 a real
+# Ray head and four simulated TPU hosts run a small Ray Train job instead (hack/demo_real_ray.py)
+# and its output is printed. Everything started here is stopped at the end (DEMO_KEEP=1 keeps the cluster).
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HACK")
@@ -23,7 +23,9 @@ eval "$("$HACK/cluster.sh" env)"
 DIR=${TPUTORCH_CLUSTER_DIR:-$REPO/.cluster}
 OPLOG=$DIR/logs/operator.log
 OP_PID=
+HELPER_PID=
 cleanup() {
+  [[ -n $HELPER_PID ]] && kill "$HELPER_PID" 2>/dev/null || true
   [[ -n $OP_PID ]] && kill "$OP_PID" 2>/dev/null && wait "$OP_PID" 2>/dev/null || true
   # Stop the cluster only if this demo started it (DEMO_KEEP=1 keeps it for a look around).
   if [[ ${DEMO_KEEP:-0} != 1 && $WAS_RUNNING == 0 ]]; then "$HACK/cluster.sh" down; else
@@ -47,8 +49,6 @@ if [[ ${REAL_RAY:-0} == 1 ]]; then
   say "Demo passed"
   exit 0
 fi
-say "Apply examples/v6e-4x4.yaml"
-kubectl apply -n "$NS" -f "$REPO/examples/v6e-4x4.yaml"
 
 field() { kubectl get ttj "$JOB" -n "$NS" -o "jsonpath={.status.$1}" 2>/dev/null; }
 wait_for() {  # wait_for <seconds> <phase> [hostsReady]
@@ -58,23 +58,34 @@ wait_for() {  # wait_for <seconds> <phase> [hostsReady]
     sleep 1
   done
 }
+tputorch() { PYTHONPATH=$REPO/operator${PYTHONPATH:+:$PYTHONPATH} "$PY" -m tputorch "$@"; }
 
-say "Waiting for the slice: Running with 4/4 TPU hosts ready"
-wait_for 240 Running 4/4
-kubectl get ttj -n "$NS"
-say "What the operator created"
-kubectl get rayjob,raycluster -n "$NS"
-kubectl get pods -n "$NS" -o wide \
-  -o custom-columns='POD:.metadata.name,TYPE:.metadata.labels.ray\.io/node-type,NODE:.spec.nodeName,TPU:.spec.containers[0].resources.limits.google\.com/tpu,STATUS:.status.phase'
+# The stand-in Ray dashboard plays the Ray job: once the slice is up (4/4 hosts) it reports the job
+# SUCCEEDED. Meanwhile this helper records what runs where, shown after the job (which frees the slice).
+SNAPSHOT=$DIR/demo-running.txt
+(
+  wait_for 240 Running 4/4
+  { kubectl get rayjob,raycluster -n "$NS"; echo
+    kubectl get pods -n "$NS" -o wide \
+      -o custom-columns='POD:.metadata.name,TYPE:.metadata.labels.ray\.io/node-type,NODE:.spec.nodeName,TPU:.spec.containers[0].resources.limits.google\.com/tpu,STATUS:.status.phase'
+  } >"$SNAPSHOT"
+  sleep 3
+  PYTHONPATH=$REPO/tests/cluster "$PY" -c "from dashboard import set_job_status; set_job_status('$NS', '$JOB', 'SUCCEEDED')"
+) &
+HELPER_PID=$!
 
-say "The Ray job finishes (the stand-in dashboard reports SUCCEEDED)"
-PYTHONPATH=$REPO/tests/cluster "$PY" -c "from dashboard import set_job_status; set_job_status('$NS', '$JOB', 'SUCCEEDED')"
-wait_for 240 Succeeded
-kubectl get ttj -n "$NS"
-kubectl get ttj "$JOB" -n "$NS" -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}): {.message}{"\n"}{end}'
-say "Events"
-kubectl get events -n "$NS" --field-selector involvedObject.kind=TPUTorchJob --sort-by=.lastTimestamp \
-  -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message'
+say "tputorch submit -f examples/v6e-4x4.yaml: live progress until the job ends"
+rc=0
+tputorch submit -f "$REPO/examples/v6e-4x4.yaml" -n "$NS" || rc=$?
+wait "$HELPER_PID" || true
+HELPER_PID=
+if [[ $rc != 0 ]]; then echo "tputorch submit exited $rc"; kubectl get ttj -n "$NS" -o yaml; tail -50 "$OPLOG"; exit 1; fi
+
+say "What ran where (recorded while the job was Running)"
+cat "$SNAPSHOT"
+say "tputorch get / describe"
+tputorch get -n "$NS"
+tputorch describe "$JOB" -n "$NS"
 say "The job freed its slice; now serve an LLM on the same v6e 4x4 (examples/serve/qwen3-moe-v6e-4x4.yaml)"
 SVC=qwen3-moe
 end=$((SECONDS + 120))

@@ -224,7 +224,7 @@ def cmd_wait(a) -> int:
     timer.daemon = True
     timer.start()
     try:
-        for obj in api.watch_object(kind, a.name, api.namespace, stop, timeout_seconds=max(1, min(60, int(timeout)))):
+        for obj in api.watch_object(kind, a.name, api.namespace, stop, timeout_seconds=max(1, min(30, int(timeout)))):
             if obj is None:
                 print(f"{kind.kind} {api.namespace}/{a.name} was deleted", file=sys.stderr)
                 return FAILED

@@ -223,8 +223,8 @@ class RichRenderer:
         self.current: View | None = None
         self.done = False
         self.spinner = Spinner("dots")
+        # Started at the first status: a refused create leaves no panel behind.
         self.live = Live(console=self.console, refresh_per_second=4, transient=False, get_renderable=self._panel)
-        self.live.start()
 
     def _panel(self):
         from rich.console import Group
@@ -259,6 +259,8 @@ class RichRenderer:
 
     def update(self, v: View) -> None:
         self.current = v
+        if not self.live.is_started:
+            self.live.start()
         self.live.refresh()
 
     def log(self, line: str) -> None:

@@ -461,7 +461,7 @@ def register(sub) -> None:
 
 
 def _guarded(func):
-    """API and kubeconfig errors as one line and exit 1, not a traceback."""
+    """API and kubeconfig errors as one line and exit 1, Ctrl-C as 130: never a traceback."""
     def run(a) -> int:
         try:
             return func(a)
@@ -469,5 +469,7 @@ def _guarded(func):
             print(err, file=sys.stderr)
         except ApiException as err:
             print(f"tputorch: {client.api_error_message(err)}", file=sys.stderr)
+        except KeyboardInterrupt:  # before anything was followed (e.g. while connecting)
+            return INTERRUPTED
         return FAILED
     return run

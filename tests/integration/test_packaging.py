@@ -116,3 +116,17 @@ def test_render_uses_packaged_templates(installed, tmp_path):
     assert rayjob["apiVersion"] == "ray.io/v1" and rayjob["kind"] == "RayJob"
     (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     assert group["numOfHosts"] == 4
+
+
+def test_kubectl_plugin_runs_without_the_cli_extra(installed, tmp_path):
+    """The wheel alone (as in the operator image: no `cli` extra, so no rich) installs the
+    kubectl plugin, and the user commands work without rich."""
+    bin_dir, _ = installed
+    env = {**_isolated_env(bin_dir), "KUBECONFIG": str(tmp_path / "none")}
+    code = "import importlib.util as u; print(u.find_spec('rich') is None)"
+    assert _run([bin_dir / "python", "-c", code], tmp_path, 60, env=env).stdout.strip() == "True"
+    out = _run([bin_dir / "kubectl-tputorch", "submit", "--tpu", "v6e-4x4", "--image", "i", "--name", "p",
+                "--dry-run", "--", "python", "t.py"], tmp_path, 60, env=env)
+    assert out.returncode == 0, out.stderr
+    job, rayjob = yaml.safe_load_all(out.stdout)
+    assert job["kind"] == "TPUTorchJob" and rayjob["kind"] == "RayJob"

@@ -206,8 +206,9 @@ def connect(context: str | None = None, namespace: str | None = None, kubeconfig
     The namespace defaults to the context's, as kubectl's does.
     """
     try:
+        ns = context_namespace(context, kubeconfig)  # first: it names a missing context clearly
         api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
-        ns = namespace or context_namespace(context, kubeconfig)
+        ns = namespace or ns
     except config.ConfigException as err:
         if context is not None:
             raise ConnectError(f"kubeconfig: {err}") from err

@@ -70,25 +70,38 @@ def submitter_pod(kube, ns, name) -> str | None:
     return running[0].metadata.name if running else None
 
 
-def driver_log(kube, ns, pod, lines, path: Path) -> None:
-    """Give the pod a log as KWOK serves it: a CRI-format file named by a KWOK Logs object."""
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
-    path.write_text("".join(f"{now} stdout F {line}\n" for line in lines))
-    kube.custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", {
-        "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs", "metadata": {"name": pod, "namespace": ns},
-        "spec": {"logs": [{"containers": ["ray-job-submitter"], "logsFile": str(path), "follow": True}]}})
+@pytest.fixture
+def driver_log(kube, namespace, tmp_path):
+    """The submitter pods' log as KWOK serves it: a KWOK ClusterLogs for this namespace's
+    `ray-job-submitter` containers, reading one CRI-format file. Returns a function that appends
+    lines to it (a followed log shows them as they come)."""
+    path = tmp_path / "driver.log"
+    path.write_text("")
+    name = f"driver-{namespace}"[:63]
+    kube.custom.create_cluster_custom_object("kwok.x-k8s.io", "v1alpha1", "clusterlogs", {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs", "metadata": {"name": name},
+        "spec": {"selector": {"matchNamespaces": [namespace]},
+                 "logs": [{"containers": ["ray-job-submitter"], "logsFile": str(path), "follow": True}]}})
+
+    def write(lines):
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+        with path.open("a") as f:
+            f.write("".join(f"{now} stdout F {line}\n" for line in lines))
+
+    yield write
+    kube.custom.delete_cluster_custom_object("kwok.x-k8s.io", "v1alpha1", "clusterlogs", name)
 
 
-def play_ray_job(kube, dashboard, ns, name, tmp_path, lines, status="SUCCEEDED", message="", hosts="4/4"):
-    """In the background, what a Ray job would do: once the slice is up, print its lines on the
-    submitter pod's log, then end with `status`. Returns the thread (join it; it re-raises)."""
+def play_ray_job(kube, dashboard, driver_log, ns, name, lines, status="SUCCEEDED", message="", hosts="4/4"):
+    """In the background, what a Ray job would do: once the slice is up and the submitter pod runs,
+    print its lines on the driver log, then end with `status`. Returns the thread (see join)."""
     errors = []
 
     def act():
         try:
             kube.wait(status_is(kube, ns, name, "Running", hosts), 120, f"{name} Running {hosts}")
-            pod = kube.wait(lambda: submitter_pod(kube, ns, name), 60, f"submitter pod of {name}")
-            driver_log(kube, ns, pod, lines, tmp_path / f"{pod}.log")
+            kube.wait(lambda: submitter_pod(kube, ns, name), 60, f"submitter pod of {name}")
+            driver_log(lines)
             time.sleep(3)  # the CLI shows the log while the job still runs
             dashboard.set_job_status(ns, name, status, message=message)
         except BaseException as exc:  # noqa: BLE001 (re-raised by join)
@@ -109,11 +122,11 @@ def join(t):
 # ---------------------------------------------------------------- submit
 
 
-def test_submit_reaches_succeeded_with_the_driver_log_and_exits_0(kube, namespace, operator, dashboard, tmp_path):
+def test_submit_reaches_succeeded_with_the_driver_log_and_exits_0(kube, namespace, operator, dashboard, driver_log):
     name = "cli-ok"
     lines = ["Job submission server address: http://cli-ok-head-svc:8265",
              "(TorchTrainer) 16 workers on TPU-V6E 4x4", "epoch 1: loss 0.412", f"Job '{name}-abcde' succeeded"]
-    actor = play_ray_job(kube, dashboard, namespace, name, tmp_path, lines)
+    actor = play_ray_job(kube, dashboard, driver_log, namespace, name, lines)
     out = tputorch(kube, "submit", "--tpu", "v6e-4x4", "--image", IMAGE, "--name", name, "-n", namespace,
                    "--", "python", "train.py", "--epochs", "1", timeout=240)
     join(actor)
@@ -129,9 +142,9 @@ def test_submit_reaches_succeeded_with_the_driver_log_and_exits_0(kube, namespac
     assert get_job(kube, namespace, name)["status"]["phase"] == "Succeeded"
 
 
-def test_failing_job_exits_1_with_kuberays_reason_as_json(kube, namespace, operator, dashboard, tmp_path):
+def test_failing_job_exits_1_with_kuberays_reason_as_json(kube, namespace, operator, dashboard, driver_log):
     name = "cli-fail"
-    actor = play_ray_job(kube, dashboard, namespace, name, tmp_path, ["Traceback (most recent call last):",
+    actor = play_ray_job(kube, dashboard, driver_log, namespace, name, ["Traceback (most recent call last):",
                                                                        "ValueError: loss is nan"],
                          status="FAILED", message="ValueError: loss is nan")
     out = tputorch(kube, "submit", "--tpu", "v6e-4x4", "--image", IMAGE, "--name", name, "-n", namespace,
@@ -231,16 +244,16 @@ class Terminal:
         return self.child.exitstatus
 
 
-def test_live_progress_on_a_terminal(kube, namespace, operator, dashboard, tmp_path):
+def test_live_progress_on_a_terminal(kube, namespace, operator, dashboard, driver_log):
     name = "cli-tty"
-    actor = play_ray_job(kube, dashboard, namespace, name, tmp_path, ["step 10: loss 0.25", "training done"])
+    actor = play_ray_job(kube, dashboard, driver_log, namespace, name, ["step 10: loss 0.25", "training done"])
     term = Terminal(kube, "submit", "--tpu", "v6e-4x4", "--image", IMAGE, "--name", name, "-n", namespace,
                     "--", "python", "train.py")
     running = term.wait_for(r"Running +TPUTorchJob")
     assert f"✓ TPUTorchJob {namespace}/{name} created" in running
     # the panel while the Ray job runs: phase, the full hosts bar, the Ray job's status
-    running = term.wait_for(r"Ray job +RUNNING")
-    assert re.search(r"^TPU hosts ━{30} 4/4$", running, re.M), running
+    running = term.wait_for(r"(?m)^TPU hosts ━{30} 4/4\nRay job +RUNNING$")
+    assert re.search(r"(?m)^. Running +TPUTorchJob", running), running
     assert term.finish() == 0, term.screen()
     join(actor)
     # the end: the driver log above, the last panel, and the outcome as the last line
@@ -268,7 +281,7 @@ def test_ctrl_c_on_a_terminal_exits_130_and_says_how_to_follow(kube, namespace, 
 # ---------------------------------------------------------------- get / describe / logs / wait / delete
 
 
-def test_get_describe_logs_wait_delete(kube, namespace, operator, dashboard, tmp_path):
+def test_get_describe_logs_wait_delete(kube, namespace, operator, dashboard, driver_log):
     name = "cli-manage"
     created = tputorch(kube, "submit", "--tpu", "v6e-4x4", "--image", IMAGE, "--name", name, "-n", namespace,
                        "--detach", "--", "python", "train.py")
@@ -276,8 +289,8 @@ def test_get_describe_logs_wait_delete(kube, namespace, operator, dashboard, tmp
     assert f"tputorch logs -f {name} -n {namespace}" in created.stderr
     waited = tputorch(kube, "wait", name, "-n", namespace, "--for", "condition=SliceReady", "--timeout", "2m", timeout=150)
     assert waited.returncode == 0, waited.stderr
-    pod = kube.wait(lambda: submitter_pod(kube, namespace, name), 60, "submitter pod")
-    driver_log(kube, namespace, pod, ["hello from the driver"], tmp_path / "driver.log")
+    kube.wait(lambda: submitter_pod(kube, namespace, name), 60, "submitter pod")
+    driver_log(["hello from the driver"])
 
     got = tputorch(kube, "get", "-n", namespace)
     assert got.returncode == 0, got.stderr
@@ -334,6 +347,8 @@ def test_namespace_and_context_come_from_the_kubeconfig(kube, namespace, operato
 
 
 def test_chart_user_roles_let_editors_submit_and_viewers_read(kube, namespace, tputorch_crd):
+    from kubernetes import client
+
     from test_chart_install import HELM, helm
 
     if HELM is None:
@@ -341,28 +356,38 @@ def test_chart_user_roles_let_editors_submit_and_viewers_read(kube, namespace, t
     release = f"roles-{uuid.uuid4().hex[:5]}"
     helm(kube.kubeconfig, "install", release, str(REPO / "charts" / "tputorch-operator"), "--namespace", namespace)
     alice, bob = f"alice-{namespace}", f"bob-{namespace}"
+    authz = client.AuthorizationV1Api(kube.api_client)
     try:
         for user, role in ((alice, "edit"), (bob, "view")):
             kubectl(kube.kubeconfig, "create", "rolebinding", f"{role}-{user}", "-n", namespace,
                     f"--clusterrole={role}", f"--user={user}")
 
-        def can(user, *what, ns=namespace) -> bool:
-            out = kubectl(kube.kubeconfig, "auth", "can-i", f"--as={user}", "-n", ns, *what, check=False)
+        def can_i(user, verb, resource) -> bool:  # as an admin asks: kubectl auth can-i --as
+            out = kubectl(kube.kubeconfig, "auth", "can-i", verb, resource, f"--as={user}", "-n", namespace, check=False)
             return out.stdout.strip() == "yes"
 
+        def can(user, verb, resource, group="tputorch.io", subresource="", ns=namespace) -> bool:
+            # A SubjectAccessReview needs no discovery, so it also answers for TPUTorchServices,
+            # whose CRD this cluster may not have (kubectl auth can-i cannot name it then).
+            review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+                user=user, resource_attributes=client.V1ResourceAttributes(
+                    namespace=ns, verb=verb, group=group, resource=resource, subresource=subresource)))
+            return authz.create_subject_access_review(review).status.allowed
+
         # aggregation is done by the controller manager: wait until it has merged the rules
-        kube.wait(lambda: can(alice, "create", "tputorchjobs.tputorch.io") and can(bob, "list", "tputorchjobs.tputorch.io"),
+        kube.wait(lambda: can_i(alice, "create", "tputorchjobs.tputorch.io") and can_i(bob, "list", "tputorchjobs.tputorch.io"),
                   60, "aggregated roles")
-        for kind in ("tputorchjobs.tputorch.io", "tputorchservices.tputorch.io"):
+        assert not can_i(bob, "create", "tputorchjobs.tputorch.io") and can_i(alice, "get", "pods/log")
+        for kind in ("tputorchjobs", "tputorchservices"):
             for verb in ("create", "delete", "patch", "get", "list", "watch"):
                 assert can(alice, verb, kind), f"edit: {verb} {kind}"
             for verb in ("get", "list", "watch"):
                 assert can(bob, verb, kind), f"view: {verb} {kind}"
             for verb in ("create", "delete", "patch"):
                 assert not can(bob, verb, kind), f"view must not {verb} {kind}"
-            assert not can(alice, "patch", kind, "--subresource=status"), "only the operator writes status"
-        assert can(alice, "get", "pods", "--subresource=log")
+            assert not can(alice, "patch", kind, subresource="status"), "only the operator writes status"
+        assert can(alice, "get", "pods", group="", subresource="log")
         # bound in this namespace only
-        assert not can(alice, "create", "tputorchjobs.tputorch.io", ns="default")
+        assert not can(alice, "create", "tputorchjobs", ns="default")
     finally:
         helm(kube.kubeconfig, "uninstall", release, "--namespace", namespace, check=False)

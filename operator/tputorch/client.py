@@ -27,8 +27,8 @@ class Kind:
     short: str
 
 
-JOB = Kind("TPUTorchJob", crd.PLURAL, "ttj")
-SERVICE = Kind("TPUTorchService", "tputorchservices", "ttsvc")
+JOB = Kind(crd.KIND, crd.PLURAL, "ttj")
+SERVICE = Kind(crd.SERVICE_KIND, crd.SERVICE_PLURAL, "ttsvc")
 KINDS = (JOB, SERVICE)
 SUBMITTER_CONTAINER = "ray-job-submitter"  # KubeRay's K8sJobMode submitter container
 
@@ -153,11 +153,12 @@ class Api:
             namespace, field_selector=f"involvedObject.name={name},involvedObject.kind={kind.kind}").items
         return sorted(items, key=lambda e: _event_time(e))
 
-    def pods(self, name: str, namespace: str) -> list:
+    def pods(self, kind: Kind, name: str, namespace: str) -> list:
         """The Ray pods of a job or service (the operator labels them with its name)."""
-        from .render import JOB_LABEL
+        from .render import JOB_LABEL, SERVICE_LABEL
 
-        return self.core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}").items
+        label = JOB_LABEL if kind is JOB else SERVICE_LABEL
+        return self.core.list_namespaced_pod(namespace, label_selector=f"{label}={name}").items
 
     def submitter_pods(self, rayjob: str, namespace: str) -> list:
         """Pods of KubeRay's submitter Job for a RayJob (the Job has the RayJob's name), newest last.

@@ -165,7 +165,7 @@ def cmd_describe(a) -> int:
                "age": age((e.last_timestamp or e.event_time or e.metadata.creation_timestamp).isoformat()
                           if (e.last_timestamp or e.event_time or e.metadata.creation_timestamp) else None, now)}
               for e in api.events(kind, a.name, api.namespace)]
-    pods = _pod_rows(api.pods(a.name, api.namespace))
+    pods = _pod_rows(api.pods(kind, a.name, api.namespace))
     if kind is client.JOB:
         pods += [{**r, "role": "submitter"} for r in _pod_rows(api.submitter_pods(a.name, api.namespace))]
     print(describe_text(kind.kind, obj, events, pods))

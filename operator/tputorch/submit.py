@@ -138,16 +138,7 @@ def job_from_flags(a: argparse.Namespace, namespace: str) -> tuple[dict, list[Fl
 
 
 def validate_job(body: dict, flag_errors: list | None = None) -> spec.JobSpec:
-    """spec.parse; InvalidFlags lists the unreadable flags and every spec error they do not cover."""
-    flag_errors = flag_errors or []
-    covered = tuple(FLAG_FIELDS[e.flag] for e in flag_errors if e.flag in FLAG_FIELDS)
-    try:
-        job = spec.parse(body)
-    except spec.InvalidSpec as err:
-        raise InvalidFlags(flag_errors + [e for e in err.errors if not e.path.startswith(covered or ("\0",))]) from err
-    if flag_errors:
-        raise InvalidFlags(flag_errors)
-    return job
+    return validate(body, flag_errors)
 
 
 def job_from_file(path: str, name: str | None, namespace: str | None) -> dict:
@@ -170,36 +161,52 @@ def job_from_file(path: str, name: str | None, namespace: str | None) -> dict:
     return body
 
 
-def service_from_flags(a: argparse.Namespace, namespace: str) -> dict:
-    """The TPUTorchService that `tputorch serve`'s flags describe.
+SERVICE_FLAG_FIELDS = {"--tpu": "spec.tpu", "--image": "spec.image", "--model": "spec.model",
+                       "--hf-token-secret": "spec.model.hfTokenSecret"}
 
-    Not validated locally: its parser (spec.parse_service) does not exist yet; the API server's
-    schema and the operator check it.
-    """
+
+def service_from_flags(a: argparse.Namespace, namespace: str) -> tuple[dict, list[FlagError]]:
+    """The TPUTorchService that `tputorch serve`'s flags describe, and the flags that could not be read."""
     errors: list = []
-    accelerator = topo = None
+    body_spec: dict = {}
     try:
         accelerator, topo = split_tpu(a.tpu)
+        body_spec["tpu"] = {"accelerator": accelerator, "topology": topo}
     except InvalidFlags as err:
         errors.extend(err.errors)
-    if a.min_replicas is not None and a.max_replicas is not None and a.min_replicas > a.max_replicas:
-        errors.append(FlagError("--min-replicas", a.min_replicas, f"must not exceed --max-replicas ({a.max_replicas})"))
-    if errors:
-        raise InvalidFlags(errors)
+    body_spec["image"] = a.image
     model: dict = {"source": a.model}
     if a.served_model_name:
         model["name"] = a.served_model_name
     if a.hf_token_secret:
-        model["hfTokenSecret"] = a.hf_token_secret
-    body_spec: dict = {"tpu": {"accelerator": accelerator, "topology": topo}, "image": a.image, "model": model}
+        secret, colon, key = a.hf_token_secret.partition(":")
+        if not (secret and colon and key):
+            errors.append(FlagError("--hf-token-secret", a.hf_token_secret, "must be SECRET:KEY, the Secret and its key holding the token"))
+        else:
+            model["hfTokenSecret"] = {"name": secret, "key": key}
+    body_spec["model"] = model
     if a.tp is not None:
         body_spec["engine"] = {"tensorParallelSize": a.tp}
     replicas = {k: v for k, v in (("min", a.min_replicas), ("max", a.max_replicas)) if v is not None}
     if replicas:
         body_spec["replicas"] = replicas
-    name = a.name or default_name("serve")
-    return {"apiVersion": SERVICE_API_VERSION, "kind": client.SERVICE.kind,
-            "metadata": {"name": name, "namespace": namespace}, "spec": body_spec}
+    body = {"apiVersion": crd.API_VERSION, "kind": crd.SERVICE_KIND,
+            "metadata": {"name": a.name or default_name("serve"), "namespace": namespace}, "spec": body_spec}
+    return body, errors
+
+
+def validate(body: dict, flag_errors: list | None = None, parse=spec.parse, flag_fields=FLAG_FIELDS):
+    """The kind's own parser (spec.parse / spec.parse_service); InvalidFlags lists the unreadable
+    flags and every spec error they do not cover."""
+    flag_errors = flag_errors or []
+    covered = tuple(flag_fields[e.flag] for e in flag_errors if e.flag in flag_fields)
+    try:
+        parsed = parse(body)
+    except spec.InvalidSpec as err:
+        raise InvalidFlags(flag_errors + [e for e in err.errors if not e.path.startswith(covered or ("\0",))]) from err
+    if flag_errors:
+        raise InvalidFlags(flag_errors)
+    return parsed
 
 
 # ---------------------------------------------------------------- following (threads + renderer)
@@ -365,8 +372,9 @@ def cmd_submit(a) -> int:
 
 
 def cmd_serve(a) -> int:
-    try:
-        body = service_from_flags(a, a.namespace or "default")
+    body, flag_errors = service_from_flags(a, a.namespace or "default")
+    try:  # validated before anything else, as submit does
+        validate(body, flag_errors, spec.parse_service, SERVICE_FLAG_FIELDS)
     except InvalidFlags as err:
         _print_errors(err.errors)
         return INVALID
@@ -377,7 +385,8 @@ def cmd_serve(a) -> int:
         return FAILED
     body["metadata"]["namespace"] = _namespace(a, api)
     if a.dry_run:
-        sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
+        svc = spec.parse_service(body)
+        sys.stdout.write(yaml.safe_dump(body, sort_keys=False) + "---\n" + render.to_yaml(render.rayservice(svc)))
         return OK
     return _create_and_follow(api, client.SERVICE, body, a, target="Ready")
 
@@ -444,12 +453,12 @@ def register(sub) -> None:
     v.add_argument("--image", required=True, help="image with Ray Serve LLM and vLLM for TPU")
     v.add_argument("--model", required=True, metavar="SOURCE", help="model source, e.g. a Hugging Face id or gs:// path")
     v.add_argument("--served-model-name", help="the name clients ask for (default: the source)")
-    v.add_argument("--hf-token-secret", metavar="SECRET", help="Secret holding the Hugging Face token")
+    v.add_argument("--hf-token-secret", metavar="SECRET:KEY", help="the Secret (and its key) holding a Hugging Face token")
     v.add_argument("--tp", type=int, metavar="N", help="tensor parallel size")
     v.add_argument("--min-replicas", type=int)
     v.add_argument("--max-replicas", type=int)
     v.add_argument("--name", help="service name (default: serve-xxxxx)")
-    v.add_argument("--dry-run", action="store_true", help="print the TPUTorchService; create nothing")
+    v.add_argument("--dry-run", action="store_true", help="print the TPUTorchService and the RayService it becomes; create nothing")
     v.add_argument("--detach", action="store_true", help="return once created")
     v.add_argument("-o", "--output", choices=["text", "json"], default="text")
     add_connection_flags(v)

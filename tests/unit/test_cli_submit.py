@@ -144,25 +144,34 @@ def test_a_valid_job_without_a_cluster_exits_1_saying_so(capsys):
     assert code == 1 and "kubeconfig" in err.lower()
 
 
-def test_serve_dry_run_builds_the_service(capsys):
+def test_serve_dry_run_builds_the_service_and_its_rayservice(capsys):
     code, out, err = run(capsys, "serve", "--tpu", "v6e-2x4", "--image", "vllm:tpu", "--model", "meta-llama/Llama-3.1-8B",
-                         "--tp", "8", "--hf-token-secret", "hf", "--min-replicas", "1", "--max-replicas", "2",
+                         "--tp", "8", "--hf-token-secret", "hf:token", "--min-replicas", "1", "--max-replicas", "2",
                          "--name", "llama", "-n", "team", "--dry-run")
     assert code == 0, err
-    assert yaml.safe_load(out) == {
+    service, rayservice = yaml.safe_load_all(out)
+    assert service == {
         "apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService",
         "metadata": {"name": "llama", "namespace": "team"},
         "spec": {"tpu": {"accelerator": "v6e", "topology": "2x4"}, "image": "vllm:tpu",
-                 "model": {"source": "meta-llama/Llama-3.1-8B", "hfTokenSecret": "hf"},
+                 "model": {"source": "meta-llama/Llama-3.1-8B", "hfTokenSecret": {"name": "hf", "key": "token"}},
                  "engine": {"tensorParallelSize": 8}, "replicas": {"min": 1, "max": 2}},
     }
+    assert rayservice["kind"] == "RayService" and rayservice["metadata"] == {**rayservice["metadata"], "name": "llama", "namespace": "team"}
+    assert spec.parse_service(service).tensor_parallel_size == 8
 
 
-def test_serve_refuses_unreadable_flags(capsys):
+def test_serve_is_validated_by_the_operators_service_parser(capsys):
     code, _, err = run(capsys, "serve", "--tpu", "v6e", "--image", "i", "--model", "m", "--min-replicas", "3",
-                       "--max-replicas", "1")
+                       "--max-replicas", "1", "--hf-token-secret", "nokey")
     assert code == 2
-    assert "--tpu: 'v6e'" in err and "--min-replicas: 3 must not exceed --max-replicas (1)" in err
+    lines = err.strip().splitlines()
+    assert any(line.startswith("--tpu: 'v6e'") for line in lines)
+    assert "--hf-token-secret: 'nokey' must be SECRET:KEY, the Secret and its key holding the token" in lines
+    assert "spec.replicas.max: 1 must be at least spec.replicas.min (3)" in lines
+    assert not any(line.startswith(("spec.tpu", "spec.model.hfTokenSecret")) for line in lines), "covered by the flags' errors"
+    code, _, err = run(capsys, "serve", "--tpu", "v6e-2x4", "--image", "i", "--model", "m", "--tp", "3")
+    assert code == 2 and err.startswith("spec.engine.tensorParallelSize: 3")
 
 
 def test_the_operator_never_imports_rich():

@@ -114,4 +114,13 @@ On GKE, from your machine:
     -d '{"model": "$(svc_field model)", "messages": [{"role": "user", "content": "Hello!"}]}'
 (Here the pods are simulated: nothing answers on port 8000.)
 EOF
+say "Delete the service: the garbage collector removes its RayService, RayCluster and pods"
+# A service serves until it is deleted: left running, it would hold the slice (and this namespace's
+# pods) for whatever runs on the cluster next.
+kubectl delete ttsvc "$SVC" -n "$NS" --wait=true --timeout=60s
+end=$((SECONDS + 120))
+until [[ -z $(kubectl get pods -n "$NS" -l "tputorch.io/service=$SVC" -o name) ]]; do
+  ((SECONDS < end)) || { echo "the service's pods are still there"; kubectl get pods -n "$NS"; exit 1; }
+  sleep 1
+done
 say "Demo passed"

@@ -45,9 +45,17 @@ def tputorch(kube, *args, timeout=60, **env) -> subprocess.CompletedProcess:
                           timeout=timeout, env=cli_env(kube, **env))
 
 
+def as_in_a_terminal() -> None:
+    """A shell that runs the tests in the background (`make test &`, a CI runner) ignores SIGINT,
+    and an ignored signal stays ignored across exec: give the CLI the default disposition it has
+    when a person runs it, so that Ctrl-C reaches it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def popen(kube, *args, **env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tputorch", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=cli_env(kube, **env))
+                            stderr=subprocess.PIPE, text=True, env=cli_env(kube, **env),
+                            preexec_fn=as_in_a_terminal)
 
 
 def get_job(kube, ns, name) -> dict | None:
@@ -211,6 +219,7 @@ class Terminal:
     def __init__(self, kube, *args, columns=120, rows=40):
         env = cli_env(kube, TERM="xterm-256color", COLUMNS=str(columns), LINES=str(rows))
         self.child = pexpect.spawn(sys.executable, ["-m", "tputorch", *args], env=env, encoding="utf-8",
+                                   preexec_fn=as_in_a_terminal,
                                    dimensions=(rows, columns))
         self.vt = pyte.Screen(columns, rows)
         self.stream = pyte.Stream(self.vt)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from kubernetes.client.rest import ApiException
 
 from . import status as statuses
-from .informer import Informer
+from .informer import Informer, key_of
 from .kube import Resource
 from .metrics import METRICS
 from .spec import InvalidSpec
@@ -122,20 +122,20 @@ class Controller:
         if event == "LISTED":
             self.sweep()
         elif obj:
-            self.queue.add((kind, *_nn(obj)))
+            self.queue.add((kind, *key_of(obj)))
 
     def child_changed(self, kind: str, event: str, obj: dict) -> None:
         if event in ("SERVED", "FORBIDDEN"):  # every object of the kind may now read differently
             for key in self.parents[kind].keys():
                 self.queue.add((kind, *key))
         elif obj:  # the child's name is the object's
-            self.queue.add((kind, *_nn(obj)))
+            self.queue.add((kind, *key_of(obj)))
 
     def pod_changed(self, event: str, obj: dict) -> None:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         for kind in self.kinds.values():
             if kind.label in labels:
-                self.queue.add((kind.resource.kind, _nn(obj)[0], labels[kind.label]))
+                self.queue.add((kind.resource.kind, key_of(obj)[0], labels[kind.label]))
 
     def sweep(self) -> None:
         """Drop what is kept for objects that no longer exist (a deletion missed while not watching)."""
@@ -327,11 +327,6 @@ class Controller:
         log.info("%s %s/%s: phase %s (%s)", kind.resource.kind, namespace, name, current.get("phase"),
                  (current.get("message") or "")[:200])
         return True
-
-
-def _nn(obj: dict) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return meta.get("namespace") or "", meta.get("name") or ""
 
 
 def _describe(err: Exception) -> str:

@@ -65,4 +65,4 @@ crd: install
 	cp crds/tputorch.io_tputorchjobs.yaml crds/tputorch.io_tputorchservices.yaml charts/tputorch-operator/crds/
 
 golden: install
-	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/test_render.py
+	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/render/test_render.py

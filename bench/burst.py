@@ -22,7 +22,8 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from tputorch import render, spec
+from tputorch import render
+from tputorch.api import spec
 
 import throughput
 

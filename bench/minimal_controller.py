@@ -19,7 +19,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
-from tputorch import crd, render, spec  # noqa: E402
+from tputorch.api import crd, spec  # noqa: E402
+from tputorch import render  # noqa: E402
 
 WORKERS = 8  # as many threads as the operator has for RayJob calls (handlers.Config.api_workers)
 

@@ -25,7 +25,8 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from tputorch import render, spec
+from tputorch import render
+from tputorch.api import spec
 
 import burst
 from burst import OperatorProcess, cpu_s, percentile, rss_mb

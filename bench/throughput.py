@@ -11,7 +11,8 @@ import copy
 import json
 import time
 
-from tputorch import render, spec
+from tputorch import render
+from tputorch.api import spec
 
 
 def job_body(name: str = "bench", namespace: str = "bench", suspend: bool = True, topo: str = "4x4") -> dict:

@@ -29,7 +29,8 @@ sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "operator")]
 from dashboard import DashboardClient  # noqa: E402
 from ray_backend import RealRay  # noqa: E402
 
-from tputorch import render, spec  # noqa: E402
+from tputorch import render  # noqa: E402
+from tputorch.api import spec  # noqa: E402
 
 SCRIPT = REPO / "tests" / "cluster" / "realray_jobs" / "train_record.py"
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from kubernetes.client.rest import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator"))
-from tputorch import crd, render, spec, status as statuses  # noqa: E402
+from tputorch.api import crd, spec  # noqa: E402
+from tputorch import render, status as statuses  # noqa: E402
 
 RAY = ("ray.io", "v1", "rayjobs")
 MANAGED_ELSEWHERE = "kueue.x-k8s.io/multikueue"

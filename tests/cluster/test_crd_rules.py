@@ -12,7 +12,8 @@ import yaml
 
 from operator_process import REPO, kubectl
 
-from tputorch import crd, render, spec, status
+from tputorch.api import crd, spec
+from tputorch import render, status
 
 NOW = "2026-11-29T10:00:00Z"
 
@@ -195,7 +196,7 @@ def test_a_condition_that_is_not_a_metav1_condition_is_refused(crds, namespace):
 # --- what the operator renders fits KubeRay's own CRDs -----------------------------------------
 
 
-GOLDEN = sorted((REPO / "tests" / "unit" / "golden").glob("*.yaml"))
+GOLDEN = sorted((REPO / "tests" / "unit" / "render" / "golden").glob("*.yaml"))
 
 
 def test_every_golden_child_is_accepted_by_kuberays_crds_with_no_unknown_field(crds, namespace):

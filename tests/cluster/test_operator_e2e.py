@@ -15,7 +15,8 @@ from kubernetes.client.rest import ApiException
 
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 
-from tputorch import render, spec, topology
+from tputorch import render
+from tputorch.api import spec, topology
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"

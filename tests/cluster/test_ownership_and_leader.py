@@ -17,7 +17,8 @@ from operator_process import OperatorProcess, kubectl, operator, tputorch_crd  #
 from test_faults import create_jobs, wait_consistent
 from test_operator_e2e import GROUP, PLURAL, VERSION, apply, condition, get_rayjob, job_body, job_status, wait_phase
 
-from tputorch import render, spec
+from tputorch import render
+from tputorch.api import spec
 
 HOLD = "tputorch.test/hold"
 

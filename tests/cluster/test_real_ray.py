@@ -17,7 +17,8 @@ import yaml
 
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 
-from tputorch import render, spec
+from tputorch import render
+from tputorch.api import spec
 
 pytestmark = pytest.mark.realray
 

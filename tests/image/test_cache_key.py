@@ -41,7 +41,7 @@ def test_key_ignores_docs_tests_and_caches(tree):
     assert key(tree) == before
 
 
-@pytest.mark.parametrize("path", ["Dockerfile", "pyproject.toml", "operator/tputorch/cli.py", "hack/image.sh",
+@pytest.mark.parametrize("path", ["Dockerfile", "pyproject.toml", "operator/tputorch/cli/main.py", "hack/image.sh",
                                   "hack/base-image.sh", "operator/tputorch/new_module.py"])
 def test_key_changes_with_what_goes_into_the_image(tree, path):
     before = key(tree)

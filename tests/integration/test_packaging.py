@@ -70,8 +70,8 @@ def test_wheel_contents(installed):
 
     _, wheel = installed
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "tputorch/templates/rayjob.json.j2" in names
-    assert "tputorch/cli.py" in names
+    assert "tputorch/render/templates/rayjob.json.j2" in names
+    assert "tputorch/cli/main.py" in names
     assert not any(n.startswith(("tests/", "operator/", "hack/")) for n in names), sorted(names)
 
 
@@ -102,7 +102,7 @@ def test_installed_package_is_not_the_source_tree(installed, tmp_path):
 def test_operator_modules_import_without_build_tools(installed, tmp_path):
     """`tputorch run` imports kopf, kubernetes and aiohttp lazily; import them as the pod would."""
     bin_dir, _ = installed
-    code = ("import importlib.util as u, tputorch.handlers, tputorch.metrics; "
+    code = ("import importlib.util as u, tputorch.controller.handlers, tputorch.controller.metrics; "
             "assert u.find_spec('setuptools') is None and u.find_spec('pip') is None; print('ok')")
     out = _run([bin_dir / "python", "-c", code], tmp_path, 120, env=_isolated_env(bin_dir))
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

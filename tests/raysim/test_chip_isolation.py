@@ -19,7 +19,8 @@ import ray
 from ray._private.accelerators.tpu import TPUAcceleratorManager
 
 import slicesim
-from tputorch import render, spec, train
+from tputorch import render, train
+from tputorch.api import spec
 
 pytestmark = pytest.mark.ray
 

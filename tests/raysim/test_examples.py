@@ -15,7 +15,8 @@ import yaml
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.util.tpu import get_tpu_num_slices_for_workers
 
-from tputorch import render, spec, train
+from tputorch import render, train
+from tputorch.api import spec
 
 pytestmark = pytest.mark.ray
 

@@ -12,7 +12,8 @@ import yaml
 from ray._private.accelerators.tpu import TPUAcceleratorManager
 from ray.util.tpu import get_tpu_num_slices_for_workers, get_tpu_version_from_type
 
-from tputorch import render, spec, topology, train
+from tputorch import render, train
+from tputorch.api import spec, topology
 
 pytestmark = pytest.mark.ray
 

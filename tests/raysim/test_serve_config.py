@@ -17,11 +17,12 @@ from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
 from ray.serve.schema import ServeDeploySchema
 from ray.util.tpu import get_tpu_version_from_type
 
-from tputorch import render, spec, topology
+from tputorch import render
+from tputorch.api import spec, topology
 
 pytestmark = pytest.mark.ray
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "unit" / "golden"
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "unit" / "render" / "golden"
 GOLDEN_SERVICES = sorted(GOLDEN.glob("service-*.yaml"))
 
 

@@ -13,7 +13,8 @@ import pytest
 
 import examplerun
 import slicesim
-from tputorch import render, spec, train
+from tputorch import render, train
+from tputorch.api import spec
 
 pytestmark = pytest.mark.ray
 torch = pytest.importorskip("torch", reason="the training tests need torch (pip install -e '.[torch]')")

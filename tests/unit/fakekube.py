@@ -11,9 +11,9 @@ from collections import defaultdict
 
 from kubernetes.client.rest import ApiException
 
-from tputorch import kinds
-from tputorch.informer import Informer
-from tputorch.reconcile import Controller
+from tputorch.controller import kinds
+from tputorch.controller.informer import Informer
+from tputorch.controller.reconcile import Controller
 
 _rv = itertools.count(100)
 

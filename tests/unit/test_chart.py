@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tputorch import crd
+from tputorch.api import crd
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tputorch-operator"

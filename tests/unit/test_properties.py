@@ -13,7 +13,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tputorch import render, spec, topology
+from tputorch import render
+from tputorch.api import spec, topology
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**40), max_value=2**40), st.floats(allow_nan=True),

@@ -7,9 +7,9 @@ import sys
 
 import yaml
 
-from tputorch import cli
+from tputorch.cli import main as cli
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tputorch import cli, spec, submit
+from tputorch.cli import main as cli, submit
+from tputorch.api import spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 
 
@@ -176,7 +177,7 @@ def test_serve_is_validated_by_the_operators_service_parser(capsys):
 
 def test_the_operator_never_imports_rich():
     """The operator image installs the package without the `cli` extra: `run` must not need rich."""
-    code = ("import sys, tputorch.cli, tputorch.handlers; "
+    code = ("import sys, tputorch.cli.main, tputorch.controller.handlers; "
             "sys.exit(1 if any(m == 'rich' or m.startswith('rich.') for m in sys.modules) else 0)")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "operator")}
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0

@@ -5,10 +5,11 @@ import copy
 
 import pytest
 
-from tputorch import handlers, kinds, spec
+from tputorch.controller import handlers, kinds
+from tputorch.api import spec
 
-from .fakekube import FakeKube, FakeSource
-from .jobs import body
+from ..fakekube import FakeKube, FakeSource
+from ..jobs import body
 
 JOB = kinds.JOB
 

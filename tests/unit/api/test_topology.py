@@ -2,7 +2,7 @@
 
 import pytest
 
-from tputorch import topology
+from tputorch.api import topology
 
 # (accelerator, topology, chipsPerHost or None) -> (chips, hosts, google.com/tpu per pod, pod type)
 # Written from GKE's documentation and KubeRay's TPU samples, not from the code under test.

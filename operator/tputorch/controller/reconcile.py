@@ -21,11 +21,11 @@ from typing import Any, Callable
 
 from kubernetes.client.rest import ApiException
 
-from . import status as statuses
+from .. import status as statuses
 from .informer import Informer, key_of
 from .kube import Resource
 from .metrics import METRICS
-from .spec import InvalidSpec
+from ..api.spec import InvalidSpec
 from .workqueue import WorkQueue
 
 log = logging.getLogger("tputorch")

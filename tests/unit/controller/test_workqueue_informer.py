@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from tputorch import informer as informer_module
-from tputorch.informer import RestSource, _Relist
-from tputorch.workqueue import Backoff, WorkQueue
+from tputorch.controller import informer as informer_module
+from tputorch.controller.informer import RestSource, _Relist
+from tputorch.controller.workqueue import Backoff, WorkQueue
 
-from .fakekube import FakeSource, StopWatching, api_error, informer
+from ..fakekube import FakeSource, StopWatching, api_error, informer
 
 
 def obj(name, rv, ns="ml", **extra):

@@ -5,9 +5,10 @@ import pathlib
 import pytest
 import yaml
 
-from tputorch import render, spec, status
+from tputorch import render, status
+from tputorch.api import spec
 
-from .services import service_body
+from ..services import service_body
 
 STATUSES = yaml.safe_load((pathlib.Path(__file__).parent / "data" / "rayservice-statuses.yaml").read_text())
 T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:01:00Z"

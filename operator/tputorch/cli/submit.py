@@ -21,7 +21,9 @@ from typing import Any
 import yaml
 from kubernetes.client.rest import ApiException
 
-from . import client, crd, progress, render, spec
+from . import client, progress
+from ..api import crd, spec
+from .. import render
 from .progress import FAILED, INTERRUPTED, INVALID, OK
 
 SERVICE_API_VERSION = f"{crd.GROUP}/{crd.VERSION}"

@@ -5,9 +5,10 @@ import pathlib
 import pytest
 import yaml
 
-from tputorch import spec, status
+from tputorch.api import spec
+from tputorch import status
 
-from .jobs import body
+from ..jobs import body
 
 STATUSES = yaml.safe_load((pathlib.Path(__file__).parent / "data" / "rayjob-statuses.yaml").read_text())
 T0, T1, T2 = "2026-11-29T10:00:00Z", "2026-11-29T10:01:00Z", "2026-11-29T10:02:00Z"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from tputorch import spec
+from tputorch.api import spec
 
-from .jobs import body
+from ..jobs import body
 
 
 def errors_of(obj):

@@ -9,9 +9,10 @@ import pathlib
 import pytest
 import yaml
 
-from tputorch import render, spec, topology
+from tputorch import render
+from tputorch.api import spec, topology
 
-from .jobs import body
+from ..jobs import body
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
@@ -147,7 +148,7 @@ def test_rendering_is_deterministic():
 
 # --- TPUTorchService -> RayService ---------------------------------------------------------
 
-from .services import service_body  # noqa: E402
+from ..services import service_body  # noqa: E402
 
 SERVICE_CASES = {
     "service-v6e-4x4-qwen3-moe": {

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tputorch import client, progress, submit
-from tputorch.progress import View
+from tputorch.cli import client, progress, submit
+from tputorch.cli.progress import View
 
 UNSCHEDULABLE = ("pod llama-tpu-slice-worker-0: Unschedulable: 0/9 nodes are available: "
                  "4 Insufficient google.com/tpu, 5 node(s) didn't match Pod's node affinity/selector.")

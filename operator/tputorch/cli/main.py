@@ -10,7 +10,9 @@ from typing import Sequence
 
 import yaml
 
-from . import crd, render, spec, submit, topology
+from ..api import crd, spec, topology
+from .. import render
+from . import submit
 
 
 def _load(path: str) -> list:
@@ -135,7 +137,7 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
 def cmd_run(args) -> int:
     import kopf
 
-    from . import handlers
+    from ..controller import handlers
 
     _setup_logging(args.log_format, args.verbose)
     cfg = handlers.CONFIG

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from . import crd, render, spec as specs, status as statuses
+from ..api import crd, spec as specs
+from .. import render, status as statuses
 from .kube import Resource
 from .reconcile import Kind
 

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from . import render
-from .spec import FieldError, JobSpec, ServiceSpec
+from .. import render
+from ..api.spec import FieldError, JobSpec, ServiceSpec
 
 # Condition types, in the order they are written.
 VALIDATED = "Validated"

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from tputorch import manage
+from tputorch.cli import manage
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
 

@@ -13,8 +13,9 @@ from functools import lru_cache
 import jinja2
 import yaml
 
-from . import topology, train
-from .spec import HF_TOKEN_ENV, JobSpec, ServiceSpec
+from ..api import topology
+from .. import train
+from ..api.spec import HF_TOKEN_ENV, JobSpec, ServiceSpec
 
 MANAGED_BY = "tputorch-operator"
 JOB_LABEL = "tputorch.io/job"
@@ -47,7 +48,7 @@ def _template(name: str) -> jinja2.Template:
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("tputorch", "templates"),
+        loader=jinja2.PackageLoader("tputorch.render", "templates"),
         undefined=jinja2.StrictUndefined,  # a missing value is a bug, never an empty string
         autoescape=False,
         auto_reload=False,  # templates ship with the package: no stat() of the macro file per render

@@ -15,7 +15,7 @@ from typing import Iterator
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from . import crd
+from ..api import crd
 
 GROUP, VERSION = crd.GROUP, crd.VERSION
 
@@ -155,7 +155,7 @@ class Api:
 
     def pods(self, kind: Kind, name: str, namespace: str) -> list:
         """The Ray pods of a job or service (the operator labels them with its name)."""
-        from .render import JOB_LABEL, SERVICE_LABEL
+        from ..render import JOB_LABEL, SERVICE_LABEL
 
         label = JOB_LABEL if kind is JOB else SERVICE_LABEL
         return self.core.list_namespaced_pod(namespace, label_selector=f"{label}={name}").items

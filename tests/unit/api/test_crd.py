@@ -7,9 +7,10 @@ import re
 import pytest
 import yaml
 
-from tputorch import crd, spec, status, topology
+from tputorch.api import crd, spec, topology
+from tputorch import status
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 KINDS = [crd.KIND, crd.SERVICE_KIND]
 
 

@@ -10,11 +10,12 @@ import copy
 import pytest
 import urllib3
 
-from tputorch import kinds, status as statuses
-from tputorch.reconcile import ownership
+from tputorch.controller import kinds
+from tputorch import status as statuses
+from tputorch.controller.reconcile import ownership
 
-from .fakekube import FakeKube, api_error, controller
-from .jobs import body
+from ..fakekube import FakeKube, api_error, controller
+from ..jobs import body
 
 KIND = "TPUTorchJob"
 KEY = (KIND, "ml", "demo")
@@ -258,7 +259,7 @@ def test_events_of_children_and_pods_enqueue_their_object():
 
 def test_statuses_module_reports_a_wait_as_pending():
     # the derive of a job without a RayJob of its own, with the wait's reason
-    from tputorch import spec
+    from tputorch.api import spec
     s = statuses.derive(spec.parse(job()), 1, None, [], {}, "t", ("PreviousRayJobTerminating", "m"))
     assert s["phase"] == "Pending" and s["message"] == "m"
 
@@ -269,7 +270,7 @@ SVC_KEY = ("TPUTorchService", "ml", "qwen")
 
 
 def service(uid="svc-uid", rv="10", generation=1, **spec):
-    from .services import service_body
+    from ..services import service_body
     b = service_body(**spec)
     b["metadata"].update(uid=uid, resourceVersion=rv, generation=generation)
     return b
@@ -311,7 +312,7 @@ def test_a_services_pods_count_for_its_active_and_pending_clusters_only():
 
 
 def test_a_reconcile_stuck_on_a_call_is_abandoned_and_retried(monkeypatch):
-    from tputorch import reconcile
+    from tputorch.controller import reconcile
 
     monkeypatch.setattr(reconcile, "RECONCILE_TIMEOUT", 0.05)
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from tputorch import spec
+from tputorch.api import spec
 
-from .jobs import body
-from .services import service_body
+from ..jobs import body
+from ..services import service_body
 
 
 def errors_of(obj):

@@ -210,3 +210,18 @@ def test_printer_columns():
         ("Endpoint", ".status.endpoint"),
         ("Age", ".metadata.creationTimestamp"),
     ]
+
+
+def test_the_shared_block_is_declared_once_for_both_kinds():
+    """Both kinds' schemas take the common block from one function, the parser's COMMON_FIELDS, and
+    both spec classes inherit its attributes from one dataclass."""
+    import dataclasses
+
+    from tputorch.api import common
+
+    assert set(crd._common_properties(crd.KIND)) == common.COMMON_FIELDS
+    assert set(crd._common_properties(crd.SERVICE_KIND)) == common.COMMON_FIELDS
+    shared = {f.name for f in dataclasses.fields(common.CommonSpec)}
+    for cls in (spec.JobSpec, spec.ServiceSpec):
+        assert issubclass(cls, common.CommonSpec)
+        assert not set(cls.__annotations__) & shared, f"{cls.__name__} redeclares shared fields"

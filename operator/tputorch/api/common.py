@@ -1,0 +1,422 @@
+"""The block both kinds share, declared once: its fields (CommonSpec, COMMON_FIELDS), its parser
+(parse_common) and the typed reader every validation rule goes through (Reader, FieldError).
+
+Each kind (job.py, service.py) adds only its own block; crd.py builds the schema of the same block
+in one function. Nothing here raises anything but InvalidSpec from a kind's parser.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import topology
+from .topology import Slice, TopologyError
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+RAY_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+ENV_SOURCES = ("configMapKeyRef", "secretKeyRef", "fieldRef", "resourceFieldRef")
+MAX_STRING = 4096
+INT32_MAX = 2**31 - 1  # KubeRay's int32 fields
+
+# Environment variables a user may not set: they would undo chip isolation or the slice shape.
+FORBIDDEN_ENV = {
+    "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS": "it switches Ray's per-worker chip isolation off",
+    "TPU_VISIBLE_CHIPS": "Ray sets it per worker to the chips that worker was given",
+}
+RESERVED_ENV_PREFIX = "TPUTORCH_"
+
+DEFAULTS: dict[str, Any] = {
+    "rayVersion": "2.60.0",
+    "tpu.slices": 1,
+    "tpu.chipsPerWorker": 1,
+    "tpu.spot": False,
+    "head.cpu": "2",
+    "head.memory": "8Gi",
+    "worker.cpu": "8",
+    "worker.memory": "32Gi",
+    "backoffLimit": 0,
+    "shutdownAfterJobFinishes": True,
+    "suspend": False,
+}
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        shown = "" if self.value is None else f"{_show(self.value)} "
+        return f"{self.path}: {shown}{self.message}"
+
+
+class InvalidSpec(ValueError):
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: str
+    memory: str
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommonSpec:
+    """What both kinds' specs carry, under the same names."""
+
+    name: str
+    namespace: str
+    slice: Slice
+    spot: bool
+    reservation: str | None
+    image: str
+    ray_version: str
+    runtime_env: dict
+    env: tuple
+    head: Resources
+    worker: Resources
+    tolerations: tuple
+    service_account_name: str | None
+    node_selector: dict
+    head_node_selector: dict
+    queue_name: str | None
+    labels: dict = field(default_factory=dict)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_MISSING = object()
+
+
+class Reader:
+    """Reads typed values out of a nested mapping, recording a FieldError per bad value."""
+
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def error(self, path: str, value: Any, message: str) -> None:
+        self.errors.append(FieldError(path, value, message))
+
+    def mapping(self, obj: Mapping, key: str, path: str, allowed: set[str] | None = None) -> dict:
+        value = obj.get(key, _MISSING) if isinstance(obj, Mapping) else _MISSING
+        if value is _MISSING or value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.error(path, value, "must be an object")
+            return {}
+        if allowed is not None:
+            for unknown in sorted(set(map(str, value)) - allowed):
+                self.error(f"{path}.{unknown}", value[unknown], f"is not a known field; known: {', '.join(sorted(allowed))}")
+        return dict(value)
+
+    def value(
+        self,
+        obj: Mapping,
+        key: str,
+        path: str,
+        kind: type | tuple,
+        *,
+        required: bool = False,
+        default: Any = None,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> Any:
+        value = obj.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            if required:
+                self.error(path, None, "is required")
+            return default
+        # bool is an int in Python; never accept it where a number is asked.
+        wrong_bool = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
+        if wrong_bool or not isinstance(value, kind):
+            self.error(path, value, f"must be {_type_name(kind)}")
+            return default
+        if check is not None:
+            problem = check(value)
+            if problem:
+                self.error(path, value, problem)
+                return default
+        return value
+
+
+def _type_name(kind: type | tuple) -> str:
+    names = {str: "a string", int: "an integer", bool: "a boolean", list: "a list", dict: "an object"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def between(low: int, high: int | None = None) -> Callable[[int], str | None]:
+    def check(v: int) -> str | None:
+        if v < low or (high is not None and v > high):
+            if high is None or (high == INT32_MAX and v < low):
+                return f"must be at least {low}"
+            return f"must be between {low} and {high}"
+        return None
+
+    return check
+
+
+def string(max_len: int = MAX_STRING, pattern: re.Pattern | None = None, what: str = "") -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        if not v.strip():
+            return "must not be empty"
+        if len(v) > max_len:
+            return f"must be at most {max_len} characters"
+        if pattern is not None and not pattern.match(v):
+            return f"must be {what}"
+        return None
+
+    return check
+
+
+def quantity(v: Any) -> str | None:
+    return None if QUANTITY.match(str(v)) else "must be a Kubernetes quantity such as 4, 500m, 16Gi"
+
+
+def ray_version_check(minimum: tuple[int, int, int], why: str) -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        m = RAY_VERSION.match(v)
+        if not m:
+            return "must be a Ray release such as 2.60.0"
+        if tuple(int(x) for x in m.groups()) < minimum:
+            return f"must be {'.'.join(map(str, minimum))} or newer: {why}"
+        return None
+
+    return check
+
+
+def string_map(r: Reader, obj: Mapping, key: str, path: str) -> dict[str, str]:
+    raw = r.mapping(obj, key, path)
+    result = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            r.error(f"{path}.{k}", v, "must map strings to strings")
+        else:
+            result[k] = v
+    return result
+
+
+def env_name_problem(name: str, operator_env: Mapping[str, str]) -> str | None:
+    if name in FORBIDDEN_ENV:
+        return f"must not be set: {FORBIDDEN_ENV[name]}"
+    if name.startswith(RESERVED_ENV_PREFIX):
+        return f"must not start with {RESERVED_ENV_PREFIX}: the operator sets those from spec.tpu"
+    if name in operator_env:
+        return f"must not be set: {operator_env[name]}"
+    return None
+
+
+
+TPU_FIELDS = {"accelerator", "topology", "slices", "chipsPerWorker", "chipsPerHost", "spot", "reservation"}
+# The blocks both kinds have, parsed by one function.
+COMMON_FIELDS = {
+    "tpu", "image", "rayVersion", "runtimeEnv", "env", "head", "worker", "tolerations",
+    "serviceAccountName", "nodeSelector", "queueName",
+}
+RESOURCE_FIELDS = {"cpu", "memory"}
+HEAD_FIELDS = RESOURCE_FIELDS | {"nodeSelector"}
+
+
+@dataclass(frozen=True)
+class TPU:
+    slice: Slice | None
+    chips_per_worker: int
+    spot: bool
+    reservation: str | None
+
+
+def parse_tpu(r: Reader, spec: Mapping, allowed: set[str], slices_reason: str) -> TPU:
+    tpu = r.mapping(spec, "tpu", "spec.tpu", allowed)
+    if spec.get("tpu") is None:
+        r.error("spec.tpu", None, "is required")
+    spot = r.value(tpu, "spot", "spec.tpu.spot", bool, default=DEFAULTS["tpu.spot"])
+    reservation = r.value(tpu, "reservation", "spec.tpu.reservation", str, check=string(63, LABEL_VALUE, "a label value (the reservation's name)"))
+    if reservation and spot:
+        r.error("spec.tpu.reservation", reservation, "must not be set together with spec.tpu.spot: a slice is either reserved or spot capacity")
+    given = isinstance(spec.get("tpu"), Mapping)  # not an object: that error is reported already
+    accelerator = r.value(tpu, "accelerator", "spec.tpu.accelerator", str, required=given)
+    topo = r.value(tpu, "topology", "spec.tpu.topology", str, required=given)
+    r.value(tpu, "slices", "spec.tpu.slices", int, default=1, check=lambda v: None if v == 1 else slices_reason)
+    chips_per_worker = DEFAULTS["tpu.chipsPerWorker"]
+    if "chipsPerWorker" in allowed:
+        chips_per_worker = r.value(
+            tpu, "chipsPerWorker", "spec.tpu.chipsPerWorker", int, default=DEFAULTS["tpu.chipsPerWorker"],
+            check=lambda v: None if v in topology.VALID_CHIPS_PER_WORKER
+            else f"must be one of {', '.join(map(str, topology.VALID_CHIPS_PER_WORKER))}",
+        )
+    chips_per_host = r.value(tpu, "chipsPerHost", "spec.tpu.chipsPerHost", int)
+    try:
+        if accelerator is not None:
+            topology.normalize_accelerator(accelerator)
+        if accelerator is None or topo is None:
+            return TPU(None, chips_per_worker, spot, reservation)
+        tpu_slice = topology.resolve(accelerator, topo, chips_per_host)
+    except TopologyError as err:
+        r.error(f"spec.tpu.{err.field}", err.value, err.message)
+        return TPU(None, chips_per_worker, spot, reservation)
+    if tpu_slice.chips_per_host % chips_per_worker:
+        r.error(
+            "spec.tpu.chipsPerWorker", chips_per_worker,
+            f"must divide the {tpu_slice.chips_per_host} chips of each host of a "
+            f"{tpu_slice.generation.name} {tpu_slice.topology} slice",
+        )
+    return TPU(tpu_slice, chips_per_worker, spot, reservation)
+
+
+def parse_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str]) -> tuple:
+    env = r.value(spec, "env", "spec.env", list, default=[])
+    seen: set[str] = set()
+    for i, item in enumerate(env):
+        path = f"spec.env[{i}]"
+        if not isinstance(item, Mapping):
+            r.error(path, item, "must be an object with name and value (or valueFrom)")
+            continue
+        for unknown in sorted(set(map(str, item)) - {"name", "value", "valueFrom"}):
+            r.error(f"{path}.{unknown}", item[unknown], "is not a known field; known: name, value, valueFrom")
+        name = r.value(item, "name", f"{path}.name", str, required=True, check=string(256, ENV_NAME, "a C-style identifier such as MY_VAR"))
+        r.value(item, "value", f"{path}.value", str)
+        source = r.value(item, "valueFrom", f"{path}.valueFrom", Mapping)
+        if source is not None and (len(source) != 1 or next(iter(source)) not in ENV_SOURCES):
+            # The RayJob's schema would prune anything else and the pods could never be created.
+            r.error(f"{path}.valueFrom", dict(source), f"must have exactly one of {', '.join(ENV_SOURCES)}")
+        if name is None:
+            continue
+        problem = env_name_problem(name, operator_env)
+        if problem:
+            r.error(f"{path}.name", name, problem)
+        if name in seen:
+            r.error(f"{path}.name", name, "must be unique within spec.env")
+        seen.add(name)
+    return tuple(dict(item) for item in env if isinstance(item, Mapping))
+
+
+def parse_runtime_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str]) -> dict:
+    runtime_env = r.mapping(spec, "runtimeEnv", "spec.runtimeEnv")
+    if "env_vars" in runtime_env:
+        env_vars = string_map(r, runtime_env, "env_vars", "spec.runtimeEnv.env_vars")
+        for name in env_vars:
+            problem = env_name_problem(name, operator_env)
+            if problem:
+                r.error(f"spec.runtimeEnv.env_vars.{name}", env_vars[name], problem)
+    return runtime_env
+
+
+def parse_resources(r: Reader, spec: Mapping, key: str, allowed: set[str]) -> tuple[Resources, dict]:
+    block = r.mapping(spec, key, f"spec.{key}", allowed)
+    cpu = r.value(block, "cpu", f"spec.{key}.cpu", (str, int), default=DEFAULTS[f"{key}.cpu"], check=quantity)
+    memory = r.value(block, "memory", f"spec.{key}.memory", (str, int), default=DEFAULTS[f"{key}.memory"], check=quantity)
+    return Resources(str(cpu), str(memory)), block
+
+
+def parse_tolerations(r: Reader, spec: Mapping) -> tuple:
+    tolerations = r.value(spec, "tolerations", "spec.tolerations", list, default=[])
+    for i, tol in enumerate(tolerations):
+        path = f"spec.tolerations[{i}]"
+        if not isinstance(tol, Mapping):
+            r.error(path, tol, "must be an object (a Kubernetes toleration)")
+            continue
+        r.value(tol, "key", f"{path}.key", str)
+        r.value(tol, "value", f"{path}.value", str)
+        r.value(tol, "operator", f"{path}.operator", str, check=lambda v: None if v in ("Exists", "Equal") else "must be Exists or Equal")
+        r.value(tol, "effect", f"{path}.effect", str, check=lambda v: None if v in ("NoSchedule", "PreferNoSchedule", "NoExecute") else "must be NoSchedule, PreferNoSchedule or NoExecute")
+        r.value(tol, "tolerationSeconds", f"{path}.tolerationSeconds", int)
+    return tuple(dict(t) for t in tolerations if isinstance(t, Mapping))
+
+
+def label_key_ok(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(LABEL_NAME.match(name))
+
+
+def parse_node_selector(r: Reader, spec: Mapping, key: str, path: str) -> dict[str, str]:
+    selector = string_map(r, spec, key, path)
+    for k, v in selector.items():
+        # Label syntax: the RayJob's schema does not check it, so the pods would be refused later.
+        if not label_key_ok(k):
+            r.error(f"{path}", k, "keys must be label names ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
+        if len(v) > 63 or not LABEL_VALUE.match(v):
+            r.error(f"{path}.{k}", v, "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
+    for label in (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL):
+        if label in selector:
+            r.error(f"{path}.{label}", selector[label], "must not be set: the operator derives it from spec.tpu")
+    return selector
+
+
+def parse_metadata(r: Reader, body: Mapping, max_len: int, child: str) -> tuple[str, str, dict]:
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
+    dns = string(MAX_STRING, DNS1035, f"a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {max_len} characters, since the {child} takes this name")
+
+    def check(v: str) -> str | None:
+        if len(v) > max_len:
+            return f"must be at most {max_len} characters, since the {child} takes this name (KubeRay's limit)"
+        return dns(v)
+
+    name = r.value(metadata, "name", "metadata.name", str, required=True, default="", check=check)
+    namespace = r.value(metadata, "namespace", "metadata.namespace", str, default="default")
+    labels = metadata.get("labels") if isinstance(metadata.get("labels"), Mapping) else {}
+    return name, namespace or "default", {str(k): str(v) for k, v in labels.items()}
+
+
+@dataclass(frozen=True)
+class KindRules:
+    """What differs between the kinds in their common blocks."""
+
+    name: str
+    spec_fields: set[str]
+    tpu_fields: set[str]
+    slices_reason: str
+    name_max: int
+    child: str  # the KubeRay object that takes the name
+    min_ray: tuple[int, int, int]
+    min_ray_why: str
+
+
+
+def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[str, str]) -> tuple[dict, dict, TPU]:
+    """The blocks both kinds share; errors go to ``r``. Returns the CommonSpec fields (complete only
+    when ``r`` has no errors), the raw spec block for the kind's own fields, and the TPU block."""
+    name, namespace, labels = parse_metadata(r, body, kind.name_max, kind.child)
+    spec = r.mapping(body, "spec", "spec", kind.spec_fields)
+    if body.get("spec") is None:
+        r.error("spec", None, "is required")
+    tpu = parse_tpu(r, spec, kind.tpu_fields, kind.slices_reason)
+    image = r.value(spec, "image", "spec.image", str, required=True, check=string(what="an image reference"))
+    ray_version = r.value(spec, "rayVersion", "spec.rayVersion", str, default=DEFAULTS["rayVersion"], check=ray_version_check(kind.min_ray, kind.min_ray_why))
+    runtime_env = parse_runtime_env(r, spec, operator_env)
+    env = parse_env(r, spec, operator_env)
+    head, head_block = parse_resources(r, spec, "head", HEAD_FIELDS)
+    worker, _ = parse_resources(r, spec, "worker", RESOURCE_FIELDS)
+    head_selector = parse_node_selector(r, head_block, "nodeSelector", "spec.head.nodeSelector")
+    tolerations = parse_tolerations(r, spec)
+    service_account = r.value(spec, "serviceAccountName", "spec.serviceAccountName", str, check=string(253, re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), "a DNS subdomain name"))
+    node_selector = parse_node_selector(r, spec, "nodeSelector", "spec.nodeSelector")
+    queue_name = r.value(spec, "queueName", "spec.queueName", str, check=string(63, LABEL_VALUE, "a label value (the Kueue LocalQueue's name)"))
+    fields = dict(
+        name=name, namespace=namespace, labels=labels, image=image, ray_version=ray_version,
+        runtime_env=runtime_env, env=env, head=head, worker=worker, head_node_selector=head_selector,
+        tolerations=tolerations, service_account_name=service_account, node_selector=node_selector,
+        queue_name=queue_name,
+    )
+    return fields, spec, tpu
+
+
+def common_fields(fields: dict, tpu: TPU) -> dict:
+    """The CommonSpec keyword arguments, once the parse found no error."""
+    assert tpu.slice is not None  # no errors means the slice resolved
+    return {**fields, "slice": tpu.slice, "spot": tpu.spot, "reservation": tpu.reservation}

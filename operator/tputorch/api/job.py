@@ -1,0 +1,75 @@
+"""TPUTorchJob: its own block on top of the shared one (common.py), and its parser."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
+
+from .common import (
+    DEFAULTS, INT32_MAX, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader, between,
+    common_fields, parse_common, string,
+)
+
+RAYJOB_NAME_MAX = 47  # KubeRay: the RayCluster name <rayjob>-<5 chars> must stay a valid label
+JOB_KIND = "TPUTorchJob"
+MIN_RAY_VERSION = (2, 59, 0)  # first Ray whose TorchTrainer runs on TPU (tpu_dist backend)
+MAX_ENTRYPOINT = 65536
+SINGLE_SLICE_REASON = (
+    "must be 1: a TPUTorchJob runs on one slice. Ray 2.59's PyTorch backend raises for training "
+    "across slices, and multi-slice PyTorch on TPU is not verified on hardware in Ray 2.60"
+)
+SPEC_FIELDS = COMMON_FIELDS | {
+    "entrypoint", "suspend", "activeDeadlineSeconds", "backoffLimit", "ttlSecondsAfterFinished",
+    "shutdownAfterJobFinishes",
+}
+
+JOB = KindRules(JOB_KIND, SPEC_FIELDS, TPU_FIELDS, SINGLE_SLICE_REASON, RAYJOB_NAME_MAX, "RayJob", MIN_RAY_VERSION,
+                "older Ray cannot run PyTorch on TPU")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec(CommonSpec):
+    chips_per_worker: int
+    entrypoint: str
+    suspend: bool
+    active_deadline_seconds: int | None
+    backoff_limit: int
+    ttl_seconds_after_finished: int | None
+    shutdown_after_job_finishes: bool
+
+    @property
+    def workers(self) -> int:
+        return self.slice.workers(self.chips_per_worker)
+
+
+def parse(body: Any) -> JobSpec:
+    """Validate a TPUTorchJob object (as a dict) and return its JobSpec; InvalidSpec lists every error."""
+    r = Reader()
+    if not isinstance(body, Mapping):
+        raise InvalidSpec([FieldError("", body, "must be a TPUTorchJob object")])
+    fields, spec, tpu = parse_common(r, body, JOB, {})
+    entrypoint = r.value(spec, "entrypoint", "spec.entrypoint", str, required=True, check=string(MAX_ENTRYPOINT))
+    shutdown = r.value(spec, "shutdownAfterJobFinishes", "spec.shutdownAfterJobFinishes", bool, default=DEFAULTS["shutdownAfterJobFinishes"])
+    suspend = r.value(spec, "suspend", "spec.suspend", bool, default=DEFAULTS["suspend"])
+    deadline = r.value(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", int, check=between(1, INT32_MAX))
+    backoff = r.value(spec, "backoffLimit", "spec.backoffLimit", int, default=DEFAULTS["backoffLimit"], check=between(0, 100))
+    ttl = r.value(spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", int, check=between(0, INT32_MAX))
+    # KubeRay's own rules: both only make sense when the RayCluster is deleted after the job.
+    if ttl is not None and not shutdown:
+        r.error("spec.ttlSecondsAfterFinished", ttl, "must not be set unless spec.shutdownAfterJobFinishes is true")
+    if suspend and not shutdown:
+        r.error("spec.suspend", suspend, "must not be true unless spec.shutdownAfterJobFinishes is true")
+
+    if r.errors:
+        raise InvalidSpec(r.errors)
+    return JobSpec(
+        **common_fields(fields, tpu),
+        chips_per_worker=tpu.chips_per_worker,
+        entrypoint=entrypoint,
+        suspend=suspend,
+        active_deadline_seconds=deadline,
+        backoff_limit=backoff,
+        ttl_seconds_after_finished=ttl,
+        shutdown_after_job_finishes=shutdown,
+    )

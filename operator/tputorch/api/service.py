@@ -1,0 +1,192 @@
+"""TPUTorchService: its own block (model, engine, replicas) on top of the shared one (common.py), and
+its parser."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
+
+from . import topology
+from .common import (
+    DNS1123_SUBDOMAIN, INT32_MAX, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
+    between, common_fields, parse_common, string,
+)
+
+# KubeRay's limit for a RayService name (its RayCluster is <name>-<5 chars> too); the Serve
+# Service <name>-serve-svc (10 more characters) stays within a 63-character label below it.
+RAYSERVICE_NAME_MAX = 47
+SERVICE_KIND = "TPUTorchService"
+# The LLMConfig a service renders (accelerator_config with a TPU topology) is checked against 2.60.
+SERVICE_MIN_RAY_VERSION = (2, 60, 0)
+SERVICE_SINGLE_SLICE_REASON = (
+    "must be 1: each model replica of a TPUTorchService is one whole slice; "
+    "serve more with spec.replicas (one slice per replica)"
+)
+# TPUTorchService: vLLM picks its own device split from tensor/pipeline parallelism, so there is no
+# chipsPerWorker.
+SERVICE_TPU_FIELDS = TPU_FIELDS - {"chipsPerWorker"}
+SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas"}
+MODEL_FIELDS = {"source", "name", "hfTokenSecret"}
+SECRET_REF_FIELDS = {"name", "key"}
+ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
+REPLICA_FIELDS = {"min", "max"}
+# engine.args keys the operator owns: the first-class fields (in vLLM's spelling), what Ray Serve
+# LLM sets itself (model, served_model_name from spec.model) and the executor, which Ray forces
+# to "ray" on TPU.
+ENGINE_FIELD_ARGS = {
+    "tensor_parallel_size": "spec.engine.tensorParallelSize",
+    "pipeline_parallel_size": "spec.engine.pipelineParallelSize",
+    "enable_expert_parallel": "spec.engine.enableExpertParallel",
+    "max_model_len": "spec.engine.maxModelLen",
+}
+ENGINE_OWNED_ARGS = {
+    "model": "Ray Serve LLM sets it from spec.model.source; use that",
+    "served_model_name": "Ray Serve LLM sets it from spec.model.name; use that",
+    "distributed_executor_backend": "Ray forces the ray executor on TPU",
+}
+SERVICE_DEFAULTS: dict[str, Any] = {
+    "engine.pipelineParallelSize": 1,
+    "engine.enableExpertParallel": False,
+    "replicas.min": 1,
+}
+# Environment the operator sets on a service's pods (render.py), never the user's to repeat.
+SERVICE_ENV = {
+    "TPU_MULTIHOST_BACKEND": "the operator sets it to ray on multi-host slices, as Ray's TPU serving needs",
+}
+HF_TOKEN_ENV = "HF_TOKEN"
+
+SERVICE = KindRules(SERVICE_KIND, SERVICE_SPEC_FIELDS, SERVICE_TPU_FIELDS, SERVICE_SINGLE_SLICE_REASON, RAYSERVICE_NAME_MAX,
+                    "RayService", SERVICE_MIN_RAY_VERSION, "the TPU LLMConfig the operator writes is checked against Ray 2.60")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSpec(CommonSpec):
+    model_source: str
+    model_name: str
+    hf_token_secret: tuple[str, str] | None  # (Secret name, key)
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    enable_expert_parallel: bool
+    max_model_len: int | None
+    engine_args: dict
+    min_replicas: int
+    max_replicas: int
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.max_replicas > self.min_replicas
+
+
+def _arg_key(key: str) -> str:
+    """One spelling for every way a vLLM argument is written: tensor_parallel_size,
+    tensorParallelSize and tensor-parallel-size are the same argument."""
+    return re.sub(r"[-_]", "", key).lower()
+
+
+_FIELD_ARG_KEYS = {_arg_key(k): (k, where) for k, where in ENGINE_FIELD_ARGS.items()}
+_OWNED_ARG_KEYS = {_arg_key(k): (k, why) for k, why in ENGINE_OWNED_ARGS.items()}
+
+
+def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
+    args = r.mapping(engine, "args", "spec.engine.args")
+    for key, value in args.items():
+        path = f"spec.engine.args.{key}"
+        if not isinstance(key, str) or not key:
+            r.error("spec.engine.args", key, "keys must be non-empty strings (vLLM engine argument names)")
+            continue
+        normal = _arg_key(key)
+        if normal in _FIELD_ARG_KEYS:
+            name, where = _FIELD_ARG_KEYS[normal]
+            r.error(path, value, f"must not be set in spec.engine.args: {name} is {where}; set it there")
+        elif normal in _OWNED_ARG_KEYS:
+            name, why = _OWNED_ARG_KEYS[normal]
+            r.error(path, value, f"must not be set: {why}")
+    return args
+
+
+def _secret_key(v: str) -> str | None:
+    if not re.match(r"^[-._a-zA-Z0-9]+$", v) or len(v) > 253:
+        return "must be a Secret key (at most 253 characters of [-._a-zA-Z0-9])"
+    return None
+
+
+def parse_service(body: Any) -> ServiceSpec:
+    """Validate a TPUTorchService object (as a dict) and return its ServiceSpec; InvalidSpec lists every error."""
+    r = Reader()
+    if not isinstance(body, Mapping):
+        raise InvalidSpec([FieldError("", body, "must be a TPUTorchService object")])
+    model = body.get("spec", {}).get("model") if isinstance(body.get("spec"), Mapping) else None
+    token_secret_set = isinstance(model, Mapping) and model.get("hfTokenSecret") is not None
+    operator_env = dict(SERVICE_ENV)
+    if token_secret_set:
+        operator_env[HF_TOKEN_ENV] = "the operator sets it from spec.model.hfTokenSecret"
+    fields, spec, tpu = parse_common(r, body, SERVICE, operator_env)
+
+    model = r.mapping(spec, "model", "spec.model", MODEL_FIELDS)
+    if spec.get("model") is None:
+        r.error("spec.model", None, "is required")
+    source = r.value(model, "source", "spec.model.source", str, required=isinstance(spec.get("model"), Mapping),
+                     check=string(what="a Hugging Face repo id, a gs:// path or a path on the hosts"))
+    model_name = r.value(model, "name", "spec.model.name", str, default=fields["name"], check=string(253))
+    secret = r.mapping(model, "hfTokenSecret", "spec.model.hfTokenSecret", SECRET_REF_FIELDS)
+    hf_token_secret = None
+    if secret:
+        secret_name = r.value(secret, "name", "spec.model.hfTokenSecret.name", str, required=True,
+                              check=string(253, DNS1123_SUBDOMAIN, "a Secret name (a DNS subdomain)"))
+        secret_key = r.value(secret, "key", "spec.model.hfTokenSecret.key", str, required=True, check=_secret_key)
+        if secret_name and secret_key:
+            hf_token_secret = (secret_name, secret_key)
+
+    engine = r.mapping(spec, "engine", "spec.engine", ENGINE_FIELDS)
+    chips = tpu.slice.chips if tpu.slice else None
+    tp = r.value(engine, "tensorParallelSize", "spec.engine.tensorParallelSize", int, check=between(1, INT32_MAX))
+    pp = r.value(engine, "pipelineParallelSize", "spec.engine.pipelineParallelSize", int,
+                 default=SERVICE_DEFAULTS["engine.pipelineParallelSize"], check=between(1, INT32_MAX))
+    expert = r.value(engine, "enableExpertParallel", "spec.engine.enableExpertParallel", bool,
+                     default=SERVICE_DEFAULTS["engine.enableExpertParallel"])
+    max_model_len = r.value(engine, "maxModelLen", "spec.engine.maxModelLen", int, check=between(1, INT32_MAX))
+    engine_args = _parse_engine_args(r, engine)
+    if tp is None and chips is not None and pp is not None:
+        tp = chips // pp if chips % pp == 0 else None
+        if tp is None:
+            r.error("spec.engine.pipelineParallelSize", pp,
+                    f"must divide the {chips} chips of the slice (tensorParallelSize defaults to chips / pipelineParallelSize)")
+    elif tp is not None and pp is not None and chips is not None and tp * pp != chips:
+        s = tpu.slice
+        r.error("spec.engine.tensorParallelSize", tp,
+                f"x spec.engine.pipelineParallelSize {pp} = {tp * pp} chips, but one replica is one whole "
+                f"{s.generation.name} {s.topology} slice: tensorParallelSize x pipelineParallelSize must be {chips}")
+    if tpu.slice is not None:
+        s = tpu.slice
+        default_layout = topology.host_layouts(s.generation, s.topology)[0]
+        if s.chips_per_host != default_layout:
+            # Ray Serve LLM reserves the slice from its topology alone (slice_placement_group), and
+            # Ray maps this topology to hosts of default_layout chips: other hosts never match.
+            r.error("spec.tpu.chipsPerHost", s.chips_per_host,
+                    f"must be {default_layout} for a TPUTorchService on a {s.generation.name} {s.topology} slice: "
+                    f"Ray Serve LLM reserves the slice by its topology, which Ray maps to {default_layout}-chip hosts")
+
+    replicas = r.mapping(spec, "replicas", "spec.replicas", REPLICA_FIELDS)
+    min_replicas = r.value(replicas, "min", "spec.replicas.min", int, default=SERVICE_DEFAULTS["replicas.min"], check=between(1, INT32_MAX))
+    max_replicas = r.value(replicas, "max", "spec.replicas.max", int, default=min_replicas, check=between(1, INT32_MAX))
+    if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
+        r.error("spec.replicas.max", max_replicas, f"must be at least spec.replicas.min ({min_replicas})")
+
+    if r.errors:
+        raise InvalidSpec(r.errors)
+    return ServiceSpec(
+        **common_fields(fields, tpu),
+        model_source=source,
+        model_name=model_name,
+        hf_token_secret=hf_token_secret,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        enable_expert_parallel=expert,
+        max_model_len=max_model_len,
+        engine_args=engine_args,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+    )
+

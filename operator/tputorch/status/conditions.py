@@ -1,0 +1,237 @@
+"""What both kinds' status derivations share: the condition types and helpers, reading pods for
+scheduling problems and host readiness, invalid(), patch_for() and events().
+
+Pure functions: the reconcile feeds them what the watches saw and patches what comes out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..api.spec import FieldError
+
+# Condition types, in the order they are written.
+VALIDATED = "Validated"
+RAYJOB_CREATED = "RayJobCreated"
+SLICE_READY = "SliceReady"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, FAILED)
+RAYSERVICE_CREATED = "RayServiceCreated"
+READY = "Ready"
+SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, SLICE_READY, READY, FAILED)
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+SERVICE_PHASES = ("Pending", "Deploying", "Ready", "Updating", "Failed")
+ROLE_LABEL = "ray.io/node-type"  # KubeRay labels each pod head or worker
+CLUSTER_LABEL = "ray.io/cluster"  # and with its RayCluster's name
+# KubeRay >= 1.5 with its RayMultiHostIndexing gate: which slice replica a host pod belongs to.
+REPLICA_LABEL = "ray.io/worker-group-replica-name"
+# The pod labels the derive functions read (a pod store may keep only these).
+POD_LABELS_READ = (ROLE_LABEL, CLUSTER_LABEL, REPLICA_LABEL)
+
+# Every status field this module writes (the CRD declares each one).
+STATUS_FIELDS = (
+    "phase", "message", "observedGeneration", "conditions", "workers", "hosts", "readyHosts",
+    "hostsReady", "rayJobName", "rayClusterName", "dashboardURL", "jobId", "jobStatus",
+    "jobDeploymentStatus", "startTime", "completionTime",
+)
+SERVICE_STATUS_FIELDS = (
+    "phase", "message", "observedGeneration", "conditions", "replicas", "readyReplicas",
+    "replicasReady", "hosts", "readyHosts", "model", "endpoint", "rayServiceName", "rayClusterName",
+    "serviceStatus", "applicationStatus", "applicationMessage",
+)
+# A condition's message is capped (metav1.Condition allows 32768 characters).
+MAX_CONDITION_MESSAGE = 32768
+
+# Condition states that are bad news: their events are Warnings.
+_WARNING_STATES = {
+    (VALIDATED, "False"),
+    (FAILED, "True"),
+    (RAYJOB_CREATED, "False"),
+    (RAYSERVICE_CREATED, "False"),
+}
+_WARNING_REASONS = {"Unschedulable"}
+# Reasons that only describe waiting; they change often and get no event of their own.
+# "Valid" is every job's first state: an event per job for it would only add a write to each create.
+_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService"}
+# Phases whose start is an event of its own (the others have a condition event that says it).
+_PHASE_EVENTS = ("Running", "Suspended", "Deploying", "Ready", "Updating")
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str  # CamelCase
+    message: str
+
+
+def condition(ctype: str, status: bool | None, reason: str, message: str, generation: int) -> dict:
+    if len(message) > MAX_CONDITION_MESSAGE:
+        message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
+    return {
+        "type": ctype,
+        "status": {True: "True", False: "False", None: "Unknown"}[status],
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+    }
+
+
+def stamp(conditions: Iterable[dict], previous: dict, now: str) -> list[dict]:
+    """lastTransitionTime moves only when a condition's status flips."""
+    before = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
+    stamped = []
+    for cond in conditions:
+        old = before.get(cond["type"])
+        same = old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime")
+        stamped.append({**cond, "lastTransitionTime": old["lastTransitionTime"] if same else now})
+    return stamped
+
+
+def invalid(errors: list[FieldError], generation: int, previous: dict, now: str) -> dict:
+    message = "invalid spec: " + "; ".join(str(e) for e in errors)
+    return {
+        "phase": "Failed",
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": stamp(
+            [
+                condition(VALIDATED, False, "ValidationFailed", message, generation),
+                condition(FAILED, True, "ValidationFailed", message, generation),
+            ],
+            previous,
+            now,
+        ),
+    }
+
+
+def _pod_name(pod: dict) -> str:
+    return (pod.get("metadata") or {}).get("name", "")
+
+
+def _pod_condition(pod: dict, ctype: str) -> dict:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == ctype), {})
+
+
+# The scheduler rewrites the node counts of its message on every retry ("0/7 nodes are available:
+# 3 node(s) had untolerated taint ..."); without them the message changes only with its substance.
+_NODE_TOTAL = re.compile(r"\b0/\d+ nodes are available")
+_REASON_COUNT = re.compile(r"(^|: |, )\d+ ")
+
+
+# The scheduler lists its reasons by descending count: with the counts gone, the order would
+# still move whenever the counts cross (measured: bench/RESULTS.md run 6, measure 5).
+_REASON_LIST = re.compile(r"(no nodes are available: )(.*?)(?=\.(?: |$))")
+_REASON_SEPARATOR = re.compile(r", (?![^{]*\})")  # not inside a taint's {key: value}
+
+
+def stable_scheduler_message(message: str) -> str:
+    """The scheduler's message without its node counts, its reasons in a fixed order."""
+    without_counts = _REASON_COUNT.sub(r"\1", _NODE_TOTAL.sub("no nodes are available", message))
+    return _REASON_LIST.sub(lambda m: m.group(1) + ", ".join(sorted(_REASON_SEPARATOR.split(m.group(2)))),
+                            without_counts)
+
+
+def scheduling_problem(pods: Iterable[dict]) -> str | None:
+    """Why the first unschedulable pod (by name) waits, if one does; stable across the
+    scheduler's retries."""
+    for pod in sorted(pods, key=_pod_name):
+        cond = _pod_condition(pod, "PodScheduled")
+        if cond.get("status") == "False":
+            message = stable_scheduler_message(cond.get("message", ""))
+            return f"pod {_pod_name(pod)}: {cond.get('reason', 'Unschedulable')}: {message}".strip()
+    return None
+
+
+def labels_of(pod: dict) -> dict:
+    return (pod.get("metadata") or {}).get("labels") or {}
+
+
+def _workers(pods: Iterable[dict]) -> list[dict]:
+    return [p for p in pods if labels_of(p).get(ROLE_LABEL) == "worker"]
+
+
+def _ready(pod: dict) -> bool:
+    return _pod_condition(pod, "Ready").get("status") == "True"
+
+
+def ready_hosts(pods: Iterable[dict], cluster_status: dict) -> int:
+    """TPU host pods that are Ready. The pods are fresher than the RayJob's copy of the
+    RayCluster's status, which is only the fallback once the pods are gone (job finished)."""
+    workers = _workers(pods)
+    if workers:
+        return sum(1 for p in workers if _ready(p))
+    return int(cluster_status.get("readyWorkerReplicas") or 0)
+
+
+def ready_slices(pods: Iterable[dict], hosts_per_slice: int, ready: int) -> int:
+    """Slice replicas whose every host is Ready. Grouped by KubeRay's replica label where the pods
+    carry it; otherwise whole slices' worth of ready hosts (KubeRay creates a slice's hosts together)."""
+    workers = _workers(pods)
+    if workers and all(REPLICA_LABEL in labels_of(p) for p in workers):
+        groups: dict[str, list[dict]] = {}
+        for p in workers:
+            groups.setdefault(labels_of(p)[REPLICA_LABEL], []).append(p)
+        return sum(1 for g in groups.values() if len(g) >= hosts_per_slice and all(_ready(p) for p in g))
+    return ready // hosts_per_slice
+
+
+
+def child_created(ctype: str, child_kind: str, name: str, child: dict | None, problem: tuple[str, str] | None,
+                   generation: int) -> dict:
+    """<Child>Created: the child exists, or why it does not (yet)."""
+    if child is not None:
+        return condition(ctype, True, "Created", f"{child_kind} {name} exists", generation)
+    if problem is not None:
+        return condition(ctype, False, problem[0], problem[1], generation)
+    return condition(ctype, False, "Creating", f"creating the {child_kind}", generation)
+
+
+
+def finished(status: dict) -> bool:
+    """The Ray job ran to an end (not merely a spec that failed validation): never run it again."""
+    return bool(status.get("completionTime"))
+
+
+def without_times(status: dict) -> dict:
+    """Status minus fields that only say when: used to decide whether a patch is needed."""
+    return {
+        **status,
+        "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []],
+    }
+
+
+def patch_for(previous: dict, current: dict) -> dict | None:
+    """Merge patch that turns ``previous`` into ``current``; None when only timestamps would change.
+
+    Fields of ours that ``current`` no longer has are set to null (a merge patch keeps them otherwise).
+    """
+    if without_times(previous) == without_times(current):
+        return None
+    patch = dict(current)
+    for key in dict.fromkeys(STATUS_FIELDS + SERVICE_STATUS_FIELDS):
+        if key in previous and key not in current:
+            patch[key] = None
+    return patch
+
+
+def events(previous: dict, current: dict) -> list[Event]:
+    """One event per condition whose status or reason changed, and one per phase change unless a
+    condition's event already carries that reason (a suspend is one `Suspended` event, not two)."""
+    before = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
+    result = []
+    for cond in current.get("conditions") or []:
+        old = before.get(cond["type"]) or {}
+        if (old.get("status"), old.get("reason")) == (cond["status"], cond["reason"]):
+            continue
+        if cond["reason"] in _QUIET_REASONS:
+            continue
+        warning = (cond["type"], cond["status"]) in _WARNING_STATES or cond["reason"] in _WARNING_REASONS
+        result.append(Event("Warning" if warning else "Normal", cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"))
+    phase = current.get("phase")
+    if previous.get("phase") != phase and phase in _PHASE_EVENTS and phase not in {e.reason for e in result}:
+        result.append(Event("Normal", phase, current.get("message", "")))
+    return result

@@ -1,0 +1,110 @@
+"""Observed RayJob (+ its pods) -> TPUTorchJob status."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..api.spec import JobSpec
+from .conditions import (
+    FAILED, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, child_created, condition,
+    ready_hosts, scheduling_problem, stamp,
+)
+
+def _phase(deployment: str, job_status: str) -> str:
+    if deployment == "Complete":
+        return "Succeeded" if job_status == "SUCCEEDED" else "Failed"
+    if deployment in ("Failed", "ValidationFailed"):
+        return "Failed"
+    if deployment in ("Suspended", "Suspending"):
+        return "Suspended"
+    if deployment == "Running":
+        return "Running"
+    return "Pending"
+
+
+
+def derive(
+    job: JobSpec,
+    generation: int,
+    rayjob: dict | None,
+    pods: Iterable[dict],
+    previous: dict,
+    now: str,
+    problem: tuple[str, str] | None = None,
+) -> dict:
+    """The whole status of a valid TPUTorchJob from what is observed now.
+
+    ``problem`` is (reason, message) when the RayJob could not be created (e.g. KubeRay's
+    CRDs are missing); ``pods`` are the job's pods (metadata.name, metadata.labels, status.conditions
+    as the API returns them).
+    """
+    s = job.slice
+    shape = (
+        f"{s.generation.name} {s.topology} slice: {s.hosts} host(s) x {s.chips_per_host} chips, "
+        f"{job.workers} worker(s) x {job.chips_per_worker} chip(s)"
+    )
+    rj_status = (rayjob or {}).get("status") or {}
+    cluster_status = rj_status.get("rayClusterStatus") or {}
+    deployment = rj_status.get("jobDeploymentStatus") or ""
+    job_status = rj_status.get("jobStatus") or ""
+    phase = _phase(deployment, job_status) if rayjob is not None else "Pending"
+    pods = list(pods)
+    ready = ready_hosts(pods, cluster_status)
+    kuberay_message = rj_status.get("message") or rj_status.get("reason") or ""
+
+    conditions = [condition(VALIDATED, True, "Valid", shape, generation),
+                  child_created(RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, generation)]
+
+    unschedulable = scheduling_problem(pods)
+    if phase in TERMINAL_PHASES:
+        slice_ready = condition(SLICE_READY, False, "JobFinished", "the job has finished", generation)
+    elif phase == "Suspended":
+        slice_ready = condition(SLICE_READY, False, "Suspended", "the job is suspended", generation)
+    elif rayjob is not None and ready >= s.hosts:
+        slice_ready = condition(SLICE_READY, True, "AllHostsReady", f"{ready}/{s.hosts} TPU hosts ready", generation)
+    elif unschedulable:
+        slice_ready = condition(SLICE_READY, False, "Unschedulable", unschedulable, generation)
+    else:
+        slice_ready = condition(SLICE_READY, False, "WaitingForHosts", f"{ready}/{s.hosts} TPU hosts ready", generation)
+    conditions.append(slice_ready)
+
+    if phase == "Succeeded":
+        conditions.append(condition(SUCCEEDED, True, "JobSucceeded", kuberay_message or "the Ray job succeeded", generation))
+    if phase == "Failed":
+        reason = rj_status.get("reason") or "JobFailed"
+        conditions.append(condition(FAILED, True, reason, kuberay_message or f"the Ray job ended {job_status or 'in failure'}", generation))
+
+    if phase == "Running":
+        message = f"{job.workers} worker(s) on a {shape.split(':')[0]}, {ready}/{s.hosts} hosts ready"
+    elif phase in TERMINAL_PHASES:
+        message = conditions[-1]["message"]
+    elif phase == "Suspended":
+        message = "suspended: the RayJob holds no slice"
+    elif rayjob is None:
+        message = conditions[1]["message"]
+    else:
+        message = slice_ready["message"]
+
+    status = {
+        "phase": phase,
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": stamp(conditions, previous, now),
+        "workers": job.workers,
+        "hosts": s.hosts,
+        "readyHosts": ready,
+        "hostsReady": f"{ready}/{s.hosts}",
+        "rayJobName": job.name,
+    }
+    optional = {
+        "rayClusterName": rj_status.get("rayClusterName"),
+        "dashboardURL": rj_status.get("dashboardURL"),
+        "jobId": rj_status.get("jobId"),
+        "jobStatus": job_status or None,
+        "jobDeploymentStatus": deployment or None,
+        "startTime": rj_status.get("startTime"),
+        "completionTime": (rj_status.get("endTime") or previous.get("completionTime") or now) if phase in TERMINAL_PHASES else None,
+    }
+    status.update({k: v for k, v in optional.items() if v})
+    return status
+

@@ -10,7 +10,7 @@
 #
 # Components: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (k8s v1.34.4),
 # KWOK (fake kubelets for the nodes in hack/nodes.yaml), a fake Ray dashboard
-# (hack/fake_dashboard.py) and the KubeRay operator (out of cluster, HTTP_PROXY -> fake dashboard).
+# (hack/fakedash, started by hack/fake_dashboard.py) and the KubeRay operator (out of cluster, HTTP_PROXY -> fake dashboard).
 # Everything binds to 127.0.0.1. State: ${TPUTORCH_CLUSTER_DIR:-<repo>/.cluster}.
 set -euo pipefail
 

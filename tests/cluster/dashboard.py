@@ -1,4 +1,4 @@
-"""Client for the control API of hack/fake_dashboard.py (the stand-in Ray dashboard).
+"""Client for the control API of hack/fakedash (the stand-in Ray dashboard).
 
     from dashboard import DashboardClient
     d = DashboardClient("http://127.0.0.1:PORT")      # or DashboardClient() with TPUTORCH_DASHBOARD_URL
@@ -10,7 +10,7 @@ job (the one of its current RayCluster; before KubeRay's first call, on its firs
 terminal status (SUCCEEDED, FAILED, STOPPED) also makes the fake finish the RayJob's submitter pod
 (exit code `submitter_exit_code`, default 0), which KubeRay waits for before it marks a K8sJobMode
 RayJob Complete/Failed. Serve state is per RayCluster too (`serve`, `set_serve_status`); a
-namespace can be handed to a real Ray dashboard (`set_backend`, see hack/fake_dashboard.py).
+namespace can be handed to a real Ray dashboard (`set_backend`, see hack/fakedash/__init__.py).
 Standard library only.
 """
 

@@ -1,12 +1,12 @@
-"""The stand-in Ray dashboard (hack/fake_dashboard.py) on its own: a real process on 127.0.0.1,
-spoken to as KubeRay speaks to it (proxy-form requests naming a RayCluster's head service).
+"""The stand-in Ray dashboard (hack/fakedash, started by hack/fake_dashboard.py) on its own: a real
+process on 127.0.0.1, spoken to as KubeRay speaks to it (proxy-form requests naming a RayCluster's
+head service), and its parts called directly.
 
 No API server needed: these tests start their own dashboard process.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,9 +20,9 @@ import pytest
 from dashboard import DashboardClient
 
 HACK = Path(__file__).resolve().parents[2] / "hack"
-_spec = importlib.util.spec_from_file_location("fake_dashboard", HACK / "fake_dashboard.py")
-fake_dashboard = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fake_dashboard)
+sys.path.insert(0, str(HACK))
+
+from fakedash import control, forwarder, jobs_api, kube, serve_api, state  # noqa: E402
 
 
 def start_dashboard(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
@@ -191,13 +191,13 @@ def test_a_submission_gets_the_head_containers_env_under_its_own():
     raycluster = {"spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"env": [
         {"name": "TPUTORCH_NUM_WORKERS", "value": "16"}, {"name": "SHARED", "value": "head"},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]}}}}}
-    env = fake_dashboard.head_env(raycluster)
+    env = kube.head_env(raycluster)
     assert env == {"TPUTORCH_NUM_WORKERS": "16", "SHARED": "head"}
     body = {"entrypoint": "python t.py", "runtime_env": {"pip": ["x"], "env_vars": {"SHARED": "job"}}}
-    out = fake_dashboard.with_driver_env(body, env)
+    out = forwarder.with_driver_env(body, env)
     assert out["runtime_env"] == {"pip": ["x"], "env_vars": {"TPUTORCH_NUM_WORKERS": "16", "SHARED": "job"}}
     assert body["runtime_env"]["env_vars"] == {"SHARED": "job"}, "the caller's body is not changed"
-    assert fake_dashboard.with_driver_env({"entrypoint": "x"}, {}) == {"entrypoint": "x"}
+    assert forwarder.with_driver_env({"entrypoint": "x"}, {}) == {"entrypoint": "x"}
 
 
 @pytest.mark.parametrize("host,expected", [
@@ -206,4 +206,38 @@ def test_a_submission_gets_the_head_containers_env_under_its_own():
     ("127.0.0.1:8265", ("default", "127")),
 ])
 def test_parse_host(host, expected):
-    assert fake_dashboard.parse_host(host) == expected
+    assert state.parse_host(host) == expected
+
+
+# -- the parts alone, without HTTP ----------------------------------------------------------------
+
+def test_jobs_api_alone_keeps_jobs_per_raycluster():
+    st = state.State()
+    assert jobs_api.handle(st, "POST", [], "/api/jobs/", "ns", "a-abcde", {"submission_id": "a-11111"})[0] == 200
+    code, info = jobs_api.handle(st, "GET", ["a-11111"], "/api/jobs/a-11111", "ns", "a-abcde", None)
+    assert (code, info["status"], info["_rayjob"]) == (200, "RUNNING", "a")
+    assert jobs_api.handle(st, "GET", [], "/api/jobs/", "ns", "a-zzzzz", None) == (200, [])
+    assert jobs_api.handle(st, "POST", ["a-11111", "stop"], "", "ns", "a-abcde", None)[1]["stopped"] is True
+    assert st.newest_job("ns", "a")["status"] == "STOPPED"
+
+
+def test_serve_api_alone_deploys_then_runs_on_its_clock():
+    st = state.State(serve_ready_after=10)
+    c = st.cluster("ns", "svc-abcde")
+    assert serve_api.handle(st, "PUT", "/api/serve/applications/", c, SERVE_CONFIG, now=100.0) == (200, {})
+    apps = serve_api.handle(st, "GET", "", c, None, now=109.0)[1]["applications"]
+    assert {a["status"] for a in apps.values()} == {"DEPLOYING"}
+    apps = serve_api.handle(st, "GET", "", c, None, now=110.0)[1]["applications"]
+    assert {a["status"] for a in apps.values()} == {"RUNNING"}
+    assert serve_api.serve_running(c["serve"], 10, 110.0) and not serve_api.serve_running(None, 10, 110.0)
+    assert serve_api.handle(st, "POST", "/api/serve/applications/", c, None)[0] == 404
+
+
+def test_control_alone_sets_serve_status_and_checks_it():
+    st = state.State()
+    serve_api.handle(st, "PUT", "", st.cluster("ns", "svc-abcde"), SERVE_CONFIG, now=0.0)
+    code, out = control.handle(st, "PUT", ["serve", "ns", "svc"], {}, {"status": "unhealthy", "message": "m"}, 1.0)
+    assert code == 200 and {a["status"] for a in out["details"]["applications"].values()} == {"UNHEALTHY"}
+    code, err = control.handle(st, "PUT", ["serve", "ns", "svc"], {}, {"status": "BROKEN"}, 1.0)
+    assert code == 400 and "BROKEN" in err["error"]
+    assert control.handle(st, "GET", ["serve", "ns", "other"], {}, {}, 1.0)[0] == 404

@@ -1,0 +1,74 @@
+"""Ray Serve's REST API (`/api/serve/applications/`) as the stand-in answers it for one RayCluster:
+the config last PUT is kept, and GET reports its applications DEPLOYING until `ready_after` seconds
+after the PUT, then RUNNING, unless the control API set a status."""
+
+from __future__ import annotations
+
+import time
+
+from .state import State
+
+SERVE_APP_STATUSES = {"NOT_STARTED", "DEPLOYING", "DEPLOY_FAILED", "RUNNING", "UNHEALTHY", "DELETING"}
+
+
+def deployment_names(app: dict) -> list[str]:
+    """The deployments an application reports: those its config names, else one named after the
+    import path's attribute (the stand-in cannot import the application to find the real ones)."""
+    names = [d["name"] for d in app.get("deployments") or [] if isinstance(d, dict) and d.get("name")]
+    return names or [str(app.get("import_path", "app")).replace(":", ".").rsplit(".", 1)[-1]]
+
+
+def serve_details(serve: dict | None, ready_after: float, now: float) -> dict:
+    """Ray Serve's GET /api/serve/applications/ answer (ServeInstanceDetails, the fields KubeRay's
+    ServeDetails reads plus a few more) for the config last put on a RayCluster."""
+    details = {"deploy_mode": "MULTI_APP", "proxy_location": "EveryNode", "controller_info": {},
+               "http_options": {"host": "0.0.0.0", "port": 8000}, "proxies": {}, "target_capacity": None,
+               "applications": {}}
+    if serve is None:
+        return details
+    config = serve["config"]
+    details["target_capacity"] = config.get("target_capacity")
+    override = serve.get("override")
+    for app in config.get("applications") or []:
+        name = app.get("name") or "default"
+        if override:
+            status, message = override["status"], override.get("message", "")
+        elif now - serve["deployed_at"] >= ready_after:
+            status, message = "RUNNING", ""
+        else:
+            status, message = "DEPLOYING", "Deploying app (fake dashboard)."
+        dep_status = {"RUNNING": "HEALTHY", "DEPLOYING": "UPDATING"}.get(status, "UNHEALTHY")
+        details["applications"][name] = {
+            "name": name, "route_prefix": app.get("route_prefix", "/"), "docs_path": None,
+            "status": status, "message": message, "last_deployed_time_s": serve["deployed_at"],
+            "deployed_app_config": app, "source": "declarative",
+            "deployments": {d: {"name": d, "status": dep_status, "status_trigger": "CONFIG_UPDATE_COMPLETED"
+                                if dep_status == "HEALTHY" else "CONFIG_UPDATE_STARTED",
+                                "message": message, "replicas": []} for d in deployment_names(app)},
+        }
+    return details
+
+
+def serve_running(serve: dict | None, ready_after: float, now: float) -> bool:
+    apps = serve_details(serve, ready_after, now)["applications"]
+    return bool(apps) and all(a["status"] == "RUNNING" for a in apps.values())
+
+
+def handle(state: State, method: str, path: str, cluster: dict, body, now: float | None = None):
+    """One call on `/api/serve/applications/` of RayCluster `cluster` (a State.cluster() dict)."""
+    now = time.time() if now is None else now
+    if method == "GET":
+        return 200, serve_details(cluster["serve"], state.serve_ready_after, now)
+    if method == "PUT":
+        if not isinstance(body, dict) or not isinstance(body.get("applications"), list):
+            return 400, {"error": "expected a ServeDeploySchema JSON object with an 'applications' list"}
+        old = cluster["serve"]
+        if old is None or old["config"] != body:
+            cluster["serve"] = {"config": body, "deployed_at": now,
+                                "override": old.get("override") if old else None,
+                                "puts": (old or {}).get("puts", 0) + 1}
+        return 200, {}
+    if method == "DELETE":
+        cluster["serve"] = None
+        return 200, {}
+    return 404, {"error": f"{method} {path} not served by the fake dashboard"}

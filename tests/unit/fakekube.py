@@ -101,9 +101,11 @@ def informer(what="things", source=None, slim=kinds.slim_object, index=None):
     return inf, changes
 
 
-def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z") -> Controller:
+def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z", **options) -> Controller:
+    """A controller on a FakeKube and fake sources; ``options`` go to Controller (status_interval,
+    monotonic)."""
     noop = lambda *_: None  # noqa: E731
-    ctl = Controller(kinds.KINDS, kube or FakeKube(), {}, {}, None, clock=clock)
+    ctl = Controller(kinds.KINDS, kube or FakeKube(), {}, {}, None, clock=clock, **options)
     for kind in kinds.KINDS:
         name = kind.resource.kind
         ctl.parents[name] = Informer(kind.resource.plural, FakeSource(), None, noop, kinds.slim_object)

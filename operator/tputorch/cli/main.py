@@ -145,6 +145,8 @@ def cmd_run(args) -> int:
     cfg.namespaces = args.namespace or None
     cfg.leader_election, cfg.lease_name, cfg.lease_namespace = args.leader_elect, args.lease_name, args.lease_namespace
     cfg.reconcile_workers = args.workers
+    if args.status_interval is not None:
+        cfg.status_interval = args.status_interval
     # kopf runs the process only; without peering: replicas are coordinated by the Lease.
     kopf.run(clusterwide=not args.namespace, namespaces=args.namespace or [], standalone=True,
              liveness_endpoint=args.liveness)
@@ -167,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-namespace", default=None,
                      help="namespace of the Lease; default: the pod's own (POD_NAMESPACE or its service account's)")
     run.add_argument("--workers", type=int, default=16, help="objects reconciled at once (default 16)")
+    run.add_argument("--status-interval", type=float, default=None, metavar="SECONDS",
+                     help="at most one progress-only status write per object per SECONDS (host counts, messages); "
+                          "phase changes are written at once; 0 writes every change (default 2)")
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)

@@ -19,7 +19,7 @@ from .informer import Informer, RestSource, pods_path
 from .kube import Kube, load_config
 from .leader import Election
 from .metrics import METRICS, serve
-from .reconcile import Controller
+from .reconcile import STATUS_INTERVAL, Controller
 
 log = logging.getLogger("tputorch")
 
@@ -36,6 +36,7 @@ class Config:
     api_workers: int = 8
     report_workers: int = 4
     reconcile_workers: int = 16  # keys reconciled at once (each key by one worker at a time)
+    status_interval: float = STATUS_INTERVAL  # seconds between progress-only status writes of one object
     namespaces: list[str] | None = None  # None: all namespaces
     leader_election: bool = False
     lease_name: str = "tputorch-operator"
@@ -58,13 +59,14 @@ class Runtime:
 RUNTIME = Runtime()
 
 
-def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[str] | None) -> Controller:
+def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[str] | None,
+          status_interval: float = STATUS_INTERVAL) -> Controller:
     """The controller and its informers, wired: each informer's changes reach the controller on
     the event loop. ``source_for(path, label_selector)`` makes an informer's Source."""
     def on_loop(fn, *head):
         return lambda event, obj: loop.call_soon_threadsafe(fn, *head, event, obj)
 
-    controller = Controller(kinds_.KINDS, kube, {}, {}, None)
+    controller = Controller(kinds_.KINDS, kube, {}, {}, None, status_interval=status_interval)
     for kind in kinds_.KINDS:
         name = kind.resource.kind
         controller.parents[name] = Informer(kind.resource.plural, source_for(kind.resource.path, None), namespaces,
@@ -96,7 +98,8 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     configuration = load_config()
     kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers)
     controller = RUNTIME.controller = build(
-        kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces)
+        kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
+        CONFIG.status_interval)
     RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods]
     METRICS.phases = controller.phases
     METRICS.gauges = lambda: {
@@ -116,6 +119,7 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     def start_workers() -> None:
         RUNTIME.workers = [loop.create_task(controller.work(), name=f"reconcile-{i}")
                            for i in range(CONFIG.reconcile_workers)]
+        RUNTIME.workers.append(loop.create_task(controller.recorder.run(), name="events"))
         log.info("reconciling with %d workers", CONFIG.reconcile_workers)
 
     if CONFIG.leader_election:

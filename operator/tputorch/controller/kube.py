@@ -1,7 +1,8 @@
 """The few API calls the reconcile makes, behind one small adapter (tests use a fake of it).
 
-The kubernetes client is blocking: calls run on threads. Status patches and events run on threads
-of their own so that in a burst they never queue ahead of the creates of children.
+The kubernetes client is blocking: calls run on threads. Status patches run on threads of their own
+so that in a burst they never queue ahead of the creates of children, and events on one more thread
+so that they never queue ahead of either (events.py holds them back while objects wait).
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ class Kube:
     def __init__(self, configuration, workers: int, report_workers: int) -> None:
         from kubernetes import client
 
-        configuration.connection_pool_maxsize = workers + report_workers
+        configuration.connection_pool_maxsize = workers + report_workers + 1
         self.api_client = client.ApiClient(configuration)
         self.custom = client.CustomObjectsApi(self.api_client)
         # events.k8s.io, not CoreV1Api: importing CoreV1Api costs the operator 20 MB (measured).
         self.events = client.EventsV1Api(self.api_client)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self.report_pool = ThreadPoolExecutor(max_workers=report_workers, thread_name_prefix="report")
+        self.event_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(
@@ -75,14 +77,14 @@ class Kube:
         await self._run(self.custom.patch_namespaced_custom_object, res.group, res.version, namespace, res.plural,
                         name, patch)
 
-    async def _report(self, fn, *args) -> None:
+    async def _report(self, fn, *args, pool=None) -> None:
         """A status patch or an event, on the report threads. The answer is not parsed (that costs
         more CPU than the request), only drained so that the connection goes back to the pool."""
         def call():
             answer = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
             answer.drain_conn()
             answer.release_conn()
-        await asyncio.get_running_loop().run_in_executor(self.report_pool, call)
+        await asyncio.get_running_loop().run_in_executor(pool or self.report_pool, call)
 
     async def patch_status(self, res: Resource, namespace: str, name: str, status: dict) -> None:
         await self._report(self.custom.patch_namespaced_custom_object_status, res.group, res.version, namespace,
@@ -100,4 +102,4 @@ class Kube:
             "eventTime": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "reportingController": EVENT_SOURCE, "reportingInstance": socket.gethostname()[:128],
         }
-        await self._report(self.events.create_namespaced_event, namespace, body)
+        await self._report(self.events.create_namespaced_event, namespace, body, pool=self.event_pool)

@@ -19,6 +19,9 @@ class Metrics:
         self.reconciles: Counter[str] = Counter()  # by result
         self.validation_failures = 0
         self.status_patches = 0
+        self.status_deferred = 0  # progress-only writes put off by the status write budget
+        self.events_posted = 0
+        self.events_dropped: Counter[str] = Counter()  # by why: spam, full, error
         self._bucket_counts = [0] * (len(DURATION_BUCKETS) + 1)
         self._duration_sum = 0.0
         self._duration_count = 0
@@ -42,6 +45,18 @@ class Metrics:
     def status_patched(self) -> None:
         with self._lock:
             self.status_patches += 1
+
+    def status_put_off(self) -> None:
+        with self._lock:
+            self.status_deferred += 1
+
+    def event_posted(self) -> None:
+        with self._lock:
+            self.events_posted += 1
+
+    def event_dropped(self, why: str) -> None:
+        with self._lock:
+            self.events_dropped[why] += 1
 
     def exposition(self) -> str:
         with self._lock:
@@ -69,7 +84,17 @@ class Metrics:
                 "# HELP tputorch_status_patches_total Status patches written to TPUTorchJobs.",
                 "# TYPE tputorch_status_patches_total counter",
                 f"tputorch_status_patches_total {self.status_patches}",
+                "# HELP tputorch_status_patches_deferred_total Progress-only status writes put off (coalesced).",
+                "# TYPE tputorch_status_patches_deferred_total counter",
+                f"tputorch_status_patches_deferred_total {self.status_deferred}",
+                "# HELP tputorch_events_posted_total Events posted.",
+                "# TYPE tputorch_events_posted_total counter",
+                f"tputorch_events_posted_total {self.events_posted}",
+                "# HELP tputorch_events_dropped_total Events not posted, by why (spam filter, queue full, error).",
+                "# TYPE tputorch_events_dropped_total counter",
             ]
+            for why in sorted(self.events_dropped):
+                lines.append(f'tputorch_events_dropped_total{{why="{why}"}} {self.events_dropped[why]}')
         for gauge, counts in sorted(self.phases().items()):
             what = gauge.removeprefix("tputorch_")
             lines += [f"# HELP {gauge} Objects ({what}) by phase.", f"# TYPE {gauge} gauge"]

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from kubernetes.client.rest import ApiException
 
 from .. import status as statuses
+from .events import EventRecorder
 from .informer import Informer, key_of
 from .kube import Resource
 from .metrics import METRICS
@@ -34,6 +35,9 @@ Key = tuple[str, str, str]  # (kind, namespace, name)
 # A reconcile that takes longer is abandoned and retried with backoff: one object's stuck call must
 # not keep it from ever being reconciled again (a key is never handed to a second worker).
 RECONCILE_TIMEOUT = 120
+# The status write budget: at most one progress-only status write per object per this many seconds
+# (`tputorch run --status-interval`); a phase change is written at once.
+STATUS_INTERVAL = 2.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,22 @@ class Kind:
     finished: Callable[[dict], bool]  # status -> the work is done: a vanished child is not made again
     phase_metric: str  # the jobs/services-by-phase gauge
     child_spec_read: tuple[str, ...] | None  # the child's spec fields child_patch reads (None: all)
+
+
+def progress_only(previous: dict, current: dict) -> bool:
+    """The change says how far the object got (host counts, messages, KubeRay's fields, a condition
+    on the way), not where it is: same phase, same observed generation."""
+    return (previous.get("phase"), previous.get("observedGeneration")) == \
+        (current.get("phase"), current.get("observedGeneration"))
+
+
+def write_delay(previous: dict, current: dict, last_write: float | None, now: float, interval: float) -> float:
+    """Seconds to put a status write off (0: write now). A phase change, a new generation, or the
+    first write this process makes for the object goes at once; progress waits until ``interval``
+    has passed since the object's last write, and is then written as it is by then."""
+    if last_write is None or interval <= 0 or not progress_only(previous, current):
+        return 0.0
+    return max(0.0, last_write + interval - now)
 
 
 def now() -> str:
@@ -105,14 +125,20 @@ def create_problem(kind: Kind, err: Exception) -> tuple[str, str]:
 
 class Controller:
     def __init__(self, kinds: list[Kind], kube, parents: dict[str, Informer], children: dict[str, Informer],
-                 pods: Informer, clock: Callable[[], str] = now) -> None:
+                 pods: Informer, clock: Callable[[], str] = now, status_interval: float = STATUS_INTERVAL,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.kinds = {k.resource.kind: k for k in kinds}
         self.kube = kube
         self.parents, self.children, self.pods = parents, children, pods
         self.clock = clock
+        self.monotonic = monotonic
+        self.status_interval = status_interval
         self.queue = WorkQueue()
+        # Events wait while any object waits for a reconcile (events.py).
+        self.recorder = EventRecorder(kube.post_event, busy=lambda: len(self.queue) > 0, monotonic=monotonic)
         self.parsed: dict[str, tuple] = {}  # uid -> (spec version, spec or InvalidSpec)
         self.written: dict[str, tuple[str, dict]] = {}  # uid -> (resourceVersion it was derived from, status)
+        self.last_write: dict[str, float] = {}  # uid -> when its status was last written (monotonic)
         self.problems: dict[Key, tuple[str, str]] = {}  # why a child could not be created
         self.uids: dict[Key, str] = {}  # key -> uid, to drop its state when the object is gone
 
@@ -148,6 +174,8 @@ class Controller:
         if uid is not None:
             self.parsed.pop(uid, None)
             self.written.pop(uid, None)
+            self.last_write.pop(uid, None)
+            self.recorder.forget(uid)
         self.problems.pop(key, None)
         self.queue.drop(key)
 
@@ -215,7 +243,8 @@ class Controller:
         previous = self._previous(parent)
         current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
                               self.problems.get(key))
-        await self._write(kind, parent, previous, current)
+        # The write right after our own create is on the job's critical path: never put off.
+        await self._write(kind, parent, previous, current, at_once=result == "created")
         return result
 
     async def _ensure_child(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
@@ -303,12 +332,14 @@ class Controller:
             del self.written[meta["uid"]]
         return dict(parent.get("status") or {})
 
-    async def _write(self, kind: Kind, parent: dict, previous: dict, current: dict) -> bool:
+    async def _write(self, kind: Kind, parent: dict, previous: dict, current: dict, at_once: bool = False) -> bool:
         meta = parent["metadata"]
         patch = statuses.patch_for(previous, current)
         if patch is None:
             return False
         namespace, name = meta["namespace"], meta["name"]
+        if not at_once and self._put_off(kind, meta, previous, current):
+            return False
         try:
             await self.kube.patch_status(kind.resource, namespace, name, patch)
         except ApiException as err:
@@ -316,16 +347,26 @@ class Controller:
                 return False  # deleted meanwhile
             raise
         self.written[meta["uid"]] = (meta.get("resourceVersion"), current)
+        self.last_write[meta["uid"]] = self.monotonic()
         METRICS.status_patched()
         regarding = {"apiVersion": kind.resource.api_version, "kind": kind.resource.kind, "name": name,
                      "namespace": namespace, "uid": meta.get("uid")}
-        for event in statuses.events(previous, current):
-            try:
-                await self.kube.post_event(regarding, event)
-            except Exception as err:  # an event is a courtesy: never fail the reconcile for it
-                log.warning("%s %s/%s: event %s not posted: %s", kind.resource.kind, namespace, name, event.reason, err)
-        log.info("%s %s/%s: phase %s (%s)", kind.resource.kind, namespace, name, current.get("phase"),
-                 (current.get("message") or "")[:200])
+        self.recorder.record(regarding, statuses.events(previous, current))
+        if previous.get("phase") != current.get("phase"):
+            log.info("%s %s/%s: phase %s (%s)", kind.resource.kind, namespace, name, current.get("phase"),
+                     (current.get("message") or "")[:200])
+        return True
+
+    def _put_off(self, kind: Kind, meta: dict, previous: dict, current: dict) -> bool:
+        """The status write budget: a progress-only write within ``status_interval`` of the object's
+        last one waits; its key comes back when the interval is over and writes what holds then
+        (level-based: the newest counts, never a lost update)."""
+        delay = write_delay(previous, current, self.last_write.get(meta.get("uid")), self.monotonic(),
+                            self.status_interval)
+        if delay <= 0:
+            return False
+        self.queue.add_after((kind.resource.kind, meta["namespace"], meta["name"]), delay)
+        METRICS.status_put_off()
         return True
 
 

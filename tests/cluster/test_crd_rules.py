@@ -209,3 +209,35 @@ def test_every_golden_child_is_accepted_by_kuberays_crds_with_no_unknown_field(c
         proc = kubectl(crds, "create", "--dry-run=server", "--validate=strict", "-f", "-", input=yaml.safe_dump(child), check=False)
         assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
         assert "Warning" not in proc.stderr, f"{path.name}: {proc.stderr}"
+
+
+def test_every_golden_childs_pods_pass_the_api_servers_pod_validation(crds, namespace):
+    """KubeRay's CRD keeps pod templates loosely typed; the API server checks a pod only when
+    KubeRay creates it. Each template (head and TPU hosts), made into a Pod as KubeRay would, passes
+    a server-side dry run: volumes and their mounts (gcs CSI, PVC, emptyDir), annotations, resources."""
+    pods = []
+    for path in GOLDEN:
+        child = yaml.safe_load(path.read_text())
+        cluster = child["spec"].get("rayClusterSpec") or child["spec"]["rayClusterConfig"]
+        templates = [("head", cluster["headGroupSpec"]["template"])] + [
+            (g["groupName"], g["template"]) for g in cluster["workerGroupSpecs"]]
+        for role, template in templates:
+            name = f"{path.stem[:40]}-{role}"[:63].rstrip("-")
+            pods.append({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {**template["metadata"], "name": name, "namespace": namespace},
+                         "spec": template["spec"]})
+    assert any("volumes" in p["spec"] for p in pods)
+    assert {v.get("csi", {}).get("driver") for p in pods for v in p["spec"].get("volumes", [])} >= {"gcsfuse.csi.storage.gke.io"}
+    # The ServiceAccount admission plugin refuses a pod whose account does not exist (as on GKE).
+    for account in sorted({p["spec"]["serviceAccountName"] for p in pods if p["spec"].get("serviceAccountName")}):
+        kubectl(crds, "-n", namespace, "create", "serviceaccount", account)
+    proc = kubectl(crds, "create", "--dry-run=server", "--validate=strict", "-f", "-",
+                   input=yaml.safe_dump_all(pods), check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(server dry run)") == len(pods), proc.stdout
+
+
+def test_a_volume_with_two_sources_is_refused_at_admission(crds, namespace):
+    bad = job(volumes=[{"name": "v", "mountPath": "/v", "pvc": {"claimName": "c"}, "emptyDir": {}}])
+    proc = create(crds, namespace, bad)
+    assert proc.returncode != 0 and "exactly one of gcs, pvc, emptyDir" in proc.stderr, proc.stderr

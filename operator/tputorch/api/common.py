@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import topology
+from . import storage, topology
+from .storage import Volume
 from .topology import Slice, TopologyError
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -69,6 +70,7 @@ class InvalidSpec(ValueError):
 class Resources:
     cpu: str
     memory: str
+    ephemeral_storage: str | None = None
 
 
 
@@ -93,6 +95,8 @@ class CommonSpec:
     head_node_selector: dict
     queue_name: str | None
     labels: dict = field(default_factory=dict)
+    volumes: tuple[Volume, ...] = ()
+    gcs_fuse_sidecar: dict = field(default_factory=dict)  # {annotation: quantity} (storage.SIDECAR_ANNOTATIONS)
 
 
 def _show(value: Any) -> str:
@@ -225,9 +229,9 @@ TPU_FIELDS = {"accelerator", "topology", "slices", "chipsPerWorker", "chipsPerHo
 # The blocks both kinds have, parsed by one function.
 COMMON_FIELDS = {
     "tpu", "image", "rayVersion", "runtimeEnv", "env", "head", "worker", "tolerations",
-    "serviceAccountName", "nodeSelector", "queueName",
+    "serviceAccountName", "nodeSelector", "queueName", "volumes", "gcsFuseSidecar",
 }
-RESOURCE_FIELDS = {"cpu", "memory"}
+RESOURCE_FIELDS = {"cpu", "memory", "ephemeralStorage"}
 HEAD_FIELDS = RESOURCE_FIELDS | {"nodeSelector"}
 
 
@@ -319,7 +323,8 @@ def parse_resources(r: Reader, spec: Mapping, key: str, allowed: set[str]) -> tu
     block = r.mapping(spec, key, f"spec.{key}", allowed)
     cpu = r.value(block, "cpu", f"spec.{key}.cpu", (str, int), default=DEFAULTS[f"{key}.cpu"], check=quantity)
     memory = r.value(block, "memory", f"spec.{key}.memory", (str, int), default=DEFAULTS[f"{key}.memory"], check=quantity)
-    return Resources(str(cpu), str(memory)), block
+    disk = r.value(block, "ephemeralStorage", f"spec.{key}.ephemeralStorage", (str, int), check=quantity)
+    return Resources(str(cpu), str(memory), None if disk is None else str(disk)), block
 
 
 def parse_tolerations(r: Reader, spec: Mapping) -> tuple:
@@ -407,11 +412,13 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
     service_account = r.value(spec, "serviceAccountName", "spec.serviceAccountName", str, check=string(253, re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), "a DNS subdomain name"))
     node_selector = parse_node_selector(r, spec, "nodeSelector", "spec.nodeSelector")
     queue_name = r.value(spec, "queueName", "spec.queueName", str, check=string(63, LABEL_VALUE, "a label value (the Kueue LocalQueue's name)"))
+    volumes = storage.parse_volumes(r, spec, quantity)
+    sidecar = storage.parse_sidecar(r, spec, volumes, quantity)
     fields = dict(
         name=name, namespace=namespace, labels=labels, image=image, ray_version=ray_version,
         runtime_env=runtime_env, env=env, head=head, worker=worker, head_node_selector=head_selector,
         tolerations=tolerations, service_account_name=service_account, node_selector=node_selector,
-        queue_name=queue_name,
+        queue_name=queue_name, volumes=volumes, gcs_fuse_sidecar=sidecar,
     )
     return fields, spec, tpu
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from . import spec, topology
+from . import spec, storage, topology
 from .. import status
 
 GROUP = "tputorch.io"
@@ -159,14 +159,82 @@ def _tpu_schema(kind: str) -> dict:
 
 def _resources_schema(role: str, extra: dict | None = None) -> dict:
     return _s(
-        f"CPU and memory of each {role} pod (requests = limits).",
+        f"CPU, memory and ephemeral storage of each {role} pod (requests = limits).",
         type="object",
         properties={
             "cpu": _quantity(f"CPU of each {role} pod.", spec.DEFAULTS[f"{role}.cpu"]),
             "memory": _quantity(f"Memory of each {role} pod.", spec.DEFAULTS[f"{role}.memory"]),
+            "ephemeralStorage": _s(
+                f"Local ephemeral storage of each {role} pod (requests = limits): its writable layer, logs "
+                "and emptyDir volumes on the node's disk. Not set: no request.",
+                **{"x-kubernetes-int-or-string": True}, pattern=spec.QUANTITY.pattern,
+            ),
             **(extra or {}),
         },
         default={},
+    )
+
+
+def _quantity_string(description: str) -> dict:
+    return _s(description, **{"x-kubernetes-int-or-string": True}, pattern=spec.QUANTITY.pattern)
+
+
+def _volumes_schema() -> dict:
+    """spec.volumes (api/storage.py): the admission-time subset of its rules."""
+    sources = storage.SOURCES
+    return _s(
+        "Volumes mounted into the Ray containers: a Cloud Storage bucket through GKE's Cloud Storage FUSE "
+        "CSI driver (gcs), a PersistentVolumeClaim (pvc) or scratch space (emptyDir); exactly one each.",
+        type="array",
+        maxItems=storage.MAX_VOLUMES,
+        items={
+            "type": "object",
+            "required": ["name", "mountPath"],
+            "properties": {
+                "name": _string("Volume name (DNS-1123 label), unique.", maxLength=63, pattern=storage.DNS1123_LABEL.pattern),
+                "mountPath": _string("Absolute path where the containers see it.", minLength=1, maxLength=1024),
+                "readOnly": _s("Mount read-only.", type="boolean"),
+                "mountOn": _s(
+                    "Containers that mount it: head, worker (default both).", type="array", maxItems=2,
+                    items={"type": "string", "enum": list(storage.ROLES)},
+                ),
+                "gcs": _s(
+                    "A Cloud Storage bucket (the pods get the gke-gcsfuse/volumes annotation; GKE's webhook adds the "
+                    "gcsfuse sidecar). The pods' service account needs access to it (Workload Identity).",
+                    type="object", required=["bucket"],
+                    properties={
+                        "bucket": _string("Bucket name, without gs://.", maxLength=222, pattern=storage.BUCKET.pattern),
+                        "mountOptions": _s(
+                            "Cloud Storage FUSE mount options, e.g. implicit-dirs, only-dir=runs.", type="array",
+                            maxItems=storage.MAX_MOUNT_OPTIONS, items={"type": "string", "minLength": 1, "maxLength": 256},
+                        ),
+                    },
+                ),
+                "pvc": _s("An existing PersistentVolumeClaim in the same namespace.", type="object", required=["claimName"],
+                          properties={"claimName": _string("Its name.", minLength=1, maxLength=253)}),
+                "emptyDir": _s(
+                    "Scratch space that lives as long as the pod.", type="object",
+                    properties={
+                        "sizeLimit": _quantity_string("Most it may hold."),
+                        "medium": _string("\"\" (the node's disk, default) or Memory.", enum=list(storage.EMPTY_DIR_MEDIA)),
+                    },
+                ),
+            },
+            "x-kubernetes-validations": [{
+                "rule": " + ".join(f"(has(self.{s}) ? 1 : 0)" for s in sources) + " == 1",
+                "message": f"a volume must have exactly one of {', '.join(sources)}",
+            }],
+        },
+    )
+
+
+def _sidecar_schema() -> dict:
+    return _s(
+        "Resources of GKE's Cloud Storage FUSE sidecar in each pod that mounts a gcs volume, as the pod annotations "
+        "gke-gcsfuse/cpu-request, cpu-limit, memory-request, memory-limit, ephemeral-storage-request and "
+        "ephemeral-storage-limit (\"0\" for a limit: none).",
+        type="object",
+        properties={k: _quantity_string(f"The {a} annotation.") for k, a in storage.SIDECAR_ANNOTATIONS.items()},
     )
 
 
@@ -226,6 +294,8 @@ def _common_properties(kind: str) -> dict:
             f"Kueue LocalQueue: the label kueue.x-k8s.io/queue-name on the {'RayJob' if job else 'RayService'}.",
             maxLength=63,
         ),
+        "volumes": _volumes_schema(),
+        "gcsFuseSidecar": _sidecar_schema(),
     }
 
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 import jinja2
 import yaml
 
-from ..api import topology
+from ..api import storage, topology
 from .. import train
 from ..api.spec import HF_TOKEN_ENV, JobSpec, ServiceSpec
 
@@ -111,6 +111,14 @@ def object_labels(spec: Spec) -> dict[str, str]:
     return labels
 
 
+def _resources(r, extra: dict | None = None) -> dict:
+    """Requests (= limits) of a pod: cpu, memory, ephemeral-storage when asked for, ``extra``."""
+    resources = {"cpu": r.cpu, "memory": r.memory}
+    if r.ephemeral_storage:
+        resources["ephemeral-storage"] = r.ephemeral_storage
+    return {**resources, **(extra or {})}
+
+
 def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1) -> dict:
     """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
     return {
@@ -124,18 +132,16 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "image": spec.image,
         "env": env + list(spec.env),
         "head_ports": head_ports,
-        "head_resources": {"cpu": spec.head.cpu, "memory": spec.head.memory},
+        "head_resources": _resources(spec.head),
+        "head_storage": storage.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "head"),
+        "worker_storage": storage.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "worker"),
         "group_name": WORKER_GROUP,
         "min_replicas": min_replicas,
         "max_replicas": max_replicas,
         "num_hosts": spec.slice.hosts,
         "worker_node_selector": worker_node_selector(spec),
         "worker_tolerations": [TPU_TOLERATION] + ([SPOT_TOLERATION] if spec.spot else []) + list(spec.tolerations),
-        "worker_resources": {
-            "cpu": spec.worker.cpu,
-            "memory": spec.worker.memory,
-            topology.TPU_RESOURCE: str(spec.slice.chips_per_host),
-        },
+        "worker_resources": _resources(spec.worker, {topology.TPU_RESOURCE: str(spec.slice.chips_per_host)}),
     }
 
 
@@ -226,7 +232,7 @@ def _replacing(observed: object, desired: object) -> object:
 
 # Keys of the head's pod spec the cluster template writes only when set (the worker group is in a
 # list, which a merge patch replaces whole).
-_OPTIONAL_HEAD_KEYS = ("serviceAccountName", "nodeSelector", "tolerations")
+_OPTIONAL_HEAD_KEYS = ("serviceAccountName", "nodeSelector", "tolerations", "volumes")
 
 
 def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:

@@ -42,6 +42,17 @@ CASES = {
         "ttlSecondsAfterFinished": 600,
         "suspend": True,
     },
+    # Storage (spec.volumes), one golden per kind of volume.
+    "v6e-4x4-volume-gcs": {
+        "volumes": [{"name": "ckpt", "mountPath": "/mnt/ckpt", "gcs": {"bucket": "my-bucket", "mountOptions": ["implicit-dirs", "only-dir=runs"]}}],
+        "gcsFuseSidecar": {"cpuLimit": "0", "memoryLimit": "0", "ephemeralStorageLimit": "0", "memoryRequest": "1Gi"},
+        "serviceAccountName": "trainer",
+    },
+    "v6e-4x4-volume-pvc": {"volumes": [{"name": "data", "mountPath": "/data", "readOnly": True, "pvc": {"claimName": "datasets"}}]},
+    "v6e-4x4-volume-emptydir": {
+        "volumes": [{"name": "scratch", "mountPath": "/scratch", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "100Gi"}}],
+        "worker": {"ephemeralStorage": "200Gi"},
+    },
 }
 
 
@@ -159,6 +170,12 @@ SERVICE_CASES = {
     "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
     "service-v6e-4x4-replicas-1-3": {"replicas": {"min": 1, "max": 3}},
     "service-v6e-4x4-spot": {"tpu": {"spot": True}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "serve", "effect": "NoSchedule"}]},
+    "service-v6e-4x4-weights-gcs": {
+        "volumes": [{"name": "weights", "mountPath": "/models", "readOnly": True, "gcs": {"bucket": "my-models", "mountOptions": ["implicit-dirs"]}},
+                    {"name": "xla-cache", "mountPath": "/xla-cache", "gcs": {"bucket": "my-xla-cache"}}],
+        "gcsFuseSidecar": {"cpuLimit": "0", "memoryLimit": "0", "ephemeralStorageLimit": "0"},
+        "model": {"source": "/models/Qwen3-30B-A3B", "name": "qwen3"},
+    },
     "service-v6e-4x4-hf-token": {
         "model": {"source": "meta-llama/Llama-3.1-8B-Instruct", "hfTokenSecret": {"name": "hf-token", "key": "token"}},
         "engine": {"args": {"gpu_memory_utilization": 0.9, "enable_prefix_caching": True}},

@@ -1,0 +1,206 @@
+"""spec.volumes and spec.gcsFuseSidecar: storage the Ray pods mount, shared by both kinds.
+
+Three kinds of volume cover what training and serving on GKE need: a Cloud Storage bucket through
+GKE's Cloud Storage FUSE CSI driver (checkpoints, datasets, model weights, the XLA compile cache),
+a PersistentVolumeClaim, and an emptyDir for scratch. Each volume is mounted at one path in the
+head's and/or the workers' container (``mountOn``); a pod gets only the volumes its container
+mounts. The parse functions write their errors to the spec parser's reader; the CRD (crd.py)
+builds its schema from the constants here.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# GKE's Cloud Storage FUSE CSI driver: the pod annotation that makes its webhook inject the
+# gke-gcsfuse-sidecar container, the CSI driver name, and the annotations that size the sidecar.
+GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+GCS_FUSE_ANNOTATION = "gke-gcsfuse/volumes"
+# spec.gcsFuseSidecar field -> the pod annotation GKE documents for it.
+SIDECAR_ANNOTATIONS = {
+    "cpuRequest": "gke-gcsfuse/cpu-request",
+    "cpuLimit": "gke-gcsfuse/cpu-limit",
+    "memoryRequest": "gke-gcsfuse/memory-request",
+    "memoryLimit": "gke-gcsfuse/memory-limit",
+    "ephemeralStorageRequest": "gke-gcsfuse/ephemeral-storage-request",
+    "ephemeralStorageLimit": "gke-gcsfuse/ephemeral-storage-limit",
+}
+
+MAX_VOLUMES = 16
+MAX_MOUNT_OPTIONS = 32
+ROLES = ("head", "worker")
+VOLUME_FIELDS = {"name", "mountPath", "readOnly", "mountOn", "gcs", "pvc", "emptyDir"}
+SOURCES = ("gcs", "pvc", "emptyDir")
+GCS_FIELDS = {"bucket", "mountOptions"}
+PVC_FIELDS = {"claimName"}
+EMPTY_DIR_FIELDS = {"sizeLimit", "medium"}
+EMPTY_DIR_MEDIA = ("", "Memory")
+# KubeRay adds /dev/shm (volume shared-mem) to every Ray container, and ray-logs with the autoscaler.
+RESERVED_VOLUME_NAMES = {"shared-mem": "KubeRay's /dev/shm volume", "ray-logs": "KubeRay's log volume with the autoscaler"}
+RESERVED_MOUNT_PATHS = {"/dev/shm": "KubeRay mounts shared memory there"}
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Cloud Storage bucket names: 3-63 characters (up to 222 with dots) of lowercase letters, digits,
+# '-', '_' and '.', starting and ending with a letter or digit.
+BUCKET = re.compile(r"^[a-z0-9][-_.a-z0-9]{1,220}[a-z0-9]$")
+CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Volume:
+    name: str
+    mount_path: str
+    read_only: bool
+    mount_on: tuple[str, ...]  # "head", "worker"
+    source: str  # one of SOURCES
+    bucket: str | None = None
+    mount_options: tuple[str, ...] = ()
+    claim_name: str | None = None
+    size_limit: str | None = None
+    medium: str = ""
+
+    def pod_volume(self) -> dict:
+        """The pod's volume (core/v1 Volume)."""
+        if self.source == "gcs":
+            attributes = {"bucketName": self.bucket}
+            if self.mount_options:
+                attributes["mountOptions"] = ",".join(self.mount_options)
+            return {"name": self.name, "csi": {"driver": GCS_FUSE_DRIVER, "readOnly": self.read_only,
+                                               "volumeAttributes": attributes}}
+        if self.source == "pvc":
+            return {"name": self.name, "persistentVolumeClaim": {"claimName": self.claim_name, "readOnly": self.read_only}}
+        empty_dir: dict[str, str] = {}
+        if self.medium:
+            empty_dir["medium"] = self.medium
+        if self.size_limit:
+            empty_dir["sizeLimit"] = self.size_limit
+        return {"name": self.name, "emptyDir": empty_dir}
+
+    def mount(self) -> dict:
+        """The container's volumeMount."""
+        mount: dict[str, Any] = {"name": self.name, "mountPath": self.mount_path}
+        if self.read_only:
+            mount["readOnly"] = True
+        return mount
+
+
+def _problem_path(v: str) -> str | None:
+    if not v.startswith("/"):
+        return "must be an absolute path"
+    if len(v) > 1024:
+        return "must be at most 1024 characters"
+    if ".." in v.split("/"):
+        return "must not contain '..'"
+    if posixpath.normpath(v) == "/":
+        return "must not be /"
+    for reserved, why in RESERVED_MOUNT_PATHS.items():
+        if posixpath.normpath(v) == reserved or v.startswith(reserved + "/"):
+            return f"must not be {reserved} or under it: {why}"
+    return None
+
+
+def _check_name(v: str) -> str | None:
+    if len(v) > 63 or not DNS1123_LABEL.match(v):
+        return "must be a DNS-1123 label (at most 63 lowercase letters, digits and '-')"
+    if v in RESERVED_VOLUME_NAMES:
+        return f"must not be {v}: {RESERVED_VOLUME_NAMES[v]}"
+    return None
+
+
+def _check_bucket(v: str) -> str | None:
+    if not BUCKET.match(v) or (len(v) > 63 and "." not in v):
+        return "must be a Cloud Storage bucket name (3-63 characters of a-z, 0-9, '-', '_', '.'), without gs://"
+    return None
+
+
+def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
+    """spec.volumes; ``r`` is the spec parser's reader, ``quantity`` its Kubernetes quantity check."""
+    items = r.value(spec, "volumes", "spec.volumes", list, default=[])
+    if len(items) > MAX_VOLUMES:
+        r.error("spec.volumes", f"{len(items)} volumes", f"must have at most {MAX_VOLUMES} volumes")
+        return ()
+    volumes = []
+    names: set[str] = set()
+    paths: dict[tuple[str, str], str] = {}
+    for i, item in enumerate(items):
+        path = f"spec.volumes[{i}]"
+        if not isinstance(item, Mapping):
+            r.error(path, item, "must be an object with name, mountPath and one of gcs, pvc, emptyDir")
+            continue
+        for unknown in sorted(set(map(str, item)) - VOLUME_FIELDS):
+            r.error(f"{path}.{unknown}", item[unknown], f"is not a known field; known: {', '.join(sorted(VOLUME_FIELDS))}")
+        name = r.value(item, "name", f"{path}.name", str, required=True, check=_check_name)
+        mount_path = r.value(item, "mountPath", f"{path}.mountPath", str, required=True, check=_problem_path)
+        read_only = r.value(item, "readOnly", f"{path}.readOnly", bool, default=False)
+        mount_on = r.value(item, "mountOn", f"{path}.mountOn", list, default=list(ROLES))
+        bad_roles = [x for x in mount_on if x not in ROLES]
+        if bad_roles or not mount_on or len(set(mount_on)) != len(mount_on):
+            r.error(f"{path}.mountOn", mount_on, "must list head and/or worker, each at most once")
+            mount_on = []
+        given = [s for s in SOURCES if item.get(s) is not None]
+        if len(given) != 1:
+            r.error(path, ", ".join(given) or None, f"must have exactly one of {', '.join(SOURCES)}")
+        if name is not None:
+            if name in names:
+                r.error(f"{path}.name", name, "must be unique within spec.volumes")
+            names.add(name)
+        if mount_path is not None:
+            normal = posixpath.normpath(mount_path)
+            for role in mount_on:
+                if (role, normal) in paths:
+                    r.error(f"{path}.mountPath", mount_path, f"must differ from the mountPath of volume {paths[(role, normal)]} in the {role} container")
+                paths[(role, normal)] = name or str(i)
+        if len(given) != 1 or name is None or mount_path is None or not mount_on:
+            continue
+        source = given[0]
+        block = r.mapping(item, source, f"{path}.{source}", {"gcs": GCS_FIELDS, "pvc": PVC_FIELDS, "emptyDir": EMPTY_DIR_FIELDS}[source])
+        fields: dict[str, Any] = {}
+        if source == "gcs":
+            fields["bucket"] = r.value(block, "bucket", f"{path}.gcs.bucket", str, required=True, check=_check_bucket)
+            options = r.value(block, "mountOptions", f"{path}.gcs.mountOptions", list, default=[])
+            if len(options) > MAX_MOUNT_OPTIONS:
+                r.error(f"{path}.gcs.mountOptions", f"{len(options)} options", f"must have at most {MAX_MOUNT_OPTIONS} options")
+                options = []
+            for j, option in enumerate(options):
+                # The CSI driver takes them as one comma-separated string.
+                if not isinstance(option, str) or not option or "," in option or len(option) > 256:
+                    r.error(f"{path}.gcs.mountOptions[{j}]", option, "must be a non-empty string without commas, such as implicit-dirs")
+            fields["mount_options"] = tuple(o for o in options if isinstance(o, str))
+        elif source == "pvc":
+            fields["claim_name"] = r.value(block, "claimName", f"{path}.pvc.claimName", str, required=True,
+                                           check=lambda v: None if len(v) <= 253 and CLAIM_NAME.match(v) else "must be a PersistentVolumeClaim name (a DNS subdomain)")
+        else:
+            size = r.value(block, "sizeLimit", f"{path}.emptyDir.sizeLimit", (str, int), check=quantity)
+            fields["size_limit"] = None if size is None else str(size)
+            fields["medium"] = r.value(block, "medium", f"{path}.emptyDir.medium", str, default="",
+                                       check=lambda v: None if v in EMPTY_DIR_MEDIA else "must be \"\" (the node's disk) or Memory")
+            if read_only:
+                r.error(f"{path}.readOnly", read_only, "must not be true for an emptyDir: nothing could ever write to it")
+        volumes.append(Volume(name=name, mount_path=mount_path, read_only=read_only,
+                              mount_on=tuple(x for x in ROLES if x in mount_on), source=source, **fields))
+    return tuple(volumes)
+
+
+def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...], quantity) -> dict[str, str]:
+    """spec.gcsFuseSidecar -> the pod annotations GKE reads ({annotation: quantity})."""
+    block = r.mapping(spec, "gcsFuseSidecar", "spec.gcsFuseSidecar", set(SIDECAR_ANNOTATIONS))
+    if block and not any(v.source == "gcs" for v in volumes):
+        r.error("spec.gcsFuseSidecar", None, "must not be set without a gcs volume in spec.volumes: there is no sidecar to size")
+    annotations = {}
+    for key, annotation in SIDECAR_ANNOTATIONS.items():
+        value = r.value(block, key, f"spec.gcsFuseSidecar.{key}", (str, int), check=quantity)
+        if value is not None:
+            annotations[annotation] = str(value)
+    return annotations
+
+
+def pod_storage(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str) -> dict:
+    """What one role's pod template gets: volumes, its container's mounts, pod annotations."""
+    mine = [v for v in volumes if role in v.mount_on]
+    annotations: dict[str, str] = {}
+    if any(v.source == "gcs" for v in mine):
+        annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar}
+    return {"volumes": [v.pod_volume() for v in mine], "mounts": [v.mount() for v in mine], "annotations": annotations}

@@ -1,0 +1,126 @@
+"""spec.volumes, spec.gcsFuseSidecar and ephemeral-storage: parsed the same for both kinds, every
+bad value named, and rendered the way GKE's Cloud Storage FUSE CSI driver documents."""
+
+import pytest
+
+from tputorch import render
+from tputorch.api import spec, storage
+
+from ..jobs import body
+from ..services import service_body
+
+GCS = {"name": "ckpt", "mountPath": "/mnt/ckpt", "gcs": {"bucket": "my-bucket", "mountOptions": ["implicit-dirs"]}}
+PVC = {"name": "data", "mountPath": "/data", "readOnly": True, "pvc": {"claimName": "datasets"}}
+SCRATCH = {"name": "scratch", "mountPath": "/scratch", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "100Gi"}}
+
+
+def errors_of(obj, parser=spec.parse):
+    with pytest.raises(spec.InvalidSpec) as err:
+        parser(obj)
+    return [(e.path, e.message) for e in err.value.errors]
+
+
+def pods(rayjob):
+    cluster = rayjob["spec"].get("rayClusterSpec") or rayjob["spec"]["rayClusterConfig"]
+    (worker,) = cluster["workerGroupSpecs"]
+    return cluster["headGroupSpec"]["template"], worker["template"]
+
+
+def test_three_kinds_of_volume_parse_with_their_defaults():
+    job = spec.parse(body(volumes=[GCS, PVC, SCRATCH]))
+    gcs, pvc, scratch = job.volumes
+    assert (gcs.source, gcs.bucket, gcs.mount_options, gcs.read_only, gcs.mount_on) == (
+        "gcs", "my-bucket", ("implicit-dirs",), False, ("head", "worker"))
+    assert (pvc.source, pvc.claim_name, pvc.read_only) == ("pvc", "datasets", True)
+    assert (scratch.source, scratch.size_limit, scratch.mount_on) == ("emptyDir", "100Gi", ("worker",))
+    assert job.gcs_fuse_sidecar == {}
+
+
+def test_no_volumes_render_no_storage_keys():
+    head, worker = pods(render.rayjob(spec.parse(body())))
+    for pod in (head, worker):
+        assert "annotations" not in pod["metadata"] and "volumes" not in pod["spec"]
+        assert "volumeMounts" not in pod["spec"]["containers"][0]
+
+
+def test_gcs_volume_is_gkes_csi_form_with_the_sidecar_annotation_on_the_pods_that_mount_it():
+    sidecar = {"cpuLimit": "0", "memoryLimit": "0", "ephemeralStorageLimit": "0", "cpuRequest": "500m",
+               "memoryRequest": "1Gi", "ephemeralStorageRequest": "50Gi"}
+    only_workers = {**GCS, "mountOn": ["worker"], "gcs": {"bucket": "my-bucket", "mountOptions": ["implicit-dirs", "file-cache:max-size-mb:-1"]}}
+    head, worker = pods(render.rayjob(spec.parse(body(volumes=[only_workers], gcsFuseSidecar=sidecar))))
+    assert worker["spec"]["volumes"] == [{"name": "ckpt", "csi": {
+        "driver": "gcsfuse.csi.storage.gke.io", "readOnly": False,
+        "volumeAttributes": {"bucketName": "my-bucket", "mountOptions": "implicit-dirs,file-cache:max-size-mb:-1"}}}]
+    assert worker["metadata"]["annotations"] == {
+        "gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0",
+        "gke-gcsfuse/ephemeral-storage-limit": "0", "gke-gcsfuse/cpu-request": "500m",
+        "gke-gcsfuse/memory-request": "1Gi", "gke-gcsfuse/ephemeral-storage-request": "50Gi"}
+    assert worker["spec"]["containers"][0]["volumeMounts"] == [{"name": "ckpt", "mountPath": "/mnt/ckpt"}]
+    # The head mounts nothing: no volume, no annotation (the webhook would inject a sidecar for nothing).
+    assert "annotations" not in head["metadata"] and "volumes" not in head["spec"]
+
+
+def test_pvc_and_empty_dir_render_without_the_fuse_annotation():
+    head, worker = pods(render.rayjob(spec.parse(body(volumes=[PVC, SCRATCH]))))
+    assert head["spec"]["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}}]
+    assert head["spec"]["containers"][0]["volumeMounts"] == [{"name": "data", "mountPath": "/data", "readOnly": True}]
+    assert worker["spec"]["volumes"][1] == {"name": "scratch", "emptyDir": {"sizeLimit": "100Gi"}}
+    assert [m["name"] for m in worker["spec"]["containers"][0]["volumeMounts"]] == ["data", "scratch"]
+    assert "annotations" not in head["metadata"] and "annotations" not in worker["metadata"]
+
+
+def test_ephemeral_storage_is_requested_and_limited_per_role():
+    head, worker = pods(render.rayjob(spec.parse(body(head={"ephemeralStorage": "20Gi"}, worker={"ephemeralStorage": "200Gi"}))))
+    assert head["spec"]["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "20Gi"
+    assert worker["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] == "200Gi"
+    head, worker = pods(render.rayjob(spec.parse(body())))
+    assert "ephemeral-storage" not in worker["spec"]["containers"][0]["resources"]["requests"]
+
+
+def test_a_service_takes_the_same_block():
+    svc = spec.parse_service(service_body(volumes=[{**GCS, "readOnly": True}], gcsFuseSidecar={"memoryLimit": "4Gi"}))
+    head, worker = pods(render.rayservice(svc))
+    for pod in (head, worker):
+        assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/memory-limit": "4Gi"}
+        assert pod["spec"]["volumes"][0]["csi"]["readOnly"] is True
+    assert errors_of(service_body(volumes=[{"name": "x"}]), spec.parse_service)
+
+
+@pytest.mark.parametrize("volumes,path,fragment", [
+    ("bucket", "spec.volumes", "must be a list"),
+    ([GCS] * 2, "spec.volumes[1].name", "must be unique"),
+    ([GCS, {**PVC, "mountPath": "/mnt/ckpt/"}], "spec.volumes[1].mountPath", "must differ from the mountPath of volume ckpt in the head container"),
+    ([{**GCS, "name": "Ckpt"}], "spec.volumes[0].name", "DNS-1123 label"),
+    ([{**GCS, "name": "shared-mem"}], "spec.volumes[0].name", "KubeRay's /dev/shm volume"),
+    ([{**GCS, "mountPath": "relative"}], "spec.volumes[0].mountPath", "absolute path"),
+    ([{**GCS, "mountPath": "/dev/shm"}], "spec.volumes[0].mountPath", "KubeRay mounts shared memory there"),
+    ([{**GCS, "mountPath": "/a/../b"}], "spec.volumes[0].mountPath", "must not contain '..'"),
+    ([{**GCS, "mountOn": ["driver"]}], "spec.volumes[0].mountOn", "must list head and/or worker"),
+    ([{**GCS, "mountOn": []}], "spec.volumes[0].mountOn", "must list head and/or worker"),
+    ([{**GCS, "pvc": {"claimName": "x"}}], "spec.volumes[0]", "must have exactly one of gcs, pvc, emptyDir"),
+    ([{"name": "n", "mountPath": "/n"}], "spec.volumes[0]", "must have exactly one of gcs, pvc, emptyDir"),
+    ([{**GCS, "gcs": {"bucket": "gs://my-bucket"}}], "spec.volumes[0].gcs.bucket", "without gs://"),
+    ([{**GCS, "gcs": {"bucket": "my-bucket", "mountOptions": ["a,b"]}}], "spec.volumes[0].gcs.mountOptions[0]", "without commas"),
+    ([{**GCS, "gcs": {"bucket": "b1", "onlyDir": "x"}}], "spec.volumes[0].gcs.onlyDir", "is not a known field"),
+    ([{**PVC, "pvc": {"claimName": "Bad_Name"}}], "spec.volumes[0].pvc.claimName", "PersistentVolumeClaim name"),
+    ([{**SCRATCH, "emptyDir": {"sizeLimit": "lots"}}], "spec.volumes[0].emptyDir.sizeLimit", "Kubernetes quantity"),
+    ([{**SCRATCH, "emptyDir": {"medium": "HugePages"}}], "spec.volumes[0].emptyDir.medium", "Memory"),
+    ([{**SCRATCH, "readOnly": True}], "spec.volumes[0].readOnly", "nothing could ever write to it"),
+    ([{**GCS, "size": 1}], "spec.volumes[0].size", "is not a known field"),
+    ([dict(GCS, name=f"v{i}", mountPath=f"/v{i}") for i in range(storage.MAX_VOLUMES + 1)], "spec.volumes", "at most 16 volumes"),
+])
+def test_bad_volumes_are_named(volumes, path, fragment):
+    found = errors_of(body(volumes=volumes))
+    assert any(p == path and fragment in m for p, m in found), found
+
+
+def test_sidecar_settings_need_a_gcs_volume_and_quantities():
+    assert ("spec.gcsFuseSidecar", "must not be set without a gcs volume in spec.volumes: there is no sidecar to size") in errors_of(
+        body(volumes=[PVC], gcsFuseSidecar={"cpuLimit": "1"}))
+    found = errors_of(body(volumes=[GCS], gcsFuseSidecar={"cpuLimit": "one", "gpu": "1"}))
+    assert [p for p, _ in found] == ["spec.gcsFuseSidecar.gpu", "spec.gcsFuseSidecar.cpuLimit"]
+
+
+def test_bad_ephemeral_storage_is_named():
+    assert ("spec.worker.ephemeralStorage", "must be a Kubernetes quantity such as 4, 500m, 16Gi") in errors_of(
+        body(worker={"ephemeralStorage": "big"}))

@@ -9,6 +9,7 @@ operator acts on the objects (the caller restarts it with `hack/cluster.sh up`).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -65,6 +66,36 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+_REQUEST = re.compile(r'^apiserver_request_total\{([^}]*)\} (\S+)$')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+COUNTED = ("tputorchjobs", "rayjobs", "events")
+
+
+def apiserver_writes(api: client.ApiClient) -> dict[str, float]:
+    """The API server's own count of write requests so far, by "VERB resource[/subresource]", for
+    the resources a job's path writes (its /metrics, apiserver_request_total)."""
+    method, url, headers, _body, _post = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    answer = api.call_api(method, url, header_params=headers, _request_timeout=30)
+    out: dict[str, float] = {}
+    for line in answer.read().decode().splitlines():
+        m = _REQUEST.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group(1)))
+        if labels.get("verb") not in WRITE_VERBS or labels.get("resource") not in COUNTED:
+            continue
+        what = labels["resource"] + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        key = f"{labels['verb']} {what}"
+        out[key] = out.get(key, 0.0) + float(m.group(2))
+    return out
+
+
+def writes_per_job(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
+    return {k: (after.get(k, 0.0) - before.get(k, 0.0)) / n for k in sorted(after)
+            if after.get(k, 0.0) - before.get(k, 0.0) > 0}
 
 
 class Watcher(threading.Thread):
@@ -220,6 +251,7 @@ class Bench:
         api = component_pid("kube-apiserver")
         api_cpu = cpu_s(api) if api else float("nan")
         ctl_cpu = cpu_s(controller_pid) if controller_pid else float("nan")
+        self.writes_before = apiserver_writes(self.api)
         sent, start = self._burst(ns, bodies)
         ok = w.wait(sent, timeout)
         w.stop_flag.set()
@@ -255,7 +287,10 @@ class Bench:
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             time.sleep(2)  # its watch is established (as for the operator below)
-            return self._through_controller(ns, n, proc.pid)
+            result = self._through_controller(ns, n, proc.pid)
+            time.sleep(2)  # it writes nothing more; the same wait as the operator's events below
+            result["writes_per_job"] = writes_per_job(self.writes_before, apiserver_writes(self.api), n)
+            return result
         finally:
             proc.terminate()
             proc.wait(30)
@@ -271,6 +306,8 @@ class Bench:
             # Let the operator finish its status writes before measuring the idle-after RSS.
             self._settle(ns, n)
             result["all_status_s"] = time.monotonic() - result["burst_start"]
+            time.sleep(2)  # the events, posted once no job waits for a reconcile
+            result["writes_per_job"] = writes_per_job(self.writes_before, apiserver_writes(self.api), n)
             result["rss_idle_mb"] = rss_idle
             result["rss_loaded_mb"] = rss_mb(op.proc.pid)
             result["status"] = self.propagation(ns, sorted(f"job-{i:05d}" for i in range(n))[:status_samples])

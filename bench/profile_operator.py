@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Profile the operator (cProfile of the whole process) through a burst or a start over existing jobs.
+"""Profile the operator through a burst or a start over existing jobs: cProfile of its event loop's
+thread, or with --threads yappi's CPU clock over every thread (the watches and API calls included).
 
   python bench/profile_operator.py N                       # a burst of N jobs in a new namespace
+  python bench/profile_operator.py --threads N             # the same, every thread
   python bench/profile_operator.py --existing NS OBJECTS   # a start over the OBJECTS jobs of NS
                                                            # (e.g. made by tests/cluster/population.py)
 
@@ -31,12 +33,15 @@ import throughput  # noqa: E402
 class Profiled(burst.OperatorProcess):
     """The operator under cProfile; SIGINT makes it write its profile on the way out."""
 
-    def __init__(self, kubeconfig: str, log: Path, namespaces: list[str], prof: Path) -> None:
+    def __init__(self, kubeconfig: str, log: Path, namespaces: list[str], prof: Path, threads: bool = False) -> None:
         super().__init__(kubeconfig, log, namespaces)
         self.prof = prof
+        self.threads = threads
 
     def start(self, timeout: float = 300) -> "Profiled":
-        args = [sys.executable, "-m", "cProfile", "-o", str(self.prof), "-m", "tputorch", "run",
+        profiler = [str(HERE / "yappi_run.py"), str(self.prof)] if self.threads else \
+            ["-m", "cProfile", "-o", str(self.prof), "-m", "tputorch"]
+        args = [sys.executable, *profiler, "run",
                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
         for ns in self.namespaces:
@@ -47,6 +52,16 @@ class Profiled(burst.OperatorProcess):
         return self
 
     def stop(self) -> None:
+        if self.threads:  # yappi_run.py saves on SIGUSR1
+            saved = self.prof.stat().st_mtime if self.prof.exists() else 0
+            os.kill(self.proc.pid, signal.SIGUSR1)
+            end = time.monotonic() + 120
+            while time.monotonic() < end and (not self.prof.exists() or self.prof.stat().st_mtime == saved):
+                time.sleep(0.5)
+            time.sleep(2)  # written whole
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+            return
         os.killpg(self.proc.pid, signal.SIGINT)
         self.proc.wait(120)
 
@@ -54,6 +69,7 @@ class Profiled(burst.OperatorProcess):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("n", nargs="?", type=int, default=200, help="jobs in the burst (default 200)")
+    p.add_argument("--threads", action="store_true", help="every thread, with yappi (pip install yappi)")
     p.add_argument("--existing", nargs=2, metavar=("NAMESPACE", "OBJECTS"), help="profile a start over existing jobs")
     args = p.parse_args()
     kubeconfig = os.environ["KUBECONFIG"]
@@ -71,8 +87,9 @@ def main() -> int:
         op.stop()
     else:
         ns = bench.namespace("profile", args.n)
-        op = Profiled(kubeconfig, out / "profile-operator.log", [ns], prof)
+        op = Profiled(kubeconfig, out / "profile-operator.log", [ns], prof, args.threads)
         op.start()
+        cpu0 = burst.cpu_s(op.proc.pid)
         try:
             time.sleep(6)
             bodies = []
@@ -83,7 +100,8 @@ def main() -> int:
             t0 = time.monotonic()
             bench._burst(ns, bodies)
             bench._settle(ns, args.n)
-            print(f"{args.n} jobs settled in {time.monotonic() - t0:.1f}s; RSS {burst.rss_mb(op.proc.pid):.1f} MB")
+            print(f"{args.n} jobs settled in {time.monotonic() - t0:.1f}s; RSS {burst.rss_mb(op.proc.pid):.1f} MB; "
+                  f"operator CPU {1000 * (burst.cpu_s(op.proc.pid) - cpu0) / args.n:.1f} ms/job (profiled)")
         finally:
             op.stop()
             bench.cleanup()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmarks: `make bench` (everything) or `BENCH_ARGS=--quick make bench` (smaller counts; 17 min
-at load average ~25 in run 6, most of it the API server making the existing jobs).
+"""Benchmarks: `make bench` (everything) or `BENCH_ARGS=--quick make bench` (smaller counts, the same
+keys; 17 min at load average ~25 in run 6 with 1,000 existing jobs and pods, hence 500 since run 7).
 
 The five measures of issue 16 on the local cluster (started if needed), then tables,
 bench/out/results.json (the headline figures), bench/out/details.json (every figure, with the load
@@ -37,14 +37,15 @@ MEASURES = ("e2e", "waiting", "bursts", "existing", "pods")
 # (full, quick)
 SIZES = {
     "e2e_samples": (20, 6), "e2e_concurrent": (100, 10),
-    "waiting_jobs": (50, 10), "waiting_window_s": (300, 90),
+    "waiting_jobs": (50, 10), "waiting_window_s": (300, 60),
     "bursts": ([500, 1000], [200]),
-    "existing": (5000, 1000), "existing_burst": (100, 100), "idle_s": (30, 10),
-    "pods": (5000, 1000),
+    "existing": (5000, 500), "existing_burst": (100, 100), "idle_s": (30, 10),
+    "pods": (5000, 500),
 }
 HEADLINE = ("e2e_p50_ratio", "burst_throughput_vs_minimal", "burst_p50_vs_minimal", "restart_objects",
             "restart_seconds", "restart_creates", "restart_status_writes", "restart_rss_mb",
-            "unrelated_pods_rss_delta_mb", "pending_status_writes_per_job_per_5min")
+            "unrelated_pods_rss_delta_mb", "pending_status_writes_per_job_per_5min",
+            "e2e_writes_per_job", "burst_writes_per_job")
 
 
 def machine() -> dict:
@@ -160,10 +161,16 @@ def headline(c: dict) -> dict:
     h = dict.fromkeys(HEADLINE)
     if "e2e" in c:
         h["e2e_p50_ratio"] = c["e2e"]["single_p50_ratio"]
+        if "writes_per_job" in c["e2e"]:
+            h["e2e_writes_per_job"] = {side: round(sum(w.values()), 2) for side, w in c["e2e"]["writes_per_job"].items()}
     if "bursts" in c:
         sizes = c["bursts"]["sizes"].values()
         h["burst_throughput_vs_minimal"] = min(s["throughput_ratio"] for s in sizes)
         h["burst_p50_vs_minimal"] = max(s["p50_ratio"] for s in sizes)
+        last = list(sizes)[-1]
+        if "writes_per_job" in last["operator"]:
+            h["burst_writes_per_job"] = {side: round(sum(last[side]["writes_per_job"].values()), 2)
+                                         for side in ("minimal", "operator")}
     if "existing" in c:
         r = c["existing"]["restart"]
         h.update(restart_objects=c["existing"]["objects"], restart_seconds=r.get("reconciled_s"),
@@ -221,6 +228,20 @@ def sections(results: dict) -> list[tuple[str, list[str], list[list]]]:
         out.append(("2. Bursts: operator vs minimal controller (KubeRay stopped)",
                     ["N", "minimal jobs/s", "op jobs/s", "op/min", "minimal p50 ms", "op p50 ms", "op/min p50",
                      "op p99 ms", "minimal CPU ms/job", "op CPU ms/job", "op RSS MB", "load"], rows))
+    rows = []
+    if "e2e" in c and "writes_per_job" in c["e2e"]:
+        for side, w in c["e2e"]["writes_per_job"].items():
+            rows.append([f"1. e2e, {side}", sum(w.values()), ", ".join(f"{k} {v:.2f}" for k, v in w.items())])
+    if "bursts" in c:
+        for n, s in c["bursts"]["sizes"].items():
+            for side in ("minimal", "operator"):
+                w = s[side].get("writes_per_job")
+                if w is not None:
+                    rows.append([f"2. burst of {n}, {side}", sum(w.values()),
+                                 ", ".join(f"{k} {v:.2f}" for k, v in w.items())])
+    if rows:
+        out.append(("Writes per job, counted by the API server (apiserver_request_total: TPUTorchJobs, RayJobs, "
+                    "Events)", ["side", "writes/job", "by verb and resource"], rows))
     if "existing" in c:
         x = c["existing"]
         rows = []
@@ -319,7 +340,7 @@ def plot(results: dict, path: Path) -> None:
 def main() -> int:
     global OUT
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smaller counts (1,000 existing jobs and pods, bursts of 200)")
+    p.add_argument("--quick", action="store_true", help="smaller counts (500 existing jobs and pods, bursts of 200)")
     p.add_argument("--only", default=",".join(MEASURES), help=f"measures to run, comma-separated ({','.join(MEASURES)})")
     p.add_argument("--direct", action="store_true", help="bursts: also time direct RayJob creates")
     p.add_argument("--no-cluster", action="store_true", help="only the render + validate throughput")

@@ -246,7 +246,8 @@ def end_to_end(bench: burst.Bench, samples: int, concurrent: int) -> dict:
     op_ns, hand_ns = bench.namespace("e2e-operator", samples), bench.namespace("e2e-hand", samples)
     op = OperatorProcess(bench.kubeconfig, bench.log_dir / "e2e-operator.log", [op_ns]).start()
     watches = {}
-    result = {"single": {"operator": [], "hand": []}, "rayjob_s": {"operator": [], "hand": []}, "load": []}
+    result = {"single": {"operator": [], "hand": []}, "rayjob_s": {"operator": [], "hand": []}, "load": [],
+              "writes": {"operator": {}, "hand": {}}, "writes_jobs": {"operator": 0, "hand": 0}}
     try:
         def one(side: str, names: list[str], topo: str, hosts: int) -> list[float]:
             ns = op_ns if side == "operator" else hand_ns
@@ -257,6 +258,7 @@ def end_to_end(bench: burst.Bench, samples: int, concurrent: int) -> dict:
             w.live.wait(10)
             time.sleep(1)
             sent = {}
+            before = burst.apiserver_writes(bench.api)
 
             def create(name):
                 sent[name] = time.monotonic()
@@ -268,6 +270,10 @@ def end_to_end(bench: burst.Bench, samples: int, concurrent: int) -> dict:
             with ThreadPoolExecutor(burst.CREATORS) as pool:
                 list(pool.map(create, names))
             ok = w.wait(names, 120 + 2 * len(names))
+            # Every write to the job's objects while the user waited (ours, KubeRay's, the scheduler's events).
+            for k, v in burst.writes_per_job(before, burst.apiserver_writes(bench.api), 1).items():
+                result["writes"][side][k] = result["writes"][side].get(k, 0.0) + v
+            result["writes_jobs"][side] += len(names)
             w.stop_flag.set()
             rj.stop_flag.set()
             lat = [w.done[n] - sent[n] for n in names if n in w.done]
@@ -304,6 +310,8 @@ def end_to_end(bench: burst.Bench, samples: int, concurrent: int) -> dict:
             result["concurrent"] = many
             print(f"   {concurrent} at once: operator p50 {many['operator']['p50_s']:.2f}s, "
                   f"hand {many['hand']['p50_s']:.2f}s ({many['p50_ratio']:.2f}x)", flush=True)
+        result["writes_per_job"] = {side: {k: v / max(1, result["writes_jobs"][side]) for k, v in w.items()}
+                                    for side, w in result["writes"].items()}
         result["operator_traceback"] = "Traceback" in op.log()
     finally:
         op.stop()

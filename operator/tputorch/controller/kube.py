@@ -37,6 +37,13 @@ class Resource:
         return f"{base}/{name}" if name else base
 
 
+# The client's credential refresh runs before every request, and each run sets the host again,
+# which scans the whole environment for proxies: 10 % of the operator's CPU in a burst (profile in
+# bench/RESULTS.md). Tokens are re-read at most this often instead (the in-cluster token file is
+# re-read after a minute anyway; projected tokens live an hour or more).
+CREDENTIAL_REFRESH_S = 10.0
+
+
 def load_config():
     """The in-cluster service account, else the kubeconfig: an ApiClient either way."""
     from kubernetes import client, config
@@ -45,7 +52,29 @@ def load_config():
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.Configuration.get_default_copy()
+    configuration = client.Configuration.get_default_copy()
+    throttle_credential_refresh(configuration)
+    return configuration
+
+
+def throttle_credential_refresh(configuration, seconds: float = CREDENTIAL_REFRESH_S, clock=time.monotonic) -> None:
+    """Run the client's credential refresh hook at most once per ``seconds``. The loaders' hook
+    installs itself again on every run: the newest one is kept behind this one."""
+    hook = configuration.refresh_api_key_hook
+    if hook is None:
+        return
+    last = float("-inf")
+
+    def refresh(cfg) -> None:
+        nonlocal hook, last
+        now = clock()
+        if now - last < seconds:
+            return
+        last = now  # two threads at once may both refresh: harmless
+        hook(cfg)
+        if cfg.refresh_api_key_hook is not refresh:
+            hook, cfg.refresh_api_key_hook = cfg.refresh_api_key_hook, refresh
+    configuration.refresh_api_key_hook = refresh
 
 
 class Kube:

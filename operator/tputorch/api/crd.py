@@ -446,6 +446,39 @@ def _service_spec_schema() -> dict:
                     "message": "spec.replicas.max must be at least spec.replicas.min",
                 }]},
             ),
+            "serve": _s(
+                "Ray Serve options of the model's deployment (LLMConfig.deployment_config) and how long it may take to start.",
+                type="object",
+                default={},
+                properties={
+                    "targetOngoingRequests": _int(
+                        "Requests per replica the autoscaler aims at (Ray Serve LLM's default, 1e9, never scales).",
+                        minimum=1, maximum=1_000_000, default=spec.SERVICE_DEFAULTS["serve.targetOngoingRequests"]),
+                    "maxOngoingRequests": _int(
+                        "Most requests a replica holds at once; keep it at or above vLLM's max_num_seqs.",
+                        minimum=1, maximum=1_000_000, default=spec.SERVICE_DEFAULTS["serve.maxOngoingRequests"]),
+                    "healthCheckPeriodSeconds": _int(
+                        "Seconds between Serve's health checks of a replica.",
+                        minimum=1, maximum=86400, default=spec.SERVICE_DEFAULTS["serve.healthCheckPeriodSeconds"]),
+                    "healthCheckTimeoutSeconds": _int(
+                        "Seconds a health check may take (weights and the XLA compile take minutes).",
+                        minimum=1, maximum=86400, default=spec.SERVICE_DEFAULTS["serve.healthCheckTimeoutSeconds"]),
+                    "initializingTimeoutSeconds": _int(
+                        "KubeRay fails the service and releases its slices if it is not ready this long after "
+                        "creation (ray.io/initializing-timeout); 0: never.",
+                        minimum=0, maximum=7 * 86400, default=spec.SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"]),
+                },
+                **{"x-kubernetes-validations": [{
+                    "rule": "self.maxOngoingRequests >= self.targetOngoingRequests",
+                    "message": "spec.serve.maxOngoingRequests must be at least spec.serve.targetOngoingRequests",
+                }]},
+            ),
+            "upgradeStrategy": _string(
+                "KubeRay's RayService upgrade strategy. NewCluster: an edit of the cluster (image, env, resources, "
+                "engine placement) starts a second RayCluster, i.e. a second set of slices, and switches over once it "
+                "serves. None: such edits are not rolled out until the service is re-created (model and Serve edits "
+                "still are, in place, on the same slices).",
+                enum=list(spec.UPGRADE_STRATEGIES), default=spec.SERVICE_DEFAULTS["upgradeStrategy"]),
         },
         # One rule per chip count, so that each message names the product its slices need (a
         # messageExpression computing it is refused by the API server's CEL cost estimate).
@@ -534,10 +567,10 @@ def _service_status_schema() -> dict:
         type="object",
         properties={
             **_common_status(),
-            "phase": _string("Pending, Deploying, Ready, Updating or Failed.", enum=SERVICE_PHASES),
+            "phase": _string(", ".join(SERVICE_PHASES[:-1]) + " or " + SERVICE_PHASES[-1] + ".", enum=SERVICE_PHASES),
             "conditions": _conditions_schema(status.SERVICE_CONDITION_TYPES),
             "replicas": _int("Model replicas (slices) wanted now."),
-            "readyReplicas": _int("Replicas whose every TPU host is ready."),
+            "readyReplicas": _int("Replicas whose every TPU host runs (a host without a Serve replica is NotReady by design)."),
             "replicasReady": _string("readyReplicas/replicas, for display."),
             "model": _string("The model name clients send."),
             "endpoint": _string("OpenAI-compatible base URL inside the cluster."),

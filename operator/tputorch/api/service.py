@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import topology
+from .vllm_args import ENGINE_ARGS, VLLM_VERSION
 from .common import (
     DNS1123_SUBDOMAIN, INT32_MAX, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
     between, common_fields, parse_common, string,
@@ -27,11 +28,19 @@ SERVICE_SINGLE_SLICE_REASON = (
 # TPUTorchService: vLLM picks its own device split from tensor/pipeline parallelism, so there is no
 # chipsPerWorker.
 SERVICE_TPU_FIELDS = TPU_FIELDS - {"chipsPerWorker"}
-SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas"}
+SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas", "serve", "upgradeStrategy"}
 MODEL_FIELDS = {"source", "name", "hfTokenSecret"}
 SECRET_REF_FIELDS = {"name", "key"}
 ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
 REPLICA_FIELDS = {"min", "max"}
+SERVE_FIELDS = {"targetOngoingRequests", "maxOngoingRequests", "healthCheckPeriodSeconds", "healthCheckTimeoutSeconds",
+                "initializingTimeoutSeconds"}
+# KubeRay 1.5's RayService upgrade strategies (spec.upgradeStrategy.type) that run without a feature
+# gate. NewCluster (KubeRay's default): a cluster-spec edit starts a whole second RayCluster, i.e. a
+# second set of slices, and switches over when it serves. None: cluster-spec edits are not rolled
+# out (serveConfigV2 edits still are, in place). NewClusterWithIncrementalUpgrade needs KubeRay's
+# RayServiceIncrementalUpgrade gate and the Gateway API: not offered.
+UPGRADE_STRATEGIES = ("NewCluster", "None")
 # engine.args keys the operator owns: the first-class fields (in vLLM's spelling), what Ray Serve
 # LLM sets itself (model, served_model_name from spec.model) and the executor, which Ray forces
 # to "ray" on TPU.
@@ -50,10 +59,23 @@ SERVICE_DEFAULTS: dict[str, Any] = {
     "engine.pipelineParallelSize": 1,
     "engine.enableExpertParallel": False,
     "replicas.min": 1,
+    # Ray Serve LLM's own defaults are 1e9 for both, so an autoscaled service never scales on load.
+    # Starting points for a batching engine (vLLM's max_num_seqs is in the hundreds); tune them.
+    "serve.targetOngoingRequests": 32,
+    "serve.maxOngoingRequests": 128,
+    # Google's vLLM TorchTPU Ray Serve sample: loading weights and the XLA compile take minutes.
+    "serve.healthCheckPeriodSeconds": 30,
+    "serve.healthCheckTimeoutSeconds": 900,
+    # KubeRay's ray.io/initializing-timeout: how long a service may stay un-ready from its creation
+    # (slice provisioning, image pull, weights, compile) before KubeRay fails it and releases the
+    # slices. 0: never.
+    "serve.initializingTimeoutSeconds": 3600,
+    "upgradeStrategy": "NewCluster",
 }
 # Environment the operator sets on a service's pods (render.py), never the user's to repeat.
 SERVICE_ENV = {
-    "TPU_MULTIHOST_BACKEND": "the operator sets it to ray on multi-host slices, as Ray's TPU serving needs",
+    "TPU_MULTIHOST_BACKEND": "the operator sets it to ray on every slice: vllm-torchtpu then runs its engine on the slice's hosts through Ray",
+    "RAY_TPU_RESOURCE_PER_CHIP": "the operator sets it for TPU7x, whose chips Ray counts as 2 TPU resources each",
 }
 HF_TOKEN_ENV = "HF_TOKEN"
 
@@ -73,6 +95,12 @@ class ServiceSpec(CommonSpec):
     engine_args: dict
     min_replicas: int
     max_replicas: int
+    target_ongoing_requests: int = SERVICE_DEFAULTS["serve.targetOngoingRequests"]
+    max_ongoing_requests: int = SERVICE_DEFAULTS["serve.maxOngoingRequests"]
+    health_check_period_s: int = SERVICE_DEFAULTS["serve.healthCheckPeriodSeconds"]
+    health_check_timeout_s: int = SERVICE_DEFAULTS["serve.healthCheckTimeoutSeconds"]
+    initializing_timeout_s: int = SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"]
+    upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
 
     @property
     def autoscaling(self) -> bool:
@@ -89,6 +117,9 @@ _FIELD_ARG_KEYS = {_arg_key(k): (k, where) for k, where in ENGINE_FIELD_ARGS.ite
 _OWNED_ARG_KEYS = {_arg_key(k): (k, why) for k, why in ENGINE_OWNED_ARGS.items()}
 
 
+_ENGINE_ARG_SPELLINGS = {_arg_key(k): k for k in ENGINE_ARGS}
+
+
 def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
     args = r.mapping(engine, "args", "spec.engine.args")
     for key, value in args.items():
@@ -103,6 +134,12 @@ def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
         elif normal in _OWNED_ARG_KEYS:
             name, why = _OWNED_ARG_KEYS[normal]
             r.error(path, value, f"must not be set: {why}")
+        elif key not in ENGINE_ARGS:
+            # Ray Serve LLM passes engine_kwargs to vLLM's AsyncEngineArgs(**kwargs) in the replica:
+            # any other spelling fails there, after the slice was provisioned.
+            known = _ENGINE_ARG_SPELLINGS.get(normal)
+            r.error(path, value, f"must be written {known} (vLLM's engine argument name, snake_case)" if known
+                    else f"is not an engine argument of vLLM {VLLM_VERSION} (names as in vllm.engine.arg_utils.EngineArgs, snake_case)")
     return args
 
 
@@ -174,6 +211,24 @@ def parse_service(body: Any) -> ServiceSpec:
     if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
         r.error("spec.replicas.max", max_replicas, f"must be at least spec.replicas.min ({min_replicas})")
 
+    serve = r.mapping(spec, "serve", "spec.serve", SERVE_FIELDS)
+    target = r.value(serve, "targetOngoingRequests", "spec.serve.targetOngoingRequests", int,
+                     default=SERVICE_DEFAULTS["serve.targetOngoingRequests"], check=between(1, 1_000_000))
+    max_ongoing = r.value(serve, "maxOngoingRequests", "spec.serve.maxOngoingRequests", int,
+                          default=SERVICE_DEFAULTS["serve.maxOngoingRequests"], check=between(1, 1_000_000))
+    if target is not None and max_ongoing is not None and max_ongoing < target:
+        r.error("spec.serve.maxOngoingRequests", max_ongoing,
+                f"must be at least spec.serve.targetOngoingRequests ({target}): a replica never holds more than this many requests")
+    period = r.value(serve, "healthCheckPeriodSeconds", "spec.serve.healthCheckPeriodSeconds", int,
+                     default=SERVICE_DEFAULTS["serve.healthCheckPeriodSeconds"], check=between(1, 86400))
+    timeout = r.value(serve, "healthCheckTimeoutSeconds", "spec.serve.healthCheckTimeoutSeconds", int,
+                      default=SERVICE_DEFAULTS["serve.healthCheckTimeoutSeconds"], check=between(1, 86400))
+    init_timeout = r.value(serve, "initializingTimeoutSeconds", "spec.serve.initializingTimeoutSeconds", int,
+                           default=SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"], check=between(0, 7 * 86400))
+    strategy = r.value(spec, "upgradeStrategy", "spec.upgradeStrategy", str, default=SERVICE_DEFAULTS["upgradeStrategy"],
+                       check=lambda v: None if v in UPGRADE_STRATEGIES else
+                       f"must be one of {', '.join(UPGRADE_STRATEGIES)} (KubeRay's RayService upgrade strategies)")
+
     if r.errors:
         raise InvalidSpec(r.errors)
     return ServiceSpec(
@@ -188,5 +243,11 @@ def parse_service(body: Any) -> ServiceSpec:
         engine_args=engine_args,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
+        target_ongoing_requests=target,
+        max_ongoing_requests=max_ongoing,
+        health_check_period_s=period,
+        health_check_timeout_s=timeout,
+        initializing_timeout_s=init_timeout,
+        upgrade_strategy=strategy,
     )
 

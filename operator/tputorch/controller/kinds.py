@@ -86,15 +86,25 @@ _POD_LABELS = tuple(k.label for k in KINDS) + statuses.POD_LABELS_READ
 
 
 def slim_pod(obj: dict) -> dict:
-    """A Ray pod of ours: which object and cluster it serves, its role, its conditions."""
+    """A Ray pod of ours: which object and cluster it serves, its role, its phase, its conditions,
+    and why a container waits (kubelet's reason and message, e.g. ImagePullBackOff)."""
     meta = obj.get("metadata") or {}
     labels = meta.get("labels") or {}
+    pod_status = obj.get("status") or {}
     conditions = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
-                  for c in (obj.get("status") or {}).get("conditions") or []]
+                  for c in pod_status.get("conditions") or []]
+    status: dict = {"conditions": conditions}
+    if pod_status.get("phase"):
+        status["phase"] = pod_status["phase"]
+    waiting = [{"name": cs.get("name"), "state": {"waiting": {k: w[k] for k in ("reason", "message") if k in w}}}
+               for cs in pod_status.get("containerStatuses") or []
+               if (w := (cs.get("state") or {}).get("waiting"))]
+    if waiting:
+        status["containerStatuses"] = waiting
     return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
                          "resourceVersion": meta.get("resourceVersion"),
                          "labels": {k: labels[k] for k in _POD_LABELS if k in labels}},
-            "status": {"conditions": conditions}}
+            "status": status}
 
 
 def pod_index(pod: dict) -> tuple[str, str, str] | None:

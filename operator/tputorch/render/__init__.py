@@ -23,6 +23,9 @@ SERVICE_LABEL = "tputorch.io/service"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SPEC_HASH_ANNOTATION = "tputorch.io/spec-hash"
+# KubeRay 1.5: a RayService not Ready this long after creation is failed for good and its RayClusters
+# deleted (Ready=False, reason InitializingTimeout).
+INITIALIZING_TIMEOUT_ANNOTATION = "ray.io/initializing-timeout"
 WORKER_GROUP = "tpu-slice"
 SERVE_APP = "llm"  # the one Serve application of a service (KubeRay reports it under this name)
 SERVE_PORT = 8000
@@ -76,10 +79,12 @@ def slice_env(job: JobSpec) -> list[dict]:
 
 def serving_env(svc: ServiceSpec) -> list[dict]:
     """What vLLM on a TPU slice needs in the environment of every Ray node."""
-    env = []
-    if svc.slice.multi_host:
-        # Ray's TPU serving guide: vLLM spans the hosts of a slice through Ray.
-        env.append({"name": "TPU_MULTIHOST_BACKEND", "value": "ray"})
+    # vllm-torchtpu 0.29 picks its executor from this on every slice, one host or many: "ray" runs
+    # the engine on the slice's per-host bundles; unset, it runs inside the Serve replica's process.
+    env = [{"name": "TPU_MULTIHOST_BACKEND", "value": "ray"}]
+    if svc.slice.generation.name == "tpu7x":
+        # Google's TPU7x samples: Ray counts each TPU7x chip as 2 TPU resources (2 TensorCores).
+        env.append({"name": "RAY_TPU_RESOURCE_PER_CHIP", "value": "2"})
     if svc.hf_token_secret:
         name, key = svc.hf_token_secret
         env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
@@ -119,11 +124,13 @@ def _resources(r, extra: dict | None = None) -> dict:
     return {**resources, **(extra or {})}
 
 
-def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1) -> dict:
+def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1,
+                    autoscaling: bool | None = None, head_start_params: dict | None = None) -> dict:
     """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
     return {
         "ray_version": spec.ray_version,
-        "autoscaling": max_replicas > min_replicas,
+        "autoscaling": max_replicas > min_replicas if autoscaling is None else autoscaling,
+        "head_start_params": {"dashboard-host": "0.0.0.0", **(head_start_params or {})},
         "pod_labels": pod_labels(spec),
         "service_account_name": spec.service_account_name,
         "head_node_selector": spec.head_node_selector,
@@ -167,11 +174,6 @@ def spec_hash(child_spec: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _with_hash(obj: dict) -> dict:
-    obj["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(obj["spec"])}
-    return obj
-
-
 def rayjob(job: JobSpec) -> dict:
     """The RayJob the operator creates for ``job`` (without ownerReferences, added on create).
 
@@ -206,18 +208,48 @@ def serve_config(svc: ServiceSpec) -> dict:
         "runtime_env": svc.runtime_env,
         "min_replicas": svc.min_replicas,
         "max_replicas": svc.max_replicas,
+        "target_ongoing_requests": svc.target_ongoing_requests,
+        "max_ongoing_requests": svc.max_ongoing_requests,
+        "health_check_period_s": svc.health_check_period_s,
+        "health_check_timeout_s": svc.health_check_timeout_s,
+        # Google's vLLM TorchTPU sample pins the LLMServer replica to a TPU host with a sliver of
+        # the resource Ray gives every TPU host; without it the replica may land on the head.
+        "replica_resources": {f"accelerator_type:{svc.slice.generation.ray_accelerator_type}": 0.001},
     }))
+
+
+def rayservice_annotations(svc: ServiceSpec) -> dict[str, str]:
+    """The RayService's annotations other than our spec hash."""
+    if not svc.initializing_timeout_s:
+        return {}
+    return {INITIALIZING_TIMEOUT_ANNOTATION: f"{svc.initializing_timeout_s}s"}
+
+
+def rayservice_hash(obj: dict) -> str:
+    """The hash a RayService carries: its spec and the annotations we write besides the hash."""
+    annotations = {k: v for k, v in ((obj.get("metadata") or {}).get("annotations") or {}).items()
+                   if k != SPEC_HASH_ANNOTATION}
+    return spec_hash({"annotations": annotations, "spec": obj.get("spec") or {}})
 
 
 def rayservice(svc: ServiceSpec) -> dict:
     """The RayService the operator creates for ``svc`` (without ownerReferences, added on create)."""
-    return _with_hash(json.loads(_template("rayservice.json.j2").render({
+    obj = json.loads(_template("rayservice.json.j2").render({
         "name": svc.name,
         "namespace": svc.namespace,
         "rayservice_labels": object_labels(svc),
+        "annotations": rayservice_annotations(svc),
+        "upgrade_strategy": svc.upgrade_strategy,
         "serve_config_v2": yaml.safe_dump(serve_config(svc), sort_keys=False, default_flow_style=False),
-        "cluster": cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas),
-    })))
+        # Autoscaling always on: KubeRay's cluster hash leaves out replicas/min/max but not
+        # enableInTreeAutoscaling, so a replicas edit from {1,1} to {1,3} would otherwise start a
+        # whole second cluster (a second slice) under the NewCluster upgrade.
+        # num-cpus 0 on the head (as Google's sample): no Serve replica or vLLM worker is placed on it.
+        "cluster": cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
+                                   autoscaling=True, head_start_params={"num-cpus": "0"}),
+    }))
+    obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)
+    return obj
 
 
 def _replacing(observed: object, desired: object) -> object:
@@ -246,6 +278,8 @@ def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
     have = ((observed.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
     if have == want:
         return None
+    annotations = {**desired["metadata"]["annotations"]}
+    annotations.setdefault(INITIALIZING_TIMEOUT_ANNOTATION, None)
     spec = _replacing(observed.get("spec") or {}, desired["spec"])
     if svc.max_replicas > svc.min_replicas:
         # Autoscaled: keep the slice count the autoscaler reached (within the new bounds) rather
@@ -257,7 +291,7 @@ def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
     head = spec["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
     for key in _OPTIONAL_HEAD_KEYS:
         head.setdefault(key, None)
-    return {"metadata": {"annotations": {SPEC_HASH_ANNOTATION: want}}, "spec": spec}
+    return {"metadata": {"annotations": annotations}, "spec": spec}
 
 
 def render_any(spec: Spec) -> dict:

@@ -24,7 +24,7 @@ READY = "Ready"
 SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, SLICE_READY, READY, FAILED)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
-SERVICE_PHASES = ("Pending", "Deploying", "Ready", "Updating", "Failed")
+SERVICE_PHASES = ("Pending", "Deploying", "Ready", "Updating", "Degraded", "Recovering", "Failed")
 ROLE_LABEL = "ray.io/node-type"  # KubeRay labels each pod head or worker
 CLUSTER_LABEL = "ray.io/cluster"  # and with its RayCluster's name
 # KubeRay >= 1.5 with its RayMultiHostIndexing gate: which slice replica a host pod belongs to.
@@ -53,12 +53,14 @@ _WARNING_STATES = {
     (RAYJOB_CREATED, "False"),
     (RAYSERVICE_CREATED, "False"),
 }
-_WARNING_REASONS = {"Unschedulable"}
+_WARNING_REASONS = {"Unschedulable", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
+                    "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+                    "CrashLoopBackOff"}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 _QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService"}
 # Phases whose start is an event of its own (the others have a condition event that says it).
-_PHASE_EVENTS = ("Running", "Suspended", "Deploying", "Ready", "Updating")
+_PHASE_EVENTS = ("Running", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering")
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,29 @@ def scheduling_problem(pods: Iterable[dict]) -> str | None:
     return None
 
 
+# Kubelet's reasons for a container that cannot start: they never clear by waiting alone.
+CONTAINER_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                      "CreateContainerError", "RunContainerError", "CrashLoopBackOff")
+
+
+def container_problem(pods: Iterable[dict]) -> tuple[str, str] | None:
+    """(reason, message) of the first pod (by name) with a container kubelet cannot start: a
+    missing image, a missing Secret or key (CreateContainerConfigError), a crash loop."""
+    for pod in sorted(pods, key=_pod_name):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in CONTAINER_PROBLEMS:
+                detail = waiting.get("message") or ""
+                return waiting["reason"], (f"pod {_pod_name(pod)} container {cs.get('name', '')}: "
+                                           f"{waiting['reason']}" + (f": {detail}" if detail else ""))
+    return None
+
+
+def running(pod: dict) -> bool:
+    """The pod's containers run (phase Running), whatever its readiness probe says."""
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
 def labels_of(pod: dict) -> dict:
     return (pod.get("metadata") or {}).get("labels") or {}
 
@@ -158,16 +183,16 @@ def _ready(pod: dict) -> bool:
     return _pod_condition(pod, "Ready").get("status") == "True"
 
 
-def ready_hosts(pods: Iterable[dict], cluster_status: dict) -> int:
-    """TPU host pods that are Ready. The pods are fresher than the RayJob's copy of the
-    RayCluster's status, which is only the fallback once the pods are gone (job finished)."""
+def ready_hosts(pods: Iterable[dict], cluster_status: dict, up=_ready) -> int:
+    """TPU host pods that are up (by default Ready). The pods are fresher than the RayJob's copy of
+    the RayCluster's status, which is only the fallback once the pods are gone (job finished)."""
     workers = _workers(pods)
     if workers:
-        return sum(1 for p in workers if _ready(p))
+        return sum(1 for p in workers if up(p))
     return int(cluster_status.get("readyWorkerReplicas") or 0)
 
 
-def ready_slices(pods: Iterable[dict], hosts_per_slice: int, ready: int) -> int:
+def ready_slices(pods: Iterable[dict], hosts_per_slice: int, ready: int, up=_ready) -> int:
     """Slice replicas whose every host is Ready. Grouped by KubeRay's replica label where the pods
     carry it; otherwise whole slices' worth of ready hosts (KubeRay creates a slice's hosts together)."""
     workers = _workers(pods)
@@ -175,7 +200,7 @@ def ready_slices(pods: Iterable[dict], hosts_per_slice: int, ready: int) -> int:
         groups: dict[str, list[dict]] = {}
         for p in workers:
             groups.setdefault(labels_of(p)[REPLICA_LABEL], []).append(p)
-        return sum(1 for g in groups.values() if len(g) >= hosts_per_slice and all(_ready(p) for p in g))
+        return sum(1 for g in groups.values() if len(g) >= hosts_per_slice and all(up(p) for p in g))
     return ready // hosts_per_slice
 
 

@@ -7,9 +7,13 @@ from typing import Iterable
 from .. import render
 from ..api.spec import ServiceSpec
 from .conditions import (
-    CLUSTER_LABEL, FAILED, RAYSERVICE_CREATED, READY, SLICE_READY, VALIDATED, child_created, condition, labels_of, ready_hosts,
-    ready_slices, scheduling_problem, stamp,
+    CLUSTER_LABEL, FAILED, RAYSERVICE_CREATED, READY, SLICE_READY, VALIDATED, child_created, condition, container_problem,
+    labels_of, ready_hosts, ready_slices, running, scheduling_problem, stamp,
 )
+
+# Ray Serve LLM's build_openai_app names the deployment that runs the engine LLMServer:<model id>
+# (the others route requests: OpenAiIngress, LLMRouter).
+LLM_DEPLOYMENT_PREFIX = "LLMServer"
 
 def endpoint(svc: ServiceSpec) -> str:
     """The OpenAI base URL inside the cluster: KubeRay's serve Service <name>-serve-svc."""
@@ -24,18 +28,52 @@ def _application(service_status: dict) -> dict:
     return ((service_status or {}).get("applicationStatuses") or {}).get(render.SERVE_APP) or {}
 
 
-def _service_phase(rayservice: dict | None, rs_status: dict, up_to_date: bool, slice_ready: bool) -> str:
+def _serving(app: dict) -> tuple[bool, str, str]:
+    """(serving, reason, message) of the Serve application: serving only while it is RUNNING and
+    its LLM deployment(s) HEALTHY. KubeRay's own Ready stays true while any Serve proxy is
+    healthy, and the head always has one, so it outlives a crashed model replica."""
+    status, message = app.get("status"), app.get("message") or ""
+    deployments = app.get("serveDeploymentStatuses") or {}
+    llm = {n: d for n, d in deployments.items() if n.startswith(LLM_DEPLOYMENT_PREFIX)} or deployments
+    sick = sorted((n, d) for n, d in llm.items() if (d or {}).get("status") != "HEALTHY")
+    if status == "RUNNING" and not sick:
+        return True, "Serving", "the application is RUNNING and its LLM deployment HEALTHY"
+    detail = "; ".join(f"{n} is {d.get('status') or 'unknown'}" + (f": {d['message']}" if d.get("message") else "")
+                       for n, d in sick)
+    reason = {"UNHEALTHY": "ApplicationUnhealthy", "DEPLOYING": "ApplicationDeploying",
+              "DEPLOY_FAILED": "DeployFailed"}.get(status or "", "ApplicationNotRunning")
+    if status == "RUNNING":  # not yet reflected in the app's own status
+        reason = "ApplicationUnhealthy"
+    return False, reason, "; ".join(x for x in (f"the application is {status or 'not reported'}" +
+                                                (f": {message}" if message else ""), detail) if x)
+
+
+def _service_phase(rayservice: dict | None, rs_status: dict, up_to_date: bool, slice_ready: bool,
+                   app: dict, previous_phase: str | None) -> str:
     if rayservice is None:
         return "Pending"
     ready = _kuberay_condition(rs_status, "Ready")
-    active_app = _application(rs_status.get("activeServiceStatus")).get("status")
-    if ready.get("reason") in ("InitializingTimeout", "ValidationFailed") or active_app == "DEPLOY_FAILED":
+    active = rs_status.get("activeServiceStatus") or {}
+    active_app = _application(active)
+    pending_app = _application(rs_status.get("pendingServiceStatus"))
+    if ready.get("reason") in ("InitializingTimeout", "ValidationFailed") or active_app.get("status") == "DEPLOY_FAILED":
         return "Failed"
-    if ready.get("status") == "True":
+    if not active.get("rayClusterName") and pending_app.get("status") == "DEPLOY_FAILED":
+        # Before the first promotion KubeRay reports the application under pendingServiceStatus.
+        return "Failed"
+    if ready.get("status") == "True" or ready.get("reason") == "ZeroServeEndpoints":
         upgrading = _kuberay_condition(rs_status, "UpgradeInProgress").get("status") == "True"
-        # DEPLOYING while ready: KubeRay redeploys the application in place (a serve config edit).
-        return "Ready" if up_to_date and not upgrading and active_app != "DEPLOYING" else "Updating"
-    return "Deploying" if slice_ready or active_app else "Pending"
+        serving, _, _ = _serving(active_app)
+        if serving:
+            return "Ready" if up_to_date and not upgrading else "Updating"
+        if not up_to_date or upgrading:
+            return "Updating"
+        if active_app.get("status") == "DEPLOYING":
+            # Serve is starting replicas: replacing a lost one after Degraded, else an in-place
+            # redeploy of an edited serve config.
+            return "Recovering" if previous_phase in ("Degraded", "Recovering") else "Updating"
+        return "Degraded"
+    return "Deploying" if slice_ready or app.get("status") else "Pending"
 
 
 def derive_service(
@@ -65,14 +103,17 @@ def derive_service(
         serving = [p for p in pods if labels_of(p).get(CLUSTER_LABEL) in (None, cluster_name)]
         pods = serving or pods
     cluster_status = active.get("rayClusterStatus") or pending.get("rayClusterStatus") or {}
-    ready = ready_hosts(pods, cluster_status)
-    ready_replicas = ready_slices(pods, s.hosts, ready)
+    # A RayService worker's readiness probe includes the Serve proxy, which runs only on nodes with
+    # a Serve replica: a TPU host running only vLLM workers stays NotReady by design (KubeRay 1.5
+    # pod builder). A host counts once its pod runs.
+    ready = ready_hosts(pods, cluster_status, up=running)
+    ready_replicas = ready_slices(pods, s.hosts, ready, up=running)
     desired_hosts = int(cluster_status.get("desiredWorkerReplicas") or 0)
     replicas = max(svc.min_replicas, min(desired_hosts // s.hosts, svc.max_replicas))
     # Our edits reach the RayService by its spec hash; until KubeRay has seen the new generation
     # (and the hash is the desired one) the service is updating, not ready.
     meta = (rayservice or {}).get("metadata") or {}
-    desired_hash = render.spec_hash(render.rayservice(svc)["spec"])
+    desired_hash = render.rayservice(svc)["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]
     seen, wanted = rs_status.get("observedGeneration"), meta.get("generation")
     up_to_date = (
         (meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION) == desired_hash
@@ -83,38 +124,54 @@ def derive_service(
                   child_created(RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem, generation)]
 
     unschedulable = scheduling_problem(pods)
-    slices_message = f"{ready_replicas}/{replicas} slice replica(s) ready, {ready}/{replicas * s.hosts} TPU hosts"
+    stuck = container_problem(pods)
+    slices_message = f"{ready_replicas}/{replicas} slice replica(s) up, {ready}/{replicas * s.hosts} TPU hosts running"
     if rayservice is not None and ready_replicas >= svc.min_replicas:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", slices_message, generation)
     elif unschedulable:
         slice_ready = condition(SLICE_READY, False, "Unschedulable", unschedulable, generation)
+    elif stuck:
+        slice_ready = condition(SLICE_READY, False, stuck[0], stuck[1], generation)
     else:
         slice_ready = condition(SLICE_READY, False, "WaitingForHosts", slices_message, generation)
     conditions.append(slice_ready)
 
     kuberay_ready = _kuberay_condition(rs_status, "Ready")
+    app = _application(active) or _application(pending)
+    app_status, app_message = app.get("status"), app.get("message") or ""
     if rayservice is None:
         ready_cond = condition(READY, False, "NoRayService", "the RayService does not exist yet", generation)
     elif not kuberay_ready:
         ready_cond = condition(READY, False, "WaitingForKubeRay", "KubeRay has not reported on the RayService yet", generation)
+    elif kuberay_ready.get("status") != "True":
+        ready_cond = condition(READY, False, kuberay_ready.get("reason") or "Unknown", kuberay_ready.get("message") or "", generation)
     else:
-        ready_cond = condition(
-            READY, kuberay_ready.get("status") == "True", kuberay_ready.get("reason") or "Unknown",
-            kuberay_ready.get("message") or "", generation,
-        )
+        serving, reason, why = _serving(_application(active))
+        ready_cond = condition(READY, serving, reason, why, generation)
     conditions.append(ready_cond)
 
-    app = _application(active) or _application(pending)
-    app_status, app_message = app.get("status"), app.get("message") or ""
-    phase = _service_phase(rayservice, rs_status, up_to_date, slice_ready["status"] == "True")
+    phase = _service_phase(rayservice, rs_status, up_to_date, slice_ready["status"] == "True", app, previous.get("phase"))
     if phase == "Failed":
-        reason = "DeployFailed" if _application(active).get("status") == "DEPLOY_FAILED" else kuberay_ready.get("reason", "Failed")
-        conditions.append(condition(FAILED, True, reason, app_message or kuberay_ready.get("message") or "the service failed", generation))
+        if kuberay_ready.get("reason") == "InitializingTimeout":
+            reason = "InitializingTimeout"
+            text = "; ".join(x for x in (app_message, kuberay_ready.get("message"), "KubeRay deleted its RayClusters "
+                                         "(the slices are released); delete and re-create the TPUTorchService to try again") if x)
+        elif app_status == "DEPLOY_FAILED":
+            reason = "DeployFailed"
+            text = app_message or "the Serve application failed to deploy"
+            if not active.get("rayClusterName") and svc.initializing_timeout_s:
+                text += (f" (KubeRay releases the slices once the service is {svc.initializing_timeout_s}s old without "
+                         "having been ready: spec.serve.initializingTimeoutSeconds)")
+        else:
+            reason = kuberay_ready.get("reason") or "Failed"
+            text = app_message or kuberay_ready.get("message") or "the service failed"
+        conditions.append(condition(FAILED, True, reason, text, generation))
 
     if phase == "Ready":
         message = f"serving {svc.model_name} on {ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
-        if app_status and app_status != "RUNNING":
-            message += f"; the application is {app_status}" + (f": {app_message}" if app_message else "")
+    elif phase in ("Degraded", "Recovering"):
+        message = (f"{svc.model_name} is not answering on every replica: " if phase == "Degraded"
+                   else f"Serve is replacing a lost replica of {svc.model_name}: ") + ready_cond["message"]
     elif phase == "Updating":
         pending_app = _application(pending)
         if pending_app.get("status") == "DEPLOY_FAILED":
@@ -127,6 +184,8 @@ def derive_service(
         message = conditions[1]["message"]
     elif phase == "Deploying":
         message = f"deploying {svc.model_name}" + (f": {app_status}" if app_status else "") + (f" {app_message}" if app_message else "")
+        if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
+            message += f"; {slice_ready['message']}"
     else:
         message = slice_ready["message"]
 

@@ -99,6 +99,21 @@ def test_both_kinds_expose_the_same_reconcile_attributes():
          "spec.runtimeEnv.env_vars.RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS", "chip isolation off"),
         ({"entrypoint": "python serve.py"}, "spec.entrypoint", "is not a known field"),
         ({"image": ""}, "spec.image", "must not be empty"),
+        # engine.args are vLLM 0.29's AsyncEngineArgs names, as Ray Serve LLM passes them on.
+        ({"engine": {"args": {"gpuMemoryUtilization": 0.9}}}, "spec.engine.args.gpuMemoryUtilization",
+         "must be written gpu_memory_utilization (vLLM's engine argument name, snake_case)"),
+        ({"engine": {"args": {"enable-prefix-caching": True}}}, "spec.engine.args.enable-prefix-caching",
+         "must be written enable_prefix_caching"),
+        ({"engine": {"args": {"gpu_mem_util": 0.9}}}, "spec.engine.args.gpu_mem_util", "is not an engine argument of vLLM 0.29.0"),
+        ({"engine": {"args": {"_api_process_rank": 1}}}, "spec.engine.args._api_process_rank", "is not an engine argument"),
+        ({"serve": {"targetOngoingRequests": 0}}, "spec.serve.targetOngoingRequests", "must be between 1 and 1000000"),
+        ({"serve": {"targetOngoingRequests": 64, "maxOngoingRequests": 16}}, "spec.serve.maxOngoingRequests",
+         "must be at least spec.serve.targetOngoingRequests (64)"),
+        ({"serve": {"healthCheckTimeoutSeconds": "15m"}}, "spec.serve.healthCheckTimeoutSeconds", "must be an integer"),
+        ({"serve": {"initializingTimeoutSeconds": -1}}, "spec.serve.initializingTimeoutSeconds", "must be between 0"),
+        ({"serve": {"numReplicas": 2}}, "spec.serve.numReplicas", "is not a known field"),
+        ({"upgradeStrategy": "NewClusterWithIncrementalUpgrade"}, "spec.upgradeStrategy", "must be one of NewCluster, None"),
+        ({"env": [{"name": "RAY_TPU_RESOURCE_PER_CHIP", "value": "1"}]}, "spec.env[0].name", "TPU7x"),
     ],
 )
 def test_each_rule_names_field_value_and_what_is_allowed(overrides, path, fragment):
@@ -169,3 +184,19 @@ def test_an_empty_block_lists_its_required_fields():
     b = service_body(tpu=None, model=None)
     b["spec"]["tpu"], b["spec"]["model"] = {}, {}
     assert {e.path for e in errors_of(b)} == {"spec.tpu.accelerator", "spec.tpu.topology", "spec.model.source"}
+
+
+def test_serve_options_and_upgrade_strategy_defaults_and_values():
+    svc = spec.parse_service(service_body())
+    assert (svc.target_ongoing_requests, svc.max_ongoing_requests) == (32, 128)
+    assert (svc.health_check_period_s, svc.health_check_timeout_s, svc.initializing_timeout_s) == (30, 900, 3600)
+    assert svc.upgrade_strategy == "NewCluster"
+    svc = spec.parse_service(service_body(serve={"targetOngoingRequests": 4, "maxOngoingRequests": 4,
+                                                 "initializingTimeoutSeconds": 0}, upgradeStrategy="None"))
+    assert (svc.target_ongoing_requests, svc.max_ongoing_requests, svc.initializing_timeout_s, svc.upgrade_strategy) == (4, 4, 0, "None")
+
+
+def test_engine_args_in_vllms_spelling_pass():
+    svc = spec.parse_service(service_body(engine={"args": {"gpu_memory_utilization": 0.9, "enable_prefix_caching": True,
+                                                           "max_num_seqs": 64, "kv_cache_dtype": "auto"}}))
+    assert svc.engine_args["max_num_seqs"] == 64

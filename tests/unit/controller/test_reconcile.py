@@ -306,7 +306,7 @@ def test_a_services_pods_count_for_its_active_and_pending_clusters_only():
     for cluster in ("qwen-a", "qwen-old"):
         ctl.pods.remember({"metadata": {"name": f"{cluster}-w", "namespace": "ml", "resourceVersion": "1", "labels": {
             "tputorch.io/service": "qwen", "ray.io/cluster": cluster, "ray.io/node-type": "worker"}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
     run(ctl.reconcile(SVC_KEY))
     assert last_status(ctl.kube)["readyHosts"] == 1
 
@@ -341,3 +341,21 @@ def test_a_reconcile_stuck_on_a_call_is_abandoned_and_retried(monkeypatch):
     delays, kube = run(scenario())
     assert delays == [1]  # abandoned once, then retried
     assert ("rayjobs", "ml", "demo") in kube.objects
+
+
+def test_the_pod_store_keeps_phase_and_why_a_container_waits():
+    from tputorch.controller import kinds
+    pod = {"metadata": {"name": "w0", "namespace": "ml", "resourceVersion": "5", "annotations": {"a": "b"},
+                        "labels": {"tputorch.io/service": "qwen", "ray.io/node-type": "worker", "other": "x"}},
+           "spec": {"containers": [{"name": "ray-worker"}]},
+           "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False", "lastProbeTime": None}],
+                      "containerStatuses": [{"name": "ray-worker", "image": "i", "ready": False, "restartCount": 0,
+                                             "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                                   "message": 'secret "hf" not found'}}},
+                                            {"name": "sidecar", "state": {"running": {"startedAt": "t"}}}]}}
+    slim = kinds.slim_pod(pod)
+    assert slim["status"] == {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
+                              "containerStatuses": [{"name": "ray-worker", "state": {"waiting": {
+                                  "reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}]}
+    assert slim["metadata"]["labels"] == {"tputorch.io/service": "qwen", "ray.io/node-type": "worker"}
+    assert kinds.slim_pod({"metadata": {"name": "p"}, "status": {}})["status"] == {"conditions": []}

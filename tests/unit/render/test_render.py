@@ -3,6 +3,7 @@
 Regenerate goldens after an intended change with UPDATE_GOLDEN=1 and review the diff.
 """
 
+import json
 import os
 import pathlib
 
@@ -221,7 +222,15 @@ def test_reference_service_serve_config():
     assert cfg["accelerator_type"] == "TPU-V6E"
     assert cfg["accelerator_config"] == {"kind": "tpu", "topology": "4x4"}
     assert cfg["engine_kwargs"] == {"tensor_parallel_size": 16, "pipeline_parallel_size": 1, "enable_expert_parallel": True, "max_model_len": 8192}
-    assert cfg["deployment_config"] == {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
+    assert cfg["deployment_config"] == {
+        # Ray Serve LLM's defaults for the two request limits are 1e9: never left to them.
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 32},
+        "max_ongoing_requests": 128,
+        # Google's vLLM TorchTPU Ray Serve sample: minutes of weight loading and XLA compile.
+        "health_check_period_s": 30, "health_check_timeout_s": 900,
+        # ... and the replica pinned to a TPU host (Ray gives every TPU host accelerator_type:TPU-V6E).
+        "ray_actor_options": {"resources": {"accelerator_type:TPU-V6E": 0.001}},
+    }
     assert "runtime_env" not in cfg
 
 
@@ -239,7 +248,10 @@ def test_every_service_slice_is_one_worker_replica_that_passes_the_gke_webhook_r
     assert llm_config(rs)["engine_kwargs"]["tensor_parallel_size"] == s.chips
     assert llm_config(rs)["accelerator_type"] == s.generation.ray_accelerator_type
     env = env_of(container(group["template"]))
-    assert (env.get("TPU_MULTIHOST_BACKEND") == "ray") == s.multi_host
+    assert env.get("TPU_MULTIHOST_BACKEND") == "ray"  # one host or many: vllm-torchtpu's executor choice
+    assert env.get("RAY_TPU_RESOURCE_PER_CHIP") == ("2" if s.generation.name == "tpu7x" else None)
+    assert llm_config(rs)["deployment_config"]["ray_actor_options"] == {
+        "resources": {f"accelerator_type:{s.generation.ray_accelerator_type}": 0.001}}
     assert not any(k.startswith("TPUTORCH_") for k in env)  # the training env is the job's
 
 
@@ -250,18 +262,34 @@ def test_service_head_serves_port_8000_and_stays_cpu_only():
     assert ports == {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": 8000}
     assert "google.com/tpu" not in container(head)["resources"]["limits"]
     assert "tolerations" not in head["spec"]
+    # No logical CPUs on the head: Ray places no Serve replica or vLLM worker there.
+    assert rs["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "0"}
+    assert rendered({})["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0"}
 
 
 def test_replicas_drive_the_worker_group_serve_autoscaling_and_kuberays_autoscaler():
     fixed = rendered_service({"replicas": {"min": 2}})
     (group,) = fixed["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 2, 2)
-    assert fixed["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is False
-    scaled = rendered_service({"replicas": {"min": 1, "max": 3}})
+    scaled = rendered_service({"replicas": {"min": 1, "max": 3}, "serve": {"targetOngoingRequests": 8}})
     (group,) = scaled["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 3)
-    assert scaled["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
-    assert llm_config(scaled)["deployment_config"]["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3}
+    assert llm_config(scaled)["deployment_config"]["autoscaling_config"] == {
+        "min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8}
+    # The autoscaler is on either way: KubeRay's cluster hash leaves replicas/min/max out but not
+    # enableInTreeAutoscaling, so {1,1} -> {1,3} must not change anything else in the cluster.
+    one = rendered_service({"replicas": {"min": 1, "max": 1}})["spec"]["rayClusterConfig"]
+    three = scaled["spec"]["rayClusterConfig"]
+
+    def kuberay_hash_view(cluster):
+        c = json.loads(json.dumps(cluster))
+        for g in c["workerGroupSpecs"]:
+            for k in ("replicas", "minReplicas", "maxReplicas"):
+                g.pop(k)
+        return c
+
+    assert kuberay_hash_view(one) == kuberay_hash_view(three)
+    assert one["enableInTreeAutoscaling"] is True
 
 
 def test_hf_token_reaches_head_and_workers_from_the_secret():
@@ -292,10 +320,13 @@ def test_service_labels_and_queue():
 def test_spec_hash_annotation_follows_the_spec():
     a, b = rendered_service({}), rendered_service({})
     h = a["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]
-    assert h == b["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] == render.spec_hash(a["spec"])
+    assert h == b["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] == render.rayservice_hash(a)
     assert len(h) == 16 and int(h, 16) >= 0
-    assert render.spec_hash(rendered_service({"replicas": {"max": 2}})["spec"]) != h
-    assert render.spec_hash(rendered_service({"engine": {"maxModelLen": 4096}})["spec"]) != h
+    hash_of = lambda body: rendered_service(body)["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]  # noqa: E731
+    assert hash_of({"replicas": {"max": 2}}) != h
+    assert hash_of({"engine": {"maxModelLen": 4096}}) != h
+    # The initializing-timeout annotation is ours too: an edit of it is patched like the spec.
+    assert hash_of({"serve": {"initializingTimeoutSeconds": 600}}) != h
     # Key order never matters, only content.
     assert render.spec_hash({"a": 1, "b": [1, 2]}) == render.spec_hash({"b": [1, 2], "a": 1}) != render.spec_hash({"a": 1, "b": [2, 1]})
     assert "annotations" not in rendered({})["metadata"]  # RayJobs only ever get suspend patched
@@ -306,14 +337,14 @@ def test_rayservice_patch_only_when_the_hash_differs():
     current = render.rayservice(svc)
     # What KubeRay keeps (status, defaults it adds) never causes a patch while the hash matches.
     observed = {**current, "status": {"serviceStatus": "Running"}}
-    observed["spec"] = {**current["spec"], "upgradeStrategy": {"type": "NewCluster"}}
+    observed["spec"] = {**current["spec"], "serveService": {"metadata": {"name": "x"}}}
     assert render.rayservice_patch(svc, observed) is None
 
     edited = spec.parse_service(service_body(engine={"maxModelLen": 4096}, replicas={"min": 1, "max": 2}))
     patch = render.rayservice_patch(edited, observed)
     desired = render.rayservice(edited)
-    assert patch["metadata"] == {"annotations": {render.SPEC_HASH_ANNOTATION: desired["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]}}
-    assert patch["spec"]["upgradeStrategy"] is None  # a key we do not render is removed
+    assert patch["metadata"] == {"annotations": desired["metadata"]["annotations"]}
+    assert patch["spec"]["serveService"] is None  # a key we do not render is removed
     assert merge(observed["spec"], patch["spec"]) == desired["spec"]
     assert "max_model_len: 4096" in patch["spec"]["serveConfigV2"]
 
@@ -355,3 +386,22 @@ def merge(target, patch):
         else:
             out[k] = merge(out.get(k), v)
     return out
+
+
+def test_rayservice_carries_the_initializing_timeout_and_the_upgrade_strategy():
+    rs = rendered_service({})
+    assert rs["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION] == "3600s"  # KubeRay: Go duration
+    assert rs["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
+    never = rendered_service({"serve": {"initializingTimeoutSeconds": 0}, "upgradeStrategy": "None"})
+    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in never["metadata"]["annotations"]
+    assert never["spec"]["upgradeStrategy"] == {"type": "None"}
+    # Dropping the timeout removes KubeRay's annotation from the live object.
+    patch = render.rayservice_patch(spec.parse_service(service_body(serve={"initializingTimeoutSeconds": 0})), rs)
+    assert patch["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION] is None
+
+
+def test_serve_options_reach_the_llm_deployment():
+    cfg = llm_config(rendered_service({"serve": {"maxOngoingRequests": 300, "healthCheckTimeoutSeconds": 1800,
+                                                 "healthCheckPeriodSeconds": 10}}))
+    d = cfg["deployment_config"]
+    assert (d["max_ongoing_requests"], d["health_check_timeout_s"], d["health_check_period_s"]) == (300, 1800, 10)

@@ -32,12 +32,16 @@ def cond(st, ctype):
     return next((c for c in st["conditions"] if c["type"] == ctype), None)
 
 
-def host(name, ready, replica=None, cluster="qwen-k2x9p", role="worker"):
+def host(name, up, replica=None, cluster="qwen-k2x9p", role="worker", serve_ready=None):
+    """A host pod: `up` = running. Its Ready condition is KubeRay's readiness probe, which for a
+    RayService worker includes the Serve proxy: only the host with a Serve replica passes it."""
     labels = {"ray.io/node-type": role, "ray.io/cluster": cluster}
     if replica:
         labels["ray.io/worker-group-replica-name"] = replica
+    ready = up if serve_ready is None else serve_ready
     return {"metadata": {"name": name, "labels": labels},
-            "status": {"conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True" if ready else "False"}]}}
+            "status": {"phase": "Running" if up else "Pending",
+                       "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
 def slice_hosts(n_ready, n=4, **kw):
@@ -49,8 +53,8 @@ def slice_hosts(n_ready, n=4, **kw):
     ("created", [], "Pending", ("False", "WaitingForKubeRay")),
     ("initializing", slice_hosts(2), "Pending", ("False", "Initializing")),
     ("deploying", slice_hosts(4), "Deploying", ("False", "Initializing")),
-    ("running", slice_hosts(4), "Ready", ("True", "NonZeroServeEndpoints")),
-    ("upgrading", slice_hosts(4), "Updating", ("True", "NonZeroServeEndpoints")),
+    ("running", slice_hosts(4), "Ready", ("True", "Serving")),
+    ("upgrading", slice_hosts(4), "Updating", ("True", "Serving")),
     ("deploy-failed", slice_hosts(4), "Failed", ("False", "Initializing")),
     ("initializing-timeout", [], "Failed", ("False", "InitializingTimeout")),
 ])
@@ -149,7 +153,7 @@ def test_events_on_service_phase_changes():
     updating = derive("upgrading", slice_hosts(4), previous=ready, now=T1)
     assert ("Normal", "Deploying") in [(e.type, e.reason) for e in status.events(pending, deploying)]
     reasons = [(e.type, e.reason) for e in status.events(deploying, ready)]
-    assert ("Normal", "NonZeroServeEndpoints") in reasons and ("Normal", "Ready") in reasons
+    assert ("Normal", "Serving") in reasons and ("Normal", "Ready") in reasons
     assert [(e.type, e.reason) for e in status.events(ready, updating)] == [("Normal", "Updating")]
     assert status.events(ready, derive("running", slice_hosts(4), previous=ready, now=T1)) == []
 
@@ -176,3 +180,57 @@ def test_a_child_without_generation_is_judged_by_its_hash_alone():
     del rs["metadata"]["generation"]
     assert status.derive_service(SVC, 1, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
     assert set(status.POD_LABELS_READ) == {"ray.io/node-type", "ray.io/cluster", "ray.io/worker-group-replica-name"}
+
+
+def test_multi_host_slice_is_up_although_hosts_without_a_serve_replica_are_notready():
+    # KubeRay's worker readiness probe includes the Serve proxy; only the host running the LLM
+    # replica has one, the other three run only vLLM workers and stay NotReady by design.
+    pods = [host(f"w{i}", True, serve_ready=(i == 0)) for i in range(4)]
+    deploying = derive("deploying", pods)
+    assert deploying["phase"] == "Deploying" and cond(deploying, "SliceReady")["status"] == "True"
+    ready = derive("running", pods, previous=deploying)
+    assert (ready["phase"], ready["replicasReady"], ready["readyHosts"]) == ("Ready", "1/1", 4)
+    # A host that is not running yet keeps the slice waiting.
+    assert cond(derive("deploying", pods[:3] + [host("w3", False)]), "SliceReady")["reason"] == "WaitingForHosts"
+
+
+def test_a_model_that_cannot_load_fails_before_the_first_promotion_with_rays_message():
+    st = derive("pending-deploy-failed", slice_hosts(4))
+    failed = cond(st, "Failed")
+    assert st["phase"] == "Failed" and failed["reason"] == "DeployFailed"
+    assert failed["message"].startswith("Failed to update the deployments ['LLMServer:qwen'].")
+    assert "initializingTimeoutSeconds" in failed["message"]  # when KubeRay releases the slice
+    timed_out = derive("pending-initializing-timeout")
+    failed = cond(timed_out, "Failed")
+    assert timed_out["phase"] == "Failed" and failed["reason"] == "InitializingTimeout"
+    assert "LLMServer:qwen" in failed["message"] and "10m0s" in failed["message"] and "released" in failed["message"]
+
+
+def test_a_lost_replica_leaves_ready_and_returns_through_recovering():
+    ready = derive("running", slice_hosts(4))
+    lost = derive("replica-lost", slice_hosts(4), previous=ready, now=T1)
+    assert lost["phase"] == "Degraded"
+    c = cond(lost, "Ready")
+    assert (c["status"], c["reason"]) == ("False", "ApplicationUnhealthy")
+    assert "A replica's health check failed" in c["message"] and "health check failed" in lost["message"]
+    assert ("Warning", "ApplicationUnhealthy") in [(e.type, e.reason) for e in status.events(ready, lost)]
+    replacing = derive("replica-replacing", slice_hosts(4), previous=lost, now=T1)
+    assert replacing["phase"] == "Recovering" and cond(replacing, "Ready")["status"] == "False"
+    back = derive("running", slice_hosts(4), previous=replacing, now=T1)
+    assert back["phase"] == "Ready" and ("Normal", "Ready") in [(e.type, e.reason) for e in status.events(replacing, back)]
+    # DEPLOYING without a loss before it is an in-place redeploy: Updating.
+    assert derive("replica-replacing", slice_hosts(4), previous=ready)["phase"] == "Updating"
+
+
+@pytest.mark.parametrize("reason,message", [
+    ("ImagePullBackOff", 'Back-off pulling image "example.com/nope:1"'),
+    ("CreateContainerConfigError", 'secret "hf-token" not found'),
+])
+def test_a_container_that_cannot_start_is_named_in_slice_ready(reason, message):
+    pods = slice_hosts(3) + [host("w3", False)]
+    pods[3]["status"]["containerStatuses"] = [{"name": "ray-worker", "state": {"waiting": {"reason": reason, "message": message}}}]
+    st = derive("initializing", pods)
+    c = cond(st, "SliceReady")
+    assert (c["status"], c["reason"]) == ("False", reason)
+    assert c["message"] == f"pod w3 container ray-worker: {reason}: {message}"
+    assert ("Warning", reason) in [(e.type, e.reason) for e in status.events({}, st)]

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the local-cluster binaries into
 #   ${TPUTORCH_CACHE:-$HOME/.cache/tputorch}/bin/<versionkey>/
-# Usage: hack/build.sh [cluster|helm|all|key|dir]   (default: all; helm is built last)
+# Usage: hack/build.sh [cluster|helm|kueue|all|key|dir|kueue-dir]   (default: all: cluster, helm, kueue)
 #   cluster  etcd, kube-apiserver/-controller-manager/-scheduler, kwok, kuberay-operator
 #   helm     helm only
-#   key|dir  print the version key / the bin directory and exit
+#   kueue    Kueue's controller only, into its own directory ${CACHE}/bin/<kueue key>/ under its own
+#            lock: adding or bumping Kueue never invalidates (or waits for) the binaries above
+#   key|dir  print the version key / the bin directory and exit (kueue-dir: Kueue's)
 # Everything is built from Go modules through the Go module proxy; nothing is downloaded otherwise.
 set -euo pipefail
 
@@ -13,6 +15,7 @@ KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 KUBERAY_VERSION=${KUBERAY_VERSION:-v1.5.0}
 KUBERAY_FALLBACKS=${KUBERAY_FALLBACKS:-"v1.5.1 v1.5.2"}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+KUEUE_VERSION=${KUEUE_VERSION:-v0.17.0}
 
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${TPUTORCH_CACHE:-$HOME/.cache/tputorch}
@@ -20,22 +23,44 @@ GOV=$(go env GOVERSION)
 # etcd's version is the one k8s.io/kubernetes pins; it is derived, so k8s' version covers it.
 KEY="k8s-${K8S_VERSION}_kwok-${KWOK_VERSION}_kuberay-${KUBERAY_VERSION}_helm-${HELM_VERSION}_${GOV}"
 BIN="$CACHE/bin/$KEY"
+KUEUE_BIN="$CACHE/bin/kueue-${KUEUE_VERSION}_${GOV}"
 LOGS="$CACHE/logs"
 
 what=${1:-all}
 case "$what" in
   key) echo "$KEY"; exit 0 ;;
   dir) echo "$BIN"; exit 0 ;;
-  cluster|helm|all) ;;
-  *) echo "usage: $0 [cluster|helm|all|key|dir]" >&2; exit 2 ;;
+  kueue-dir) echo "$KUEUE_BIN"; exit 0 ;;
+  cluster|helm|kueue|all) ;;
+  *) echo "usage: $0 [cluster|helm|kueue|all|key|dir|kueue-dir]" >&2; exit 2 ;;
 esac
+
+log() { echo "[build $(date +%H:%M:%S)] $*" >&2; }
+timed() { local t0=$SECONDS; "$@"; log "$1 ${2:-}: $((SECONDS - t0))s"; }
+
+# Kueue's controller (cmd/kueue; its go.mod has no replace lines, so `go install` works). Its own
+# lock, so a cluster build in progress does not hold it up and it does not hold that one up.
+build_kueue() {
+  [[ -x "$KUEUE_BIN/kueue" ]] && return 0
+  mkdir -p "$KUEUE_BIN"
+  log "go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION (cold: ~7 min on 2 busy cores)"
+  (cd /tmp && GOBIN="$KUEUE_BIN/.tmp" go install -trimpath \
+      -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+      "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION")
+  mv "$KUEUE_BIN/.tmp/kueue" "$KUEUE_BIN/kueue"; rmdir "$KUEUE_BIN/.tmp"
+}
+with_kueue_lock() {
+  mkdir -p "$CACHE"
+  ( exec 7>"$CACHE/build-kueue.lock"; flock 7; t0=$SECONDS; build_kueue; log "kueue: $((SECONDS - t0))s" )
+}
+if [[ $what == kueue ]]; then
+  with_kueue_lock
+  echo "$KUEUE_BIN"; exit 0
+fi
 
 mkdir -p "$BIN" "$LOGS"
 exec 9>"$CACHE/build.lock"
 flock 9   # one build at a time per cache
-
-log() { echo "[build $(date +%H:%M:%S)] $*" >&2; }
-timed() { local t0=$SECONDS; "$@"; log "$1 ${2:-}: $((SECONDS - t0))s"; }
 
 build_kube() {
   [[ -x "$BIN/kube" && -x "$BIN/etcd" ]] && return 0
@@ -88,6 +113,10 @@ if [[ $what == cluster || $what == all ]]; then
 fi
 if [[ $what == helm || $what == all ]]; then
   timed build_helm
+fi
+if [[ $what == all ]]; then
+  exec 9>&-   # the cluster binaries are done: others may use that lock while Kueue builds
+  with_kueue_lock
 fi
 log "done in $((SECONDS - t0))s: $BIN"
 echo "$BIN"

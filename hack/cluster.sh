@@ -3,6 +3,8 @@
 #
 #   hack/cluster.sh up [--fresh]   build/reuse binaries, start everything, wait until ready
 #                                  (--fresh: wipe etcd data first = an empty cluster)
+#   KUEUE=1 hack/cluster.sh up     the same, plus Kueue (off by default; a running Kueue is left
+#                                  running by a later `up` without KUEUE=1, stopped by `down`)
 #   hack/cluster.sh down           stop every process `up` started (pid files); idempotent
 #   hack/cluster.sh status         one line per component
 #   hack/cluster.sh env            print `export KUBECONFIG=... TPUTORCH_DASHBOARD_URL=... TPUTORCH_BIN=...`
@@ -10,7 +12,9 @@
 #
 # Components: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (k8s v1.34.4),
 # KWOK (fake kubelets for the nodes in hack/nodes.yaml), a fake Ray dashboard
-# (hack/fakedash, started by hack/fake_dashboard.py) and the KubeRay operator (out of cluster, HTTP_PROXY -> fake dashboard).
+# (hack/fakedash, started by hack/fake_dashboard.py) and the KubeRay operator (out of cluster,
+# HTTP_PROXY -> fake dashboard); with KUEUE=1 also Kueue's controller (out of cluster, webhooks on
+# 127.0.0.1 with the local CA).
 # Everything binds to 127.0.0.1. State: ${TPUTORCH_CLUSTER_DIR:-<repo>/.cluster}.
 set -euo pipefail
 
@@ -19,7 +23,8 @@ REPO=$(dirname "$HACK")
 DIR=${TPUTORCH_CLUSTER_DIR:-$REPO/.cluster}
 PY=${PYTHON:-python3}
 KUBECTL=${KUBECTL:-kubectl}
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok fake-dashboard kuberay-operator)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok fake-dashboard kuberay-operator kueue)
+OPTIONAL=" kueue "   # components that only run when asked for (status does not fail on them)
 
 log() { echo "[cluster $(date +%H:%M:%S)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -67,6 +72,10 @@ ports() {  # pick free ports once; reused by every later `up` so the kubeconfig 
       echo "APISERVER_PORT=$(free_port)"; echo "KCM_PORT=$(free_port)"; echo "SCHEDULER_PORT=$(free_port)"
       echo "KWOK_PORT=$(free_port)"; echo "DASHBOARD_PORT=$(free_port)"; echo "KUBERAY_PROBE_PORT=$(free_port)"
     } >"$DIR/ports.env"
+    load_env
+  fi
+  if [[ -z ${KUEUE_WEBHOOK_PORT:-} ]]; then   # added later than the rest: older ports.env lack it
+    { echo "KUEUE_WEBHOOK_PORT=$(free_port)"; echo "KUEUE_PROBE_PORT=$(free_port)"; } >>"$DIR/ports.env"
     load_env
   fi
 }
@@ -156,6 +165,88 @@ kuberay_dir() {
     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
 }
 
+kueue_dir() {
+  (cd /tmp && go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION:-v0.17.0}" |
+    "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+}
+
+# Without Kueue its webhooks (failurePolicy Fail) would refuse every RayJob: a cluster started
+# with KUEUE=1 earlier keeps them in etcd, so an `up` without Kueue running removes them.
+kueue_webhooks_off() {
+  k delete mutatingwebhookconfiguration kueue-mutating-webhook-configuration --ignore-not-found >/dev/null
+  k delete validatingwebhookconfiguration kueue-validating-webhook-configuration --ignore-not-found >/dev/null
+}
+
+kueue_ready() { curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$KUEUE_PROBE_PORT/readyz"; }
+
+# Kueue's controller, out of cluster: its own serving certificate from the local CA (SAN 127.0.0.1)
+# instead of its internal cert management (which names a Service that nothing routes here), CRDs
+# and webhook configurations from the module cache (hack/kueue_manifests.py), the RayJob,
+# RayCluster and RayService integrations. v0.17 reads the metrics certificate from the fixed path
+# /etc/kueue/metrics/certs when its internal cert management is off; rather than writing into the
+# host's /etc, Kueue runs in a private mount namespace where /etc is an overlay holding that file.
+kueue_up() {
+  local kbin mod p=$DIR/pki run=$DIR/run/kueue
+  kbin=$("$HACK/build.sh" kueue | tail -1)
+  mod=$(kueue_dir)
+  mkdir -p "$run/certs" "$run/ns"
+  if [[ ! -f $run/certs/tls.crt ]]; then
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=kueue-webhook" -keyout "$run/certs/tls.key" \
+      -out "$run/certs/tls.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$run/certs/tls.ext"
+    openssl x509 -req -in "$run/certs/tls.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
+      -days 3650 -extfile "$run/certs/tls.ext" -out "$run/certs/tls.crt" 2>/dev/null
+    chmod 600 "$run/certs/tls.key"
+  fi
+  cat >"$run/config.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health:
+  healthProbeBindAddress: 127.0.0.1:$KUEUE_PROBE_PORT
+metrics:
+  bindAddress: "0"
+webhook:
+  host: 127.0.0.1
+  port: $KUEUE_WEBHOOK_PORT
+  certDir: $run/certs
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+manageJobsWithoutQueueName: false
+integrations:
+  frameworks: ["ray.io/rayjob", "ray.io/raycluster", "ray.io/rayservice"]
+featureGates:
+  VisibilityOnDemand: false
+EOF
+  local stamp="$DIR/etcd/.kueue-crds" want="$mod $KUEUE_WEBHOOK_PORT"
+  if [[ $(cat "$stamp" 2>/dev/null) == "$want" ]] && k get crd workloads.kueue.x-k8s.io >/dev/null 2>&1; then
+    log "Kueue CRDs already installed"
+  else
+    log "installing Kueue CRDs from $mod"
+    "$PY" "$HACK/kueue_manifests.py" crds "$mod" "$KUEUE_WEBHOOK_PORT" "$p/ca.crt" >"$run/crds.yaml"
+    k create --validate=false -f "$run/crds.yaml" >/dev/null 2>&1 || k replace --validate=false -f "$run/crds.yaml" >/dev/null
+    echo "$want" >"$stamp"
+  fi
+  # Kueue's manager fails at start on a kind the API server does not serve yet.
+  k wait --for=condition=Established --timeout=60s -f "$run/crds.yaml" >/dev/null
+  k get namespace kueue-system >/dev/null 2>&1 || k create namespace kueue-system >/dev/null
+  "$PY" "$HACK/kueue_manifests.py" webhooks "$mod" "$KUEUE_WEBHOOK_PORT" "$p/ca.crt" >"$run/webhooks.yaml"
+  if ! alive kueue; then
+    # shellcheck disable=SC2016
+    KUBECONFIG="$DIR/kubeconfig" start kueue unshare --mount --propagation private sh -c '
+      set -e; mount -t tmpfs tmpfs "$1"; mkdir -p "$1/upper/kueue/metrics/certs" "$1/work"
+      cp "$2"/tls.crt "$2"/tls.key "$1/upper/kueue/metrics/certs/"
+      mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1/upper,workdir=$1/work" /etc
+      exec "$3" --config="$4" --zap-log-level=info' kueue "$run/ns" "$run/certs" "$kbin/kueue" "$run/config.yaml"
+    echo "$run/config.yaml" >"$(pidfile kueue).cmd"   # what the exec'd kueue's cmdline holds
+  fi
+  wait_for kueue 120 kueue_ready
+  # The webhooks go in once Kueue serves them (failurePolicy Fail).
+  k apply --server-side --force-conflicts -f "$run/webhooks.yaml" >/dev/null
+}
+
 cmd_up() {
   local fresh=0 t0=$SECONDS
   [[ ${1:-} == --fresh ]] && fresh=1
@@ -185,7 +276,9 @@ cmd_up() {
     --endpoint-reconciler-type=none --allow-privileged=true --enable-priority-and-fairness=false \
     --enable-admission-plugins=OwnerReferencesPermissionEnforcement \
     --kubelet-preferred-address-types=InternalIP \
-    --profiling=false --cert-dir="$DIR/run/apiserver" --v=1
+    --profiling=false --cert-dir="$DIR/run/apiserver" --v=1 \
+    --audit-policy-file="$HACK/audit-policy.yaml" --audit-log-path="$DIR/logs/audit.log" \
+    --audit-log-maxsize=100 --audit-log-maxbackup=1
   wait_for kube-apiserver 120 api_ready
 
   # KWOK's kubelets are one process that a busy machine (a real Ray head, builds) can starve: with
@@ -250,6 +343,12 @@ cmd_up() {
   )
   wait_for kuberay-operator 60 curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$KUBERAY_PROBE_PORT/readyz"
 
+  if [[ ${KUEUE:-0} == 1 ]]; then
+    kueue_up
+  elif ! alive kueue; then
+    kueue_webhooks_off
+  fi
+
   if [[ ! -x $BIN/helm && ${TPUTORCH_BUILD_HELM:-1} == 1 ]]; then  # for the chart tests; not needed by the cluster
     log "building helm in the background (log: $DIR/logs/build-helm.log)"
     nohup "$HACK/build.sh" helm >>"$DIR/logs/build-helm.log" 2>&1 </dev/null 8>&- &
@@ -278,6 +377,7 @@ cmd_status() {
   local name rc=0
   for name in "${COMPONENTS[@]}"; do
     if alive "$name"; then printf '%-24s running  pid %s\n' "$name" "$(cat "$(pidfile "$name")")"
+    elif [[ $OPTIONAL == *" $name "* ]]; then printf '%-24s off\n' "$name"
     else printf '%-24s stopped\n' "$name"; rc=1; fi
   done
   [[ -n ${APISERVER_PORT:-} ]] && echo "api server: https://127.0.0.1:$APISERVER_PORT  dashboard: http://127.0.0.1:$DASHBOARD_PORT"
@@ -291,6 +391,7 @@ cmd_env() {
   echo "export TPUTORCH_DASHBOARD_URL=http://127.0.0.1:$DASHBOARD_PORT"
   echo "export TPUTORCH_CLUSTER_DIR=$DIR"
   echo "export TPUTORCH_BIN=$("$HACK/build.sh" dir)   # etcd, kube-*, kwok, kuberay-operator, helm"
+  echo "export TPUTORCH_KUEUE_BIN=$("$HACK/build.sh" kueue-dir)"
 }
 
 # One up/down at a time per state dir. Started components get fd 8 closed (see start()), so they

@@ -85,11 +85,14 @@ NAMESPACED_RULES = [
     {"apiGroups": ["tputorch.io"], "resources": ["tputorchjobs/finalizers", "tputorchservices/finalizers"],
      "verbs": ["update"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayservices"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["events.k8s.io", ""], "resources": ["events"], "verbs": ["create"]},
 ]
-CRD_DISCOVERY = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                 "verbs": ["get", "list", "watch"]}
+CRD_DISCOVERY = [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                  "verbs": ["get", "list", "watch"]},
+                 {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloadpriorityclasses"],
+                  "verbs": ["get", "list", "watch"]}]
 NAMESPACE_DISCOVERY = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
 
 
@@ -247,7 +250,7 @@ def test_clusterwide_rbac_is_exactly_the_operators_needs():
     docs = operator_rbac(render())
     role = one(docs, "ClusterRole")
     assert role["metadata"]["name"] == FULLNAME
-    assert role["rules"] == NAMESPACED_RULES + [CRD_DISCOVERY]
+    assert role["rules"] == NAMESPACED_RULES + CRD_DISCOVERY
     # kopf 1.45 never lists namespaces when it runs cluster-wide (observation.namespace_observer)
     assert not allowed(role["rules"], "", "namespaces", "list")
     assert_least_privilege(role["rules"])
@@ -297,7 +300,7 @@ def test_namespaced_mode():
     # cluster-wide: only what kopf reads for discovery, nothing about jobs, RayJobs or pods
     cluster_role = one(docs, "ClusterRole")
     assert cluster_role["metadata"]["name"] == f"{FULLNAME}-discovery"
-    assert cluster_role["rules"] == [CRD_DISCOVERY, NAMESPACE_DISCOVERY]
+    assert cluster_role["rules"] == [*CRD_DISCOVERY, NAMESPACE_DISCOVERY]
     assert_least_privilege(cluster_role["rules"])
     assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == f"{FULLNAME}-discovery"
 

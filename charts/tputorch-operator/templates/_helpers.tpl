@@ -73,6 +73,11 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
 - apiGroups: ["ray.io"]
   resources: ["rayjobs", "rayservices"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# Kueue's Workload of a queued child: read for the Queued/Admitted/Preempted status; patched only
+# in spec.active, which carries the user's spec.suspend to Kueue (Kueue owns the child's suspend).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "patch"]
 # Pods of the slice (labelled by KubeRay) are watched for readiness; never created.
 - apiGroups: [""]
   resources: ["pods"]
@@ -90,5 +95,10 @@ resources (and notices when KubeRay's CRDs appear later).
 {{- define "tputorch.discoveryRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+# Kueue's WorkloadPriorityClasses (cluster-scoped): a spec.priorityClassName that names none is
+# reported on the object.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses"]
   verbs: ["get", "list", "watch"]
 {{- end -}}

@@ -94,6 +94,7 @@ class CommonSpec:
     node_selector: dict
     head_node_selector: dict
     queue_name: str | None
+    priority_class_name: str | None = None  # a Kueue WorkloadPriorityClass (only with queue_name)
     labels: dict = field(default_factory=dict)
     volumes: tuple[Volume, ...] = ()
     gcs_fuse_sidecar: dict = field(default_factory=dict)  # {annotation: quantity} (storage.SIDECAR_ANNOTATIONS)
@@ -229,7 +230,7 @@ TPU_FIELDS = {"accelerator", "topology", "slices", "chipsPerWorker", "chipsPerHo
 # The blocks both kinds have, parsed by one function.
 COMMON_FIELDS = {
     "tpu", "image", "rayVersion", "runtimeEnv", "env", "head", "worker", "tolerations",
-    "serviceAccountName", "nodeSelector", "queueName", "volumes", "gcsFuseSidecar",
+    "serviceAccountName", "nodeSelector", "queueName", "priorityClassName", "volumes", "gcsFuseSidecar",
 }
 RESOURCE_FIELDS = {"cpu", "memory", "ephemeralStorage"}
 HEAD_FIELDS = RESOURCE_FIELDS | {"nodeSelector"}
@@ -412,13 +413,18 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
     service_account = r.value(spec, "serviceAccountName", "spec.serviceAccountName", str, check=string(253, re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), "a DNS subdomain name"))
     node_selector = parse_node_selector(r, spec, "nodeSelector", "spec.nodeSelector")
     queue_name = r.value(spec, "queueName", "spec.queueName", str, check=string(63, LABEL_VALUE, "a label value (the Kueue LocalQueue's name)"))
+    priority = r.value(spec, "priorityClassName", "spec.priorityClassName", str,
+                       check=string(63, LABEL_VALUE, "a label value (the Kueue WorkloadPriorityClass's name)"))
+    if priority is not None and queue_name is None:
+        r.error("spec.priorityClassName", priority, "must not be set without spec.queueName: Kueue orders and "
+                "preempts only the work it queues")
     volumes = storage.parse_volumes(r, spec, quantity)
     sidecar = storage.parse_sidecar(r, spec, volumes, quantity)
     fields = dict(
         name=name, namespace=namespace, labels=labels, image=image, ray_version=ray_version,
         runtime_env=runtime_env, env=env, head=head, worker=worker, head_node_selector=head_selector,
         tolerations=tolerations, service_account_name=service_account, node_selector=node_selector,
-        queue_name=queue_name, volumes=volumes, gcs_fuse_sidecar=sidecar,
+        queue_name=queue_name, priority_class_name=priority, volumes=volumes, gcs_fuse_sidecar=sidecar,
     )
     return fields, spec, tpu
 

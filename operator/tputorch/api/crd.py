@@ -29,7 +29,7 @@ SERVICE_SINGULAR = "tputorchservice"
 SERVICE_SHORT_NAMES = ["ttsvc"]
 SERVICE_NAME = f"{SERVICE_PLURAL}.{GROUP}"
 
-PHASES = ["Pending", "Running", "Succeeded", "Failed", "Suspended"]
+PHASES = ["Pending", "Queued", "Preempted", "Running", "Succeeded", "Failed", "Suspended"]
 SERVICE_PHASES = list(status.SERVICE_PHASES)
 MAX_CONDITIONS = 16
 
@@ -294,6 +294,11 @@ def _common_properties(kind: str) -> dict:
             f"Kueue LocalQueue: the label kueue.x-k8s.io/queue-name on the {'RayJob' if job else 'RayService'}.",
             maxLength=63,
         ),
+        "priorityClassName": _string(
+            "Kueue WorkloadPriorityClass (only with queueName): the label kueue.x-k8s.io/priority-class on the "
+            f"{'RayJob' if job else 'RayService'}; orders the queue and decides preemption.",
+            maxLength=63,
+        ),
         "volumes": _volumes_schema(),
         "gcsFuseSidecar": _sidecar_schema(),
     }
@@ -537,6 +542,10 @@ def _common_status() -> dict:
         "hosts": _int("TPU hosts (pods) wanted."),
         "readyHosts": _int("TPU host pods that are ready."),
         "rayClusterName": _string("Name of the RayCluster KubeRay created."),
+        "queue": _string("Kueue LocalQueue (spec.queueName)."),
+        "priorityClass": _string("Kueue WorkloadPriorityClass (spec.priorityClassName)."),
+        "clusterQueue": _string("Kueue ClusterQueue that admitted the workload."),
+        "workload": _string("Name of the Kueue Workload made for the child."),
     }
 
 
@@ -546,7 +555,7 @@ def _job_status_schema() -> dict:
         type="object",
         properties={
             **_common_status(),
-            "phase": _string("Pending, Running, Succeeded, Failed or Suspended.", enum=PHASES),
+            "phase": _string("Pending, Queued, Preempted, Running, Succeeded, Failed or Suspended.", enum=PHASES),
             "conditions": _conditions_schema(status.CONDITION_TYPES),
             "rayJobName": _string("Name of the RayJob."),
             "dashboardURL": _string("Ray dashboard address (inside the cluster)."),
@@ -601,6 +610,9 @@ JOB_PRINTER_COLUMNS = [
     {"name": "Topology", "type": "string", "jsonPath": ".spec.tpu.topology"},
     {"name": "Workers", "type": "integer", "jsonPath": ".status.workers"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Queue", "type": "string", "jsonPath": ".spec.queueName", "priority": 1, "description": "Kueue LocalQueue"},
+    {"name": "Priority", "type": "string", "jsonPath": ".spec.priorityClassName", "priority": 1,
+     "description": "Kueue WorkloadPriorityClass"},
     {"name": "Hosts", "type": "string", "jsonPath": ".status.hostsReady", "description": "Ready TPU hosts / hosts in the slice"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
@@ -611,6 +623,7 @@ SERVICE_PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".status.model"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.replicasReady", "description": "Ready replicas (slices) / replicas"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Queue", "type": "string", "jsonPath": ".spec.queueName", "priority": 1, "description": "Kueue LocalQueue"},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "description": "OpenAI base URL inside the cluster"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

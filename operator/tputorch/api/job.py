@@ -60,6 +60,9 @@ def parse(body: Any) -> JobSpec:
         r.error("spec.ttlSecondsAfterFinished", ttl, "must not be set unless spec.shutdownAfterJobFinishes is true")
     if suspend and not shutdown:
         r.error("spec.suspend", suspend, "must not be true unless spec.shutdownAfterJobFinishes is true")
+    if fields.get("queue_name") and not shutdown:  # Kueue's RayJob webhook refuses it otherwise
+        r.error("spec.shutdownAfterJobFinishes", shutdown, "must be true when spec.queueName is set: Kueue "
+                "admits a RayJob only with a cluster of its own that is deleted when the job ends")
 
     if r.errors:
         raise InvalidSpec(r.errors)

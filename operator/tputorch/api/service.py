@@ -210,6 +210,9 @@ def parse_service(body: Any) -> ServiceSpec:
     max_replicas = r.value(replicas, "max", "spec.replicas.max", int, default=min_replicas, check=between(1, INT32_MAX))
     if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
         r.error("spec.replicas.max", max_replicas, f"must be at least spec.replicas.min ({min_replicas})")
+    elif fields.get("queue_name") and max_replicas != min_replicas:  # Kueue's RayService webhook refuses it
+        r.error("spec.replicas.max", max_replicas, f"must equal spec.replicas.min ({min_replicas}) when "
+                "spec.queueName is set: Kueue admits a fixed number of slices, not an autoscaling range")
 
     serve = r.mapping(spec, "serve", "spec.serve", SERVE_FIELDS)
     target = r.value(serve, "targetOngoingRequests", "spec.serve.targetOngoingRequests", int,

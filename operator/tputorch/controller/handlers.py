@@ -19,7 +19,7 @@ from .informer import Informer, RestSource, pods_path
 from .kube import Kube, load_config
 from .leader import Election
 from .metrics import METRICS, serve
-from .reconcile import STATUS_INTERVAL, Controller
+from .reconcile import STATUS_INTERVAL, WORKLOAD, WORKLOAD_PRIORITY_CLASS, Controller
 
 log = logging.getLogger("tputorch")
 
@@ -75,6 +75,13 @@ def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[st
                                              on_loop(controller.child_changed, name), kinds_.child_slimmer(kind))
     controller.pods = Informer("pods", source_for(pods_path, SELECTOR), namespaces, on_loop(controller.pod_changed),
                                kinds_.slim_pod, index=kinds_.pod_index)
+    # Kueue's: Workloads carry none of our labels (watched whole, kept slim); priority classes are
+    # cluster-scoped. Both are "not served" until Kueue is installed, which is fine.
+    controller.workloads = Informer("Kueue Workloads", source_for(WORKLOAD.path, None), namespaces,
+                                    on_loop(controller.workload_changed), kinds_.slim_workload,
+                                    index=kinds_.workload_index)
+    controller.priority_classes = Informer("Kueue WorkloadPriorityClasses", source_for(WORKLOAD_PRIORITY_CLASS.path, None),
+                                           None, on_loop(controller.priority_class_changed), kinds_.slim_name)
     return controller
 
 
@@ -100,7 +107,8 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     controller = RUNTIME.controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
         CONFIG.status_interval)
-    RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods]
+    RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods,
+                         controller.workloads, controller.priority_classes]
     METRICS.phases = controller.phases
     METRICS.gauges = lambda: {
         "tputorch_tracked_objects": ("Objects the operator keeps state for (swept against what exists).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..api import crd, spec as specs
 from .. import render, status as statuses
+from ..status import kueue
 from .kube import Resource
 from .reconcile import Kind
 
@@ -40,7 +41,7 @@ JOB = Kind(
     resource=TPUTORCHJOB, child=RAYJOB, label=render.JOB_LABEL,
     parse=specs.parse, render=render.rayjob, derive=statuses.derive,
     child_patch=_rayjob_patch, cluster_names=_rayjob_clusters, finished=statuses.finished,
-    phase_metric="tputorch_jobs", child_spec_read=("suspend",),
+    phase_metric="tputorch_jobs", child_spec_read=("suspend",), patch_when_queued=False,
 )
 SERVICE = Kind(
     resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL,
@@ -115,3 +116,34 @@ def pod_index(pod: dict) -> tuple[str, str, str] | None:
         if kind.label in labels:
             return kind.label, meta.get("namespace") or "", labels[kind.label]
     return None
+
+
+# --- Kueue's Workloads and WorkloadPriorityClasses -----------------------------------------------
+
+def slim_workload(obj: dict) -> dict:
+    """A Workload as the status reads it: owner, spec.active, conditions, admission, checks."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    conditions = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+                  for c in status.get("conditions") or []]
+    checks = [{k: c[k] for k in ("name", "state", "message") if k in c} for c in status.get("admissionChecks") or []]
+    admission = {"clusterQueue": (status.get("admission") or {}).get("clusterQueue")} if status.get("admission") else None
+    spec = obj.get("spec") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
+                                               "ownerReferences") if k in meta},
+            "spec": {k: spec[k] for k in ("active", "queueName") if k in spec},
+            "status": {k: v for k, v in (("conditions", conditions), ("admissionChecks", checks),
+                                         ("admission", admission)) if v}}
+
+
+def workload_index(workload: dict) -> tuple[str, str, str] | None:
+    """(namespace, owner kind, owner name) of the child a Workload was made for."""
+    owner = kueue.owner_of(workload)
+    if owner is None:
+        return None
+    return (workload.get("metadata") or {}).get("namespace") or "", owner[0], owner[1]
+
+
+def slim_name(obj: dict) -> dict:
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "resourceVersion") if k in meta}}

@@ -21,7 +21,8 @@ from typing import Any, Callable
 
 from kubernetes.client.rest import ApiException
 
-from .. import status as statuses
+from .. import render, status as statuses
+from ..status import kueue
 from .events import EventRecorder
 from .informer import Informer, key_of
 from .kube import Resource
@@ -53,6 +54,15 @@ class Kind:
     finished: Callable[[dict], bool]  # status -> the work is done: a vanished child is not made again
     phase_metric: str  # the jobs/services-by-phase gauge
     child_spec_read: tuple[str, ...] | None  # the child's spec fields child_patch reads (None: all)
+    # Whether child_patch applies while Kueue manages the child (False: its only patch is suspend,
+    # which is Kueue's then; the user's spec.suspend reaches the child through its Workload).
+    patch_when_queued: bool = True
+
+
+# Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
+# and the priority classes spec.priorityClassName names.
+WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
+WORKLOAD_PRIORITY_CLASS = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass")
 
 
 def progress_only(previous: dict, current: dict) -> bool:
@@ -126,10 +136,12 @@ def create_problem(kind: Kind, err: Exception) -> tuple[str, str]:
 class Controller:
     def __init__(self, kinds: list[Kind], kube, parents: dict[str, Informer], children: dict[str, Informer],
                  pods: Informer, clock: Callable[[], str] = now, status_interval: float = STATUS_INTERVAL,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, workloads: Informer | None = None,
+                 priority_classes: Informer | None = None) -> None:
         self.kinds = {k.resource.kind: k for k in kinds}
         self.kube = kube
         self.parents, self.children, self.pods = parents, children, pods
+        self.workloads, self.priority_classes = workloads, priority_classes  # None: Kueue not read
         self.clock = clock
         self.monotonic = monotonic
         self.status_interval = status_interval
@@ -162,6 +174,26 @@ class Controller:
         for kind in self.kinds.values():
             if kind.label in labels:
                 self.queue.add((kind.resource.kind, key_of(obj)[0], labels[kind.label]))
+
+    def workload_changed(self, event: str, obj: dict) -> None:
+        if event in ("SERVED", "FORBIDDEN"):  # Kueue installed (or refused): every queued object reads anew
+            self._queued_objects(lambda spec: True)
+            return
+        owner = kueue.owner_of(obj) if obj else None
+        for kind in self.kinds.values():
+            if owner is not None and owner[0] == kind.child.kind:
+                self.queue.add((kind.resource.kind, key_of(obj)[0], owner[1]))
+
+    def priority_class_changed(self, event: str, obj: dict) -> None:
+        name = key_of(obj)[1] if obj else None
+        self._queued_objects(lambda spec: name is None or spec.get("priorityClassName") == name)
+
+    def _queued_objects(self, which: Callable[[dict], bool]) -> None:
+        for kind, informer in self.parents.items():
+            for obj in informer.values():
+                spec = obj.get("spec") or {}
+                if spec.get("queueName") and which(spec):
+                    self.queue.add((kind, *key_of(obj)))
 
     def sweep(self) -> None:
         """Drop what is kept for objects that no longer exist (a deletion missed while not watching)."""
@@ -240,9 +272,10 @@ class Controller:
             clusters = kind.cluster_names(ours)
             pods = [p for p in self.pods.indexed((kind.label, namespace, name))
                     if ((p.get("metadata") or {}).get("labels") or {}).get(statuses.CLUSTER_LABEL) in clusters]
+        queue = await self._admission(kind, spec, ours) if ours is not None else None
         previous = self._previous(parent)
         current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
-                              self.problems.get(key))
+                              self.problems.get(key), queue=queue)
         # The write right after our own create is on the job's critical path: never put off.
         await self._write(kind, parent, previous, current, at_once=result == "created")
         return result
@@ -266,6 +299,8 @@ class Controller:
             # ours (invisible to the watch): look again with backoff either way.
             return "retry", child
         self.problems.pop(key, None)
+        if not kind.patch_when_queued and self._kueue_manages(child):
+            return "unchanged", child
         patch = kind.child_patch(spec, child)
         if patch is None:
             return "unchanged", child
@@ -302,6 +337,31 @@ class Controller:
         log.info("%s %s/%s created (%s %s slice, %d hosts)", kind.child.kind, namespace, name,
                  spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
         return "created", created
+
+    # --- Kueue ------------------------------------------------------------------------------------
+
+    def _kueue_manages(self, child: dict) -> bool:
+        """Kueue holds this child's suspend: it carries a queue name and Kueue's Workload kind is
+        served (without Kueue nobody else would ever start or stop it)."""
+        labels = (child.get("metadata") or {}).get("labels") or {}
+        return bool(labels.get(render.QUEUE_LABEL)) and self.workloads is not None and self.workloads.served is not False
+
+    async def _admission(self, kind: Kind, spec, child: dict) -> kueue.Admission | None:
+        """Where Kueue has the child, from its Workload; and the user's spec.suspend carried to the
+        Workload (spec.active), the one place Kueue takes it from without a fight."""
+        if not spec.queue_name or not self._kueue_manages(child):
+            return None
+        namespace, name = key_of(child)
+        workload = kueue.workload_for(self.workloads.indexed((namespace, kind.child.kind, name)), child)
+        pcs, exists = self.priority_classes, True
+        if spec.priority_class_name and pcs is not None and pcs.served and pcs.forbidden is None:
+            exists = pcs.get(("", spec.priority_class_name)) is not None
+        active = not getattr(spec, "suspend", False)
+        if workload is not None and (workload.get("spec") or {}).get("active", True) != active:
+            await self.kube.patch(WORKLOAD, namespace, key_of(workload)[1], {"spec": {"active": active}})
+            log.info("%s %s/%s: Workload %s %s", kind.resource.kind, namespace, name, key_of(workload)[1],
+                     "activated" if active else "deactivated (suspended)")
+        return kueue.admission(spec.queue_name, kind.child.kind, name, workload, spec.priority_class_name, exists)
 
     def _parse(self, kind: Kind, parent: dict, namespace: str):
         """The spec, parsed once per version of it: every status write and child change reconciles

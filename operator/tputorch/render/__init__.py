@@ -21,7 +21,12 @@ MANAGED_BY = "tputorch-operator"
 JOB_LABEL = "tputorch.io/job"
 SERVICE_LABEL = "tputorch.io/service"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue's labels on the child: the LocalQueue and the WorkloadPriorityClass. They come from the spec
+# alone (spec.queueName, spec.priorityClassName): one from metadata.labels would let a user pick any
+# queue or cluster-wide priority past the spec's rules.
+KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
+QUEUE_LABEL = KUEUE_LABEL_PREFIX + "queue-name"
+PRIORITY_CLASS_LABEL = KUEUE_LABEL_PREFIX + "priority-class"
 SPEC_HASH_ANNOTATION = "tputorch.io/spec-hash"
 # KubeRay 1.5: a RayService not Ready this long after creation is failed for good and its RayClusters
 # deleted (Ready=False, reason InitializingTimeout).
@@ -110,9 +115,12 @@ def pod_labels(spec: Spec) -> dict[str, str]:
 
 def object_labels(spec: Spec) -> dict[str, str]:
     """Labels of the RayJob / RayService: the user's, ours, and Kueue's queue."""
-    labels = {**spec.labels, **pod_labels(spec)}
+    labels = {k: v for k, v in spec.labels.items() if not k.startswith(KUEUE_LABEL_PREFIX)}
+    labels.update(pod_labels(spec))
     if spec.queue_name:
         labels[QUEUE_LABEL] = spec.queue_name
+    if spec.priority_class_name:
+        labels[PRIORITY_CLASS_LABEL] = spec.priority_class_name
     return labels
 
 
@@ -288,6 +296,9 @@ def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
         for group, seen in zip(spec["rayClusterConfig"]["workerGroupSpecs"], observed_groups):
             if isinstance(seen.get("replicas"), int):
                 group["replicas"] = min(max(seen["replicas"], svc.min_replicas), svc.max_replicas)
+    # rayClusterConfig.suspend is Kueue's (its RayService integration holds a queued service there):
+    # a patch that nulled it would start a service Kueue has not admitted.
+    spec["rayClusterConfig"].pop("suspend", None)
     head = spec["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
     for key in _OPTIONAL_HEAD_KEYS:
         head.setdefault(key, None)

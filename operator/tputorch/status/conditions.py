@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..api.spec import FieldError
+from . import kueue
 
 # Condition types, in the order they are written.
 VALIDATED = "Validated"
@@ -18,13 +19,15 @@ RAYJOB_CREATED = "RayJobCreated"
 SLICE_READY = "SliceReady"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, FAILED)
+ADMITTED = "Admitted"  # Kueue admitted the child (only for objects with spec.queueName)
+CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, ADMITTED, SLICE_READY, SUCCEEDED, FAILED)
 RAYSERVICE_CREATED = "RayServiceCreated"
 READY = "Ready"
-SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, SLICE_READY, READY, FAILED)
+SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, ADMITTED, SLICE_READY, READY, FAILED)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
-SERVICE_PHASES = ("Pending", "Deploying", "Ready", "Updating", "Degraded", "Recovering", "Failed")
+QUEUE_PHASES = (kueue.QUEUED, kueue.PREEMPTED)  # Kueue holds the child back
+SERVICE_PHASES = ("Pending", *QUEUE_PHASES, "Deploying", "Ready", "Updating", "Degraded", "Recovering", "Failed")
 ROLE_LABEL = "ray.io/node-type"  # KubeRay labels each pod head or worker
 CLUSTER_LABEL = "ray.io/cluster"  # and with its RayCluster's name
 # KubeRay >= 1.5 with its RayMultiHostIndexing gate: which slice replica a host pod belongs to.
@@ -36,12 +39,12 @@ POD_LABELS_READ = (ROLE_LABEL, CLUSTER_LABEL, REPLICA_LABEL)
 STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "workers", "hosts", "readyHosts",
     "hostsReady", "rayJobName", "rayClusterName", "dashboardURL", "jobId", "jobStatus",
-    "jobDeploymentStatus", "startTime", "completionTime",
+    "jobDeploymentStatus", "startTime", "completionTime", "queue", "priorityClass", "clusterQueue", "workload",
 )
 SERVICE_STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "replicas", "readyReplicas",
     "replicasReady", "hosts", "readyHosts", "model", "endpoint", "rayServiceName", "rayClusterName",
-    "serviceStatus", "applicationStatus", "applicationMessage",
+    "serviceStatus", "applicationStatus", "applicationMessage", "queue", "priorityClass", "clusterQueue", "workload",
 )
 # A condition's message is capped (metav1.Condition allows 32768 characters).
 MAX_CONDITION_MESSAGE = 32768
@@ -55,12 +58,14 @@ _WARNING_STATES = {
 }
 _WARNING_REASONS = {"Unschedulable", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
-                    "CrashLoopBackOff"}
+                    "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible"}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
-_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService"}
+# Kueue's "Pending" is told by the Queued phase's event.
+_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService", "Pending",
+                  *kueue.QUIET_REASONS}
 # Phases whose start is an event of its own (the others have a condition event that says it).
-_PHASE_EVENTS = ("Running", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering")
+_PHASE_EVENTS = ("Running", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering", *QUEUE_PHASES)
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,35 @@ def child_created(ctype: str, child_kind: str, name: str, child: dict | None, pr
         return condition(ctype, False, problem[0], problem[1], generation)
     return condition(ctype, False, "Creating", f"creating the {child_kind}", generation)
 
+
+
+def admitted_condition(queue: kueue.Admission, generation: int) -> dict:
+    return condition(ADMITTED, queue.admitted, queue.reason, queue.message, generation)
+
+
+def queue_fields(spec, queue: kueue.Admission | None) -> dict:
+    """The status fields that say where a queued object stands (none without spec.queueName)."""
+    fields = {"queue": spec.queue_name, "priorityClass": spec.priority_class_name}
+    if queue is not None:
+        fields.update(clusterQueue=queue.cluster_queue, workload=queue.workload)
+    return {k: v for k, v in fields.items() if v}
+
+
+def queue_phase(phase: str, suspended_by_user: bool, queue: kueue.Admission | None) -> str:
+    """The phase once Kueue is heard: Queued / Preempted while it holds the child back (unless the
+    child ended, or the user suspended it); a child Kueue admitted that KubeRay still shows
+    suspended is about to start, not suspended."""
+    if queue is None or phase in TERMINAL_PHASES or suspended_by_user:
+        return phase
+    if queue.phase:
+        return queue.phase
+    return "Pending" if phase == "Suspended" else phase
+
+
+def queue_message(spec, queue: kueue.Admission) -> str:
+    if queue.phase == kueue.PREEMPTED:
+        return f"preempted by Kueue: {queue.message}"
+    return f"queued in LocalQueue {spec.queue_name}: {queue.message}"
 
 
 def finished(status: dict) -> bool:

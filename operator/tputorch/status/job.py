@@ -6,9 +6,10 @@ from typing import Iterable
 
 from ..api.spec import JobSpec
 from .conditions import (
-    FAILED, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, child_created, condition,
-    ready_hosts, scheduling_problem, stamp,
+    FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
+    child_created, condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
 )
+from .kueue import Admission
 
 def _phase(deployment: str, job_status: str) -> str:
     if deployment == "Complete":
@@ -31,12 +32,14 @@ def derive(
     previous: dict,
     now: str,
     problem: tuple[str, str] | None = None,
+    queue: Admission | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 
     ``problem`` is (reason, message) when the RayJob could not be created (e.g. KubeRay's
     CRDs are missing); ``pods`` are the job's pods (metadata.name, metadata.labels, status.conditions
-    as the API returns them).
+    as the API returns them); ``queue`` is where Kueue has the RayJob (spec.queueName set and the
+    RayJob exists).
     """
     s = job.slice
     shape = (
@@ -48,18 +51,23 @@ def derive(
     deployment = rj_status.get("jobDeploymentStatus") or ""
     job_status = rj_status.get("jobStatus") or ""
     phase = _phase(deployment, job_status) if rayjob is not None else "Pending"
+    phase = queue_phase(phase, job.suspend, queue)
     pods = list(pods)
     ready = ready_hosts(pods, cluster_status)
     kuberay_message = rj_status.get("message") or rj_status.get("reason") or ""
 
     conditions = [condition(VALIDATED, True, "Valid", shape, generation),
                   child_created(RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, generation)]
+    if queue is not None:
+        conditions.append(admitted_condition(queue, generation))
 
     unschedulable = scheduling_problem(pods)
     if phase in TERMINAL_PHASES:
         slice_ready = condition(SLICE_READY, False, "JobFinished", "the job has finished", generation)
     elif phase == "Suspended":
         slice_ready = condition(SLICE_READY, False, "Suspended", "the job is suspended", generation)
+    elif phase in QUEUE_PHASES:
+        slice_ready = condition(SLICE_READY, False, "WaitingForKueue", f"{phase.lower()} by Kueue: the job holds no slice", generation)
     elif rayjob is not None and ready >= s.hosts:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", f"{ready}/{s.hosts} TPU hosts ready", generation)
     elif unschedulable:
@@ -80,6 +88,8 @@ def derive(
         message = conditions[-1]["message"]
     elif phase == "Suspended":
         message = "suspended: the RayJob holds no slice"
+    elif phase in QUEUE_PHASES:
+        message = queue_message(job, queue)
     elif rayjob is None:
         message = conditions[1]["message"]
     else:
@@ -95,6 +105,7 @@ def derive(
         "readyHosts": ready,
         "hostsReady": f"{ready}/{s.hosts}",
         "rayJobName": job.name,
+        **queue_fields(job, queue),
     }
     optional = {
         "rayClusterName": rj_status.get("rayClusterName"),

@@ -7,9 +7,11 @@ from typing import Iterable
 from .. import render
 from ..api.spec import ServiceSpec
 from .conditions import (
-    CLUSTER_LABEL, FAILED, RAYSERVICE_CREATED, READY, SLICE_READY, VALIDATED, child_created, condition, container_problem,
-    labels_of, ready_hosts, ready_slices, running, scheduling_problem, stamp,
+    CLUSTER_LABEL, FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, VALIDATED, admitted_condition,
+    child_created, condition, container_problem, labels_of, queue_fields, queue_message, queue_phase, ready_hosts,
+    ready_slices, running, scheduling_problem, stamp,
 )
+from .kueue import Admission
 
 # Ray Serve LLM's build_openai_app names the deployment that runs the engine LLMServer:<model id>
 # (the others route requests: OpenAiIngress, LLMRouter).
@@ -84,10 +86,11 @@ def derive_service(
     previous: dict,
     now: str,
     problem: tuple[str, str] | None = None,
+    queue: Admission | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchService from its RayService (KubeRay v1.5's status:
     conditions Ready/UpgradeInProgress, serviceStatus, active/pendingServiceStatus with the Serve
-    application's status) and its pods; ``problem`` as for derive."""
+    application's status) and its pods; ``problem`` and ``queue`` as for derive."""
     s = svc.slice
     shape = (
         f"{s.generation.name} {s.topology} slice per replica: {s.hosts} host(s) x {s.chips_per_host} chips, "
@@ -122,6 +125,8 @@ def derive_service(
 
     conditions = [condition(VALIDATED, True, "Valid", shape, generation),
                   child_created(RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem, generation)]
+    if queue is not None:
+        conditions.append(admitted_condition(queue, generation))
 
     unschedulable = scheduling_problem(pods)
     stuck = container_problem(pods)
@@ -150,7 +155,8 @@ def derive_service(
         ready_cond = condition(READY, serving, reason, why, generation)
     conditions.append(ready_cond)
 
-    phase = _service_phase(rayservice, rs_status, up_to_date, slice_ready["status"] == "True", app, previous.get("phase"))
+    phase = queue_phase(_service_phase(rayservice, rs_status, up_to_date, slice_ready["status"] == "True", app,
+                                       previous.get("phase")), False, queue)
     if phase == "Failed":
         if kuberay_ready.get("reason") == "InitializingTimeout":
             reason = "InitializingTimeout"
@@ -182,6 +188,8 @@ def derive_service(
         message = conditions[-1]["message"]
     elif rayservice is None:
         message = conditions[1]["message"]
+    elif phase in QUEUE_PHASES:
+        message = queue_message(svc, queue)
     elif phase == "Deploying":
         message = f"deploying {svc.model_name}" + (f": {app_status}" if app_status else "") + (f" {app_message}" if app_message else "")
         if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
@@ -202,6 +210,7 @@ def derive_service(
         "model": svc.model_name,
         "endpoint": endpoint(svc),
         "rayServiceName": svc.name,
+        **queue_fields(svc, queue),
     }
     optional = {
         "rayClusterName": cluster_name,

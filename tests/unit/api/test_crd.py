@@ -197,6 +197,8 @@ def test_printer_columns():
         "Topology": ".spec.tpu.topology",
         "Workers": ".status.workers",
         "Phase": ".status.phase",
+        "Queue": ".spec.queueName",
+        "Priority": ".spec.priorityClassName",
         "Hosts": ".status.hostsReady",
         "Age": ".metadata.creationTimestamp",
     }
@@ -207,6 +209,7 @@ def test_printer_columns():
         ("Model", ".status.model"),
         ("Ready", ".status.replicasReady"),
         ("Phase", ".status.phase"),
+        ("Queue", ".spec.queueName"),
         ("Endpoint", ".status.endpoint"),
         ("Age", ".metadata.creationTimestamp"),
     ]

@@ -90,6 +90,8 @@ def test_python_dash_m_works_the_same():
 
 def test_every_example_is_valid(capsys):
     for path in sorted(EXAMPLES.rglob("*.yaml")):
+        if "apiVersion: tputorch.io/" not in path.read_text():
+            continue  # examples/kueue's queues and flavors: the API server checks them (tests/cluster/test_kueue.py)
         code, _, err = run(capsys, "validate", str(path))
         assert code == 0, f"{path}: {err}"
 

@@ -359,3 +359,59 @@ def test_the_pod_store_keeps_phase_and_why_a_container_waits():
                                   "reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}]}
     assert slim["metadata"]["labels"] == {"tputorch.io/service": "qwen", "ray.io/node-type": "worker"}
     assert kinds.slim_pod({"metadata": {"name": "p"}, "status": {}})["status"] == {"conditions": []}
+
+
+# --- Kueue: it owns a queued RayJob's suspend; the user's spec.suspend goes to its Workload ----------
+
+def kueue_setup(parent, child, workloads=(), kueue_served=True):
+    from tputorch.controller.informer import Informer
+    from ..fakekube import FakeSource
+    ctl = setup(parent, child)
+    noop = lambda *_: None  # noqa: E731
+    ctl.workloads = Informer("workloads", FakeSource(), None, noop, kinds.slim_workload, index=kinds.workload_index)
+    ctl.workloads.served = kueue_served
+    ctl.priority_classes = Informer("priorityclasses", FakeSource(), None, noop, kinds.slim_name)
+    for w in workloads:
+        ctl.workloads.remember(w)
+    return ctl
+
+
+def kueue_workload(active=True, admitted=True):
+    cond = {"type": "Admitted", "status": "True" if admitted else "False", "reason": "Admitted" if admitted else "Pending",
+            "message": ""}
+    return {"metadata": {"name": "rayjob-demo-1a2b3", "namespace": "ml", "resourceVersion": "7",
+                         "ownerReferences": [{"kind": "RayJob", "name": "demo", "uid": "rj-uid-new", "controller": True}]},
+            "spec": {"active": active, "queueName": "tpu"}, "status": {"conditions": [cond]}}
+
+
+QUEUED_LABELS = {"tputorch.io/job": "demo", "kueue.x-k8s.io/queue-name": "tpu"}
+
+
+def test_a_queued_rayjob_suspended_by_kueue_is_never_patched_by_the_operator():
+    ctl = kueue_setup(job(queueName="tpu"), rayjob("uid-new", suspend=True, labels=QUEUED_LABELS),
+                      [kueue_workload(admitted=False)])
+    assert run(ctl.reconcile(KEY)) == "unchanged"
+    assert ctl.kube.called("patch") == []
+    assert last_status(ctl.kube)["phase"] == "Queued"
+
+
+def test_the_users_suspend_of_a_queued_job_deactivates_its_workload_and_resume_activates_it():
+    ctl = kueue_setup(job(queueName="tpu", suspend=True), rayjob("uid-new", suspend=False, labels=QUEUED_LABELS),
+                      [kueue_workload(active=True)])
+    run(ctl.reconcile(KEY))
+    (call,) = ctl.kube.called("patch")
+    assert (call[1], call[3], call[4]) == ("workloads", "rayjob-demo-1a2b3", {"spec": {"active": False}})
+    ctl2 = kueue_setup(job(queueName="tpu"), rayjob("uid-new", suspend=True, labels=QUEUED_LABELS),
+                       [kueue_workload(active=False)])
+    run(ctl2.reconcile(KEY))
+    (call,) = ctl2.kube.called("patch")
+    assert (call[1], call[4]) == ("workloads", {"spec": {"active": True}})
+
+
+def test_without_kueue_installed_the_queue_label_changes_nothing():
+    ctl = kueue_setup(job(queueName="tpu", suspend=True), rayjob("uid-new", suspend=False, labels=QUEUED_LABELS),
+                      kueue_served=False)
+    run(ctl.reconcile(KEY))
+    assert ctl.kube.called("patch")[-1][4] == {"spec": {"suspend": True}}
+    assert condition(last_status(ctl.kube), "SliceReady") is not None
+    assert "queue" in last_status(ctl.kube) and not any(c["type"] == "Admitted" for c in last_status(ctl.kube)["conditions"])

@@ -130,8 +130,6 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     # kopf logs every handler step at INFO; ours says what was decided.
     logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.WARNING)
-    # the client's election logs every retry of a standby at INFO; ours says who leads
-    logging.getLogger("leaderelection").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 def cmd_run(args) -> int:

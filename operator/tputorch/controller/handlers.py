@@ -17,7 +17,7 @@ import kopf
 from . import kinds as kinds_
 from .informer import Informer, RestSource, pods_path
 from .kube import Kube, load_config
-from .leader import Election
+from .leader import Election, KubeLeaseApi
 from .metrics import METRICS, serve
 from .reconcile import STATUS_INTERVAL, WORKLOAD, WORKLOAD_PRIORITY_CLASS, Controller
 
@@ -113,7 +113,8 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     METRICS.gauges = lambda: {
         "tputorch_tracked_objects": ("Objects the operator keeps state for (swept against what exists).",
                                      len(controller.uids)),
-        "tputorch_leader": ("1 while this replica leads (or runs without leader election).", int(leading())),
+        "tputorch_leader": ("1 while this replica may write (it leads, or runs without leader election).",
+                            int(may_write())),
         "tputorch_queue_depth": ("Object keys waiting for a reconcile worker.", len(controller.queue)),
     }
     for informer in RUNTIME.informers:
@@ -131,9 +132,11 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
         log.info("reconciling with %d workers", CONFIG.reconcile_workers)
 
     if CONFIG.leader_election:
-        RUNTIME.election = Election(CONFIG.lease_name, _lease_namespace(),
-                                    on_leading=lambda: loop.call_soon_threadsafe(start_workers))
-        RUNTIME.election.start()
+        election = RUNTIME.election = Election(
+            CONFIG.lease_name, _lease_namespace(), KubeLeaseApi(configuration),
+            on_leading=lambda: loop.call_soon_threadsafe(start_workers), drain=kube.drain)
+        kube.fence = election.write_timeout  # no write once the last good renewal is too old
+        election.start()
     else:
         start_workers()
     if CONFIG.metrics_port is not None:
@@ -141,9 +144,25 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
         log.info("metrics on %s:%s/metrics", CONFIG.metrics_host, CONFIG.metrics_port)
 
 
+def may_write() -> bool:
+    return RUNTIME.election is None or RUNTIME.election.may_write()
+
+
 @kopf.on.probe(id="leading")
 def leading(**_) -> bool:
-    return RUNTIME.election is None or RUNTIME.election.leading.is_set()
+    return may_write()
+
+
+@kopf.on.probe(id="election")
+def election_health(**_) -> str:
+    """/healthz fails (HTTP 500) when the Lease was lost or a leader's renewals stopped, as
+    client-go's HealthzAdaptor: restarting the process is the way out."""
+    election = RUNTIME.election
+    if election is None:
+        return "off"
+    if not election.healthy():
+        raise kopf.PermanentError(f"leader election of {election.identity} is stuck or lost")
+    return "leading" if election.may_write() else "standby"
 
 
 @kopf.on.cleanup()

@@ -8,16 +8,43 @@ so that they never queue ahead of either (events.py holds them back while object
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import datetime
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 EVENT_SOURCE = "tputorch.io/operator"  # reportingController of our Events
 # Every call gives up after this (connect, read) time: a call on a connection that went silent would
 # otherwise hold its object's reconcile, and so the object, forever.
 REQUEST_TIMEOUT = (10, 30)
+
+
+class NotLeading(Exception):
+    """This replica may not write now: it does not lead, or its last renewal is too old."""
+
+
+class Abandoned(Exception):
+    """The reconcile that asked for this call was abandoned (it timed out): it must not write."""
+
+
+@dataclass
+class Calls:
+    """The API calls of one reconcile: once it is abandoned, none of its calls still waiting for a
+    thread is sent, and the worker waits for those already sent before the key is handed out again
+    (two writes for one object must never be in flight at once)."""
+    abandoned: bool = False
+    pending: set = field(default_factory=set)
+
+    async def settled(self) -> None:
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in list(self.pending)), return_exceptions=True)
+
+
+CALLS: contextvars.ContextVar[Calls | None] = contextvars.ContextVar("tputorch_calls", default=None)
 
 
 @dataclass(frozen=True)
@@ -78,10 +105,15 @@ def throttle_credential_refresh(configuration, seconds: float = CREDENTIAL_REFRE
 
 
 class Kube:
-    def __init__(self, configuration, workers: int, report_workers: int) -> None:
+    def __init__(self, configuration, workers: int, report_workers: int,
+                 fence: Callable[[], float | None] | None = None) -> None:
         from kubernetes import client
 
         configuration.connection_pool_maxsize = workers + report_workers + 1
+        # With leader election: the total time a write may take now, None when it may not write.
+        self.fence = fence
+        self._inflight: set[concurrent.futures.Future] = set()
+        self._inflight_lock = threading.Lock()
         self.api_client = client.ApiClient(configuration)
         self.custom = client.CustomObjectsApi(self.api_client)
         # events.k8s.io, not CoreV1Api: importing CoreV1Api costs the operator 20 MB (measured).
@@ -90,9 +122,47 @@ class Kube:
         self.report_pool = ThreadPoolExecutor(max_workers=report_workers, thread_name_prefix="report")
         self.event_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
 
-    async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(
-            self.pool, lambda: fn(*args, _request_timeout=REQUEST_TIMEOUT))
+    def _write_timeout(self, calls: Calls | None):
+        """Checked in the call's thread just before it is sent, not when it was queued."""
+        if calls is not None and calls.abandoned:
+            raise Abandoned("the reconcile was abandoned")
+        if self.fence is None:
+            return REQUEST_TIMEOUT
+        total = self.fence()
+        if total is None or total <= 0:
+            raise NotLeading("this replica does not hold the Lease")
+        return min(float(REQUEST_TIMEOUT[1]), total)
+
+    async def _submit(self, pool, call: Callable, write: bool):
+        """``call(timeout)`` on ``pool``; a write is fenced (see _write_timeout) and tracked until
+        it ends, for the abandoned reconcile and for the release of the Lease."""
+        calls = CALLS.get()
+
+        def run():
+            return call(self._write_timeout(calls) if write else REQUEST_TIMEOUT)
+
+        future = pool.submit(run)
+        with self._inflight_lock:
+            self._inflight.add(future)
+        if calls is not None:
+            calls.pending.add(future)
+
+        def ended(f) -> None:
+            with self._inflight_lock:
+                self._inflight.discard(f)
+            if calls is not None:
+                calls.pending.discard(f)
+        future.add_done_callback(ended)
+        return await asyncio.wrap_future(future)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait (blocking) for every call in flight; whether they all ended within ``timeout``."""
+        with self._inflight_lock:
+            inflight = set(self._inflight)
+        return not concurrent.futures.wait(inflight, timeout).not_done
+
+    async def _run(self, fn, *args, write: bool = True):
+        return await self._submit(self.pool, lambda timeout: fn(*args, _request_timeout=timeout), write)
 
     async def create(self, res: Resource, namespace: str, body: dict) -> dict:
         return await self._run(self.custom.create_namespaced_custom_object, res.group, res.version, namespace,
@@ -100,7 +170,7 @@ class Kube:
 
     async def get(self, res: Resource, namespace: str, name: str) -> dict:
         return await self._run(self.custom.get_namespaced_custom_object, res.group, res.version, namespace,
-                               res.plural, name)
+                               res.plural, name, write=False)
 
     async def patch(self, res: Resource, namespace: str, name: str, patch: dict) -> None:
         await self._run(self.custom.patch_namespaced_custom_object, res.group, res.version, namespace, res.plural,
@@ -109,11 +179,11 @@ class Kube:
     async def _report(self, fn, *args, pool=None) -> None:
         """A status patch or an event, on the report threads. The answer is not parsed (that costs
         more CPU than the request), only drained so that the connection goes back to the pool."""
-        def call():
-            answer = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        def call(timeout):
+            answer = fn(*args, _preload_content=False, _request_timeout=timeout)
             answer.drain_conn()
             answer.release_conn()
-        await asyncio.get_running_loop().run_in_executor(pool or self.report_pool, call)
+        await self._submit(pool or self.report_pool, call, write=True)
 
     async def patch_status(self, res: Resource, namespace: str, name: str, status: dict) -> None:
         await self._report(self.custom.patch_namespaced_custom_object_status, res.group, res.version, namespace,

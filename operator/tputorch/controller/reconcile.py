@@ -25,7 +25,7 @@ from .. import render, status as statuses
 from ..status import kueue
 from .events import EventRecorder
 from .informer import Informer, key_of
-from .kube import Resource
+from .kube import CALLS, Calls, Resource
 from .metrics import METRICS
 from ..api.spec import InvalidSpec
 from .workqueue import WorkQueue
@@ -223,7 +223,7 @@ class Controller:
             key = await self.queue.get()
             started = time.perf_counter()
             try:
-                result = await asyncio.wait_for(self.reconcile(key), RECONCILE_TIMEOUT)
+                result = await self.reconcile_fenced(key)
             except Exception as err:  # every failure: API errors, refused/reset connections, timeouts
                 delay = self.queue.retry(key)
                 log.warning("%s %s/%s: reconcile failed (%s); retrying in %.0fs", key[0], key[1], key[2],
@@ -237,6 +237,21 @@ class Controller:
             finally:
                 self.queue.done(key)
             METRICS.reconciled(result, time.perf_counter() - started)
+
+    async def reconcile_fenced(self, key: Key) -> str:
+        """``reconcile(key)`` within RECONCILE_TIMEOUT. Cancelling it does not stop a call already
+        on a thread: an abandoned reconcile sends none of its calls still queued, and returns only
+        once those in flight ended, so that the key's next reconcile never races its writes."""
+        calls = Calls()
+        token = CALLS.set(calls)  # the reconcile's task copies this context
+        try:
+            return await asyncio.wait_for(self.reconcile(key), RECONCILE_TIMEOUT)
+        except asyncio.TimeoutError:
+            calls.abandoned = True
+            await calls.settled()
+            raise
+        finally:
+            CALLS.reset(token)
 
     # --- the reconcile ---------------------------------------------------------------------------
 

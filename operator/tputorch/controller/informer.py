@@ -7,8 +7,15 @@ it was not watching (its re-list only yields what exists), it stops the operator
 kind's CRD disappears, and each event costs its per-object machinery. Here:
 - a re-list replaces the store and reports every vanished object as DELETED (the sweep);
 - a kind that is not served (404: KubeRay's CRDs missing) is a normal state, re-listed with backoff,
-  and reported once when it becomes served;
+  and reported once when it becomes served; a kind that was served must stay unserved for
+  NOT_SERVED_AFTER before its store is emptied (an API server whose CRD handlers are not ready yet
+  answers 404 for a moment);
 - a 403 is logged once per streak and exposed as ``forbidden`` for the status to show;
+- failures back off as client-go's reflector: 0.8 s doubling to 30 s with jitter, reset only after
+  a watch that stayed up for HEALTHY_WATCH (a list that works while the watch fails is no recovery);
+- the store is written by the scope threads only (what the operator just created is kept apart,
+  by the controller); a full re-list every RELIST_PERIOD (jittered) bounds the life of anything a
+  missed event left behind;
 - an object is stored slimmed to what the operator reads.
 
 Changes reach the operator's event loop through ``on_change(event, obj)`` with event one of
@@ -21,7 +28,9 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import random
 import threading
+import time
 from typing import Callable, Hashable, Iterable, Iterator, Protocol
 
 from kubernetes.client.rest import ApiException
@@ -31,6 +40,11 @@ from .workqueue import Backoff
 log = logging.getLogger("tputorch")
 
 Key = tuple[str, str]  # (namespace, name)
+
+BACKOFF_BASE, BACKOFF_CAP = 0.8, 30.0  # client-go's reflector
+HEALTHY_WATCH = 30.0  # a watch up this long resets the backoff
+RELIST_PERIOD = 900.0  # a full re-list at least this often (+ up to half of it, jittered)
+NOT_SERVED_AFTER = 30.0  # a served kind answering 404 this long is taken as gone
 
 
 class Source(Protocol):
@@ -54,7 +68,7 @@ class Informer:
     def __init__(self, what: str, source: Source, namespaces: list[str] | None,
                  on_change: Callable[[str, dict], None], slim: Callable[[dict], dict],
                  index: Callable[[dict], Hashable | None] | None = None,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.what = what  # for logs: "RayJobs", "pods", ...
         self.source = source
         names = namespaces or []
@@ -73,7 +87,15 @@ class Informer:
         self._listed: set = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the store is written by the scope threads, read on the loop
-        self._backoff = backoff or Backoff(base=1.0, cap=60.0)
+        self._step: dict = {}  # scope -> "list" or "watch": what its thread is doing
+        self._watch_began: dict = {}  # scope -> clock() when its current watch began
+        self._backoff = backoff or Backoff(base=BACKOFF_BASE, cap=BACKOFF_CAP, jitter=0.5)
+        self.clock = clock
+        self.relists = 0  # lists made (metrics)
+        self.watch_restarts = 0  # watches that ended before a re-list was due (metrics)
+        self._forbidden_on: str | None = None  # "list" or "watch": which one was refused
+        self._not_found_since: dict = {}  # scope -> clock() of the first 404 of a streak
+        self._relist_due: dict = {}  # scope -> clock() by which the next full list is made
 
     # --- reads (any thread) ----------------------------------------------------------------------
 
@@ -95,7 +117,8 @@ class Informer:
     # --- writes ----------------------------------------------------------------------------------
 
     def remember(self, obj: dict) -> None:
-        """An object this operator just created or read: known at once, before its watch event."""
+        """Seed the store (tests). The controller never writes here: the scope threads are the one
+        writer, and what the operator just created is kept apart (Controller.expected)."""
         self._put(self.slim(obj), keep_newer=True)
 
     def _put(self, obj: dict, keep_newer: bool = False) -> bool:
@@ -156,7 +179,10 @@ class Informer:
             self.synced.set()
 
     def relist(self, scope) -> str:
+        self.relists += 1
         listing = self.source.list(scope)
+        self._not_found_since.pop(scope, None)
+        self._relist_due[scope] = self.clock() + RELIST_PERIOD * (1 + 0.5 * random.random())
         fresh = {}
         for item in listing.get("items") or []:
             if self._wanted(item):
@@ -176,9 +202,8 @@ class Informer:
             if self.served is False:
                 self.on_change("SERVED", {})
         self.served = True
-        if self.forbidden is not None:
-            log.info("%s: listing allowed again", self.what)
-            self.forbidden = None
+        if self.forbidden is not None and self._forbidden_on == "list":
+            self._allowed_again()
         self._mark_listed(scope)
         self.on_change("LISTED", {})
         return (listing.get("metadata") or {}).get("resourceVersion") or ""
@@ -200,31 +225,65 @@ class Informer:
             self.on_change(etype, obj)
         return version_of(obj)
 
+    def _allowed_again(self) -> None:
+        log.info("%s: %s allowed again", self.what, "listing" if self._forbidden_on == "list" else "watching")
+        self.forbidden = self._forbidden_on = None
+
     def run_scope_once(self, scope) -> None:
-        """List, then watch until the stream fails; every failure returns to the caller (tests
-        drive this directly; the thread loops over it with backoff)."""
+        """List, then watch until the stream fails or a full re-list is due; every failure returns
+        to the caller (tests drive this directly; the thread loops over it through cycle())."""
+        self._step[scope] = "list"
         rv = self.relist(scope)
-        self._backoff.forget(scope)
+        self._step[scope] = "watch"
         while not self._stop.is_set():  # a server-side timeout just resumes from rv
+            started = self._watch_began[scope] = self.clock()
             for event in self.source.watch(scope, rv):
                 rv = self._apply(event) or rv
                 if self._stop.is_set():
                     return
+            if self._watch_ended(scope, started):
+                return  # a full re-list is due
+            if self.clock() - started < HEALTHY_WATCH:
+                # a stream cut short without an error (a proxy): back off before watching again
+                self._stop.wait(self._backoff.next(scope))
+
+    def _watch_ended(self, scope, started: float) -> bool:
+        """Book-keeping after a watch ended (cleanly or not); whether a full re-list is due."""
+        self.watch_restarts += 1
+        if self.clock() - started >= HEALTHY_WATCH:
+            self._backoff.forget(scope)
+            if self.forbidden is not None and self._forbidden_on == "watch":
+                self._allowed_again()
+        return self.clock() >= self._relist_due.get(scope, 0.0)
+
+    def cycle(self, scope) -> float | None:
+        """One list + watch; the delay before the next (None: at once)."""
+        self._step[scope] = "list"
+        try:
+            self.run_scope_once(scope)
+            return None  # a re-list was due
+        except _Relist as err:
+            self._after_watch_failed(scope)
+            if err.code == 410:  # the resourceVersion expired; list again at once
+                return None
+            return self._backoff.next(scope)
+        except ApiException as err:
+            self._after_watch_failed(scope)
+            return self._failed(scope, err)
+        except Exception as err:  # connection refused/reset, timeouts: the API server restarting
+            self._after_watch_failed(scope)
+            delay = self._backoff.next(scope)
+            log.warning("%s %s interrupted (%s: %s); re-listing in %.1fs", self.what, self._step[scope],
+                        type(err).__name__, str(err)[:200], delay)
+            return delay
+
+    def _after_watch_failed(self, scope) -> None:
+        if self._step.get(scope) == "watch":
+            self._watch_ended(scope, self._watch_began.get(scope, self.clock()))
 
     def _run(self, scope) -> None:
         while not self._stop.is_set():
-            delay = None
-            try:
-                self.run_scope_once(scope)
-            except _Relist as err:
-                if err.code != 410:  # 410: the resourceVersion expired; list again at once
-                    delay = self._backoff.next(scope)
-            except ApiException as err:
-                delay = self._failed(scope, err)
-            except Exception as err:  # connection refused/reset, timeouts: the API server restarting
-                delay = self._backoff.next(scope)
-                log.warning("%s watch interrupted (%s: %s); re-listing in %.0fs", self.what, type(err).__name__,
-                            str(err)[:200], delay)
+            delay = self.cycle(scope)
             if delay:
                 self._stop.wait(delay)
 
@@ -233,7 +292,8 @@ class Informer:
             return None
         delay = self._backoff.next(scope)
         if err.status == 404:
-            if self.served is not False:
+            first = self._not_found_since.setdefault(scope, self.clock())
+            if self.served is None or (self.served is True and self.clock() - first >= NOT_SERVED_AFTER):
                 log.warning("the %s kind is not served (its CRD is missing); re-listing with backoff", self.what)
                 self.served = False
                 # Deleting a CRD deletes its objects: nothing of this kind exists any more.
@@ -241,16 +301,21 @@ class Informer:
                     gone = self._pop(key)
                     if gone is not None:
                         self.on_change("DELETED", gone)
+            elif self.served is True:
+                log.info("%s: HTTP 404 (not served yet?); keeping the store, re-listing in %.1fs", self.what, delay)
             self._mark_listed(scope)
         elif err.status == 403:
             if self.forbidden is None:
                 self.forbidden = f"{err.reason}: {(err.body or '')[:300]}"
-                log.error("the operator may not list/watch %s%s: %s; fix its RBAC (re-listing with backoff)",
+                self._forbidden_on = self._step.get(scope, "list")
+                log.error("the operator may not %s %s%s: %s; fix its RBAC (re-listing with backoff)",
+                          self._forbidden_on,
                           self.what, f" in {scope}" if scope else "", self.forbidden)
                 self.on_change("FORBIDDEN", {})
             self._mark_listed(scope)
         else:
-            log.warning("%s watch: HTTP %s %s; re-listing in %.0fs", self.what, err.status, err.reason, delay)
+            log.warning("%s %s: HTTP %s %s; re-listing in %.1fs", self.what, self._step.get(scope, "list"),
+                        err.status, err.reason, delay)
         return delay
 
     def wait_synced(self, timeout: float) -> bool:

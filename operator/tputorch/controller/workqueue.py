@@ -11,21 +11,24 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
 from typing import Hashable
 
 
 class Backoff:
-    """Per-key exponential backoff: base * 2**failures, at most cap (client-go's per-item limiter)."""
+    """Per-key exponential backoff: base * 2**failures, at most cap (client-go's per-item limiter),
+    times 1 + jitter * a random fraction (so that many keys or replicas do not retry in step)."""
 
-    def __init__(self, base: float = 1.0, cap: float = 300.0) -> None:
-        self.base, self.cap = base, cap
+    def __init__(self, base: float = 1.0, cap: float = 300.0, jitter: float = 0.0) -> None:
+        self.base, self.cap, self.jitter = base, cap, jitter
         self.failures: dict[Hashable, int] = {}
 
     def next(self, key: Hashable) -> float:
         n = self.failures.get(key, 0)
         self.failures[key] = n + 1
-        return min(self.base * (2 ** n), self.cap)
+        delay = min(self.base * (2 ** min(n, 32)), self.cap)
+        return delay * (1 + self.jitter * random.random()) if self.jitter else delay
 
     def forget(self, key: Hashable) -> None:
         self.failures.pop(key, None)

@@ -102,13 +102,121 @@ def test_a_kind_not_served_empties_the_store_then_reports_served():
     inf, changes = informer(source=src)
     inf.relist(None)
     inf._put(obj("a", "1"))
-    delay = inf._failed(None, api_error(404))
-    assert delay == 1 and inf.served is False and inf.keys() == set()
+    inf.clock = Clock()
+    inf._failed(None, api_error(404))
+    assert inf.served is True and inf.keys() == {("ml", "a")}  # one 404 is not "gone"
+    inf.clock.now += informer_module.NOT_SERVED_AFTER
+    inf._failed(None, api_error(404))
+    assert inf.served is False and inf.keys() == set()
     assert ("DELETED", "a") in [(e, o.get("metadata", {}).get("name")) for e, o in changes]
-    assert inf._failed(None, api_error(404)) == 2  # backs off
     changes.clear()
     inf.relist(None)
     assert "SERVED" in [e for e, _ in changes] and inf.served is True
+
+
+def test_one_404_of_a_served_child_kind_does_not_empty_its_store():
+    """An API server whose CRD handlers are not ready yet answers 404 for a moment: the store and
+    every Running object must not follow it."""
+    src = FakeSource()
+    inf, changes = informer(source=src)
+    src.listing = {"items": [obj("a", "1")], "metadata": {"resourceVersion": "2"}}
+    inf.clock = Clock()
+    assert inf.cycle(None) is not None  # listed, then the watch ended
+    changes.clear()
+    src.list_error = [api_error(404)]
+    assert inf.cycle(None) > 0
+    assert inf.keys() == {("ml", "a")} and "DELETED" not in [e for e, _ in changes]
+    inf.clock.now += 5
+    assert inf.cycle(None) is not None  # served again: listed
+    assert inf.keys() == {("ml", "a")} and "DELETED" not in [e for e, _ in changes]
+
+
+def test_a_kind_missing_at_start_counts_as_listed_at_once():
+    src = FakeSource()
+    inf, _ = informer(source=src)
+    src.list_error = [api_error(404)]
+    inf.cycle(None)
+    assert inf.served is False and inf.synced.is_set()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_list_that_works_while_the_watch_fails_backs_off_to_30s_and_says_forbidden_once():
+    """RBAC with list but not watch (or 429s, or a proxy cutting streams): every cycle lists and
+    reconciles everything; the backoff must not be reset by the good list."""
+    src = FakeSource()
+    inf, changes = informer(source=src)
+    inf.clock = Clock()
+    delays = []
+    for _ in range(12):
+        src.streams = [api_error(403, body="cannot watch rayjobs")]
+        delay = inf.cycle(None)
+        delays.append(delay)
+        inf.clock.now += delay
+    nominal = [min(informer_module.BACKOFF_BASE * 2 ** i, informer_module.BACKOFF_CAP) for i in range(12)]
+    assert all(n <= d <= n * 1.5 for n, d in zip(nominal, delays)), delays  # never reset by the good list
+    elapsed, lists_after_a_minute = 0.0, 0
+    for d in delays:
+        elapsed += d
+        lists_after_a_minute += elapsed > 60
+    assert min(delays[6:]) >= informer_module.BACKOFF_CAP
+    assert [e for e, _ in changes].count("FORBIDDEN") == 1 and inf.forbidden
+    assert src.lists == 12 and lists_after_a_minute <= (elapsed - 60) / 30 + 1
+
+
+def test_429s_from_the_watch_back_off_and_a_watch_that_stays_up_resets_the_backoff():
+    src = FakeSource()
+    inf, _ = informer(source=src)
+    inf.clock = Clock()
+    delays = []
+    for _ in range(5):
+        src.streams = [api_error(429)]
+        delays.append(inf.cycle(None))
+    assert delays[-1] > 8 * 0.8
+
+    def healthy_then_cut():
+        inf.clock.now += informer_module.HEALTHY_WATCH
+        yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}
+        raise ConnectionResetError("cut")
+    src.streams = [healthy_then_cut()]
+    assert inf.cycle(None) < 0.8 * 1.5  # back to the base delay
+
+
+def test_a_stream_cut_short_without_an_error_backs_off_before_watching_again():
+    src = FakeSource()
+    inf, _ = informer(source=src)
+    inf.clock = Clock()
+    waits = []
+    inf._stop.wait = lambda delay: waits.append(delay) or False
+    src.streams = [[], [], []]  # three streams that end at once, then StopWatching
+    inf.cycle(None)
+    assert len(waits) == 3 and waits[0] < waits[2]
+
+
+def test_a_full_relist_comes_round_and_drops_a_ghost():
+    src = FakeSource()
+    inf, changes = informer(source=src)
+    inf.clock = Clock()
+    src.listing = {"items": [obj("a", "1")], "metadata": {"resourceVersion": "2"}}
+    inf.cycle(None)
+    inf._put(obj("ghost", "3"))  # left behind by a missed event
+
+    def long_watch():
+        inf.clock.now += informer_module.RELIST_PERIOD * 1.5
+        yield from ()
+    src.streams = [long_watch()]
+    inf._stop.wait = lambda delay: False
+    assert inf.run_scope_once(None) is None
+    assert src.lists == 2
+    src.streams = [long_watch()]
+    inf.run_scope_once(None)  # the due re-list sweeps the ghost
+    assert ("ml", "ghost") not in inf.keys()
 
 
 def test_a_403_is_reported_once_per_streak():

@@ -28,6 +28,7 @@ class FakeKube:
         self.objects: dict[tuple, dict] = {}  # (plural, namespace, name) -> object
         self.calls: list[tuple] = []
         self.fail: dict[str, list[Exception]] = defaultdict(list)
+        self.status_uids: list = []  # the uid precondition of each status patch
 
     def _maybe_fail(self, method: str) -> None:
         if self.fail[method]:
@@ -55,8 +56,9 @@ class FakeKube:
         self.calls.append(("patch", res.plural, namespace, name, patch))
         self._maybe_fail("patch")
 
-    async def patch_status(self, res, namespace, name, status):
+    async def patch_status(self, res, namespace, name, status, uid=None):
         self.calls.append(("patch_status", res.plural, namespace, name, status))
+        self.status_uids.append(uid)
         self._maybe_fail("patch_status")
 
     async def post_event(self, regarding, event):

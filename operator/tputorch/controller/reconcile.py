@@ -26,6 +26,7 @@ from ..status import kueue
 from .events import EventRecorder
 from .informer import Informer, key_of
 from .kube import CALLS, Calls, Resource
+from ..render import MANAGED_BY_LABEL
 from .metrics import METRICS
 from ..api.spec import InvalidSpec
 from .workqueue import WorkQueue
@@ -39,6 +40,11 @@ RECONCILE_TIMEOUT = 120
 # The status write budget: at most one progress-only status write per object per this many seconds
 # (`tputorch run --status-interval`); a phase change is written at once.
 STATUS_INTERVAL = 2.0
+# A child this operator created (or found to be its own after a 409) counts as existing until its
+# watch event arrives, at most this long (client-go's expectations); the store itself is written by
+# the informer alone, so a watch that never brings the child (it lost our label) cannot freeze it.
+EXPECT_FOR = 120.0
+TOMBSTONES_KEPT = 1000  # uids of children whose deletion was seen, so that no expectation revives one
 
 
 @dataclass(frozen=True)
@@ -153,27 +159,77 @@ class Controller:
         self.last_write: dict[str, float] = {}  # uid -> when its status was last written (monotonic)
         self.problems: dict[Key, tuple[str, str]] = {}  # why a child could not be created
         self.uids: dict[Key, str] = {}  # key -> uid, to drop its state when the object is gone
+        self.expected: dict[Key, tuple[dict, float]] = {}  # key -> (child just created, monotonic time)
+        self.tombstones: dict[str, None] = {}  # uids of deleted children, oldest first
+        self.terminal: dict[str, dict] = {}  # uid -> the terminal status it reached (never goes back)
+        self.active = True  # False on a standby until it leads: nothing is queued
 
     # --- sources of work (called on the event loop) ----------------------------------------------
+
+    def enqueue(self, key: Key) -> None:
+        """A key to reconcile; a standby queues nothing (its queue would keep every key it ever
+        saw): it queues every object once, when it starts to lead (``activate``)."""
+        if self.active:
+            self.queue.add(key)
+
+    def activate(self) -> None:
+        """Start queueing: every object is reconciled once, then on its changes."""
+        self.active = True
+        for kind, informer in self.parents.items():
+            for key in informer.keys():
+                self.queue.add((kind, *key))
 
     def parent_changed(self, kind: str, event: str, obj: dict) -> None:
         if event == "LISTED":
             self.sweep()
         elif obj:
-            self.queue.add((kind, *key_of(obj)))
+            self.enqueue((kind, *key_of(obj)))
 
     def child_changed(self, kind: str, event: str, obj: dict) -> None:
         if event in ("SERVED", "FORBIDDEN"):  # every object of the kind may now read differently
             for key in self.parents[kind].keys():
-                self.queue.add((kind, *key))
+                self.enqueue((kind, *key))
         elif obj:  # the child's name is the object's
-            self.queue.add((kind, *key_of(obj)))
+            key = (kind, *key_of(obj))
+            self.child_seen(key, event, obj)
+            self.enqueue(key)
+
+    def child_seen(self, key: Key, event: str, obj: dict) -> None:
+        """The watch brought this child: what was expected of it is known now (or is gone)."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        expected = self.expected.get(key)
+        if expected is not None and (expected[0].get("metadata") or {}).get("uid") == uid:
+            del self.expected[key]
+        if event == "DELETED" and uid:
+            self.tombstones[uid] = None
+            while len(self.tombstones) > TOMBSTONES_KEPT:
+                del self.tombstones[next(iter(self.tombstones))]
+
+    def expect(self, key: Key, child: dict) -> None:
+        uid = (child.get("metadata") or {}).get("uid")
+        if uid and uid not in self.tombstones:  # its deletion may have been seen before its creation returned
+            self.expected[key] = (self.children[key[0]].slim(child), time.monotonic())
+
+    def child_of(self, key: Key, parent: dict) -> dict | None:
+        """The child as the store holds it, else the one just created for this very object while
+        its watch event has not arrived."""
+        child = self.children[key[0]].get(key[1:])
+        if child is not None:
+            return child
+        expected = self.expected.get(key)
+        if expected is None:
+            return None
+        owner = controller_of(expected[0]) or {}
+        if time.monotonic() - expected[1] > EXPECT_FOR or owner.get("uid") != parent["metadata"].get("uid"):
+            del self.expected[key]
+            return None
+        return expected[0]
 
     def pod_changed(self, event: str, obj: dict) -> None:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         for kind in self.kinds.values():
             if kind.label in labels:
-                self.queue.add((kind.resource.kind, key_of(obj)[0], labels[kind.label]))
+                self.enqueue((kind.resource.kind, key_of(obj)[0], labels[kind.label]))
 
     def workload_changed(self, event: str, obj: dict) -> None:
         if event in ("SERVED", "FORBIDDEN"):  # Kueue installed (or refused): every queued object reads anew
@@ -182,7 +238,7 @@ class Controller:
         owner = kueue.owner_of(obj) if obj else None
         for kind in self.kinds.values():
             if owner is not None and owner[0] == kind.child.kind:
-                self.queue.add((kind.resource.kind, key_of(obj)[0], owner[1]))
+                self.enqueue((kind.resource.kind, key_of(obj)[0], owner[1]))
 
     def priority_class_changed(self, event: str, obj: dict) -> None:
         name = key_of(obj)[1] if obj else None
@@ -193,7 +249,7 @@ class Controller:
             for obj in informer.values():
                 spec = obj.get("spec") or {}
                 if spec.get("queueName") and which(spec):
-                    self.queue.add((kind, *key_of(obj)))
+                    self.enqueue((kind, *key_of(obj)))
 
     def sweep(self) -> None:
         """Drop what is kept for objects that no longer exist (a deletion missed while not watching)."""
@@ -208,7 +264,9 @@ class Controller:
             self.written.pop(uid, None)
             self.last_write.pop(uid, None)
             self.recorder.forget(uid)
+            self.terminal.pop(uid, None)
         self.problems.pop(key, None)
+        self.expected.pop(key, None)
         self.queue.drop(key)
 
     def phases(self) -> dict[str, dict[str, int]]:
@@ -291,16 +349,40 @@ class Controller:
         previous = self._previous(parent)
         current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
                               self.problems.get(key), queue=queue)
+        current = self.never_back_from_terminal(kind, parent, current)
         # The write right after our own create is on the job's critical path: never put off.
         await self._write(kind, parent, previous, current, at_once=result == "created")
         return result
 
+    def _terminal(self, kind: Kind, parent: dict) -> dict | None:
+        """The terminal status this very object (uid) reached, as its status says or as this
+        operator saw it: kept in memory too, so that a status wiped or rolled back meanwhile does
+        not make a finished job run again."""
+        uid = parent["metadata"].get("uid")
+        previous = self._previous(parent)
+        if kind.finished(previous):
+            self.terminal[uid] = previous
+            return previous
+        return self.terminal.get(uid)
+
+    def never_back_from_terminal(self, kind: Kind, parent: dict, current: dict) -> dict:
+        """A finished object's status never goes back to a running phase: a child seen late (a new
+        leader whose child watch lags, a stale version) must not turn Succeeded into Running."""
+        terminal = self._terminal(kind, parent)
+        if terminal is None or current.get("phase") in statuses.TERMINAL_PHASES:
+            return current
+        if current.get("phase") != terminal.get("phase"):
+            log.info("%s %s/%s: %s derived from a stale %s; keeping %s", kind.resource.kind,
+                     parent["metadata"].get("namespace"), parent["metadata"].get("name"), current.get("phase"),
+                     kind.child.kind, terminal.get("phase"))
+        return terminal
+
     async def _ensure_child(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
         namespace, name = key[1], key[2]
         children = self.children[key[0]]
-        child = children.get((namespace, name))
+        child = self.child_of(key, parent)
         if child is None:
-            if kind.finished(self._previous(parent)):
+            if self._terminal(kind, parent) is not None:
                 return "finished", None  # it ran and its child is gone: making one would run it again
             if children.forbidden is not None:
                 self.problems[key] = ("Forbidden", f"the operator may not watch {kind.child.kind}s: "
@@ -335,20 +417,22 @@ class Controller:
                 self.problems[key] = create_problem(kind, err)
                 log.warning("%s %s/%s not created: %s", kind.child.kind, namespace, name, self.problems[key][1])
                 return "retry", None
-            # There already: ours with a late watch event, an earlier object's, or someone else's.
+            # There already: ours with a late watch event, an earlier object's, or someone else's
+            # (which may carry no label of ours, so never reach the store: look again with backoff).
             existing = await self.kube.get(kind.child, namespace, name)
-            self.children[key[0]].remember(existing)
             owned = ownership(kind, parent, existing)
             if owned != "ours":
                 self.problems[key] = waiting_problem(kind, namespace, name, owned)
                 return "retry", existing
             self.problems.pop(key, None)
+            await self._relabel(kind, key, desired, existing)
+            self.expect(key, existing)
             return "exists", existing
         except Exception as err:
             self.problems[key] = create_problem(kind, err)
             raise
         self.problems.pop(key, None)
-        self.children[key[0]].remember(created)
+        self.expect(key, created)
         log.info("%s %s/%s created (%s %s slice, %d hosts)", kind.child.kind, namespace, name,
                  spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
         return "created", created
@@ -377,6 +461,17 @@ class Controller:
             log.info("%s %s/%s: Workload %s %s", kind.resource.kind, namespace, name, key_of(workload)[1],
                      "activated" if active else "deactivated (suspended)")
         return kueue.admission(spec.queue_name, kind.child.kind, name, workload, spec.priority_class_name, exists)
+
+    async def _relabel(self, kind: Kind, key: Key, desired: dict, child: dict) -> None:
+        """Our own child without the labels our watch selects on (someone removed them): put them
+        back, or the operator would never see it change again."""
+        wanted = {k: v for k, v in (desired["metadata"].get("labels") or {}).items()
+                  if k in (MANAGED_BY_LABEL, kind.label)}
+        labels = (child.get("metadata") or {}).get("labels") or {}
+        if all(labels.get(k) == v for k, v in wanted.items()):
+            return
+        await self.kube.patch(kind.child, key[1], key[2], {"metadata": {"labels": wanted}})
+        log.info("%s %s/%s: its labels %s put back", kind.child.kind, key[1], key[2], sorted(wanted))
 
     def _parse(self, kind: Kind, parent: dict, namespace: str):
         """The spec, parsed once per version of it: every status write and child change reconciles
@@ -416,10 +511,10 @@ class Controller:
         if not at_once and self._put_off(kind, meta, previous, current):
             return False
         try:
-            await self.kube.patch_status(kind.resource, namespace, name, patch)
+            await self.kube.patch_status(kind.resource, namespace, name, patch, uid=meta.get("uid"))
         except ApiException as err:
-            if err.status == 404:
-                return False  # deleted meanwhile
+            if _gone_or_replaced(err):
+                return False  # deleted meanwhile, or deleted and made again (its uid differs)
             raise
         self.written[meta["uid"]] = (meta.get("resourceVersion"), current)
         self.last_write[meta["uid"]] = self.monotonic()
@@ -445,8 +540,14 @@ class Controller:
         return True
 
 
+def _gone_or_replaced(err: ApiException) -> bool:
+    """404, or the 422 of our uid test (another object holds the name now): the API server answers
+    a failed JSON-patch test with a bare Invalid, a status that breaks the schema with its causes."""
+    return err.status == 404 or (err.status == 422 and '"causes"' not in (err.body or ""))
+
+
 def _describe(err: Exception) -> str:
-    if isinstance(err, ApiException):
-        return f"HTTP {err.status} {err.reason}"
+    if isinstance(err, ApiException):  # the body says which field a 422 refused
+        return f"HTTP {err.status} {err.reason}: {(err.body or '')[:300]}"
     return f"{type(err).__name__}: {str(err)[:200]}"
 

@@ -106,7 +106,9 @@ def test_a_409_on_create_reads_the_rayjob_and_takes_only_its_own():
     ctl = setup(job(), kube=kube)
     kube.objects[("rayjobs", "ml", "demo")] = rayjob("uid-new")  # created, watch event late
     assert run(ctl.reconcile(KEY)) == "exists"
-    assert ctl.children[KIND].get(("ml", "demo")) is not None
+    assert ctl.children[KIND].get(("ml", "demo")) is None  # the store is the watch's alone
+    assert ctl.child_of(KEY, job()) is not None  # but it counts as existing until its event
+    assert run(ctl.reconcile(KEY)) == "unchanged" and len(kube.called("create")) == 1
 
     kube2 = FakeKube()
     ctl2 = setup(job(), kube=kube2)
@@ -282,6 +284,7 @@ def test_a_service_gets_its_rayservice_and_an_edit_reaches_it_once():
     ctl.parents["TPUTorchService"].remember(service())
     assert run(ctl.reconcile(SVC_KEY)) == "created"
     created = ctl.kube.objects[("rayservices", "ml", "qwen")]
+    ctl.children["TPUTorchService"]._put(ctl.children["TPUTorchService"].slim(created))  # its watch event
     assert created["metadata"]["ownerReferences"][0]["uid"] == "svc-uid"
     assert created["metadata"]["labels"][render.SERVICE_LABEL] == "qwen"
     assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
@@ -300,6 +303,8 @@ def test_a_services_pods_count_for_its_active_and_pending_clusters_only():
     ctl = controller()
     ctl.parents["TPUTorchService"].remember(service(tpu={"topology": "2x2"}))
     run(ctl.reconcile(SVC_KEY))
+    ctl.children["TPUTorchService"]._put(
+        ctl.children["TPUTorchService"].slim(ctl.kube.objects[("rayservices", "ml", "qwen")]))  # its watch event
     observed = ctl.children["TPUTorchService"].get(("ml", "qwen"))
     ctl.children["TPUTorchService"]._put({**observed, "metadata": {**observed["metadata"], "resourceVersion": "98"},
                                           "status": {"activeServiceStatus": {"rayClusterName": "qwen-a"}}})
@@ -415,3 +420,112 @@ def test_without_kueue_installed_the_queue_label_changes_nothing():
     assert ctl.kube.called("patch")[-1][4] == {"spec": {"suspend": True}}
     assert condition(last_status(ctl.kube), "SliceReady") is not None
     assert "queue" in last_status(ctl.kube) and not any(c["type"] == "Admitted" for c in last_status(ctl.kube)["conditions"])
+
+
+# --- what the watch must decide, not the reconcile (issue 20) -------------------------------------
+
+def test_a_foreign_rayjob_found_by_a_409_never_enters_the_store_and_its_deletion_frees_the_name():
+    """A RayJob of someone else without our labels is invisible to the label-filtered watch: if the
+    reconcile put it into the store, nothing would ever take it out again (a ghost)."""
+    kube = FakeKube()
+    ctl = setup(job(), kube=kube)
+    kube.objects[("rayjobs", "ml", "demo")] = rayjob(None, labels={})
+    assert run(ctl.reconcile(KEY)) == "retry"
+    assert condition(last_status(kube), "RayJobCreated")["reason"] == "RayJobNameTaken"
+    assert ctl.children[KIND].get(("ml", "demo")) is None
+    del kube.objects[("rayjobs", "ml", "demo")]  # the user deletes it, as the status asks
+    assert run(ctl.reconcile(KEY)) == "created"  # the retry (with backoff) creates ours
+    assert condition(last_status(kube), "RayJobCreated")["status"] == "True"
+
+
+def test_a_rayjob_deleted_right_after_its_creation_is_not_revived_by_the_create():
+    kube = FakeKube()
+    ctl = setup(job(), kube=kube)
+    real_create = kube.create
+
+    async def create_then_deleted(res, namespace, body):
+        created = await real_create(res, namespace, body)
+        # its ADDED and DELETED events reach the loop before the create returns
+        ctl.child_changed(KIND, "ADDED", created)
+        ctl.child_changed(KIND, "DELETED", created)
+        del kube.objects[(res.plural, namespace, body["metadata"]["name"])]
+        return created
+    kube.create = create_then_deleted
+    assert run(ctl.reconcile(KEY)) == "created"
+    assert ctl.child_of(KEY, job()) is None  # gone: the next reconcile makes it again
+    kube.create = real_create
+    # a rerun under that name (a new uid) does not wait on a RayJob that no longer exists
+    ctl.parents[KIND]._put(job(uid="uid-rerun", rv="20"))
+    assert run(ctl.reconcile(KEY)) == "created"
+
+
+def test_our_rayjob_that_lost_its_label_gets_it_back_instead_of_a_frozen_copy():
+    kube = FakeKube()
+    ctl = setup(job(), kube=kube)
+    kube.objects[("rayjobs", "ml", "demo")] = rayjob("uid-new", labels={})  # someone removed our labels
+    assert run(ctl.reconcile(KEY)) == "exists"
+    (patch,) = [c for c in kube.called("patch") if c[1] == "rayjobs"]
+    assert patch[4]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tputorch-operator"
+    assert ctl.children[KIND].get(("ml", "demo")) is None
+
+
+def test_an_expectation_lasts_only_until_its_watch_event_or_its_time():
+    from tputorch.controller import reconcile as rec
+
+    ctl = setup(job())
+    assert run(ctl.reconcile(KEY)) == "created"
+    created = ctl.kube.objects[("rayjobs", "ml", "demo")]
+    assert KEY in ctl.expected
+    ctl.child_changed(KIND, "ADDED", created)
+    assert KEY not in ctl.expected
+    ctl.expect(KEY, {**created, "metadata": {**created["metadata"], "uid": "other"}})
+    ctl.expected[KEY] = (ctl.expected[KEY][0], ctl.expected[KEY][1] - rec.EXPECT_FOR - 1)
+    ctl.children[KIND]._pop(("ml", "demo"))
+    assert ctl.child_of(KEY, job()) is None and KEY not in ctl.expected
+
+
+# --- terminal phases are sticky (issue 20) ----------------------------------------------------------
+
+DONE = {"phase": "Succeeded", "completionTime": "2026-11-30T00:00:00Z", "conditions": []}
+
+
+def test_a_stale_child_never_turns_a_succeeded_job_back_into_running():
+    """A new leader whose child watch lags (or a late write) sees the RayJob still Running."""
+    stale = rayjob("uid-new", status={"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
+    ctl = setup(job(status=DONE), stale)
+    run(ctl.reconcile(KEY))
+    assert all(c[4].get("phase") in (None, "Succeeded") for c in ctl.kube.called("patch_status"))
+    assert all(c[4].get("completionTime") for c in ctl.kube.called("patch_status"))
+    # ... and once that RayJob is gone, the job is not run again
+    ctl.children[KIND]._pop(("ml", "demo"))
+    assert run(ctl.reconcile(KEY)) == "finished" and ctl.kube.called("create") == []
+
+
+def test_a_terminal_status_seen_once_holds_for_that_uid_even_if_the_status_is_rolled_back():
+    ctl = setup(job(status=DONE), rayjob("uid-new", status={"jobDeploymentStatus": "Complete",
+                                                             "jobStatus": "SUCCEEDED"}))
+    run(ctl.reconcile(KEY))
+    ctl.parents[KIND]._put(job(rv="30", status={"phase": "Running"}))  # a late write of a Running status
+    ctl.children[KIND]._pop(("ml", "demo"))
+    assert run(ctl.reconcile(KEY)) == "finished" and ctl.kube.called("create") == []
+    # another object under the same name is a new job
+    ctl.parents[KIND]._put(job(uid="uid-2", rv="40"))
+    assert run(ctl.reconcile(KEY)) == "created"
+
+
+def test_status_patches_carry_the_objects_uid_as_precondition():
+    ctl = setup(job())
+    run(ctl.reconcile(KEY))
+    assert ctl.kube.status_uids and set(ctl.kube.status_uids) == {"uid-new"}
+
+
+def test_a_status_patch_refused_by_the_uid_test_is_not_an_error():
+    kube = FakeKube()
+    ctl = setup(job(), kube=kube)
+    kube.fail["patch_status"].append(api_error(422, body='{"reason":"Invalid","details":{},"code":422}'))
+    assert run(ctl.reconcile(KEY)) == "created"
+    kube.fail["patch_status"].append(api_error(422, body='{"details":{"causes":[{"field":"status.x"}]}}'))
+    ctl.parents[KIND]._put(job(rv="50"))
+    ctl.written.clear()
+    with pytest.raises(Exception, match="422"):
+        run(ctl.reconcile(KEY))

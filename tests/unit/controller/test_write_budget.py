@@ -82,7 +82,9 @@ class Life:
     def rayjob(self, t: float, **status) -> None:
         self.at(t)
         self.rayjob_status = {**self.rayjob_status, **status}
-        child = self.ctl.children[KIND].get(("ml", "demo"))
+        # the store holds what the watch brought; before the first event, the RayJob we created
+        child = (self.ctl.children[KIND].get(("ml", "demo"))
+                 or self.ctl.children[KIND].slim(self.kube.objects[("rayjobs", "ml", "demo")]))
         self.rv += 1
         self.ctl.children[KIND]._put({**child, "metadata": {**child["metadata"], "resourceVersion": str(self.rv)},
                                       "status": dict(self.rayjob_status)})

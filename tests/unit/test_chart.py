@@ -216,8 +216,10 @@ def test_deployment_shape():
                          "--metrics-port", "9090", "--log-format", "json"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    # a slow start is the startup probe's to allow, not a restart loop of the liveness probe's
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 300
     res = c["resources"]
     assert {"cpu", "memory"} <= res["requests"].keys() and "memory" in res["limits"]
     for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import kopf
@@ -54,6 +55,7 @@ class Runtime:
         self.informers: list[Informer] = []
         self.workers: list[asyncio.Task] = []
         self.election: Election | None = None
+        self.syncing: asyncio.Task | None = None  # waits for the stores, then leads or runs
 
 
 RUNTIME = Runtime()
@@ -119,29 +121,54 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     }
     for informer in RUNTIME.informers:
         informer.start()
-    # Decide nothing before every store holds what exists: a restarted operator would otherwise
-    # create children that exist, or write statuses from half the pods.
-    for informer in RUNTIME.informers:
-        if not await loop.run_in_executor(None, informer.wait_synced, SYNC_TIMEOUT):
-            log.warning("%s not listed within %ss; going on", informer.what, SYNC_TIMEOUT)
 
     def start_workers() -> None:
+        controller.activate()
         RUNTIME.workers = [loop.create_task(controller.work(), name=f"reconcile-{i}")
                            for i in range(CONFIG.reconcile_workers)]
         RUNTIME.workers.append(loop.create_task(controller.recorder.run(), name="events"))
         log.info("reconciling with %d workers", CONFIG.reconcile_workers)
 
     if CONFIG.leader_election:
-        election = RUNTIME.election = Election(
+        controller.active = False  # a standby queues nothing
+        RUNTIME.election = Election(
             CONFIG.lease_name, _lease_namespace(), KubeLeaseApi(configuration),
             on_leading=lambda: loop.call_soon_threadsafe(start_workers), drain=kube.drain)
-        kube.fence = election.write_timeout  # no write once the last good renewal is too old
-        election.start()
-    else:
-        start_workers()
+        kube.fence = RUNTIME.election.write_timeout  # no write once the last good renewal is too old
+    # Outside kopf's startup, so that /healthz answers while the stores fill.
+    RUNTIME.syncing = loop.create_task(sync_then_run(RUNTIME.informers, start_workers), name="sync")
     if CONFIG.metrics_port is not None:
         await serve(CONFIG.metrics_host, CONFIG.metrics_port)
         log.info("metrics on %s:%s/metrics", CONFIG.metrics_host, CONFIG.metrics_port)
+
+
+async def wait_synced(informers: list[Informer], timeout: float) -> list[str]:
+    """Wait for every store's first list, all at once, within one deadline; the stores that were
+    not listed by then."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end and not all(i.synced.is_set() for i in informers):
+        await asyncio.sleep(0.05)
+    return [i.what for i in informers if not i.synced.is_set()]
+
+
+async def sync_then_run(informers: list[Informer], start_workers) -> None:
+    """Decide nothing before every store holds what exists: a restarted operator would otherwise
+    create children that exist, or write statuses from half the pods. Then lead (or run)."""
+    started = time.monotonic()
+    # Never given up on (nor failing /healthz): a restart would only list again from the start.
+    while missing := await wait_synced(informers, SYNC_TIMEOUT):
+        log.error("not listed within %.0fs: %s; still waiting", time.monotonic() - started, ", ".join(missing))
+    log.info("every store listed in %.1fs", time.monotonic() - started)
+    if RUNTIME.election is not None:
+        RUNTIME.election.start()  # a candidate only once it could lead with what exists
+    else:
+        start_workers()
+
+
+@kopf.on.probe(id="synced")
+def synced(**_) -> bool:
+    return RUNTIME.syncing is not None and RUNTIME.syncing.done()
 
 
 def may_write() -> bool:
@@ -167,6 +194,8 @@ def election_health(**_) -> str:
 
 @kopf.on.cleanup()
 async def stop(**_) -> None:
+    if RUNTIME.syncing is not None:
+        RUNTIME.syncing.cancel()
     for task in RUNTIME.workers:
         task.cancel()
     await asyncio.gather(*RUNTIME.workers, return_exceptions=True)

@@ -68,3 +68,44 @@ def test_informer_changes_reach_the_controller_on_its_loop():
     loop.run_until_complete(asyncio.sleep(0))
     assert list(ctl.queue._queue) == [("TPUTorchJob", "ml", "demo")]
     loop.close()
+
+
+# --- startup: stores first, then workers (issue 20) -------------------------------------------------
+
+class _Store:
+    def __init__(self, what):
+        import threading
+        self.what, self.synced = what, threading.Event()
+
+
+def test_stores_sync_concurrently_within_one_deadline_and_workers_start_only_after():
+    async def scenario():
+        stores = [_Store("a"), _Store("b")]
+        started = []
+        task = asyncio.create_task(handlers.sync_then_run(stores, lambda: started.append(True)))
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, stores[1].synced.set)
+        await asyncio.sleep(0.15)
+        assert started == []  # one store still lists: no worker may run on half the world
+        stores[0].synced.set()
+        await asyncio.wait_for(task, 1)
+        assert started == [True]
+        late = [_Store("a"), _Store("slow")]
+        late[0].synced.set()
+        t0 = loop.time()
+        assert await handlers.wait_synced(late, 0.2) == ["slow"]
+        assert loop.time() - t0 < 0.5  # one deadline for all, not one per store
+    handlers.RUNTIME.election = None
+    asyncio.run(scenario())
+
+
+def test_a_standby_queues_nothing_and_queues_everything_once_it_leads(ctl):
+    ctl.active = False
+    ctl.parents["TPUTorchJob"].remember(body())
+    for _ in range(3):
+        ctl.parent_changed("TPUTorchJob", "MODIFIED", body())
+        ctl.pod_changed("ADDED", {"metadata": {"namespace": "ml", "name": "p",
+                                               "labels": {"tputorch.io/job": "other"}}})
+    assert len(ctl.queue) == 0 and not ctl.queue._dirty
+    ctl.activate()
+    assert list(ctl.queue._queue) == [("TPUTorchJob", "ml", "demo")]

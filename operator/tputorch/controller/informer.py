@@ -29,6 +29,7 @@ import fnmatch
 import json
 import logging
 import random
+import re
 import threading
 import time
 from typing import Callable, Hashable, Iterable, Iterator, Protocol
@@ -53,6 +54,42 @@ class Source(Protocol):
     def list(self, scope: str | None) -> dict: ...  # {"items": iterable, "metadata": {"resourceVersion": rv}}
 
     def watch(self, scope: str | None, resource_version: str) -> Iterable[dict]: ...  # {"type", "object"}
+
+
+# Nesting the operator decodes. The API server admits 10,000 levels in a free-form field (runtimeEnv,
+# engine.args); Python's decoder raises RecursionError near 1,000, which failed the whole list page
+# or watch stream (every object of the kind stopped being reconciled). Deeper values are replaced by
+# TOO_DEEP, which the spec parser refuses with the field named (api's nesting limit is far lower).
+MAX_DECODE_DEPTH = 100
+TOO_DEEP = f"<value nested deeper than {MAX_DECODE_DEPTH} levels: dropped by the operator>"
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def decode(text: str | bytes) -> object:
+    """JSON from the API (a list page, a watch line): never fails for nesting. Objects within
+    MAX_DECODE_DEPTH decode as they are, at json.loads' speed; a document deeper than Python's
+    decoder goes has every subtree below MAX_DECODE_DEPTH replaced by TOO_DEEP."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        pass
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("utf-8")
+    kept, depth, start, cut_from = [], 0, 0, None
+    for token in _TOKENS.finditer(text):
+        ch = token.group()
+        if ch in "[{":
+            depth += 1
+            if depth == MAX_DECODE_DEPTH + 1 and cut_from is None:
+                cut_from = token.start()
+        elif ch in "]}":
+            depth -= 1
+            if depth == MAX_DECODE_DEPTH and cut_from is not None:
+                kept.append(text[start:cut_from])
+                kept.append(json.dumps(TOO_DEEP))
+                start, cut_from = token.end(), None
+    kept.append(text[start:])
+    return json.loads("".join(kept))
 
 
 def key_of(obj: dict) -> Key:
@@ -355,7 +392,7 @@ class RestSource:
         """The list in pages of LIST_PAGE objects (one consistent snapshot: the first page's
         resourceVersion); items are parsed a page at a time as the caller consumes them, so a
         re-list of thousands never holds every full object at once."""
-        first = json.loads(self._get(scope, [("limit", LIST_PAGE)], 60).read())
+        first = decode(self._get(scope, [("limit", LIST_PAGE)], 60).read())
         return {"items": self._pages(scope, first), "metadata": first.get("metadata") or {}}
 
     def _pages(self, scope, page: dict) -> Iterator[dict]:
@@ -364,7 +401,7 @@ class RestSource:
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return
-            page = json.loads(self._get(scope, [("limit", LIST_PAGE), ("continue", token)], 60).read())
+            page = decode(self._get(scope, [("limit", LIST_PAGE), ("continue", token)], 60).read())
 
     def watch(self, scope, resource_version) -> Iterator[dict]:
         from kubernetes.watch.watch import iter_resp_lines
@@ -375,7 +412,7 @@ class RestSource:
         try:
             for line in iter_resp_lines(resp.response):
                 if line:
-                    yield json.loads(line)
+                    yield decode(line)
         finally:
             resp.response.release_conn()
 

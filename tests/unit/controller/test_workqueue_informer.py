@@ -247,6 +247,23 @@ class _Response:
         return self._body
 
 
+class _Raw:
+    """A response whose body is given as text: a list page (read) or a watch stream (stream)."""
+
+    def __init__(self, text: str, stream: bool = False) -> None:
+        self.status, self.reason, self._body = 200, "OK", text.encode()
+        self.response = self
+
+    def read(self) -> bytes:
+        return self._body
+
+    def stream(self, amt=None, decode_content=False):
+        yield self._body
+
+    def release_conn(self) -> None:
+        pass
+
+
 class _PagingApi:
     """The two ApiClient calls RestSource makes; answers lists in pages as the API server does."""
 
@@ -287,3 +304,51 @@ def test_an_informer_relists_a_paged_listing_into_its_store():
                           "metadata": {"resourceVersion": "5"}}
     assert inf.relist(None) == "5"
     assert inf.keys() == {("ml", "a"), ("ml", "b")}
+
+
+# --- bounded decode: one deeply nested object must not stop the informer ------------------------
+
+def _nested(depth: int) -> str:
+    """A runtimeEnv nested ``depth`` levels, as JSON text (json.dumps itself would recurse)."""
+    return '{"a":' * depth + '"leaf \\" ] } \\\\"' + "}" * depth
+
+
+def _page(*items: str) -> str:
+    return '{"metadata":{"resourceVersion":"9"},"items":[' + ",".join(items) + "]}"
+
+
+def _item(name: str, runtime_env: str = "{}") -> str:
+    return ('{"metadata":{"namespace":"ml","name":"%s","resourceVersion":"1"},"spec":{"runtimeEnv":%s}}'
+            % (name, runtime_env))
+
+
+@pytest.mark.parametrize("depth", [1_000, 20_000])
+def test_a_page_with_one_object_deeper_than_pythons_decoder_keeps_every_object(depth):
+    with pytest.raises(RecursionError):
+        json.loads(_page(_item("deep", _nested(depth))))  # what stopped the informer before
+    page = informer_module.decode(_page(_item("ok-1"), _item("deep", _nested(depth)), _item("ok-2")))
+    assert [i["metadata"]["name"] for i in page["items"]] == ["ok-1", "deep", "ok-2"]
+    assert page["items"][0]["spec"] == {"runtimeEnv": {}}
+    value, levels = page["items"][1]["spec"]["runtimeEnv"], 0
+    while isinstance(value, dict):
+        value, levels = value["a"], levels + 1
+    # items, the object, spec and runtimeEnv take 4 levels of the page's budget
+    assert value == informer_module.TOO_DEEP and levels == informer_module.MAX_DECODE_DEPTH - 4
+
+
+def test_an_object_within_the_limit_decodes_unchanged_and_bytes_work_too():
+    text = _page(_item("a", _nested(50)))
+    assert informer_module.decode(text.encode()) == json.loads(text)
+
+
+def test_an_informer_lists_and_watches_past_a_deep_object():
+    api = _PagingApi([], page=informer_module.LIST_PAGE)
+    api.call_api = lambda method, url, header_params, _request_timeout: _Raw(
+        _page(_item("ok"), _item("deep", _nested(5_000))))
+    inf, changes = informer(source=RestSource(api, lambda scope: "/things", None))
+    assert inf.relist(None) == "9"
+    assert inf.keys() == {("ml", "ok"), ("ml", "deep")}
+    line = '{"type":"MODIFIED","object":' + _item("deep", _nested(5_000)).replace('"1"', '"2"') + "}"
+    api.call_api = lambda method, url, header_params, _request_timeout: _Raw(line + "\n", stream=True)
+    events = list(RestSource(api, lambda scope: "/things", None).watch(None, "9"))
+    assert [e["object"]["metadata"]["name"] for e in events] == ["deep"]

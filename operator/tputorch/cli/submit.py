@@ -25,6 +25,7 @@ from . import client, progress
 from ..api import crd, spec
 from .. import render
 from .progress import FAILED, INTERRUPTED, INVALID, OK
+from .yamlfile import YAMLFileError, load_documents
 
 SERVICE_API_VERSION = f"{crd.GROUP}/{crd.VERSION}"
 # Ray fetches these working_dir URIs itself (on the head); a local path would have to be uploaded.
@@ -148,8 +149,8 @@ def job_from_file(path: str, name: str | None, namespace: str | None) -> dict:
     try:
         stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
         with stream:
-            docs = [d for d in yaml.safe_load_all(stream) if d is not None]
-    except (OSError, yaml.YAMLError) as err:
+            docs = load_documents(stream, path)
+    except (OSError, YAMLFileError) as err:
         raise InvalidFlags([FlagError("-f", path, f"cannot be read: {err}")]) from err
     if len(docs) != 1 or not isinstance(docs[0], dict) or docs[0].get("kind") != crd.KIND:
         kinds = [d.get("kind") if isinstance(d, dict) else type(d).__name__ for d in docs]

@@ -18,6 +18,7 @@ from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
 from tputorch import render
+from tputorch.controller.informer import decode
 
 GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -73,12 +74,41 @@ CASES = [
     ("service-account-uppercase", with_("spec.serviceAccountName", "Not_A_Name"), "operator", "spec.serviceAccountName"),
     ("queue-name-not-a-label", with_("spec.queueName", "bad queue!"), "operator", "spec.queueName"),
     ("node-selector-bad-key", with_("spec.nodeSelector", {"bad key/!": "x"}), "operator", "spec.nodeSelector"),
-    ("toleration-wrong-types", with_("spec.tolerations", [{"key": 5, "effect": ["x"]}]), "operator", "spec.tolerations[0]"),
-    ("toleration-not-an-object", with_("spec.tolerations", [{"operator": "Sometimes"}]), "operator", "spec.tolerations[0]"),
     ("reserved-env-name", with_("spec.env", [{"name": "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS", "value": "1"}]), "operator", "spec.env[0].name"),
-    ("env-value-from-garbage", with_("spec.env", [{"name": "X", "valueFrom": {"nonsense": {"a": 1}}}]), "operator", "spec.env[0].valueFrom"),
-    ("runtime-env-not-serialisable-shape", with_("spec.runtimeEnv", {"pip": 5, "env_vars": ["A=1"]}), "operator", "spec.runtimeEnv"),
+    # Typed schemas where a free-form map was (issue 21): refused at admission now.
+    ("toleration-wrong-types", with_("spec.tolerations", [{"key": 5, "effect": ["x"]}]), "crd", "spec.tolerations[0]"),
+    ("toleration-operator-unknown", with_("spec.tolerations", [{"operator": "Sometimes"}]), "crd", "spec.tolerations[0].operator"),
+    ("toleration-exists-with-value", with_("spec.tolerations", [{"key": "k", "operator": "Exists", "value": "v"}]), "crd", "spec.tolerations[0]"),
+    ("toleration-seconds-without-noexecute", with_("spec.tolerations", [{"key": "k", "operator": "Exists", "tolerationSeconds": 5}]), "crd", "spec.tolerations[0]"),
+    ("env-value-from-garbage", with_("spec.env", [{"name": "X", "valueFrom": {"nonsense": {"a": 1}}}]), "crd", "spec.env[0].valueFrom"),
+    ("env-value-and-value-from", with_("spec.env", [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]), "crd", "spec.env[0]"),
+    ("secret-key-ref-without-key", with_("spec.env", [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s"}}}]), "crd", "spec.env[0].valueFrom.secretKeyRef.key"),
+    ("env-value-one-mib", with_("spec.env", [{"name": "X", "value": "v" * (1 << 20)}]), "crd", "spec.env[0].value"),
+    ("memory-zero", with_("spec.worker.memory", "0"), "crd", "spec.worker.memory"),
+    ("runtime-env-not-serialisable-shape", with_("spec.runtimeEnv", {"pip": 5, "env_vars": ["A=1"]}), "crd", "spec.runtimeEnv.env_vars"),
+    ("security-context-host-pid", with_("spec.securityContext", {"hostPID": True}), "crd", "spec.securityContext.hostPID"),
+    ("replicas-max-a-million", None, "crd", "spec.replicas.max"),  # a TPUTorchService (see service_case)
+    # Admitted (the API server takes 10,000 levels in a free-form block); the operator refuses them.
+    ("runtime-env-1000-deep", with_("spec.runtimeEnv", "DEEP"), "operator", "spec.runtimeEnv: must be nested at most 32 levels"),
+    ("runtime-env-shell", with_("spec.runtimeEnv", {"env_vars": {"A": "$(id)"}}), "operator", "must not contain $ or `"),
+    ("runtime-env-over-32k", with_("spec.runtimeEnv", {"pip": ["p" * 100] * 400}), "operator", "spec.runtimeEnv: must be at most 32768 bytes"),
 ]
+DEPTH = 1000
+
+
+def _dump(body: dict) -> str:
+    """YAML of ``body``; a "DEEP" value becomes DEPTH levels of nesting written as flow text (PyYAML's
+    emitter and json.dumps both recurse)."""
+    text = yaml.safe_dump(body, allow_unicode=True, width=1 << 20)
+    return text.replace("DEEP", "{a: " * DEPTH + "x" + "}" * DEPTH)
+
+
+def service_case(name: str) -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": name},
+        "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/ray-vllm:2.60.0",
+                 "model": {"source": "Qwen/Qwen3-0.6B"}, "replicas": {"min": 1, "max": 10**6}},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +136,25 @@ def alongside(kube, bad_ns, bad_operator):
 
 
 def _status(kube, ns, name) -> dict:
-    return kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
+    # Read raw and through the operator's bounded decoder: the kubernetes client's json.loads fails
+    # on the 1,000-deep object the same way the operator's informer once did.
+    resp = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, _preload_content=False)
+    return decode(resp.data).get("status") or {}
+
+
+def _jobs(kube, ns) -> list[dict]:
+    resp = kube.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _preload_content=False)
+    return decode(resp.data)["items"]
 
 
 @pytest.mark.parametrize("case,mutate,where,fragment", CASES, ids=[c[0] for c in CASES])
 def test_malformed_job_is_refused_naming_the_field(kube, bad_ns, bad_operator, alongside, case, mutate, where, fragment):
-    body = good(case)
-    mutate(body)
-    proc = kubectl(kube.kubeconfig, "apply", "-n", bad_ns, "-f", "-", input=yaml.safe_dump(body, allow_unicode=True), check=False)
+    if mutate is None:
+        body = service_case(case)
+    else:
+        body = good(case)
+        mutate(body)
+    proc = kubectl(kube.kubeconfig, "apply", "-n", bad_ns, "-f", "-", input=_dump(body), check=False)
     if where == "crd":
         assert proc.returncode != 0, f"the API server admitted {case}"
         assert fragment in proc.stderr, proc.stderr[:2000]
@@ -148,7 +189,7 @@ def test_operator_survived_and_the_good_job_progressed(kube, bad_ns, bad_operato
     assert st["rayJobName"] == alongside
     rayjob = kube.custom.get_namespaced_custom_object("ray.io", "v1", bad_ns, "rayjobs", alongside)
     assert rayjob["spec"]["entrypoint"] == "python train.py --note 'héllo wörld ✓ 日本語'"
-    uids = {j["metadata"]["uid"] for j in kube.custom.list_namespaced_custom_object(GROUP, VERSION, bad_ns, PLURAL)["items"]}
+    uids = {j["metadata"]["uid"] for j in _jobs(kube, bad_ns)}
     children = [r for r in kube.custom.list_cluster_custom_object("ray.io", "v1", "rayjobs")["items"]
                 if any(o.get("uid") in uids for o in r["metadata"].get("ownerReferences") or [])]
     assert children and {r["metadata"]["namespace"] for r in children} == {bad_ns}

@@ -7,6 +7,7 @@ in one function. Nothing here raises anything but InvalidSpec from a kind's pars
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
@@ -26,6 +27,19 @@ DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 ENV_SOURCES = ("configMapKeyRef", "secretKeyRef", "fieldRef", "resourceFieldRef")
 MAX_STRING = 4096
 INT32_MAX = 2**31 - 1  # KubeRay's int32 fields
+
+# Bounds on every spec, so that no object can cost the operator (or etcd) more than a known amount.
+# Both kinds and every field added later get them: crd.py gives each string, list and map of the
+# schema that has no bound of its own MAX_STRING / MAX_ITEMS / MAX_PROPERTIES, and the parser checks
+# free-form blocks with ``freeform`` and the typed ones field by field, with the same numbers.
+MAX_ITEMS = 64
+MAX_PROPERTIES = 64
+MAX_DEPTH = 32  # levels of nesting within a free-form block (runtimeEnv, engine.args)
+MAX_FREEFORM_BYTES = 32 * 1024  # a free-form block as JSON
+MAX_ENV = 128
+MAX_ENV_VALUE = 32 * 1024
+MAX_TOLERATIONS = 32
+MAX_REPLICAS = 64  # slices a service (or a group) may ask for; KubeRay's replica fields are int32
 
 # Environment variables a user may not set: they would undo chip isolation or the slice shape.
 FORBIDDEN_ENV = {
@@ -98,10 +112,15 @@ class CommonSpec:
     labels: dict = field(default_factory=dict)
     volumes: tuple[Volume, ...] = ()
     gcs_fuse_sidecar: dict = field(default_factory=dict)  # {annotation: quantity} (storage.SIDECAR_ANNOTATIONS)
+    security_context: dict = field(default_factory=lambda: dict(DEFAULT_SECURITY_CONTEXT))
+    automount_service_account_token: bool = False
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # a value nested ~1,000 levels (the operator's decoder admits that many)
+        text = f"<{type(value).__name__} nested too deeply to show>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -192,6 +211,17 @@ def quantity(v: Any) -> str | None:
     return None if QUANTITY.match(str(v)) else "must be a Kubernetes quantity such as 4, 500m, 16Gi"
 
 
+# [.] rather than an escaped dot: the same pattern goes into a CEL string literal (crd.py).
+ZERO_QUANTITY = re.compile(r"^0+([.]0+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+def positive_quantity(v: Any) -> str | None:
+    problem = quantity(v) if len(str(v)) <= 64 else "must be at most 64 characters"
+    if problem is None and ZERO_QUANTITY.match(str(v)):
+        return "must be greater than zero (a pod with none could never run Ray)"
+    return problem
+
+
 def ray_version_check(minimum: tuple[int, int, int], why: str) -> Callable[[str], str | None]:
     def check(v: str) -> str | None:
         m = RAY_VERSION.match(v)
@@ -215,6 +245,49 @@ def string_map(r: Reader, obj: Mapping, key: str, path: str) -> dict[str, str]:
     return result
 
 
+def freeform(r: Reader, value: Any, path: str, max_bytes: int = MAX_FREEFORM_BYTES) -> bool:
+    """A free-form block (runtimeEnv, engine.args): JSON data nested at most MAX_DEPTH levels and
+    at most ``max_bytes`` as JSON. Walked without recursion: the operator's decoder hands over
+    objects up to 100 levels deep (informer.decode)."""
+    stack = [(value, path, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            r.error(path, None, f"must be nested at most {MAX_DEPTH} levels deep ({where} is deeper)")
+            return False
+        if isinstance(item, Mapping):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    r.error(where, key, "keys must be strings")
+                    return False
+                stack.append((child, f"{where}.{key}", depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item))
+        elif not (item is None or isinstance(item, (str, int, float, bool))):
+            r.error(where, item, "must be JSON data (string, number, boolean, null, list or object)")
+            return False
+    size = len(json.dumps(value, separators=(",", ":")))
+    if size > max_bytes:
+        r.error(path, None, f"must be at most {max_bytes} bytes as JSON; it is {size}")
+        return False
+    return True
+
+
+def strings_in(value: Any, path: str):
+    """(path, string) for every string in a free-form block, keys included (after freeform)."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            yield where, item
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                yield f"{where}.{key}", key
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+
+
 def env_name_problem(name: str, operator_env: Mapping[str, str]) -> str | None:
     if name in FORBIDDEN_ENV:
         return f"must not be set: {FORBIDDEN_ENV[name]}"
@@ -226,11 +299,72 @@ def env_name_problem(name: str, operator_env: Mapping[str, str]) -> str | None:
 
 
 
+# Every Ray container (head, TPU workers, KubeRay's submitter, init and autoscaler containers) runs
+# with this, which meets the `restricted` Pod Security profile. GKE TPU pods need no privilege on
+# GKE 1.28+ (the TPU device plugin hands the chips over); the Ray images run as ray (1000:100).
+# spec.securityContext replaces any of these keys.
+DEFAULT_SECURITY_CONTEXT = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 100,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+SECURITY_CONTEXT_FIELDS = {
+    "runAsNonRoot": bool, "runAsUser": int, "runAsGroup": int, "allowPrivilegeEscalation": bool,
+    "privileged": bool, "readOnlyRootFilesystem": bool, "capabilities": dict, "seccompProfile": dict,
+}
+SECCOMP_TYPES = ("RuntimeDefault", "Localhost", "Unconfined")
+
+
+def parse_security_context(r: Reader, spec: Mapping) -> dict:
+    """The containers' securityContext: DEFAULT_SECURITY_CONTEXT with the user's keys in place of
+    ours, and the Pod API's consistency rules (a pod refused later would never run)."""
+    path = "spec.securityContext"
+    given = r.mapping(spec, "securityContext", path, set(SECURITY_CONTEXT_FIELDS))
+    user = {}
+    for key, kind in SECURITY_CONTEXT_FIELDS.items():
+        check = between(0, INT32_MAX) if kind is int else None
+        value = r.value(given, key, f"{path}.{key}", Mapping if kind is dict else kind, check=check)
+        if value is not None:
+            user[key] = value
+    if "capabilities" in user:
+        caps = r.mapping(given, "capabilities", f"{path}.capabilities", {"add", "drop"})
+        for part in ("add", "drop"):
+            names = r.value(caps, part, f"{path}.capabilities.{part}", list, default=[])
+            for i, name in enumerate(names):
+                if not isinstance(name, str) or not re.match(r"^[A-Z_]{1,64}$", name):
+                    r.error(f"{path}.capabilities.{part}[{i}]", name, "must be a capability name such as NET_ADMIN")
+        user["capabilities"] = {k: list(caps[k]) for k in ("add", "drop") if caps.get(k)}
+    if "seccompProfile" in user:
+        profile = r.mapping(given, "seccompProfile", f"{path}.seccompProfile", {"type", "localhostProfile"})
+        kind = r.value(profile, "type", f"{path}.seccompProfile.type", str, required=True,
+                       check=lambda v: None if v in SECCOMP_TYPES else f"must be one of {', '.join(SECCOMP_TYPES)}")
+        local = r.value(profile, "localhostProfile", f"{path}.seccompProfile.localhostProfile", str, check=string(253))
+        if (kind == "Localhost") != bool(local):
+            r.error(f"{path}.seccompProfile.localhostProfile", local, "must be set exactly when type is Localhost")
+        user["seccompProfile"] = dict(profile)
+    merged = {**DEFAULT_SECURITY_CONTEXT, **user}
+    escalates = user.get("privileged") or "SYS_ADMIN" in (user.get("capabilities") or {}).get("add", [])
+    if escalates and user.get("allowPrivilegeEscalation") is False:
+        r.error(f"{path}.allowPrivilegeEscalation", False, "must not be false with privileged or CAP_SYS_ADMIN")
+    elif escalates and "allowPrivilegeEscalation" not in user:
+        del merged["allowPrivilegeEscalation"]  # the Pod API refuses false together with them
+    if merged.get("runAsUser") == 0:
+        if user.get("runAsNonRoot") is True:
+            r.error(f"{path}.runAsNonRoot", True, "must not be true with runAsUser 0")
+        elif "runAsNonRoot" not in user:
+            merged.pop("runAsNonRoot")
+    return merged
+
+
 TPU_FIELDS = {"accelerator", "topology", "slices", "chipsPerWorker", "chipsPerHost", "spot", "reservation"}
 # The blocks both kinds have, parsed by one function.
 COMMON_FIELDS = {
     "tpu", "image", "rayVersion", "runtimeEnv", "env", "head", "worker", "tolerations",
     "serviceAccountName", "nodeSelector", "queueName", "priorityClassName", "volumes", "gcsFuseSidecar",
+    "securityContext", "automountServiceAccountToken",
 }
 RESOURCE_FIELDS = {"cpu", "memory", "ephemeralStorage"}
 HEAD_FIELDS = RESOURCE_FIELDS | {"nodeSelector"}
@@ -282,8 +416,33 @@ def parse_tpu(r: Reader, spec: Mapping, allowed: set[str], slices_reason: str) -
     return TPU(tpu_slice, chips_per_worker, spot, reservation)
 
 
+# Each env source's fields, the required ones first (as the Pod API validates them).
+ENV_SOURCE_FIELDS = {
+    "configMapKeyRef": (("name", "key"), ("optional",)),
+    "secretKeyRef": (("name", "key"), ("optional",)),
+    "fieldRef": (("fieldPath",), ("apiVersion",)),
+    "resourceFieldRef": (("resource",), ("containerName", "divisor")),
+}
+
+
+def _parse_env_source(r: Reader, source: Mapping, path: str) -> None:
+    if len(source) != 1 or next(iter(source)) not in ENV_SOURCES:
+        # The RayJob's schema would prune anything else and the pods could never be created.
+        r.error(path, dict(source), f"must have exactly one of {', '.join(ENV_SOURCES)}")
+        return
+    kind, ref = next(iter(source.items()))
+    required, optional = ENV_SOURCE_FIELDS[kind]
+    ref = r.mapping(source, kind, f"{path}.{kind}", set(required) | set(optional))
+    for key in required:
+        r.value(ref, key, f"{path}.{kind}.{key}", str, required=True, check=string(253))
+    for key in optional:
+        r.value(ref, key, f"{path}.{kind}.{key}", bool if key == "optional" else str,
+                check=None if key == "optional" else string(253))
+
+
 def parse_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str]) -> tuple:
-    env = r.value(spec, "env", "spec.env", list, default=[])
+    env = r.value(spec, "env", "spec.env", list, default=[],
+                  check=lambda v: None if len(v) <= MAX_ENV else f"must have at most {MAX_ENV} entries")
     seen: set[str] = set()
     for i, item in enumerate(env):
         path = f"spec.env[{i}]"
@@ -293,11 +452,13 @@ def parse_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str]) -> tupl
         for unknown in sorted(set(map(str, item)) - {"name", "value", "valueFrom"}):
             r.error(f"{path}.{unknown}", item[unknown], "is not a known field; known: name, value, valueFrom")
         name = r.value(item, "name", f"{path}.name", str, required=True, check=string(256, ENV_NAME, "a C-style identifier such as MY_VAR"))
-        r.value(item, "value", f"{path}.value", str)
+        value = r.value(item, "value", f"{path}.value", str, check=lambda v: None if len(v) <= MAX_ENV_VALUE
+                        else f"must be at most {MAX_ENV_VALUE} characters (put large data in a ConfigMap or the image)")
         source = r.value(item, "valueFrom", f"{path}.valueFrom", Mapping)
-        if source is not None and (len(source) != 1 or next(iter(source)) not in ENV_SOURCES):
-            # The RayJob's schema would prune anything else and the pods could never be created.
-            r.error(f"{path}.valueFrom", dict(source), f"must have exactly one of {', '.join(ENV_SOURCES)}")
+        if source is not None:
+            _parse_env_source(r, source, f"{path}.valueFrom")
+            if value is not None:
+                r.error(f"{path}.value", value, "must not be set together with valueFrom")
         if name is None:
             continue
         problem = env_name_problem(name, operator_env)
@@ -311,8 +472,15 @@ def parse_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str]) -> tupl
 
 def parse_runtime_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str]) -> dict:
     runtime_env = r.mapping(spec, "runtimeEnv", "spec.runtimeEnv")
+    if not freeform(r, runtime_env, "spec.runtimeEnv"):
+        return {}
     if "env_vars" in runtime_env:
         env_vars = string_map(r, runtime_env, "env_vars", "spec.runtimeEnv.env_vars")
+        if len(env_vars) > MAX_PROPERTIES:
+            r.error("spec.runtimeEnv.env_vars", None, f"must have at most {MAX_PROPERTIES} entries")
+        for name, value in env_vars.items():
+            if len(value) > MAX_ENV_VALUE:
+                r.error(f"spec.runtimeEnv.env_vars.{name}", value, f"must be at most {MAX_ENV_VALUE} characters")
         for name in env_vars:
             problem = env_name_problem(name, operator_env)
             if problem:
@@ -322,24 +490,42 @@ def parse_runtime_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str])
 
 def parse_resources(r: Reader, spec: Mapping, key: str, allowed: set[str]) -> tuple[Resources, dict]:
     block = r.mapping(spec, key, f"spec.{key}", allowed)
-    cpu = r.value(block, "cpu", f"spec.{key}.cpu", (str, int), default=DEFAULTS[f"{key}.cpu"], check=quantity)
-    memory = r.value(block, "memory", f"spec.{key}.memory", (str, int), default=DEFAULTS[f"{key}.memory"], check=quantity)
+    cpu = r.value(block, "cpu", f"spec.{key}.cpu", (str, int), default=DEFAULTS[f"{key}.cpu"], check=positive_quantity)
+    memory = r.value(block, "memory", f"spec.{key}.memory", (str, int), default=DEFAULTS[f"{key}.memory"], check=positive_quantity)
     disk = r.value(block, "ephemeralStorage", f"spec.{key}.ephemeralStorage", (str, int), check=quantity)
     return Resources(str(cpu), str(memory), None if disk is None else str(disk)), block
 
 
+TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
 def parse_tolerations(r: Reader, spec: Mapping) -> tuple:
-    tolerations = r.value(spec, "tolerations", "spec.tolerations", list, default=[])
+    """Kubernetes tolerations, with the Pod API's own rules (a pod refused later never runs)."""
+    tolerations = r.value(spec, "tolerations", "spec.tolerations", list, default=[],
+                          check=lambda v: None if len(v) <= MAX_TOLERATIONS else f"must have at most {MAX_TOLERATIONS} entries")
     for i, tol in enumerate(tolerations):
         path = f"spec.tolerations[{i}]"
         if not isinstance(tol, Mapping):
             r.error(path, tol, "must be an object (a Kubernetes toleration)")
             continue
-        r.value(tol, "key", f"{path}.key", str)
-        r.value(tol, "value", f"{path}.value", str)
-        r.value(tol, "operator", f"{path}.operator", str, check=lambda v: None if v in ("Exists", "Equal") else "must be Exists or Equal")
-        r.value(tol, "effect", f"{path}.effect", str, check=lambda v: None if v in ("NoSchedule", "PreferNoSchedule", "NoExecute") else "must be NoSchedule, PreferNoSchedule or NoExecute")
-        r.value(tol, "tolerationSeconds", f"{path}.tolerationSeconds", int)
+        r.mapping({"t": tol}, "t", path, TOLERATION_FIELDS)
+        key = r.value(tol, "key", f"{path}.key", str, check=lambda v: None if v == "" or label_key_ok(v)
+                      else "must be a label name ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
+        value = r.value(tol, "value", f"{path}.value", str, check=lambda v: None if len(v) <= 63 and LABEL_VALUE.match(v)
+                        else "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
+        operator = r.value(tol, "operator", f"{path}.operator", str, default="Equal",
+                           check=lambda v: None if v in TOLERATION_OPERATORS else "must be Exists or Equal")
+        effect = r.value(tol, "effect", f"{path}.effect", str,
+                         check=lambda v: None if v in TAINT_EFFECTS else "must be NoSchedule, PreferNoSchedule or NoExecute")
+        seconds = r.value(tol, "tolerationSeconds", f"{path}.tolerationSeconds", int)
+        if operator == "Exists" and value:
+            r.error(f"{path}.value", value, "must be empty when operator is Exists")
+        if not key and operator != "Exists":
+            r.error(f"{path}.operator", operator, "must be Exists when key is empty (a toleration of every taint)")
+        if seconds is not None and effect != "NoExecute":
+            r.error(f"{path}.tolerationSeconds", seconds, "must only be set when effect is NoExecute")
     return tuple(dict(t) for t in tolerations if isinstance(t, Mapping))
 
 
@@ -352,6 +538,8 @@ def label_key_ok(key: str) -> bool:
 
 def parse_node_selector(r: Reader, spec: Mapping, key: str, path: str) -> dict[str, str]:
     selector = string_map(r, spec, key, path)
+    if len(selector) > MAX_PROPERTIES:
+        r.error(path, None, f"must have at most {MAX_PROPERTIES} entries")
     for k, v in selector.items():
         # Label syntax: the RayJob's schema does not check it, so the pods would be refused later.
         if not label_key_ok(k):
@@ -420,11 +608,14 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
                 "preempts only the work it queues")
     volumes = storage.parse_volumes(r, spec, quantity)
     sidecar = storage.parse_sidecar(r, spec, volumes, quantity)
+    security_context = parse_security_context(r, spec)
+    automount = r.value(spec, "automountServiceAccountToken", "spec.automountServiceAccountToken", bool, default=False)
     fields = dict(
         name=name, namespace=namespace, labels=labels, image=image, ray_version=ray_version,
         runtime_env=runtime_env, env=env, head=head, worker=worker, head_node_selector=head_selector,
         tolerations=tolerations, service_account_name=service_account, node_selector=node_selector,
         queue_name=queue_name, priority_class_name=priority, volumes=volumes, gcs_fuse_sidecar=sidecar,
+        security_context=security_context, automount_service_account_token=automount,
     )
     return fields, spec, tpu
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from . import spec, storage, topology
+from . import common, spec, storage, topology
 from .. import status
 
 GROUP = "tputorch.io"
@@ -57,7 +57,29 @@ def _quantity(description: str, default: str) -> dict:
         **{"x-kubernetes-int-or-string": True},
         pattern=spec.QUANTITY.pattern,
         default=default,
+        **{"x-kubernetes-validations": [{
+            "rule": f"!string(self).matches('{common.ZERO_QUANTITY.pattern}')",
+            "message": "must be greater than zero (a pod with none could never run Ray)",
+        }]},
     )
+
+
+def bounded(schema: dict) -> dict:
+    """``schema`` with the generic bound (common.MAX_*) on every string, list and map that has none
+    of its own: a field added later is bounded without anyone remembering to. Applied to the spec."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: ({n: bounded(v) for n, v in val.items()} if k == "properties" else
+               bounded(val) if k in ("items", "additionalProperties") else val)
+           for k, val in schema.items()}
+    kind = out.get("type")
+    if kind == "string" and "enum" not in out:
+        out.setdefault("maxLength", common.MAX_STRING)
+    elif kind == "array":
+        out.setdefault("maxItems", common.MAX_ITEMS)
+    elif kind == "object" and ("additionalProperties" in out or out.get("x-kubernetes-preserve-unknown-fields")):
+        out.setdefault("maxProperties", common.MAX_PROPERTIES)
+    return out
 
 
 def _string_map(description: str) -> dict:
@@ -257,23 +279,34 @@ def _common_properties(kind: str) -> dict:
             default=spec.DEFAULTS["rayVersion"],
         ),
         "runtimeEnv": _s(
-            "Ray runtime environment of the job (pip, working_dir, env_vars, ...)." if job else
-            "Ray runtime environment of the model's deployment (LLMConfig.runtime_env).",
+            ("Ray runtime environment of the job (pip, working_dir, env_vars, ...)." if job else
+             "Ray runtime environment of the model's deployment (LLMConfig.runtime_env).")
+            + f" At most {common.MAX_DEPTH} levels deep and {common.MAX_FREEFORM_BYTES} bytes as JSON"
+            + (" (checked by the operator); no $ or ` in its strings (KubeRay passes it through bash)." if job else
+               " (checked by the operator)."),
             type="object",
+            properties={
+                "env_vars": _s("Environment variables of the Ray workers' processes.", type="object",
+                               additionalProperties={"type": "string", "maxLength": common.MAX_ENV_VALUE}),
+            },
             **{"x-kubernetes-preserve-unknown-fields": True},
         ),
         "env": _s(
             "Environment variables for the Ray head and every TPU worker.",
             type="array",
-            maxItems=256,
+            maxItems=common.MAX_ENV,
             items={
                 "type": "object",
                 "required": ["name"],
                 "properties": {
                     "name": {"type": "string", "minLength": 1, "maxLength": 256},
-                    "value": {"type": "string"},
-                    "valueFrom": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                    "value": {"type": "string", "maxLength": common.MAX_ENV_VALUE},
+                    "valueFrom": _env_source_schema(),
                 },
+                "x-kubernetes-validations": [{
+                    "rule": "!(has(self.value) && has(self.valueFrom))",
+                    "message": "spec.env[].value must not be set together with valueFrom",
+                }],
             },
         ),
         "head": _resources_schema(
@@ -284,11 +317,40 @@ def _common_properties(kind: str) -> dict:
         "tolerations": _s(
             "Extra tolerations for all pods (the TPU taint is tolerated on workers already).",
             type="array",
-            items={"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            maxItems=common.MAX_TOLERATIONS,
+            items=_toleration_schema(),
         ),
         "serviceAccountName": _string("Service account of the Ray pods.", maxLength=253),
         "nodeSelector": _string_map(
             "Extra node selector for the TPU worker pods; the TPU labels come from spec.tpu."
+        ),
+        "securityContext": _s(
+            "The securityContext of every Ray container, in place of the operator's default, which meets the "
+            "restricted Pod Security profile (runAsNonRoot, runAsUser 1000, runAsGroup 100, "
+            "allowPrivilegeEscalation false, capabilities drop ALL, seccompProfile RuntimeDefault): each key "
+            "given replaces the default's.",
+            type="object",
+            properties={
+                "runAsNonRoot": {"type": "boolean"},
+                "runAsUser": {"type": "integer", "format": "int64", "minimum": 0, "maximum": INT32_MAX},
+                "runAsGroup": {"type": "integer", "format": "int64", "minimum": 0, "maximum": INT32_MAX},
+                "allowPrivilegeEscalation": {"type": "boolean"},
+                "privileged": {"type": "boolean"},
+                "readOnlyRootFilesystem": {"type": "boolean"},
+                "capabilities": {"type": "object", "properties": {
+                    "add": {"type": "array", "maxItems": 32, "items": {"type": "string", "maxLength": 64}},
+                    "drop": {"type": "array", "maxItems": 32, "items": {"type": "string", "maxLength": 64}},
+                }},
+                "seccompProfile": {"type": "object", "required": ["type"], "properties": {
+                    "type": {"type": "string", "enum": list(common.SECCOMP_TYPES)},
+                    "localhostProfile": {"type": "string", "maxLength": 253},
+                }},
+            },
+        ),
+        "automountServiceAccountToken": _s(
+            "Mount the service account's token in the Ray pods (default false: Ray needs no API access; "
+            "an autoscaling service's head gets it for KubeRay's autoscaler).",
+            type="boolean",
         ),
         "queueName": _string(
             f"Kueue LocalQueue: the label kueue.x-k8s.io/queue-name on the {'RayJob' if job else 'RayService'}.",
@@ -301,6 +363,46 @@ def _common_properties(kind: str) -> dict:
         ),
         "volumes": _volumes_schema(),
         "gcsFuseSidecar": _sidecar_schema(),
+    }
+
+
+def _env_source_schema() -> dict:
+    """EnvVarSource, one source of common.ENV_SOURCE_FIELDS, each with the Pod API's required keys."""
+    def ref(kind: str) -> dict:
+        required, optional = common.ENV_SOURCE_FIELDS[kind]
+        return {"type": "object", "required": list(required),
+                "properties": {k: {"type": "boolean"} if k == "optional" else {"type": "string", "minLength": 1, "maxLength": 253}
+                               for k in (*required, *optional)}}
+    sources = list(common.ENV_SOURCE_FIELDS)
+    return {
+        "type": "object",
+        "properties": {kind: ref(kind) for kind in sources},
+        "x-kubernetes-validations": [{
+            "rule": " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in sources) + " == 1",
+            "message": f"spec.env[].valueFrom must have exactly one of {', '.join(sources)}",
+        }],
+    }
+
+
+def _toleration_schema() -> dict:
+    """A Kubernetes toleration, with the Pod API's rules (common.parse_tolerations)."""
+    return {
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "maxLength": 316},
+            "operator": {"type": "string", "enum": list(common.TOLERATION_OPERATORS)},
+            "value": {"type": "string", "maxLength": 63},
+            "effect": {"type": "string", "enum": list(common.TAINT_EFFECTS)},
+            "tolerationSeconds": {"type": "integer", "format": "int64"},
+        },
+        "x-kubernetes-validations": [
+            {"rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+             "message": "spec.tolerations[].value must be empty when operator is Exists"},
+            {"rule": "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+             "message": "spec.tolerations[].operator must be Exists when key is empty"},
+            {"rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+             "message": "spec.tolerations[].tolerationSeconds must only be set when effect is NoExecute"},
+        ],
     }
 
 
@@ -433,7 +535,7 @@ def _service_spec_schema() -> dict:
                         "Other vLLM engine arguments, passed on as they are (not the fields above, "
                         "model, served_model_name or distributed_executor_backend: the operator refuses them).",
                         type="object",
-                        maxProperties=256,
+                        maxProperties=common.MAX_PROPERTIES,
                         additionalProperties={"x-kubernetes-preserve-unknown-fields": True},
                     ),
                 },
@@ -443,8 +545,9 @@ def _service_spec_schema() -> dict:
                 type="object",
                 default={},
                 properties={
-                    "min": _int("Fewest replicas.", minimum=1, default=spec.SERVICE_DEFAULTS["replicas.min"]),
-                    "max": _int("Most replicas; default: min.", minimum=1),
+                    "min": _int("Fewest replicas.", minimum=1, maximum=common.MAX_REPLICAS,
+                                default=spec.SERVICE_DEFAULTS["replicas.min"]),
+                    "max": _int("Most replicas; default: min.", minimum=1, maximum=common.MAX_REPLICAS),
                 },
                 **{"x-kubernetes-validations": [{
                     "rule": "!has(self.max) || self.min <= self.max",
@@ -662,7 +765,7 @@ def _definition(kind: str, plural: str, singular: str, short_names: list[str], d
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
-                                "spec": spec_schema,
+                                "spec": bounded(spec_schema),
                                 "status": status_schema,
                             },
                             "x-kubernetes-validations": _name_rules(kind, child, name_max),

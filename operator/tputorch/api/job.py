@@ -8,7 +8,7 @@ from typing import Any
 
 from .common import (
     DEFAULTS, INT32_MAX, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader, between,
-    common_fields, parse_common, string,
+    common_fields, parse_common, string, strings_in,
 )
 
 RAYJOB_NAME_MAX = 47  # KubeRay: the RayCluster name <rayjob>-<5 chars> must stay a valid label
@@ -26,6 +26,14 @@ SPEC_FIELDS = COMMON_FIELDS | {
 
 JOB = KindRules(JOB_KIND, SPEC_FIELDS, TPU_FIELDS, SINGLE_SLICE_REASON, RAYJOB_NAME_MAX, "RayJob", MIN_RAY_VERSION,
                 "older Ray cannot run PyTorch on TPU")
+
+
+def _entrypoint(v: str) -> str | None:
+    # KubeRay runs the entrypoint (and runtimeEnv) in one `bash -c` argument, which Linux caps at
+    # 128 KiB (MAX_ARG_STRLEN): the two limits together stay below it.
+    if len(v.encode()) > MAX_ENTRYPOINT:
+        return f"must be at most {MAX_ENTRYPOINT} bytes (KubeRay passes it to bash as one argument)"
+    return string(MAX_ENTRYPOINT)(v)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +57,13 @@ def parse(body: Any) -> JobSpec:
     if not isinstance(body, Mapping):
         raise InvalidSpec([FieldError("", body, "must be a TPUTorchJob object")])
     fields, spec, tpu = parse_common(r, body, JOB, {})
-    entrypoint = r.value(spec, "entrypoint", "spec.entrypoint", str, required=True, check=string(MAX_ENTRYPOINT))
+    entrypoint = r.value(spec, "entrypoint", "spec.entrypoint", str, required=True, check=_entrypoint)
+    # KubeRay writes runtimeEnv into the submitter's `bash -c` line inside double quotes: $ and `
+    # would expand there (a value changed, or a command run) instead of reaching Ray as written.
+    for where, text in strings_in(fields["runtime_env"] or {}, "spec.runtimeEnv"):
+        if "$" in text or "`" in text:
+            r.error(where, text, "must not contain $ or ` (KubeRay passes runtimeEnv through bash, where they "
+                    "expand); set such values in spec.env, which reaches the pods as written")
     shutdown = r.value(spec, "shutdownAfterJobFinishes", "spec.shutdownAfterJobFinishes", bool, default=DEFAULTS["shutdownAfterJobFinishes"])
     suspend = r.value(spec, "suspend", "spec.suspend", bool, default=DEFAULTS["suspend"])
     deadline = r.value(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", int, check=between(1, INT32_MAX))

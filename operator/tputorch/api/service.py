@@ -11,8 +11,8 @@ from typing import Any
 from . import topology
 from .vllm_args import ENGINE_ARGS, VLLM_VERSION
 from .common import (
-    DNS1123_SUBDOMAIN, INT32_MAX, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
-    between, common_fields, parse_common, string,
+    DNS1123_SUBDOMAIN, INT32_MAX, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
+    between, common_fields, freeform, parse_common, string,
 )
 
 # KubeRay's limit for a RayService name (its RayCluster is <name>-<5 chars> too); the Serve
@@ -122,6 +122,8 @@ _ENGINE_ARG_SPELLINGS = {_arg_key(k): k for k in ENGINE_ARGS}
 
 def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
     args = r.mapping(engine, "args", "spec.engine.args")
+    if not freeform(r, args, "spec.engine.args"):
+        return {}
     for key, value in args.items():
         path = f"spec.engine.args.{key}"
         if not isinstance(key, str) or not key:
@@ -206,8 +208,8 @@ def parse_service(body: Any) -> ServiceSpec:
                     f"Ray Serve LLM reserves the slice by its topology, which Ray maps to {default_layout}-chip hosts")
 
     replicas = r.mapping(spec, "replicas", "spec.replicas", REPLICA_FIELDS)
-    min_replicas = r.value(replicas, "min", "spec.replicas.min", int, default=SERVICE_DEFAULTS["replicas.min"], check=between(1, INT32_MAX))
-    max_replicas = r.value(replicas, "max", "spec.replicas.max", int, default=min_replicas, check=between(1, INT32_MAX))
+    min_replicas = r.value(replicas, "min", "spec.replicas.min", int, default=SERVICE_DEFAULTS["replicas.min"], check=between(1, MAX_REPLICAS))
+    max_replicas = r.value(replicas, "max", "spec.replicas.max", int, default=min_replicas, check=between(1, MAX_REPLICAS))
     if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
         r.error("spec.replicas.max", max_replicas, f"must be at least spec.replicas.min ({min_replicas})")
     elif fields.get("queue_name") and max_replicas != min_replicas:  # Kueue's RayService webhook refuses it

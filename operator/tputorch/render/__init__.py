@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 
 import jinja2
@@ -15,7 +16,7 @@ import yaml
 
 from ..api import storage, topology
 from .. import train
-from ..api.spec import HF_TOKEN_ENV, JobSpec, ServiceSpec
+from ..api.spec import HF_TOKEN_ENV, FieldError, InvalidSpec, JobSpec, ServiceSpec
 
 MANAGED_BY = "tputorch-operator"
 JOB_LABEL = "tputorch.io/job"
@@ -27,6 +28,13 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
 QUEUE_LABEL = KUEUE_LABEL_PREFIX + "queue-name"
 PRIORITY_CLASS_LABEL = KUEUE_LABEL_PREFIX + "priority-class"
+# The labels of metadata.labels that pass on to the child: the user's own (no prefix) and these.
+# A prefixed label is some controller's interface (Kueue's queue and priority class, ...): set on
+# the child it would act for the user beyond what the spec allows, so it stays on the object.
+PASSED_LABELS = frozenset({
+    "app.kubernetes.io/part-of", "app.kubernetes.io/component", "app.kubernetes.io/version",
+    "app.kubernetes.io/instance",
+})
 SPEC_HASH_ANNOTATION = "tputorch.io/spec-hash"
 # KubeRay 1.5: a RayService not Ready this long after creation is failed for good and its RayClusters
 # deleted (Ready=False, reason InitializingTimeout).
@@ -46,6 +54,9 @@ HEAD_PORTS = [
 SERVICE_HEAD_PORTS = HEAD_PORTS + [{"name": "serve", "containerPort": SERVE_PORT}]
 
 Spec = JobSpec | ServiceSpec
+# etcd keeps objects up to 1.5 MiB; a child also gets KubeRay's status and managedFields, so its spec
+# as rendered must leave room for them. Over this it could never be created: refused as invalid.
+MAX_CHILD_BYTES = 1024 * 1024
 
 
 @lru_cache(maxsize=None)
@@ -113,15 +124,24 @@ def pod_labels(spec: Spec) -> dict[str, str]:
     return {MANAGED_BY_LABEL: MANAGED_BY, owner: spec.name}
 
 
-def object_labels(spec: Spec) -> dict[str, str]:
-    """Labels of the RayJob / RayService: the user's, ours, and Kueue's queue."""
-    labels = {k: v for k, v in spec.labels.items() if not k.startswith(KUEUE_LABEL_PREFIX)}
-    labels.update(pod_labels(spec))
+def passed_labels(labels: dict[str, str]) -> dict[str, str]:
+    """The object's labels that the child carries too (PASSED_LABELS)."""
+    return {k: v for k, v in labels.items() if "/" not in k or k in PASSED_LABELS}
+
+
+def kueue_labels(spec: Spec) -> dict[str, str]:
+    """Kueue's labels on the child: from spec fields only, the one place they are made."""
+    labels = {}
     if spec.queue_name:
         labels[QUEUE_LABEL] = spec.queue_name
     if spec.priority_class_name:
         labels[PRIORITY_CLASS_LABEL] = spec.priority_class_name
     return labels
+
+
+def object_labels(spec: Spec) -> dict[str, str]:
+    """Labels of the RayJob / RayService: the user's that may pass, ours, and Kueue's from the spec."""
+    return {**passed_labels(spec.labels), **pod_labels(spec), **kueue_labels(spec)}
 
 
 def _resources(r, extra: dict | None = None) -> dict:
@@ -135,10 +155,15 @@ def _resources(r, extra: dict | None = None) -> dict:
 def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1,
                     autoscaling: bool | None = None, head_start_params: dict | None = None) -> dict:
     """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
+    autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
     return {
         "ray_version": spec.ray_version,
-        "autoscaling": max_replicas > min_replicas if autoscaling is None else autoscaling,
+        "autoscaling": autoscaling,
         "head_start_params": {"dashboard-host": "0.0.0.0", **(head_start_params or {})},
+        "security_context": spec.security_context,
+        # KubeRay's autoscaler runs in the head pod and scales the RayCluster through the API.
+        "head_automount": spec.automount_service_account_token or autoscaling,
+        "worker_automount": spec.automount_service_account_token,
         "pod_labels": pod_labels(spec),
         "service_account_name": spec.service_account_name,
         "head_node_selector": spec.head_node_selector,
@@ -160,9 +185,19 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
     }
 
 
+# KubeRay's own default for the submitter pod of K8sJobMode, which the operator writes out so that
+# the pod also gets the securityContext (KubeRay's default has none: refused by `restricted`).
+SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+SUBMITTER_CONTAINER = "ray-job-submitter"
+
+
 def context(job: JobSpec) -> dict:
     return {
         "name": job.name,
+        # Not the managed-by label: the submitter is no Ray node (the pods informer lists those).
+        "submitter_labels": {JOB_LABEL: job.name},
+        "submitter_container": SUBMITTER_CONTAINER,
+        "submitter_resources": SUBMITTER_RESOURCES,
         "namespace": job.namespace,
         "rayjob_labels": object_labels(job),
         "entrypoint": job.entrypoint,
@@ -182,12 +217,22 @@ def spec_hash(child_spec: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _loaded(text: str, kind: str) -> dict:
+    """The rendered child, refused (InvalidSpec) when it is larger than MAX_CHILD_BYTES."""
+    size = len(text.encode())
+    if size > MAX_CHILD_BYTES:
+        raise InvalidSpec([FieldError(
+            "spec", None, f"renders a {kind} of {size} bytes, over the {MAX_CHILD_BYTES} bytes a child may take "
+            f"(Kubernetes stores objects up to 1.5 MiB): shorten spec.env, spec.runtimeEnv or the other large fields")])
+    return json.loads(text)
+
+
 def rayjob(job: JobSpec) -> dict:
     """The RayJob the operator creates for ``job`` (without ownerReferences, added on create).
 
     No spec hash: a RayJob only ever gets suspend patched, and hashing the spec would slow the
     render of every job in a burst."""
-    return json.loads(_template("rayjob.json.j2").render(context(job)))
+    return _loaded(_template("rayjob.json.j2").render(context(job)), "RayJob")
 
 
 def engine_kwargs(svc: ServiceSpec) -> dict:
@@ -242,7 +287,7 @@ def rayservice_hash(obj: dict) -> str:
 
 def rayservice(svc: ServiceSpec) -> dict:
     """The RayService the operator creates for ``svc`` (without ownerReferences, added on create)."""
-    obj = json.loads(_template("rayservice.json.j2").render({
+    obj = _loaded(_template("rayservice.json.j2").render({
         "name": svc.name,
         "namespace": svc.namespace,
         "rayservice_labels": object_labels(svc),
@@ -255,9 +300,55 @@ def rayservice(svc: ServiceSpec) -> dict:
         # num-cpus 0 on the head (as Google's sample): no Serve replica or vLLM worker is placed on it.
         "cluster": cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
                                    autoscaling=True, head_start_params={"num-cpus": "0"}),
-    }))
+    }), "RayService")
     obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)
     return obj
+
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
+DASHBOARD_PORT = 8265
+NETWORK_POLICY_SUFFIX = "-ray"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Pods (by namespace and labels) that a Ray cluster admits besides its own: KubeRay, which
+    calls the head's dashboard (and a service's Serve health), and the operator."""
+
+    namespace: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def selector(self) -> dict:
+        peer = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}}}
+        peer["podSelector"] = {"matchLabels": dict(self.labels)} if self.labels else {}
+        return peer
+
+
+def network_policy_name(name: str) -> str:
+    return name + NETWORK_POLICY_SUFFIX
+
+
+def network_policy(spec: Spec, peers: tuple[Peer, ...]) -> dict:
+    """The NetworkPolicy that closes a Ray cluster to everyone but its own pods (head, TPU hosts,
+    KubeRay's submitter: every port), ``peers`` (the dashboard, and a service's Serve port) and, for
+    a service, clients of the Serve port. Ray's ports (GCS, client, dashboard, object transfer)
+    would otherwise take work from any pod of the cluster, in any namespace."""
+    owner = SERVICE_LABEL if isinstance(spec, ServiceSpec) else JOB_LABEL
+    own = {"podSelector": {"matchLabels": {owner: spec.name}}}
+    serving = isinstance(spec, ServiceSpec)
+    ingress = [{"from": [own]}]
+    if peers:
+        ports = [DASHBOARD_PORT] + ([SERVE_PORT] if serving else [])
+        ingress.append({"from": [p.selector() for p in peers], "ports": [{"protocol": "TCP", "port": n} for n in ports]})
+    if serving:
+        ingress.append({"ports": [{"protocol": "TCP", "port": SERVE_PORT}]})  # the model's clients, from anywhere
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": network_policy_name(spec.name), "namespace": spec.namespace,
+                     "labels": pod_labels(spec)},
+        "spec": {"podSelector": {"matchLabels": {owner: spec.name}}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
 
 
 def _replacing(observed: object, desired: object) -> object:

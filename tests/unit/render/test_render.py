@@ -141,6 +141,22 @@ def test_spot_reservation_and_queue_become_labels_and_selectors():
     assert reserved["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
 
 
+def test_only_allowlisted_labels_pass_and_kueues_come_from_the_spec_alone():
+    b = body(queueName="team-a")
+    b["metadata"]["labels"] = {
+        "team": "a", "app.kubernetes.io/part-of": "llm", "app.kubernetes.io/managed-by": "me",
+        "kueue.x-k8s.io/queue-name": "other-teams-queue", "kueue.x-k8s.io/priority-class": "cluster-critical",
+        "tputorch.io/job": "someone-else", "example.com/anything": "x",
+    }
+    for child in (render.rayjob(spec.parse(b)), render.rayservice(spec.parse_service(service_body(**{"queueName": "team-a"}) | {"metadata": b["metadata"] | {"name": "demo"}}))):
+        labels = child["metadata"]["labels"]
+        owner = render.SERVICE_LABEL if child["kind"] == "RayService" else render.JOB_LABEL
+        assert labels == {"team": "a", "app.kubernetes.io/part-of": "llm", render.MANAGED_BY_LABEL: "tputorch-operator",
+                          owner: "demo", render.QUEUE_LABEL: "team-a"}
+    b["spec"].pop("queueName")
+    assert render.QUEUE_LABEL not in render.rayjob(spec.parse(b))["metadata"]["labels"]
+
+
 def test_user_env_follows_the_slice_env_in_every_container():
     job = rendered({"env": [{"name": "A", "value": "1"}]})
     for template in (job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"], worker_group(job)["template"]):
@@ -405,3 +421,63 @@ def test_serve_options_reach_the_llm_deployment():
                                                  "healthCheckPeriodSeconds": 10}}))
     d = cfg["deployment_config"]
     assert (d["max_ongoing_requests"], d["health_check_timeout_s"], d["health_check_period_s"]) == (300, 1800, 10)
+
+
+def _pods(child):
+    cluster = child["spec"].get("rayClusterSpec") or child["spec"]["rayClusterConfig"]
+    yield "head", cluster["headGroupSpec"]["template"]["spec"]
+    yield "worker", cluster["workerGroupSpecs"][0]["template"]["spec"]
+    if "submitterPodTemplate" in child["spec"]:
+        yield "submitter", child["spec"]["submitterPodTemplate"]["spec"]
+
+
+RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+              "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_every_ray_container_meets_restricted_and_no_pod_mounts_a_token_unless_asked():
+    for child in (rendered({}), rendered_service({}), rendered_service({"replicas": {"min": 1, "max": 3}})):
+        autoscaling = child["kind"] == "RayService" and child["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"]
+        for role, pod in _pods(child):
+            (c,) = pod["containers"]
+            assert RESTRICTED.items() <= c["securityContext"].items(), (role, c["securityContext"])
+            # KubeRay's autoscaler runs in the head and scales the RayCluster through the API
+            assert pod["automountServiceAccountToken"] is (role == "head" and autoscaling)
+        if autoscaling:
+            assert RESTRICTED.items() <= child["spec"]["rayClusterConfig"]["autoscalerOptions"]["securityContext"].items()
+    job = rendered({"securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": True}, "automountServiceAccountToken": True})
+    for role, pod in _pods(job):
+        sc = pod["containers"][0]["securityContext"]
+        assert (sc["runAsUser"], sc["readOnlyRootFilesystem"], "runAsNonRoot" in sc) == (0, True, False)
+        assert pod["automountServiceAccountToken"] is (role != "submitter")
+
+
+def test_the_submitter_pod_is_kuberays_default_with_our_security_and_no_ray_node_label():
+    job = rendered({})
+    template = job["spec"]["submitterPodTemplate"]
+    assert template["metadata"]["labels"] == {render.JOB_LABEL: "demo"}  # not managed-by: no Ray node
+    (c,) = template["spec"]["containers"]
+    assert (c["name"], c["image"], template["spec"]["restartPolicy"]) == ("ray-job-submitter", "example.com/ray-torch-tpu:2.60.0", "Never")
+    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+def test_the_network_policy_admits_own_pods_the_peers_dashboard_and_a_services_serve_port():
+    peers = (render.Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),)), render.Peer("tputorch-system"))
+    job = render.network_policy(spec.parse(body(name="demo")), peers)
+    assert (job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]) == ("NetworkPolicy", "demo-ray", "ml")
+    assert job["spec"]["podSelector"] == {"matchLabels": {render.JOB_LABEL: "demo"}}
+    assert job["spec"]["policyTypes"] == ["Ingress"]
+    own, peer = job["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {render.JOB_LABEL: "demo"}}}]}  # same namespace only
+    assert peer["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ray-system"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tputorch-system"}}, "podSelector": {}}]
+    assert peer["ports"] == [{"protocol": "TCP", "port": 8265}]
+    svc = render.network_policy(spec.parse_service(service_body(name="chat")), peers)
+    assert svc["spec"]["podSelector"] == {"matchLabels": {render.SERVICE_LABEL: "chat"}}
+    _, peer, clients = svc["spec"]["ingress"]
+    assert peer["ports"] == [{"protocol": "TCP", "port": 8265}, {"protocol": "TCP", "port": 8000}]
+    assert clients == {"ports": [{"protocol": "TCP", "port": 8000}]}  # the model's endpoint, from anywhere
+    # no peers: own pods only (and a service's clients)
+    assert render.network_policy(spec.parse(body()), ())["spec"]["ingress"] == [own | {"from": [{"podSelector": {"matchLabels": {render.JOB_LABEL: "demo"}}}]}]

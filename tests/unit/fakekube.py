@@ -103,11 +103,13 @@ def informer(what="things", source=None, slim=kinds.slim_object, index=None):
     return inf, changes
 
 
-def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z", **options) -> Controller:
+def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z", extras=(), **options) -> Controller:
     """A controller on a FakeKube and fake sources; ``options`` go to Controller (status_interval,
-    monotonic)."""
+    monotonic); ``extras`` get a fake informer each."""
     noop = lambda *_: None  # noqa: E731
-    ctl = Controller(kinds.KINDS, kube or FakeKube(), {}, {}, None, clock=clock, **options)
+    ctl = Controller(kinds.KINDS, kube or FakeKube(), {}, {}, None, clock=clock, extras=extras, **options)
+    for extra in ctl.extras:
+        ctl.extra_stores[extra.resource.plural] = Informer(extra.resource.plural, FakeSource(), None, noop, kinds.slim_extra)
     for kind in kinds.KINDS:
         name = kind.resource.kind
         ctl.parents[name] = Informer(kind.resource.plural, FakeSource(), None, noop, kinds.slim_object)

@@ -8,18 +8,18 @@ import logging
 import sys
 from typing import Sequence
 
-import yaml
 
 from ..api import crd, spec, topology
 from .. import render
 from . import submit
+from .yamlfile import YAMLFileError, load_documents
 
 
 def _load(path: str) -> list:
     """Every YAML document in a file ('-' for stdin), skipping empty ones."""
     stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
     with stream:
-        return [doc for doc in yaml.safe_load_all(stream) if doc is not None]
+        return load_documents(stream, path)
 
 
 def _parse_all(path: str) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[str]]:
@@ -27,7 +27,9 @@ def _parse_all(path: str) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[s
     jobs, problems = [], []
     try:
         docs = _load(path)
-    except (OSError, yaml.YAMLError) as err:
+    except YAMLFileError as err:
+        return [], [str(err)]
+    except OSError as err:
         return [], [f"{path}: {err}"]
     for i, doc in enumerate(docs):
         where = f"{path}" + (f" (document {i + 1})" if len(docs) > 1 else "")
@@ -132,6 +134,15 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
     logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
+def _peer(text: str) -> render.Peer:
+    """NAMESPACE[:KEY=VALUE,...] -> render.Peer."""
+    namespace, _, labels = text.partition(":")
+    pairs = [item.partition("=") for item in labels.split(",") if item]
+    if not spec.DNS1123_SUBDOMAIN.match(namespace) or any(not k or not eq for k, eq, _ in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r} must be NAMESPACE or NAMESPACE:KEY=VALUE[,KEY=VALUE...]")
+    return render.Peer(namespace, tuple((k, v) for k, _, v in pairs))
+
+
 def cmd_run(args) -> int:
     import kopf
 
@@ -145,6 +156,8 @@ def cmd_run(args) -> int:
     cfg.reconcile_workers = args.workers
     if args.status_interval is not None:
         cfg.status_interval = args.status_interval
+    cfg.network_policy = args.network_policy
+    cfg.peers = tuple(args.network_policy_peer or ())
     # kopf runs the process only; without peering: replicas are coordinated by the Lease.
     kopf.run(clusterwide=not args.namespace, namespaces=args.namespace or [], standalone=True,
              liveness_endpoint=args.liveness)
@@ -170,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--status-interval", type=float, default=None, metavar="SECONDS",
                      help="at most one progress-only status write per object per SECONDS (host counts, messages); "
                           "phase changes are written at once; 0 writes every change (default 2)")
+    run.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,
+                     help="give every Ray cluster a NetworkPolicy admitting only its own pods and the peers (default on)")
+    run.add_argument("--network-policy-peer", action="append", type=_peer, metavar="NAMESPACE[:KEY=VALUE,...]",
+                     help="pods admitted to every Ray cluster's dashboard (and a service's Serve port): KubeRay's "
+                          "and the operator's, by namespace and labels (repeatable)")
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)

@@ -39,6 +39,8 @@ class Config:
     reconcile_workers: int = 16  # keys reconciled at once (each key by one worker at a time)
     status_interval: float = STATUS_INTERVAL  # seconds between progress-only status writes of one object
     namespaces: list[str] | None = None  # None: all namespaces
+    network_policy: bool = True  # a NetworkPolicy per Ray cluster (its own pods + peers)
+    peers: tuple = ()  # render.Peer: pods admitted to every Ray cluster's dashboard (KubeRay, operator)
     leader_election: bool = False
     lease_name: str = "tputorch-operator"
     lease_namespace: str | None = None  # default: the pod's namespace
@@ -62,13 +64,17 @@ RUNTIME = Runtime()
 
 
 def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[str] | None,
-          status_interval: float = STATUS_INTERVAL) -> Controller:
+          status_interval: float = STATUS_INTERVAL, extras: list | None = None) -> Controller:
     """The controller and its informers, wired: each informer's changes reach the controller on
     the event loop. ``source_for(path, label_selector)`` makes an informer's Source."""
     def on_loop(fn, *head):
         return lambda event, obj: loop.call_soon_threadsafe(fn, *head, event, obj)
 
-    controller = Controller(kinds_.KINDS, kube, {}, {}, None, status_interval=status_interval)
+    controller = Controller(kinds_.KINDS, kube, {}, {}, None, status_interval=status_interval, extras=extras or [])
+    for extra in controller.extras:  # its owner's key is in its labels, as a pod's
+        controller.extra_stores[extra.resource.plural] = Informer(
+            extra.resource.plural, source_for(extra.resource.path, SELECTOR), namespaces,
+            on_loop(controller.pod_changed), kinds_.slim_extra)
     for kind in kinds_.KINDS:
         name = kind.resource.kind
         controller.parents[name] = Informer(kind.resource.plural, source_for(kind.resource.path, None), namespaces,
@@ -108,9 +114,9 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers)
     controller = RUNTIME.controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
-        CONFIG.status_interval)
+        CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers))
     RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods,
-                         controller.workloads, controller.priority_classes]
+                         controller.workloads, controller.priority_classes, *controller.extra_stores.values()]
     METRICS.phases = controller.phases
     METRICS.gauges = lambda: {
         "tputorch_tracked_objects": ("Objects the operator keeps state for (swept against what exists).",

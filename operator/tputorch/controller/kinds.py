@@ -6,7 +6,7 @@ from ..api import crd, spec as specs
 from .. import render, status as statuses
 from ..status import kueue
 from .kube import Resource
-from .reconcile import Kind
+from .reconcile import Extra, Kind
 
 RAYJOB = Resource("ray.io", "v1", "rayjobs", "RayJob")
 RAYSERVICE = Resource("ray.io", "v1", "rayservices", "RayService")
@@ -52,6 +52,21 @@ SERVICE = Kind(
 )
 
 KINDS = [JOB, SERVICE]
+
+NETWORKPOLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+
+
+def extras(network_policy: bool, peers: tuple[render.Peer, ...]) -> list[Extra]:
+    """The further children of every object: its NetworkPolicy, unless switched off."""
+    if not network_policy:
+        return []
+    return [Extra(NETWORKPOLICY, lambda spec: render.network_policy(spec, peers))]
+
+
+def slim_extra(obj: dict) -> dict:
+    """An extra child as its store keeps it: identity, owner, spec (what the reconcile compares)."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in _CHILD_META if k in meta}, "spec": obj.get("spec") or {}}
 
 
 # --- what the stores keep: what the reconcile reads, nothing else ---------------------------------

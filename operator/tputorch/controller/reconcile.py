@@ -87,6 +87,15 @@ def write_delay(previous: dict, current: dict, last_write: float | None, now: fl
     return max(0.0, last_write + interval - now)
 
 
+@dataclass(frozen=True)
+class Extra:
+    """A further child every object gets besides its RayJob / RayService (its NetworkPolicy): made
+    from the spec, owned by the object like the main child, put back when changed or deleted."""
+
+    resource: Resource
+    render: Callable[[Any], dict]  # spec -> object (without ownerReferences)
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -143,11 +152,15 @@ class Controller:
     def __init__(self, kinds: list[Kind], kube, parents: dict[str, Informer], children: dict[str, Informer],
                  pods: Informer, clock: Callable[[], str] = now, status_interval: float = STATUS_INTERVAL,
                  monotonic: Callable[[], float] = time.monotonic, workloads: Informer | None = None,
-                 priority_classes: Informer | None = None) -> None:
+                 priority_classes: Informer | None = None, extras: list[Extra] = ()) -> None:
         self.kinds = {k.resource.kind: k for k in kinds}
         self.kube = kube
         self.parents, self.children, self.pods = parents, children, pods
         self.workloads, self.priority_classes = workloads, priority_classes  # None: Kueue not read
+        self.extras = list(extras)
+        self.extra_stores: dict[str, Informer] = {}  # resource plural -> its informer
+        # (plural, namespace, name) -> when this process created it: not again before its watch event
+        self.extras_made: dict[tuple[str, str, str], float] = {}
         self.clock = clock
         self.monotonic = monotonic
         self.status_interval = status_interval
@@ -328,7 +341,11 @@ class Controller:
             return "deleting"  # the garbage collector removes the children; create nothing now
         try:
             spec = self._parse(kind, parent, namespace)
-        except InvalidSpec as err:
+            result, child = await self._ensure_child(kind, key, parent, spec)
+            if result != "finished":
+                await self._ensure_extras(kind, key, parent, spec)
+        except InvalidSpec as err:  # the spec, or the child it renders (too large to be created)
+            self.parsed[meta.get("uid")] = (self._version(meta), err)
             previous = self._previous(parent)
             current = statuses.invalid(err.errors, meta.get("generation", 0), previous, self.clock())
             if await self._write(kind, parent, previous, current):
@@ -336,7 +353,6 @@ class Controller:
                 log.warning("%s %s/%s is invalid: %s", kind.resource.kind, namespace, name, err)
             return "invalid"
 
-        result, child = await self._ensure_child(kind, key, parent, spec)
         if result == "finished":
             return result  # its status already tells the end; nothing observed would add to it
         ours = child if child is not None and ownership(kind, parent, child) == "ours" else None
@@ -473,12 +489,50 @@ class Controller:
         await self.kube.patch(kind.child, key[1], key[2], {"metadata": {"labels": wanted}})
         log.info("%s %s/%s: its labels %s put back", kind.child.kind, key[1], key[2], sorted(wanted))
 
+    async def _ensure_extras(self, kind: Kind, key: Key, parent: dict, spec) -> None:
+        """Each Extra exists, is ours and says what the spec renders. A failure is logged and left to
+        the next reconcile: the main child never waits for an extra."""
+        namespace = key[1]
+        for extra in self.extras:
+            store = self.extra_stores[extra.resource.plural]
+            if store.forbidden is not None or store.served is False:
+                continue  # the informer reports it (RBAC missing, the kind not served)
+            desired = extra.render(spec)
+            name = desired["metadata"]["name"]
+            existing = store.get((namespace, name))
+            made = (extra.resource.plural, namespace, name)
+            if existing is not None:
+                self.extras_made.pop(made, None)  # the watch has it
+            elif len(self.extras_made) > 1000:  # bounded: forget what should have arrived long ago
+                now_ = time.monotonic()
+                self.extras_made = {k: t for k, t in self.extras_made.items() if now_ - t < EXPECT_FOR}
+            try:
+                if existing is None:
+                    if time.monotonic() - self.extras_made.get(made, -EXPECT_FOR) < EXPECT_FOR:
+                        continue  # created just now; its watch event is on the way
+                    desired["metadata"]["namespace"] = namespace
+                    desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
+                    await self.kube.create(extra.resource, namespace, desired)
+                    self.extras_made[made] = time.monotonic()
+                    log.info("%s %s/%s created", extra.resource.kind, namespace, name)
+                elif ownership(kind, parent, existing) != "ours":
+                    log.warning("%s %s/%s exists and is not %s's: left alone", extra.resource.kind, namespace, name,
+                                key[2])
+                elif existing.get("spec") != desired["spec"]:
+                    await self.kube.patch(extra.resource, namespace, name, {"spec": desired["spec"]})
+                    log.info("%s %s/%s patched", extra.resource.kind, namespace, name)
+            except ApiException as err:
+                # 409: there already; ours arrives through the watch, someone else's (without our
+                # labels) never does and is only logged.
+                level = logging.DEBUG if err.status == 409 else logging.WARNING
+                log.log(level, "%s %s/%s not written: %s", extra.resource.kind, namespace, name, _describe(err))
+
     def _parse(self, kind: Kind, parent: dict, namespace: str):
         """The spec, parsed once per version of it: every status write and child change reconciles
         again. metadata.generation moves on every spec change; labels are metadata, so they are part
         of the key."""
         meta = parent["metadata"]
-        version = (meta.get("generation"), tuple(sorted((meta.get("labels") or {}).items())))
+        version = self._version(meta)
         cached = self.parsed.get(meta.get("uid"))
         if cached is None or cached[0] != version:
             try:
@@ -489,6 +543,10 @@ class Controller:
         if isinstance(cached[1], InvalidSpec):
             raise cached[1]
         return cached[1]
+
+    @staticmethod
+    def _version(meta: dict) -> tuple:
+        return (meta.get("generation"), tuple(sorted((meta.get("labels") or {}).items())))
 
     def _previous(self, parent: dict) -> dict:
         """The status as it is now: the object's own, or the one this operator wrote from this very

@@ -10,6 +10,7 @@ import copy
 import pytest
 import urllib3
 
+from tputorch import render
 from tputorch.controller import kinds
 from tputorch import status as statuses
 from tputorch.controller.reconcile import ownership
@@ -529,3 +530,72 @@ def test_a_status_patch_refused_by_the_uid_test_is_not_an_error():
     ctl.written.clear()
     with pytest.raises(Exception, match="422"):
         run(ctl.reconcile(KEY))
+
+
+def test_a_job_whose_rayjob_would_be_too_large_fails_alone_without_a_create():
+    # Each env value is within the spec's limits; head and workers both carry the env, so the
+    # RayJob would exceed what Kubernetes stores.
+    env = [{"name": f"V{i}", "value": "x" * 20_000} for i in range(30)]
+    ctl = setup(job(env=env))
+    other = job(uid="uid-other")
+    other["metadata"]["name"] = "other"
+    ctl.parents[KIND].remember(other)
+    assert run(ctl.reconcile(KEY)) == "invalid"
+    status = last_status(ctl.kube)
+    assert status["phase"] == "Failed" and "renders a RayJob of" in condition(status, "Validated")["message"]
+    assert ctl.kube.called("create") == []
+    assert run(ctl.reconcile(KEY)) == "invalid" and len(ctl.kube.called("patch_status")) == 1  # nothing rewritten
+    assert run(ctl.reconcile((KIND, "ml", "other"))) == "created"
+
+
+# --- extra children: the NetworkPolicy ---------------------------------------------------------------
+
+PEERS = (render.Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),)),)
+
+
+def test_every_job_gets_its_network_policy_owned_by_its_uid_and_kept_as_rendered():
+    ctl = controller(extras=kinds.extras(True, PEERS))
+    ctl.parents[KIND].remember(job())
+    assert run(ctl.reconcile(KEY)) == "created"
+    policy = ctl.kube.objects[("networkpolicies", "ml", "demo-ray")]
+    (owner,) = policy["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["controller"]) == ("uid-new", True)
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"tputorch.io/job": "demo"}}
+    run(ctl.reconcile(KEY))
+    assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "networkpolicies"]  # not again
+    # edited by someone: put back; deleted: made again
+    ctl.extra_stores["networkpolicies"].store[("ml", "demo-ray")] = {**policy, "spec": {"podSelector": {}}}
+    run(ctl.reconcile(KEY))
+    (patch,) = ctl.kube.called("patch")
+    assert patch[1:4] == ("networkpolicies", "ml", "demo-ray") and patch[4]["spec"] == policy["spec"]
+    ctl.extra_stores["networkpolicies"].store.clear()
+    del ctl.kube.objects[("networkpolicies", "ml", "demo-ray")]
+    run(ctl.reconcile(KEY))
+    assert [c[1] for c in ctl.kube.called("create")].count("networkpolicies") == 2
+
+
+def test_a_foreign_network_policy_of_that_name_is_left_alone_and_the_job_still_runs():
+    ctl = controller(extras=kinds.extras(True, PEERS))
+    ctl.parents[KIND].remember(job())
+    foreign = {"metadata": {"name": "demo-ray", "namespace": "ml", "uid": "np", "resourceVersion": "3"}, "spec": {"podSelector": {}}}
+    ctl.extra_stores["networkpolicies"].remember(foreign)
+    assert run(ctl.reconcile(KEY)) == "created"
+    assert ctl.kube.called("patch") == [] and [c[1] for c in ctl.kube.called("create")] == ["rayjobs"]
+
+
+def test_a_failed_network_policy_write_never_holds_the_job():
+    ctl = controller(extras=kinds.extras(True, PEERS))
+    ctl.parents[KIND].remember(job())
+    original = ctl.kube.create
+
+    async def create(res, namespace, body):
+        if res.plural == "networkpolicies":
+            raise api_error(403, body="networkpolicies is forbidden")
+        return await original(res, namespace, body)
+    ctl.kube.create = create
+    assert run(ctl.reconcile(KEY)) == "created"
+    assert ("rayjobs", "ml", "demo") in ctl.kube.objects
+
+
+def test_no_network_policy_when_switched_off():
+    assert kinds.extras(False, PEERS) == []

@@ -87,6 +87,7 @@ NAMESPACED_RULES = [
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayservices"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": ["events.k8s.io", ""], "resources": ["events"], "verbs": ["create"]},
 ]
 CRD_DISCOVERY = [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
@@ -213,9 +214,17 @@ def test_deployment_shape():
     assert c["image"] == "tputorch-operator:0.1.0"
     assert "command" not in c  # the image's ENTRYPOINT is `tputorch`
     assert c["args"] == ["run", "--leader-elect", "--lease-name", FULLNAME, "--liveness", "http://0.0.0.0:8080/healthz",
-                         "--metrics-port", "9090", "--log-format", "json"]
+                         "--network-policy-peer", f"{NS}:app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=tputorch-operator",
+                         "--log-format", "json"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"health": 8080, "metrics": 9090}
+    assert ports == {"health": 8080}  # metrics off: no port, nothing served
+    on = one(render("metrics.enabled=true", "networkPolicy.kuberay.namespace=ray-system"), "Deployment")
+    (c,) = on["spec"]["template"]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "metrics": 9090}
+    assert c["args"][c["args"].index("--metrics-port") + 1] == "9090"
+    assert "ray-system:app.kubernetes.io/name=kuberay-operator" in c["args"]
+    off = one(render("networkPolicy.enabled=false"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--no-network-policy" in off["args"] and "--network-policy-peer" not in off["args"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
     # a slow start is the startup probe's to allow, not a restart loop of the liveness probe's
@@ -441,3 +450,17 @@ def test_schema_refuses_bad_values(args):
     out = helm("template", RELEASE, str(CHART), *args, check=False)
     assert out.returncode != 0, f"helm template {' '.join(args)} was accepted"
     assert "values don't meet the specifications of the schema" in out.stderr, out.stderr
+
+
+@needs_helm
+@pytest.mark.parametrize("value", ["x\n      hostPID: true", "x\nhostNetwork: true", "Has-Capitals", "a b"])
+def test_priority_class_cannot_inject_pod_fields(value):
+    proc = subprocess.run([HELM, "template", RELEASE, str(CHART), "--set-string", f"priorityClassName={value}"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "priorityClassName" in proc.stderr, proc.stdout[-2000:]
+
+
+@needs_helm
+def test_a_valid_priority_class_is_quoted_into_the_pod():
+    pod = one(render("priorityClassName=team-high"), "Deployment")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "team-high" and "hostPID" not in pod

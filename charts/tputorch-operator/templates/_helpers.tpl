@@ -82,6 +82,12 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+{{- if .Values.networkPolicy.enabled }}
+# One NetworkPolicy per Ray cluster (its own pods, KubeRay, the operator; a service's Serve port).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+{{- end }}
 # Events on the operator's objects: its own (events.k8s.io/v1) and kopf's warnings (core/v1).
 - apiGroups: ["events.k8s.io", ""]
   resources: ["events"]
@@ -101,4 +107,27 @@ resources (and notices when KubeRay's CRDs appear later).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloadpriorityclasses"]
   verbs: ["get", "list", "watch"]
+{{- end -}}
+
+
+{{/*
+The operator's pod labels as KEY=VALUE,... for --network-policy-peer.
+*/}}
+{{- define "tputorch.peerLabels" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := (include "tputorch.selectorLabels" . | fromYaml) -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
+
+{{/*
+KubeRay's pod labels (networkPolicy.kuberay.podLabels) as KEY=VALUE,... for --network-policy-peer.
+*/}}
+{{- define "tputorch.kuberayLabels" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := .Values.networkPolicy.kuberay.podLabels -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
 {{- end -}}

@@ -577,7 +577,10 @@ def _service_spec_schema() -> dict:
                         minimum=0, maximum=7 * 86400, default=spec.SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"]),
                 },
                 **{"x-kubernetes-validations": [{
-                    "rule": "self.maxOngoingRequests >= self.targetOngoingRequests",
+                    # has(): the API server checks this rule against the block's default ({}) too,
+                    # before the fields' own defaults are in, and refused the whole CRD without it.
+                    "rule": "!has(self.maxOngoingRequests) || !has(self.targetOngoingRequests) || "
+                            "self.maxOngoingRequests >= self.targetOngoingRequests",
                     "message": "spec.serve.maxOngoingRequests must be at least spec.serve.targetOngoingRequests",
                 }]},
             ),

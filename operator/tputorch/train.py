@@ -19,6 +19,16 @@ ENV_CHIPS_PER_WORKER = "TPUTORCH_CHIPS_PER_WORKER"
 ENV_NUM_HOSTS = "TPUTORCH_NUM_HOSTS"
 ENV_CHIPS_PER_HOST = "TPUTORCH_CHIPS_PER_HOST"
 ENV_JOB_NAME = "TPUTORCH_JOB_NAME"
+ENV_GROUPS = "TPUTORCH_GROUPS"  # JSON list of spec.groups' shapes; set only when the job has groups
+
+# spec.groups: every group's Ray nodes carry the Ray label GROUP_LABEL=<group name>, the training
+# slice's nodes GROUP_LABEL=TRAIN_GROUP, and only the training slice's nodes the Ray resource
+# TRAIN_RESOURCE (one per chip). Ray Train refuses label_selector with use_tpu (it reserves a slice
+# itself), so scaling_config() asks for TRAIN_RESOURCE instead: its workers can only be placed on
+# the training slice, never on a rollout slice of the same shape.
+GROUP_LABEL = "tputorch.io/group"
+TRAIN_GROUP = "tpu-slice"
+TRAIN_RESOURCE = "tputorch-train-slice"
 
 
 class MissingSliceEnvironment(RuntimeError):
@@ -44,14 +54,67 @@ class SliceShape:
     accelerator_type: str
     chips_per_worker: int
 
+    fenced: bool = False  # the job has spec.groups: ask for the training slice's own resource
+
     def scaling_config_kwargs(self) -> dict[str, Any]:
         return {
             "use_tpu": True,
             "num_workers": self.num_workers,
             "topology": self.topology,
             "accelerator_type": self.accelerator_type,
-            "resources_per_worker": {"TPU": self.chips_per_worker},
+            "resources_per_worker": {"TPU": self.chips_per_worker, **self.fence(self.chips_per_worker)},
         }
+
+    def fence(self, units: float) -> dict[str, float]:
+        """The training slice's own Ray resource, when the job has groups (else nothing)."""
+        return {TRAIN_RESOURCE: units} if self.fenced else {}
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """One of spec.groups as the operator rendered it."""
+
+    name: str
+    kind: str  # "tpu", "gpu" or "cpu"
+    replicas: int  # slices (tpu) or pods
+    hosts_per_replica: int
+    labels: dict  # Ray node labels of its nodes: label_selector=group.labels places work there
+    accelerator_type: str | None = None  # tpu: TPU-V6E ...
+    topology: str | None = None
+    chips: int | None = None  # per slice
+    chips_per_host: int | None = None
+    pod_type: str | None = None  # tpu: v6e-8 ...
+    gpu_type: str | None = None  # gpu: nvidia-l4 ...
+    gpus_per_host: int | None = None
+
+    @property
+    def hosts(self) -> int:
+        return self.replicas * self.hosts_per_replica
+
+
+def groups(environ: Mapping[str, str] | None = None) -> dict[str, GroupShape]:
+    """spec.groups by name (empty for a job without groups)."""
+    import json
+
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_GROUPS)
+    if not raw:
+        return {}
+    shapes = {}
+    for g in json.loads(raw):
+        shapes[g["name"]] = GroupShape(
+            name=g["name"], kind=g["kind"], replicas=g["replicas"], hosts_per_replica=g["hostsPerReplica"],
+            labels=dict(g["labels"]), accelerator_type=g.get("acceleratorType"), topology=g.get("topology"),
+            chips=g.get("chips"), chips_per_host=g.get("chipsPerHost"), pod_type=g.get("podType"),
+            gpu_type=g.get("gpuType"), gpus_per_host=g.get("gpusPerHost"),
+        )
+    return shapes
+
+
+def training_label_selector() -> dict[str, str]:
+    """The Ray label of the training slice's nodes (for actors and tasks; Ray Train itself is kept
+    there by scaling_config())."""
+    return {GROUP_LABEL: TRAIN_GROUP}
 
 
 def slice_shape(environ: Mapping[str, str] | None = None) -> SliceShape:
@@ -74,6 +137,7 @@ def slice_shape(environ: Mapping[str, str] | None = None) -> SliceShape:
         topology=env[ENV_TOPOLOGY],
         accelerator_type=env[ENV_ACCELERATOR_TYPE],
         chips_per_worker=chips_per_worker,
+        fenced=bool(env.get(ENV_GROUPS)),
     )
 
 
@@ -96,7 +160,10 @@ def cpu_scaling_config(environ: Mapping[str, str] | None = None, **overrides: An
     """
     from ray.train import ScalingConfig  # lazy: only training scripts have Ray
 
-    kwargs: dict[str, Any] = {"num_workers": slice_shape(environ).num_workers}
+    shape = slice_shape(environ)
+    kwargs: dict[str, Any] = {"num_workers": shape.num_workers}
+    if shape.fenced:  # a job with groups: on the training slice's hosts only
+        kwargs["resources_per_worker"] = {"CPU": 1, **shape.fence(shape.chips_per_worker)}
     kwargs.update(overrides)
     if kwargs.get("use_tpu") or kwargs.get("use_gpu"):
         raise ValueError("cpu_scaling_config() runs on CPUs only: use scaling_config() for the slice's TPUs")

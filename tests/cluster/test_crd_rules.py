@@ -98,6 +98,36 @@ def test_names_must_be_dns_1035_labels_of_at_most_47(crds, namespace, plural, bo
     assert create(crds, namespace, body(name="a" * 47)).returncode == 0
 
 
+TPU_GROUP = {"name": "rollout", "tpu": {"accelerator": "v6e", "topology": "4x4"}}
+
+
+def test_job_groups_admitted_with_defaults_and_the_rl_examples(crds, namespace):
+    groups = [TPU_GROUP, {"name": "gen", "gpu": {"type": "nvidia-h100-80gb", "count": 8}}, {"name": "reward"}]
+    assert create(crds, namespace, job(name="rl", groups=groups)).returncode == 0
+    stored = get(crds, namespace, crd.PLURAL, "rl")["spec"]["groups"]
+    assert [g["replicas"] for g in stored] == [1, 1, 1] and stored[2]["cpu"] == "8" and stored[2]["memory"] == "32Gi"
+    for example in ("tpu-tpu", "tpu-gpu"):
+        body = yaml.safe_load((REPO / "examples" / "rl" / f"{example}.yaml").read_text())
+        assert create(crds, namespace, body).returncode == 0, example
+
+
+@pytest.mark.parametrize("groups,fragments", [
+    ([{**TPU_GROUP, "gpu": {"type": "nvidia-l4"}}], ["never both"]),
+    ([{"name": "tpu-slice"}], ["must not be head, submitter, tpu-slice"]),
+    ([{"name": "Bad"}], ["spec.groups[0].name"]),
+    ([{"name": "a"}, {"name": "a"}], ["Duplicate value"]),
+    ([{"name": f"g{i}"} for i in range(6)], ["spec.groups", "must have at most 5 items"]),
+    ([{"name": "r", "tpu": {"accelerator": "v6e", "topology": "3x3"}}], ["topology 3x3 is not a v6e slice on GKE"]),
+    ([{"name": "r", "gpu": {"type": "nvidia-k80"}}], ["spec.groups[0].gpu.type"]),
+    ([{"name": "r", "gpu": {"type": "nvidia-h200-141gb", "count": 2}}], ["gpu.count must be one of 8 for nvidia-h200-141gb"]),
+    ([{**TPU_GROUP, "replicas": 17}], ["a TPU group's replicas (slices) must be at most 16"]),
+])
+def test_job_group_admission_refusals(crds, namespace, groups, fragments):
+    refused(crds, namespace, job(name="rl", groups=groups), *fragments)
+    with pytest.raises(spec.InvalidSpec):  # the operator (and tputorch validate) refuse them too
+        spec.parse(job(name="rl", groups=groups))
+
+
 # --- TPUTorchService -------------------------------------------------------------------------
 
 

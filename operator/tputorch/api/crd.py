@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from . import common, spec, storage, topology
+from . import common, groups, spec, storage, topology
 from .. import status
 
 GROUP = "tputorch.io"
@@ -423,6 +423,7 @@ JOB_MUTABLE = {"suspend"}
 def _job_spec_schema() -> dict:
     properties = {
         **_common_properties(KIND),
+        "groups": groups.schema(_topology_rule()),
         "entrypoint": _string(
             "Command the Ray job runs on the head, e.g. `python train.py`.",
             minLength=1,

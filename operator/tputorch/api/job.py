@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any
 
+from .groups import parse_groups
 from .common import (
     DEFAULTS, INT32_MAX, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader, between,
     common_fields, parse_common, string, strings_in,
@@ -20,7 +21,7 @@ SINGLE_SLICE_REASON = (
     "across slices, and multi-slice PyTorch on TPU is not verified on hardware in Ray 2.60"
 )
 SPEC_FIELDS = COMMON_FIELDS | {
-    "entrypoint", "suspend", "activeDeadlineSeconds", "backoffLimit", "ttlSecondsAfterFinished",
+    "groups", "entrypoint", "suspend", "activeDeadlineSeconds", "backoffLimit", "ttlSecondsAfterFinished",
     "shutdownAfterJobFinishes",
 }
 
@@ -45,6 +46,7 @@ class JobSpec(CommonSpec):
     backoff_limit: int
     ttl_seconds_after_finished: int | None
     shutdown_after_job_finishes: bool
+    groups: tuple = ()  # spec.groups (groups.Group), beside the training slice
 
     @property
     def workers(self) -> int:
@@ -57,6 +59,7 @@ def parse(body: Any) -> JobSpec:
     if not isinstance(body, Mapping):
         raise InvalidSpec([FieldError("", body, "must be a TPUTorchJob object")])
     fields, spec, tpu = parse_common(r, body, JOB, {})
+    groups = parse_groups(r, spec, fields.get("image"))
     entrypoint = r.value(spec, "entrypoint", "spec.entrypoint", str, required=True, check=_entrypoint)
     # KubeRay writes runtimeEnv into the submitter's `bash -c` line inside double quotes: $ and `
     # would expand there (a value changed, or a command run) instead of reaching Ray as written.
@@ -89,4 +92,5 @@ def parse(body: Any) -> JobSpec:
         backoff_limit=backoff,
         ttl_seconds_after_finished=ttl,
         shutdown_after_job_finishes=shutdown,
+        groups=groups,
     )

@@ -17,6 +17,7 @@ import yaml
 from ..api import storage, topology
 from .. import train
 from ..api.spec import HF_TOKEN_ENV, FieldError, InvalidSpec, JobSpec, ServiceSpec
+from . import groups as _groups
 
 MANAGED_BY = "tputorch-operator"
 JOB_LABEL = "tputorch.io/job"
@@ -90,7 +91,7 @@ def slice_env(job: JobSpec) -> list[dict]:
         {"name": train.ENV_CHIPS_PER_WORKER, "value": str(job.chips_per_worker)},
         {"name": train.ENV_NUM_HOSTS, "value": str(s.hosts)},
         {"name": train.ENV_CHIPS_PER_HOST, "value": str(s.chips_per_host)},
-    ]
+    ] + _groups.groups_env(job)
 
 
 def serving_env(svc: ServiceSpec) -> list[dict]:
@@ -182,7 +183,20 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "worker_node_selector": worker_node_selector(spec),
         "worker_tolerations": [TPU_TOLERATION] + ([SPOT_TOLERATION] if spec.spot else []) + list(spec.tolerations),
         "worker_resources": _resources(spec.worker, {topology.TPU_RESOURCE: str(spec.slice.chips_per_host)}),
+        # spec.groups (a job's only): render/groups.py
+        "groups": [],
+        "train_ray_labels": None,
+        "train_ray_resources": None,
     }
+
+
+def job_cluster_context(job: JobSpec) -> dict:
+    """A job's RayCluster: the training slice, then its spec.groups."""
+    cluster = cluster_context(job, slice_env(job), HEAD_PORTS)
+    if job.groups:
+        cluster.update(_groups.train_slice_extras(job))
+        cluster["groups"] = _groups.group_contexts(job, cluster)
+    return cluster
 
 
 # KubeRay's own default for the submitter pod of K8sJobMode, which the operator writes out so that
@@ -207,7 +221,7 @@ def context(job: JobSpec) -> dict:
         "active_deadline_seconds": job.active_deadline_seconds,
         "backoff_limit": job.backoff_limit,
         "suspend": job.suspend,
-        "cluster": cluster_context(job, slice_env(job), HEAD_PORTS),
+        "cluster": job_cluster_context(job),
     }
 
 

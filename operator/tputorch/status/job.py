@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..api.spec import JobSpec
+from ..train import TRAIN_GROUP
 from .conditions import (
     FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
     child_created, condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
@@ -22,6 +23,16 @@ def _phase(deployment: str, job_status: str) -> str:
         return "Running"
     return "Pending"
 
+
+
+KUBERAY_GROUP_LABEL = "ray.io/group"  # KubeRay labels each pod with its worker group's name
+
+
+def _training_slice(job: JobSpec, pods: list[dict]) -> list[dict]:
+    """The pods whose readiness is the slice's: with spec.groups, only the training slice's."""
+    if not job.groups:
+        return pods
+    return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(KUBERAY_GROUP_LABEL) == TRAIN_GROUP]
 
 
 def derive(
@@ -53,7 +64,9 @@ def derive(
     phase = _phase(deployment, job_status) if rayjob is not None else "Pending"
     phase = queue_phase(phase, job.suspend, queue)
     pods = list(pods)
-    ready = ready_hosts(pods, cluster_status)
+    ready = ready_hosts(_training_slice(job, pods), cluster_status)
+    if job.groups:  # KubeRay's fallback count (pods gone) includes the groups' pods
+        ready = min(ready, s.hosts)
     kuberay_message = rj_status.get("message") or rj_status.get("reason") or ""
 
     conditions = [condition(VALIDATED, True, "Valid", shape, generation),

@@ -54,6 +54,26 @@ CASES = {
         "volumes": [{"name": "scratch", "mountPath": "/scratch", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "100Gi"}}],
         "worker": {"ephemeralStorage": "200Gi"},
     },
+    # spec.groups (render/groups.py): the training slice plus rollout / reward groups.
+    "groups-tpu-tpu": {
+        "tpu": {"topology": "2x2"},
+        "groups": [{"name": "rollout", "tpu": {"accelerator": "v6e", "topology": "2x2"}},
+                   {"name": "reward", "cpu": "2", "memory": "8Gi"}],
+    },
+    "groups-tpu-gpu": {
+        "tpu": {"topology": "4x4"},
+        "serviceAccountName": "trainer",
+        "volumes": [{"name": "weights", "mountPath": "/weights", "gcs": {"bucket": "rl-weights"}}],
+        "groups": [{"name": "rollout", "gpu": {"type": "nvidia-l4", "count": 1}, "replicas": 2,
+                    "image": "example.com/ray-vllm-cuda:2.60.0"},
+                   {"name": "reward", "cpu": "2", "memory": "8Gi"}],
+    },
+    "groups-tpu-cpu": {
+        "tpu": {"accelerator": "v5p", "topology": "2x2x2", "spot": True},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+        "groups": [{"name": "verifier", "replicas": 3, "cpu": "4", "memory": "16Gi", "nodeSelector": {"pool": "sandbox"}},
+                   {"name": "rollout", "tpu": {"accelerator": "v6e", "topology": "4x4", "reservation": "rl-res"}}],
+    },
 }
 
 

@@ -1,0 +1,249 @@
+"""spec.groups of a TPUTorchJob: worker groups that join the job's Ray cluster beside the training
+slice (rollout engines, reward models, verifiers), each a TPU slice group, a GPU group or a CPU group.
+
+The training stays on the job's own slice (spec.tpu, KubeRay group ``tpu-slice``); a group is
+something the script places work on by its Ray node label ``tputorch.io/group: <name>``. The
+rules here are the operator's; ``schema()`` is the CRD's admission-time subset, from the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import topology
+from .common import DEFAULTS, DNS1035, LABEL_VALUE, MAX_STRING, Reader, between, label_key_ok, quantity, string, string_map
+from .topology import Slice, TopologyError
+
+# Kueue v0.17 admits a RayJob as one Workload whose podSets are the head, one per worker group and,
+# in K8sJobMode (what the operator renders), the submitter Job: at most 8 podSets
+# (apis/kueue/v1beta2/workload_types.go, MaxItems=8; its RayJob webhook allows 7 worker groups, but
+# the submitter takes one more). So 6 worker groups: the training slice and 5 groups.
+KUEUE_MAX_PODSETS = 8
+MAX_GROUPS = KUEUE_MAX_PODSETS - 3  # head, submitter, the training slice
+from ..train import TRAIN_GROUP  # the KubeRay worker group of the training slice (render.WORKER_GROUP)
+# Kueue reserves "head" (its head podSet) and "submitter"; the training slice's group is ours.
+RESERVED_NAMES = {TRAIN_GROUP: "the training slice's worker group", "head": "Kueue's head podSet",
+                  "submitter": "Kueue's submitter podSet"}
+NAME_MAX = 20  # KubeRay names each pod <rayjob>-<5>-<group>-worker-<5>; keep it short and readable
+MAX_REPLICAS = 64
+MAX_TPU_REPLICAS = 16  # slices per TPU group
+
+# GPUs on GKE: node label cloud.google.com/gke-accelerator -> GPUs per node of the machine shapes GKE
+# offers for it (GKE's GPU docs: N1 for T4/V100/P100/P4, G2 for L4, A2 for A100, A3 for H100/H200,
+# A4/A4X for B200/GB200, G4 for RTX PRO 6000).
+GPU_TYPES: dict[str, tuple[int, ...]] = {
+    "nvidia-tesla-t4": (1, 2, 4),
+    "nvidia-tesla-p4": (1, 2, 4),
+    "nvidia-tesla-p100": (1, 2, 4),
+    "nvidia-tesla-v100": (1, 2, 4, 8),
+    "nvidia-l4": (1, 2, 4, 8),
+    "nvidia-tesla-a100": (1, 2, 4, 8, 16),
+    "nvidia-a100-80gb": (1, 2, 4, 8),
+    "nvidia-h100-80gb": (1, 2, 4, 8),
+    "nvidia-h100-mega-80gb": (8,),
+    "nvidia-h200-141gb": (8,),
+    "nvidia-b200": (8,),
+    "nvidia-gb200": (4,),
+    "nvidia-rtx-pro-6000": (1, 2, 4, 8),
+}
+GPU_RESOURCE = "nvidia.com/gpu"
+GKE_GPU_LABEL = "cloud.google.com/gke-accelerator"
+
+GROUP_FIELDS = {"name", "tpu", "gpu", "replicas", "image", "cpu", "memory", "nodeSelector"}
+GROUP_TPU_FIELDS = {"accelerator", "topology", "chipsPerHost", "spot", "reservation"}
+GPU_FIELDS = {"type", "count"}
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    kind: str  # "tpu", "gpu" or "cpu"
+    replicas: int  # slices for a TPU group, pods (one Ray node each) otherwise
+    image: str
+    cpu: str
+    memory: str
+    node_selector: dict
+    slice: Slice | None = None  # TPU
+    spot: bool = False
+    reservation: str | None = None
+    gpu_type: str | None = None  # GPU
+    gpus: int = 0
+
+    @property
+    def hosts(self) -> int:
+        """Pods (Ray nodes) per replica: a TPU slice's hosts, one otherwise."""
+        return self.slice.hosts if self.slice else 1
+
+
+def _parse_tpu(r: Reader, block: Mapping, path: str) -> tuple[Slice | None, bool, str | None]:
+    spot = r.value(block, "spot", f"{path}.spot", bool, default=False)
+    reservation = r.value(block, "reservation", f"{path}.reservation", str, check=string(63, LABEL_VALUE, "a label value (the reservation's name)"))
+    if reservation and spot:
+        r.error(f"{path}.reservation", reservation, f"must not be set together with {path}.spot: a slice is either reserved or spot capacity")
+    accelerator = r.value(block, "accelerator", f"{path}.accelerator", str, required=True)
+    topo = r.value(block, "topology", f"{path}.topology", str, required=True)
+    chips_per_host = r.value(block, "chipsPerHost", f"{path}.chipsPerHost", int)
+    if accelerator is None or topo is None:
+        return None, spot, reservation
+    try:
+        return topology.resolve(accelerator, topo, chips_per_host), spot, reservation
+    except TopologyError as err:
+        r.error(f"{path}.{err.field}", err.value, err.message)
+        return None, spot, reservation
+
+
+def _parse_gpu(r: Reader, block: Mapping, path: str) -> tuple[str | None, int]:
+    gpu_type = r.value(block, "type", f"{path}.type", str, required=True,
+                       check=lambda v: None if v in GPU_TYPES else f"must be a GPU type GKE offers (its {GKE_GPU_LABEL} label): {', '.join(GPU_TYPES)}")
+    count = r.value(block, "count", f"{path}.count", int, default=1, check=between(1, 16))
+    if gpu_type and count and count not in GPU_TYPES[gpu_type]:
+        r.error(f"{path}.count", count, f"must be one of {', '.join(map(str, GPU_TYPES[gpu_type]))}: the GPUs per node of GKE's {gpu_type} machine shapes")
+    return gpu_type, count or 0
+
+
+def _parse_group(r: Reader, item: Any, path: str, job_image: str | None) -> Group | None:
+    if not isinstance(item, Mapping):
+        r.error(path, item, "must be an object with name and, for an accelerator group, tpu or gpu")
+        return None
+    for unknown in sorted(set(map(str, item)) - GROUP_FIELDS):
+        r.error(f"{path}.{unknown}", item[unknown], f"is not a known field; known: {', '.join(sorted(GROUP_FIELDS))}")
+
+    def name_check(v: str) -> str | None:
+        if v in RESERVED_NAMES:
+            return f"is reserved ({RESERVED_NAMES[v]}); choose another name"
+        if len(v) > NAME_MAX or not DNS1035.match(v):
+            return f"must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {NAME_MAX} characters"
+        return None
+
+    name = r.value(item, "name", f"{path}.name", str, required=True, check=name_check)
+    tpu_block = r.mapping(item, "tpu", f"{path}.tpu", GROUP_TPU_FIELDS)
+    gpu_block = r.mapping(item, "gpu", f"{path}.gpu", GPU_FIELDS)
+    kind = "tpu" if item.get("tpu") is not None else "gpu" if item.get("gpu") is not None else "cpu"
+    if item.get("tpu") is not None and item.get("gpu") is not None:
+        r.error(f"{path}.gpu", item.get("gpu"), f"must not be set together with {path}.tpu: a group is a TPU slice, GPUs or CPUs only")
+    tpu_slice, spot, reservation, gpu_type, gpus = None, False, None, None, 0
+    if isinstance(item.get("tpu"), Mapping):
+        tpu_slice, spot, reservation = _parse_tpu(r, tpu_block, f"{path}.tpu")
+    if isinstance(item.get("gpu"), Mapping):  # both given: that is an error, and each block's own too
+        gpu_type, gpus = _parse_gpu(r, gpu_block, f"{path}.gpu")
+    high = MAX_TPU_REPLICAS if kind == "tpu" else MAX_REPLICAS
+    replicas = r.value(item, "replicas", f"{path}.replicas", int, default=1, check=between(1, high))
+    image = r.value(item, "image", f"{path}.image", str, default=job_image, check=string(what="an image reference"))
+    cpu = r.value(item, "cpu", f"{path}.cpu", (str, int), default=DEFAULTS["worker.cpu"], check=quantity)
+    memory = r.value(item, "memory", f"{path}.memory", (str, int), default=DEFAULTS["worker.memory"], check=quantity)
+    selector = string_map(r, item, "nodeSelector", f"{path}.nodeSelector")
+    for k, v in selector.items():
+        if not label_key_ok(k):
+            r.error(f"{path}.nodeSelector", k, "keys must be label names ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
+        if len(v) > 63 or not LABEL_VALUE.match(v):
+            r.error(f"{path}.nodeSelector.{k}", v, "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
+    for label in (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL, GKE_GPU_LABEL):
+        if label in selector:
+            r.error(f"{path}.nodeSelector.{label}", selector[label], f"must not be set: the operator derives it from {path}.tpu / {path}.gpu")
+    if name is None or replicas is None or (kind == "tpu" and tpu_slice is None) or (kind == "gpu" and gpu_type is None):
+        return None
+    return Group(name=name, kind=kind, replicas=replicas, image=image or "", cpu=str(cpu), memory=str(memory),
+                 node_selector=selector, slice=tpu_slice, spot=spot, reservation=reservation, gpu_type=gpu_type, gpus=gpus)
+
+
+def parse_groups(r: Reader, spec: Mapping, job_image: str | None) -> tuple[Group, ...]:
+    """spec.groups; every error goes to ``r``."""
+    items = r.value(spec, "groups", "spec.groups", list, default=[])
+    if len(items) > MAX_GROUPS:
+        r.error("spec.groups", f"{len(items)} groups",
+                f"must hold at most {MAX_GROUPS} groups: Kueue (v0.17) admits a RayJob of at most {KUEUE_MAX_PODSETS} "
+                f"pod sets, and the head, the submitter and the training slice take {KUEUE_MAX_PODSETS - MAX_GROUPS}")
+    groups, seen = [], set()
+    for i, item in enumerate(items):
+        group = _parse_group(r, item, f"spec.groups[{i}]", job_image)
+        name = item.get("name") if isinstance(item, Mapping) else None
+        if isinstance(name, str) and name in seen:
+            r.error(f"spec.groups[{i}].name", name, "must be unique within spec.groups")
+        seen.add(name)
+        if group is not None:
+            groups.append(group)
+    return tuple(groups)
+
+
+# -- the CRD's subset ----------------------------------------------------------------------------
+
+def schema(tpu_topology_rule: dict) -> dict:
+    """spec.groups in the TPUTorchJob CRD. ``tpu_topology_rule`` is the job's own topology rule
+    (crd.py), reused for a group's tpu block."""
+    gpu_counts = json.dumps({t: list(c) for t, c in GPU_TYPES.items()}, separators=(",", ":"))
+    allowed_counts = json.dumps({t: ", ".join(map(str, c)) for t, c in GPU_TYPES.items()}, separators=(",", ":"))
+    quantity_schema = {"x-kubernetes-int-or-string": True, "pattern": r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"}
+    accelerators = sorted(topology.ACCELERATOR_ALIASES)
+    return {
+        "description": (
+            "Worker groups that join the job's Ray cluster beside the training slice (rollout engines, "
+            "reward models, verifiers): a TPU slice group (tpu), a GPU group (gpu) or, with neither, CPUs "
+            "only. Each group's Ray nodes carry the Ray label tputorch.io/group=<name>. "
+            f"At most {MAX_GROUPS}: Kueue admits a RayJob of at most {KUEUE_MAX_PODSETS} pod sets."
+        ),
+        "type": "array",
+        "maxItems": MAX_GROUPS,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "items": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "description": "Group name: the Ray label tputorch.io/group and KubeRay's groupName.",
+                         "minLength": 1, "maxLength": NAME_MAX, "pattern": DNS1035.pattern},
+                "tpu": {
+                    "type": "object",
+                    "description": "A TPU slice group: each replica is one whole slice (its own node pool).",
+                    "required": ["accelerator", "topology"],
+                    "properties": {
+                        "accelerator": {"type": "string", "enum": accelerators, "maxLength": max(map(len, accelerators))},
+                        "topology": {"type": "string", "maxLength": 12,
+                                     "pattern": r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$"},
+                        "chipsPerHost": {"type": "integer", "format": "int32",
+                                         "enum": sorted({c for g in topology.GENERATIONS.values() for t in g.topologies for c in topology.host_layouts(g, t)})},
+                        "spot": {"type": "boolean"},
+                        "reservation": {"type": "string", "maxLength": 63},
+                    },
+                    "x-kubernetes-validations": [
+                        tpu_topology_rule,
+                        {"rule": "!(has(self.reservation) && has(self.spot) && self.spot)",
+                         "message": "a group's tpu.reservation must not be set together with tpu.spot"},
+                    ],
+                },
+                "gpu": {
+                    "type": "object",
+                    "description": "A GPU group: GPUs per pod of a GKE GPU node pool (cloud.google.com/gke-accelerator).",
+                    "required": ["type"],
+                    "properties": {
+                        "type": {"type": "string", "enum": list(GPU_TYPES), "maxLength": max(map(len, GPU_TYPES))},
+                        "count": {"type": "integer", "format": "int32", "minimum": 1, "maximum": 16, "default": 1},
+                    },
+                    "x-kubernetes-validations": [{
+                        "rule": f"self.count in {gpu_counts}[self.type]",
+                        "messageExpression": f"'gpu.count must be one of ' + {allowed_counts}[self.type] + ' for ' + self.type",
+                        "fieldPath": ".count",
+                        "reason": "FieldValueInvalid",
+                    }],
+                },
+                "replicas": {"type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_REPLICAS, "default": 1,
+                             "description": "Slices (TPU group) or pods (GPU, CPU group)."},
+                "image": {"type": "string", "minLength": 1, "maxLength": MAX_STRING,
+                          "description": "Image of the group's pods (e.g. CUDA for a GPU group); default: spec.image."},
+                "cpu": {**quantity_schema, "description": "CPU of each pod of the group.", "default": DEFAULTS["worker.cpu"]},
+                "memory": {**quantity_schema, "description": "Memory of each pod of the group.", "default": DEFAULTS["worker.memory"]},
+                "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"},
+                                 "description": "Extra node selector; the accelerator labels come from tpu / gpu."},
+            },
+            "x-kubernetes-validations": [
+                {"rule": "!(has(self.tpu) && has(self.gpu))",
+                 "message": "a group is a TPU slice (tpu), GPUs (gpu) or CPUs only (neither), never both"},
+                {"rule": f"!(self.name in {json.dumps(sorted(RESERVED_NAMES))})",
+                 "message": f"a group's name must not be {', '.join(sorted(RESERVED_NAMES))} (reserved)"},
+                {"rule": f"!has(self.tpu) || self.replicas <= {MAX_TPU_REPLICAS}",
+                 "message": f"a TPU group's replicas (slices) must be at most {MAX_TPU_REPLICAS}"},
+            ],
+        },
+    }

@@ -1,0 +1,91 @@
+"""spec.groups of a TPUTorchJob: parsed into groups, every error named (path, value, what is allowed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tputorch import train
+from tputorch.api import groups as groups_api
+from tputorch.api import spec
+
+from ..jobs import body
+
+
+def parse(groups, **spec_overrides):
+    return spec.parse(body(groups=groups, **spec_overrides))
+
+
+def errors(groups, **spec_overrides) -> dict[str, str]:
+    with pytest.raises(spec.InvalidSpec) as info:
+        parse(groups, **spec_overrides)
+    return {e.path: e.message for e in info.value.errors}
+
+
+def test_no_groups_is_the_empty_tuple():
+    assert spec.parse(body()).groups == ()
+    assert parse([]).groups == ()
+
+
+def test_three_kinds_with_their_defaults():
+    job = parse([
+        {"name": "rollout", "tpu": {"accelerator": "v6e", "topology": "4x4"}, "replicas": 2},
+        {"name": "gen", "gpu": {"type": "nvidia-h100-80gb", "count": 8}, "image": "cuda:1"},
+        {"name": "reward"},
+    ])
+    rollout, gen, reward = job.groups
+    assert (rollout.kind, rollout.replicas, rollout.hosts, rollout.slice.chips_per_host) == ("tpu", 2, 4, 4)
+    assert rollout.image == job.image  # the job's image unless the group names its own
+    assert (gen.kind, gen.gpu_type, gen.gpus, gen.image, gen.hosts) == ("gpu", "nvidia-h100-80gb", 8, "cuda:1", 1)
+    assert (reward.kind, reward.replicas, reward.cpu, reward.memory) == ("cpu", 1, "8", "32Gi")
+
+
+def test_every_error_is_named_at_once():
+    found = errors([
+        {"name": "tpu-slice"},
+        {"name": "Bad_Name"},
+        {"name": "a", "tpu": {"accelerator": "v6e", "topology": "3x3"}},
+        {"name": "b", "gpu": {"type": "nvidia-k80", "count": 1}},
+        {"name": "c", "gpu": {"type": "nvidia-h200-141gb", "count": 2}, "tpu": {"accelerator": "v6e", "topology": "2x2"}},
+    ])
+    assert "reserved" in found["spec.groups[0].name"]
+    assert "DNS-1035" in found["spec.groups[1].name"]
+    assert "allowed: 1x1, 2x2" in found["spec.groups[2].tpu.topology"]
+    assert "nvidia-l4" in found["spec.groups[3].gpu.type"]  # the message lists GKE's GPU types
+    assert found["spec.groups[4].gpu.count"].startswith("must be one of 8")
+    assert "must not be set together" in found["spec.groups[4].gpu"]
+
+
+def test_duplicate_names_unknown_fields_and_selector_labels():
+    found = errors([
+        {"name": "r", "colour": "red"},
+        {"name": "r", "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-l4"}},
+    ])
+    assert "must be unique" in found["spec.groups[1].name"]
+    assert "not a known field" in found["spec.groups[0].colour"]
+    assert "derives it" in found["spec.groups[1].nodeSelector.cloud.google.com/gke-accelerator"]
+
+
+def test_group_count_is_kueues_podset_cap():
+    # Kueue v0.17: a Workload has at most 8 podSets; head + submitter + training slice take 3.
+    assert groups_api.MAX_GROUPS == groups_api.KUEUE_MAX_PODSETS - 3 == 5
+    ok = [{"name": f"g{i}"} for i in range(groups_api.MAX_GROUPS)]
+    assert len(parse(ok).groups) == 5
+    found = errors(ok + [{"name": "one-too-many"}])
+    assert "at most 5 groups" in found["spec.groups"] and "Kueue" in found["spec.groups"]
+
+
+@pytest.mark.parametrize("gpu_type,counts", sorted(groups_api.GPU_TYPES.items()))
+def test_each_gpu_type_takes_exactly_its_counts(gpu_type, counts):
+    for count in (1, 2, 4, 8, 16):
+        group = [{"name": "g", "gpu": {"type": gpu_type, "count": count}}]
+        if count in counts:
+            assert parse(group).groups[0].gpus == count
+        else:
+            assert "spec.groups[0].gpu.count" in errors(group)
+
+
+def test_train_group_is_the_training_slices_kuberay_group():
+    from tputorch import render
+
+    assert train.TRAIN_GROUP == render.WORKER_GROUP == groups_api.TRAIN_GROUP
+    assert train.TRAIN_GROUP in groups_api.RESERVED_NAMES

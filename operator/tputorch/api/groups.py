@@ -149,6 +149,19 @@ def _parse_group(r: Reader, item: Any, path: str, job_image: str | None) -> Grou
                  node_selector=selector, slice=tpu_slice, spot=spot, reservation=reservation, gpu_type=gpu_type, gpus=gpus)
 
 
+def describe(group: Group) -> str:
+    """One group in a line, for tputorch validate."""
+    n = group.replicas
+    if group.slice is not None:
+        s = group.slice
+        what = f"{n} {s.generation.name} {s.topology} slice(s) of {s.hosts} host(s) x {s.chips_per_host} chips"
+    elif group.gpu_type is not None:
+        what = f"{n} pod(s) x {group.gpus} {group.gpu_type}"
+    else:
+        what = f"{n} CPU pod(s)"
+    return f"{group.name} ({what})"
+
+
 def parse_groups(r: Reader, spec: Mapping, job_image: str | None) -> tuple[Group, ...]:
     """spec.groups; every error goes to ``r``."""
     items = r.value(spec, "groups", "spec.groups", list, default=[])

@@ -10,6 +10,7 @@ from typing import Sequence
 
 
 from ..api import crd, spec, topology
+from ..api.groups import describe
 from .. import render
 from . import submit
 from .yamlfile import YAMLFileError, load_documents
@@ -66,7 +67,8 @@ def cmd_validate(args) -> int:
                   f"replica(s) of a {shape}, tensor parallel {job.tensor_parallel_size} x pipeline parallel "
                   f"{job.pipeline_parallel_size}")
         else:
-            print(f"{job.name}: valid; {shape}, {job.workers} worker(s) x {job.chips_per_worker} chip(s)")
+            groups = "".join(f"; group {describe(g)}" for g in job.groups)
+            print(f"{job.name}: valid; {shape}, {job.workers} worker(s) x {job.chips_per_worker} chip(s){groups}")
     return 0
 
 

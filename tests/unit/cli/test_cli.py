@@ -119,3 +119,18 @@ def test_validate_lists_every_service_error(tmp_path, capsys):
     assert code == 1
     assert "spec.engine.tensorParallelSize: 8 x spec.engine.pipelineParallelSize 1 = 8 chips" in err
     assert "spec.replicas.max: 1 must be at least spec.replicas.min (2)" in err
+
+
+def test_validate_shows_rl_groups_and_names_every_group_error(capsys, tmp_path):
+    code, out, _ = run(capsys, "validate", str(EXAMPLES / "rl" / "tpu-gpu.yaml"))
+    assert code == 0
+    assert out.strip() == ("grpo-tpu-gpu: valid; v6e 2x2, 1 host(s) x 4 chips, 4 worker(s) x 1 chip(s); "
+                           "group rollout (2 pod(s) x 1 nvidia-l4); group reward (1 CPU pod(s))")
+    body = yaml.safe_load((EXAMPLES / "rl" / "tpu-tpu.yaml").read_text())
+    body["spec"]["groups"] += [{"name": "reward", "gpu": {"type": "nvidia-l4", "count": 3}}]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(body))
+    code, _, err = run(capsys, "validate", str(bad))
+    assert code == 1
+    assert "spec.groups[2].name: 'reward' must be unique within spec.groups" in err
+    assert "spec.groups[2].gpu.count: 3 must be one of 1, 2, 4, 8" in err

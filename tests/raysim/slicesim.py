@@ -82,6 +82,12 @@ class SimSlice:
     hosts: list[SimHost]
     head_env: dict[str, str]
     node_ids: dict[int, str] = field(default_factory=dict)  # host index -> Ray node id
+    # What a worker group of spec.groups adds (KubeRay's top-level labels/resources, which it passes
+    # to `ray start --labels/--resources`), and a GPU group's GPUs (nvidia.com/gpu -> num-gpus).
+    labels: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)
+    gpus_per_host: int = 0
+    cpus_per_host: int | None = None  # default: one per chip
 
     @property
     def chips(self) -> int:
@@ -98,10 +104,26 @@ def _plain_env(container: Mapping) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
-def slice_from_rayjob(rayjob: Mapping, slice_name: str | None = None) -> SimSlice:
-    """The hosts that GKE would give the rendered RayJob's (single) TPU worker group."""
+def _group(cluster_spec: Mapping, group_name: str | None) -> Mapping:
+    groups = cluster_spec["workerGroupSpecs"]
+    if group_name is None:  # the training slice: the only group, or the one named tpu-slice
+        if len(groups) == 1:
+            return groups[0]
+        group_name = "tpu-slice"
+    (group,) = [g for g in groups if g["groupName"] == group_name]
+    return group
+
+
+def _group_extras(group: Mapping) -> dict:
+    return {"labels": dict(group.get("labels") or {}),
+            "resources": {k: float(v) for k, v in (group.get("resources") or {}).items()}}
+
+
+def slice_from_rayjob(rayjob: Mapping, slice_name: str | None = None, group_name: str | None = None) -> SimSlice:
+    """The hosts that GKE would give the rendered RayJob's TPU worker group (the training slice, or
+    the TPU group ``group_name`` of spec.groups)."""
     cluster_spec = rayjob["spec"]["rayClusterSpec"]
-    (group,) = cluster_spec["workerGroupSpecs"]
+    group = _group(cluster_spec, group_name)
     assert group["replicas"] == 1, "one replica is one slice; the operator renders one"
     container = _container(group["template"])
     limits = container["resources"]["limits"]
@@ -127,7 +149,21 @@ def slice_from_rayjob(rayjob: Mapping, slice_name: str | None = None) -> SimSlic
             env["TPU_WORKER_HOSTNAMES"] = hostnames
         hosts.append(SimHost(index=i, chips=chips_per_host, env=env))
     head_env = _plain_env(_container(cluster_spec["headGroupSpec"]["template"]))
-    return SimSlice(name, topology, pod_type, chips_per_host, hosts, head_env)
+    return SimSlice(name, topology, pod_type, chips_per_host, hosts, head_env, **_group_extras(group))
+
+
+def nodes_from_group(rayjob: Mapping, group_name: str, cpus_per_host: int = 1) -> SimSlice:
+    """The pods of a GPU or CPU group of spec.groups as Ray nodes (one per replica): the container's
+    env, the group's Ray labels and, for a GPU group, its nvidia.com/gpu limit as GPUs."""
+    cluster_spec = rayjob["spec"]["rayClusterSpec"]
+    group = _group(cluster_spec, group_name)
+    container = _container(group["template"])
+    gpus = int(container["resources"]["limits"].get("nvidia.com/gpu", 0))
+    env = _plain_env(container)
+    hosts = [SimHost(index=i, chips=0, env=dict(env)) for i in range(int(group["replicas"]))]
+    head_env = _plain_env(_container(cluster_spec["headGroupSpec"]["template"]))
+    return SimSlice(f"{rayjob['metadata']['name']}-{group_name}", "", "", 0, hosts, head_env,
+                    gpus_per_host=gpus, cpus_per_host=cpus_per_host, **_group_extras(group))
 
 
 @contextlib.contextmanager
@@ -176,20 +212,24 @@ def attached(cluster, sim: SimSlice) -> Iterator[SimSlice]:
     try:
         for host in sim.hosts:
             with _environ(host.env):
+                extra = {"num_gpus": sim.gpus_per_host} if sim.gpus_per_host else {}
+                if sim.labels:
+                    extra["labels"] = dict(sim.labels)
                 node = cluster.add_node(
                     wait=False,
                     node_ip_address=LOOPBACK,
                     # Enough CPUs for one Ray Train worker per chip (Ray adds CPU: 1 per bundle).
-                    num_cpus=host.chips,
-                    resources={"TPU": host.chips},
+                    num_cpus=sim.cpus_per_host if sim.cpus_per_host is not None else host.chips,
+                    resources={**({"TPU": host.chips} if host.chips else {}), **sim.resources},
                     object_store_memory=OBJECT_STORE_BYTES,
+                    **extra,
                 )
             nodes.append(node)
         cluster.wait_for_nodes(timeout=120)
         by_id = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
-        for node in nodes:
+        for i, node in enumerate(nodes):
             labels = by_id[node.node_id]["Labels"]
-            sim.node_ids[int(labels["ray.io/tpu-worker-id"])] = node.node_id
+            sim.node_ids[int(labels.get("ray.io/tpu-worker-id", i))] = node.node_id
         yield sim
     finally:
         for node in nodes:

@@ -235,7 +235,7 @@ def schema(tpu_topology_rule: dict) -> dict:
                         "count": {"type": "integer", "format": "int32", "minimum": 1, "maximum": 16, "default": 1},
                     },
                     "x-kubernetes-validations": [{
-                        "rule": f"self.count in {gpu_counts}[self.type]",
+                        "rule": f"!has(self.count) || self.count in {gpu_counts}[self.type]",
                         "messageExpression": f"'gpu.count must be one of ' + {allowed_counts}[self.type] + ' for ' + self.type",
                         "fieldPath": ".count",
                         "reason": "FieldValueInvalid",
@@ -255,7 +255,7 @@ def schema(tpu_topology_rule: dict) -> dict:
                  "message": "a group is a TPU slice (tpu), GPUs (gpu) or CPUs only (neither), never both"},
                 {"rule": f"!(self.name in {json.dumps(sorted(RESERVED_NAMES))})",
                  "message": f"a group's name must not be {', '.join(sorted(RESERVED_NAMES))} (reserved)"},
-                {"rule": f"!has(self.tpu) || self.replicas <= {MAX_TPU_REPLICAS}",
+                {"rule": f"!has(self.tpu) || !has(self.replicas) || self.replicas <= {MAX_TPU_REPLICAS}",
                  "message": f"a TPU group's replicas (slices) must be at most {MAX_TPU_REPLICAS}"},
             ],
         },

@@ -54,6 +54,14 @@ def serve_running(serve: dict | None, ready_after: float, now: float) -> bool:
     return bool(apps) and all(a["status"] == "RUNNING" for a in apps.values())
 
 
+def proxy_healthy(serve: dict | None, ready_after: float, now: float) -> bool:
+    """The Serve proxy's /-/healthz: healthy once it has a route table (here: once the config put
+    has first reached RUNNING), whatever the applications' health after that (Ray 2.60's proxy
+    answers 503 only while draining or before its first route table). KubeRay labels the head
+    `ray.io/serve=true` on it, so its Ready outlives a lost model replica, as on GKE."""
+    return serve is not None and now - serve["deployed_at"] >= ready_after
+
+
 def handle(state: State, method: str, path: str, cluster: dict, body, now: float | None = None):
     """One call on `/api/serve/applications/` of RayCluster `cluster` (a State.cluster() dict)."""
     now = time.time() if now is None else now

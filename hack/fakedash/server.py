@@ -18,6 +18,7 @@ from . import jobs_api, serve_api
 from .forwarder import Reaper, forward, with_driver_env
 from .kube import Kube, head_env
 from .state import State, owner_name, parse_host
+from .prober import Prober
 from .submitters import Runner, Signaller
 
 
@@ -153,7 +154,7 @@ def make_handler(state: State, log, kube: Kube | None):
                         where = (pod["metadata"]["namespace"], cluster)
             with state.lock:
                 c = state.clusters.get(where) if where else None
-                ok = c is not None and serve_api.serve_running(c["serve"], state.serve_ready_after, time.time())
+                ok = c is not None and serve_api.proxy_healthy(c["serve"], state.serve_ready_after, time.time())
                 self.record("GET", host, "/-/healthz", where[0] if where else "", where[1] if where else "",
                             None, 200 if ok else 503, None)
             self.reply(200 if ok else 503, "success" if ok else "Serve applications are not running (fake dashboard).",
@@ -221,6 +222,8 @@ def main(argv=None) -> int:
                    help="where the submitter runner keeps each pod's output (default: a temp dir)")
     p.add_argument("--ray-bin", default=os.path.dirname(sys.executable),
                    help="directory holding the `ray` CLI the submitter runner uses")
+    p.add_argument("--no-serve-prober", action="store_true",
+                   help="leave RayService worker pods Ready as KWOK made them (default: GKE's rule, see prober.py)")
     args = p.parse_args(argv)
 
     def log(msg: str) -> None:
@@ -242,6 +245,8 @@ def main(argv=None) -> int:
         Signaller(state, kube, log).start()
         Runner(state, kube, log, f"http://{args.host}:{port}", log_dir, args.ray_bin).start()
         Reaper(state, kube, log).start()
+        if not args.no_serve_prober:
+            Prober(state, kube, log).start()
     if args.port_file:
         with open(args.port_file, "w") as f:
             f.write(f"{port}\n")

@@ -241,3 +241,32 @@ def test_control_alone_sets_serve_status_and_checks_it():
     code, err = control.handle(st, "PUT", ["serve", "ns", "svc"], {}, {"status": "BROKEN"}, 1.0)
     assert code == 400 and "BROKEN" in err["error"]
     assert control.handle(st, "GET", ["serve", "ns", "other"], {}, {}, 1.0)[0] == 404
+
+
+def _worker(name, cluster="svc-abcde", replica=None, probe=True, phase="Running", ready=True):
+    labels = {"ray.io/node-type": "worker", "ray.io/cluster": cluster}
+    if replica:
+        labels["ray.io/worker-group-replica-name"] = replica
+    # The readiness probe KubeRay 1.5 writes for a RayService worker (raylet, then the Serve proxy).
+    command = ["bash", "-c", "wget --tries 1 -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz | grep success"
+               + (" && wget --tries 1 -T 10 -q -O- http://localhost:8000/-/healthz | grep success" if probe else "")]
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels},
+            "spec": {"containers": [{"name": "ray-worker", "readinessProbe": {"exec": {"command": command}}}]},
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_prober_gives_rayservice_workers_gkes_readiness():
+    from fakedash import prober
+    one_slice = [_worker(f"svc-abcde-w-{i}") for i in range(4)]
+    # Deploying: no Serve replica anywhere, no worker passes the proxy check.
+    assert set(prober.desired_readiness(one_slice, {("ns", "svc-abcde"): False}).values()) == {False}
+    # Serving: only the host taken to run the LLM replica has a proxy; the three others stay NotReady.
+    ready = prober.desired_readiness(one_slice, {("ns", "svc-abcde"): True})
+    assert [k[1] for k, v in ready.items() if v] == ["svc-abcde-w-0"]
+    # One such host per slice replica; RayJob workers (no proxy in their probe) are left alone.
+    two = [_worker(f"w-{r}{i}", replica=f"slice-{r}") for r in "ab" for i in range(2)] + [_worker("job-w", probe=False)]
+    ready = prober.desired_readiness(two, {("ns", "svc-abcde"): True})
+    assert sorted(k[1] for k, v in ready.items() if v) == ["w-a0", "w-b0"] and ("ns", "job-w") not in ready
+    assert prober.desired_readiness([_worker("p", phase="Pending")], {("ns", "svc-abcde"): True}) == {}
+    patch = prober.status_patch(False, "2026-12-01T00:00:00Z")
+    assert {(c["type"], c["status"]) for c in patch["status"]["conditions"]} == {("ContainersReady", "False"), ("Ready", "False")}

@@ -43,6 +43,11 @@ def wait_phase(kube, ns, name, phase, timeout=180):
                      timeout, f"TPUTorchService {ns}/{name} phase {phase}")
 
 
+def ready_workers(kube, ns, name) -> int:
+    pods = kube.core.list_namespaced_pod(ns, label_selector=f"tputorch.io/service={name},ray.io/node-type=worker").items
+    return sum(1 for p in pods for c in p.status.conditions or [] if c.type == "Ready" and c.status == "True")
+
+
 def phases_seen(kube, ns, name, until: str, timeout=240) -> list[str]:
     seen: list[str] = []
 
@@ -74,6 +79,12 @@ def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace,
     svc = kube.core.read_namespaced_service(f"{name}-serve-svc", namespace)
     assert [p.port for p in svc.spec.ports] == [8000]
     assert 'tputorch_services{phase="Ready"} 1' in operator.metrics()
+    # GKE's readiness rule (the stand-in's prober): KubeRay's worker probe asks the Serve proxy,
+    # which only the host with the LLM replica runs; the other three hosts stay NotReady, and the
+    # service is Ready with 4/4 hosts up all the same.
+    kube.wait(lambda: ready_workers(kube, namespace, name) == 1, 30, "one Ready worker of four")
+    st = status(kube, namespace, name)
+    assert (st["phase"], st["readyHosts"], st["replicasReady"]) == ("Ready", 4, "1/1")
 
 
 def test_an_edit_of_replicas_and_engine_reaches_the_rayservice(kube, namespace, operator, dashboard):
@@ -124,3 +135,38 @@ def test_an_operator_restart_mid_deploy_makes_no_second_rayservice(kube, namespa
     wait_phase(kube, namespace, "restarted", "Ready")
     (only,) = kube.custom.list_namespaced_custom_object(*RAY[:2], namespace, RAY[2])["items"]
     assert only["metadata"]["uid"] == first["metadata"]["uid"]
+
+
+def test_a_lost_replica_leaves_ready_and_comes_back(kube, namespace, operator, dashboard):
+    dashboard.set_serve_ready_after(1)
+    apply(kube, namespace, service_body("lossy"))
+    wait_phase(kube, namespace, "lossy", "Ready")
+    kube.wait(lambda: ready_workers(kube, namespace, "lossy") == 1, 30, "the replica's host Ready")
+    # KubeRay stays Ready (the head's proxy answers); Serve reports the app UNHEALTHY.
+    dashboard.set_serve_status(namespace, "lossy", "UNHEALTHY", message="The deployments ['LLMServer:lossy'] are UNHEALTHY.")
+    st = wait_phase(kube, namespace, "lossy", "Degraded", 60)
+    assert condition(st, "Ready")["status"] == "False" and "UNHEALTHY" in st["message"]
+    kuberay_ready = [c for c in rayservice(kube, namespace, "lossy")["status"]["conditions"] if c["type"] == "Ready"]
+    assert kuberay_ready[0]["status"] == "True"
+    kube.wait(lambda: ready_workers(kube, namespace, "lossy") == 0, 30, "the lost replica's host NotReady")
+    dashboard.set_serve_status(namespace, "lossy", "DEPLOYING")
+    wait_phase(kube, namespace, "lossy", "Recovering", 60)
+    dashboard.set_serve_status(namespace, "lossy", None)
+    wait_phase(kube, namespace, "lossy", "Ready", 60)
+
+
+def test_a_model_that_cannot_load_fails_with_rays_message_and_frees_the_slice(kube, namespace, operator, dashboard):
+    dashboard.set_serve_ready_after(600)
+    apply(kube, namespace, service_body("noload", serve={"initializingTimeoutSeconds": 40}))
+    kube.wait(lambda: dashboard.serve(namespace, "noload"), 120, "the Serve config put on the pending cluster")
+    message = "Failed to update the deployments ['LLMServer:noload']."
+    dashboard.set_serve_status(namespace, "noload", "DEPLOY_FAILED", message=message)
+    st = wait_phase(kube, namespace, "noload", "Failed", 60)
+    failed = condition(st, "Failed")
+    assert failed["reason"] == "DeployFailed" and failed["message"].startswith(message)
+    # KubeRay's initializing timeout (the annotation the operator wrote) deletes the Ray cluster.
+    st = kube.wait(lambda: (lambda s: s if condition(s, "Failed")["reason"] == "InitializingTimeout" else None)(
+        status(kube, namespace, "noload")), 120, "KubeRay's InitializingTimeout")
+    assert st["phase"] == "Failed" and "released" in condition(st, "Failed")["message"]
+    kube.wait(lambda: not kube.core.list_namespaced_pod(namespace, label_selector="tputorch.io/service=noload").items,
+              120, "the slice's pods gone")

@@ -58,16 +58,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument(
         "--storage-path",
-        default=os.environ.get("STORAGE_PATH"),
+        default=os.environ.get("TPUTORCH_STORAGE_PATH") or os.environ.get("STORAGE_PATH"),
         help="where Ray Train writes checkpoints: a bucket (gs://...) or a filesystem every host "
-        "mounts; default: $STORAGE_PATH",
+        "mounts; default: the TPUTorchJob's spec.checkpoint.storagePath ($TPUTORCH_STORAGE_PATH), "
+        "else $STORAGE_PATH",
     )
-    p.add_argument("--name", default=os.environ.get("TPUTORCH_JOB_NAME", DEFAULT_NAME), help="run name")
-    p.add_argument("--max-failures", type=int, default=1, help="restarts from the last checkpoint")
+    # The operator's run name is the same on every attempt of one TPUTorchJob: a retried job
+    # finds its checkpoints under it (ray.train.get_checkpoint() below).
+    p.add_argument("--name", default=os.environ.get("TPUTORCH_RUN_NAME") or os.environ.get("TPUTORCH_JOB_NAME", DEFAULT_NAME),
+                   help="run name; default: $TPUTORCH_RUN_NAME, which the operator sets")
+    p.add_argument("--max-failures", type=int, default=int(os.environ.get("TPUTORCH_WORKER_RETRIES") or 1),
+                   help="restarts from the last checkpoint inside one attempt; default: spec.checkpoint.workerRetries")
     p.add_argument("--cpu", action="store_true", help="run on CPUs with gloo instead of the slice's TPUs")
     args = p.parse_args(argv)
     if not args.storage_path:
-        p.error("--storage-path (or $STORAGE_PATH) is required: every host of a multi-host slice must reach it")
+        p.error("--storage-path (or spec.checkpoint.storagePath, or $STORAGE_PATH) is required: every host of a multi-host slice must reach it")
     for name in ("epochs", "steps_per_epoch", "batch_size", "seq_len", "vocab", "d_model", "layers", "heads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -1,7 +1,9 @@
-"""Helper for training scripts: the Ray Train scaling config for the slice the operator rendered.
+"""Helper for training scripts: the Ray Train scaling and run configs of the job the operator rendered.
 
-The operator puts the slice's shape into every Ray container's environment (see ``render.py``);
-this module turns it back into ``ray.train.ScalingConfig`` so a script carries no TPU numbers.
+The operator puts the slice's shape, the run's name and its checkpoint storage into every Ray
+container's environment (see ``render``); this module turns them back into
+``ray.train.ScalingConfig`` and ``ray.train.RunConfig`` so a script carries no TPU numbers and
+resumes from the last checkpoint after any retry.
 Ray is imported lazily: the operator process imports this package but never Ray.
 """
 
@@ -29,6 +31,12 @@ ENV_GROUPS = "TPUTORCH_GROUPS"  # JSON list of spec.groups' shapes; set only whe
 GROUP_LABEL = "tputorch.io/group"
 TRAIN_GROUP = "tpu-slice"
 TRAIN_RESOURCE = "tputorch-train-slice"
+
+# The run: the same name on every attempt of one TPUTorchJob (derived from its uid), and where
+# Ray Train keeps its checkpoints (spec.checkpoint.storagePath; unset without one).
+ENV_RUN_NAME = "TPUTORCH_RUN_NAME"
+ENV_STORAGE_PATH = "TPUTORCH_STORAGE_PATH"
+ENV_WORKER_RETRIES = "TPUTORCH_WORKER_RETRIES"
 
 
 class MissingSliceEnvironment(RuntimeError):
@@ -168,3 +176,26 @@ def cpu_scaling_config(environ: Mapping[str, str] | None = None, **overrides: An
     if kwargs.get("use_tpu") or kwargs.get("use_gpu"):
         raise ValueError("cpu_scaling_config() runs on CPUs only: use scaling_config() for the slice's TPUs")
     return ScalingConfig(**kwargs)
+
+
+def run_config(environ: Mapping[str, str] | None = None, **overrides: Any):
+    """``ray.train.RunConfig`` for this job: the run name that every attempt of the TPUTorchJob
+    shares, its checkpoint storage (spec.checkpoint.storagePath) and a ``FailureConfig`` with the
+    worker-level retries of one attempt (spec.checkpoint.workerRetries). Because the name and the
+    storage stay the same, ``ray.train.get_checkpoint()`` in the training function returns the last
+    checkpoint of an earlier attempt. ``overrides`` are passed through to RunConfig."""
+    from ray.train import FailureConfig, RunConfig  # lazy: only training scripts have Ray
+
+    env = os.environ if environ is None else environ
+    kwargs: dict[str, Any] = {}
+    if env.get(ENV_RUN_NAME):
+        kwargs["name"] = env[ENV_RUN_NAME]
+    if env.get(ENV_STORAGE_PATH):
+        kwargs["storage_path"] = env[ENV_STORAGE_PATH]
+    if env.get(ENV_WORKER_RETRIES):
+        try:
+            kwargs["failure_config"] = FailureConfig(max_failures=int(env[ENV_WORKER_RETRIES]))
+        except ValueError:
+            raise MissingSliceEnvironment(f"{ENV_WORKER_RETRIES} is not an integer: {env[ENV_WORKER_RETRIES]!r}") from None
+    kwargs.update(overrides)
+    return RunConfig(**kwargs)

@@ -81,6 +81,7 @@ def test_entrypoint_arguments_parse(example):
 def test_storage_path_is_required(example, monkeypatch, capsys):
     _, module, _ = example
     monkeypatch.delenv("STORAGE_PATH", raising=False)
+    monkeypatch.delenv("TPUTORCH_STORAGE_PATH", raising=False)
     with pytest.raises(SystemExit):
         module.parse_args([])
     assert "--storage-path" in capsys.readouterr().err

@@ -56,6 +56,16 @@ class FakeKube:
         self.calls.append(("patch", res.plural, namespace, name, patch))
         self._maybe_fail("patch")
 
+    async def delete(self, res, namespace, name, uid):
+        self.calls.append(("delete", res.plural, namespace, name, uid))
+        self._maybe_fail("delete")
+        obj = self.objects.get((res.plural, namespace, name))
+        if obj is None:
+            raise api_error(404)
+        if uid and obj["metadata"].get("uid") != uid:
+            raise api_error(409)
+        del self.objects[(res.plural, namespace, name)]
+
     async def patch_status(self, res, namespace, name, status, uid=None):
         self.calls.append(("patch_status", res.plural, namespace, name, status))
         self.status_uids.append(uid)

@@ -86,6 +86,7 @@ NAMESPACED_RULES = [
      "verbs": ["update"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayservices"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": ["events.k8s.io", ""], "resources": ["events"], "verbs": ["create"]},
@@ -120,8 +121,10 @@ def assert_least_privilege(rules: list[dict]) -> None:
         for verb in ("create", "update", "patch", "delete"):
             assert not allowed(rules, "tputorch.io", kind, verb)
     for child in ("rayjobs", "rayservices"):
-        for verb in ("update", "delete"):
-            assert not allowed(rules, "ray.io", child, verb)
+        assert not allowed(rules, "ray.io", child, "update")
+    # A job's RayJob of an ended attempt is deleted (a new attempt is a new RayJob); never a service's.
+    assert not allowed(rules, "ray.io", "rayservices", "delete")
+    assert not allowed(rules, "ray.io", "rayjobs", "deletecollection")
     for verb in ("get", "list", "create", "update", "patch"):
         assert not allowed(rules, "coordination.k8s.io", "leases", verb), "leases only in the release namespace"
 

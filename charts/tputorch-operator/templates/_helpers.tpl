@@ -69,7 +69,8 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
   resources: ["tputorchjobs/finalizers", "tputorchservices/finalizers"]
   verbs: ["update"]
 # One RayJob per TPUTorchJob and one RayService per TPUTorchService; patch keeps what may change
-# in sync (a job's suspend, a service's spec).
+# in sync (a job's suspend, a service's spec); a job's RayJob is deleted when its attempt ends (a
+# new attempt is a new RayJob on a fresh slice).
 - apiGroups: ["ray.io"]
   resources: ["rayjobs", "rayservices"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -78,6 +79,9 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs"]
+  verbs: ["delete"]
 # Pods of the slice (labelled by KubeRay) are watched for readiness; never created.
 - apiGroups: [""]
   resources: ["pods"]

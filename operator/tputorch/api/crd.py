@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from . import common, groups, spec, storage, topology
+from . import common, groups, job as job_spec, spec, storage, topology
 from .. import status
 
 GROUP = "tputorch.io"
@@ -29,7 +29,7 @@ SERVICE_SINGULAR = "tputorchservice"
 SERVICE_SHORT_NAMES = ["ttsvc"]
 SERVICE_NAME = f"{SERVICE_PLURAL}.{GROUP}"
 
-PHASES = ["Pending", "Queued", "Preempted", "Running", "Succeeded", "Failed", "Suspended"]
+PHASES = list(status.JOB_PHASES)
 SERVICE_PHASES = list(status.SERVICE_PHASES)
 MAX_CONDITIONS = 16
 
@@ -449,6 +449,39 @@ def _job_spec_schema() -> dict:
             type="boolean",
             default=spec.DEFAULTS["shutdownAfterJobFinishes"],
         ),
+        "checkpoint": _s(
+            "Where Ray Train keeps the run's checkpoints. The script gets it as TPUTORCH_STORAGE_PATH, with "
+            "TPUTORCH_RUN_NAME, a name that stays the same across every attempt of this object; "
+            "tputorch.train.run_config() makes both a RunConfig, so ray.train.get_checkpoint() resumes.",
+            type="object",
+            required=["storagePath"],
+            properties={
+                "storagePath": _string(
+                    "gs://bucket/path on GKE, any fsspec/pyarrow URI, or an absolute path on a volume every host mounts.",
+                    minLength=1, maxLength=job_spec.MAX_STORAGE_PATH, pattern=job_spec.STORAGE_PATH.pattern,
+                ),
+                "workerRetries": _int(
+                    "Ray Train's FailureConfig(max_failures) inside one attempt (-1: no limit).",
+                    minimum=-1, maximum=job_spec.MAX_RETRIES, default=job_spec.WORKER_RETRIES_DEFAULT,
+                ),
+            },
+        ),
+        "retries": _s(
+            "New attempts (each a fresh Ray cluster on a whole slice, resuming from the last checkpoint) "
+            "after an attempt ends, per kind of failure.",
+            type="object",
+            default={},
+            properties={
+                "infrastructure": _int(
+                    "After a host or the head of the slice is lost (preemption, node shutdown or deletion, eviction).",
+                    minimum=0, maximum=job_spec.MAX_RETRIES, default=job_spec.RETRY_DEFAULTS["infrastructure"],
+                ),
+                "application": _int(
+                    "After the script failed with every host healthy.",
+                    minimum=0, maximum=job_spec.MAX_RETRIES, default=job_spec.RETRY_DEFAULTS["application"],
+                ),
+            },
+        ),
     }
     # spec.tpu has its own self == oldSelf rule (with the slice in its message).
     immutable = [_immutable(f, KIND) for f in sorted(set(properties) - JOB_MUTABLE - {"tpu"})]
@@ -662,7 +695,22 @@ def _job_status_schema() -> dict:
         type="object",
         properties={
             **_common_status(),
-            "phase": _string("Pending, Queued, Preempted, Running, Succeeded, Failed or Suspended.", enum=PHASES),
+            "phase": _string(", ".join(PHASES) + ".", enum=PHASES),
+            "attempts": _int("The current attempt (1 + the retries so far); each is a fresh RayJob."),
+            "attemptHistory": _s(
+                "Attempts that ended: when, and why (result Infrastructure, Application, Final or Succeeded).",
+                type="array",
+                items={
+                    "type": "object",
+                    "properties": {
+                        "attempt": {"type": "integer", "format": "int32"},
+                        "result": {"type": "string"},
+                        "reason": {"type": "string"},
+                        "message": {"type": "string", "maxLength": 1024},
+                        "endTime": {"type": "string", "format": "date-time"},
+                    },
+                },
+            ),
             "conditions": _conditions_schema(status.CONDITION_TYPES),
             "rayJobName": _string("Name of the RayJob."),
             "dashboardURL": _string("Ray dashboard address (inside the cluster)."),
@@ -721,6 +769,7 @@ JOB_PRINTER_COLUMNS = [
     {"name": "Priority", "type": "string", "jsonPath": ".spec.priorityClassName", "priority": 1,
      "description": "Kueue WorkloadPriorityClass"},
     {"name": "Hosts", "type": "string", "jsonPath": ".status.hostsReady", "description": "Ready TPU hosts / hosts in the slice"},
+    {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempts", "description": "Current attempt (1 + retries)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 PRINTER_COLUMNS = JOB_PRINTER_COLUMNS

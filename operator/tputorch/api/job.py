@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,14 +17,24 @@ RAYJOB_NAME_MAX = 47  # KubeRay: the RayCluster name <rayjob>-<5 chars> must sta
 JOB_KIND = "TPUTorchJob"
 MIN_RAY_VERSION = (2, 59, 0)  # first Ray whose TorchTrainer runs on TPU (tpu_dist backend)
 MAX_ENTRYPOINT = 65536
+MAX_STORAGE_PATH = 1024
 SINGLE_SLICE_REASON = (
     "must be 1: a TPUTorchJob runs on one slice. Ray 2.59's PyTorch backend raises for training "
     "across slices, and multi-slice PyTorch on TPU is not verified on hardware in Ray 2.60"
 )
 SPEC_FIELDS = COMMON_FIELDS | {
     "groups", "entrypoint", "suspend", "activeDeadlineSeconds", "backoffLimit", "ttlSecondsAfterFinished",
-    "shutdownAfterJobFinishes",
+    "shutdownAfterJobFinishes", "checkpoint", "retries",
 }
+CHECKPOINT_FIELDS = {"storagePath", "workerRetries"}
+RETRY_FIELDS = {"infrastructure", "application"}
+# Attempts after the first, per class of failure (status/attempts.py): a lost TPU host or head is
+# routine on Spot and flex-start capacity; a script that fails with every host healthy fails again.
+RETRY_DEFAULTS = {"infrastructure": 10, "application": 0}
+WORKER_RETRIES_DEFAULT = 1  # Ray Train's FailureConfig(max_failures) inside one attempt
+MAX_RETRIES = 1000
+# gs://bucket/path, s3://..., any fsspec/pyarrow URI, or an absolute path on a mounted volume.
+STORAGE_PATH = re.compile(r"^([a-z][a-z0-9+.-]*://[^\s]+|/[^\s]*)$")
 
 JOB = KindRules(JOB_KIND, SPEC_FIELDS, TPU_FIELDS, SINGLE_SLICE_REASON, RAYJOB_NAME_MAX, "RayJob", MIN_RAY_VERSION,
                 "older Ray cannot run PyTorch on TPU")
@@ -47,6 +58,16 @@ class JobSpec(CommonSpec):
     ttl_seconds_after_finished: int | None
     shutdown_after_job_finishes: bool
     groups: tuple = ()  # spec.groups (groups.Group), beside the training slice
+    uid: str | None = None
+    storage_path: str | None = None
+    worker_retries: int = WORKER_RETRIES_DEFAULT
+    retries: dict = field(default_factory=lambda: dict(RETRY_DEFAULTS))
+
+    @property
+    def run_name(self) -> str:
+        """The Ray Train run's name: the same for every attempt and re-admission of this object
+        (its uid does not change), another one for a new object of the same name."""
+        return f"{self.name}-{self.uid.split('-')[0][:8]}" if self.uid else self.name
 
     @property
     def workers(self) -> int:
@@ -72,6 +93,14 @@ def parse(body: Any) -> JobSpec:
     deadline = r.value(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", int, check=between(1, INT32_MAX))
     backoff = r.value(spec, "backoffLimit", "spec.backoffLimit", int, default=DEFAULTS["backoffLimit"], check=between(0, 100))
     ttl = r.value(spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", int, check=between(0, INT32_MAX))
+    checkpoint = r.mapping(spec, "checkpoint", "spec.checkpoint", CHECKPOINT_FIELDS)
+    storage_path = r.value(checkpoint, "storagePath", "spec.checkpoint.storagePath", str, required="checkpoint" in spec,
+                           check=string(MAX_STORAGE_PATH, STORAGE_PATH, "a URI such as gs://bucket/runs or an absolute path on a mounted volume"))
+    worker_retries = r.value(checkpoint, "workerRetries", "spec.checkpoint.workerRetries", int,
+                             default=WORKER_RETRIES_DEFAULT, check=between(-1, MAX_RETRIES))
+    retries_block = r.mapping(spec, "retries", "spec.retries", RETRY_FIELDS)
+    retries = {k: r.value(retries_block, k, f"spec.retries.{k}", int, default=d, check=between(0, MAX_RETRIES))
+               for k, d in RETRY_DEFAULTS.items()}
     # KubeRay's own rules: both only make sense when the RayCluster is deleted after the job.
     if ttl is not None and not shutdown:
         r.error("spec.ttlSecondsAfterFinished", ttl, "must not be set unless spec.shutdownAfterJobFinishes is true")
@@ -93,4 +122,8 @@ def parse(body: Any) -> JobSpec:
         ttl_seconds_after_finished=ttl,
         shutdown_after_job_finishes=shutdown,
         groups=groups,
+        uid=(body.get("metadata") or {}).get("uid") or None,
+        storage_path=storage_path,
+        worker_retries=worker_retries,
+        retries=retries,
     )

@@ -93,6 +93,14 @@ def describe_text(kind: str, obj: dict, events: list[dict], pods: list[dict]) ->
                        ("KubeRay", "jobDeploymentStatus"), ("Endpoint", "endpoint"), ("Message", "message")):
         if st.get(key) not in (None, ""):
             lines.append(f"{label + ':':<12} {st[key]}")
+    if (st.get("attempts") or 1) > 1 or st.get("attemptHistory"):
+        lines.append(f"Attempt:     {st.get('attempts', 1)}")
+        history = st.get("attemptHistory") or []
+        if history:
+            lines.append("Attempts:")
+            lines += ["  " + r for r in table(["#", "RESULT", "REASON", "ENDED", "MESSAGE"],
+                                              [[str(a.get("attempt", "")), a.get("result", ""), a.get("reason", ""),
+                                                a.get("endTime", ""), a.get("message", "")] for a in history]).splitlines()]
     conds = st.get("conditions") or []
     if conds:
         lines.append("Conditions:")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..api import crd, spec as specs
 from .. import render, status as statuses
 from ..status import kueue
+from ..status import job as job_status
 from .kube import Resource
 from .reconcile import Extra, Kind
 
@@ -42,6 +43,7 @@ JOB = Kind(
     parse=specs.parse, render=render.rayjob, derive=statuses.derive,
     child_patch=_rayjob_patch, cluster_names=_rayjob_clusters, finished=statuses.finished,
     phase_metric="tputorch_jobs", child_spec_read=("suspend",), patch_when_queued=False,
+    attempt=job_status.attempt, child_must_go=job_status.child_must_go,
 )
 SERVICE = Kind(
     resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL,
@@ -102,25 +104,33 @@ _POD_LABELS = tuple(k.label for k in KINDS) + statuses.POD_LABELS_READ
 
 
 def slim_pod(obj: dict) -> dict:
-    """A Ray pod of ours: which object and cluster it serves, its role, its phase, its conditions,
-    and why a container waits (kubelet's reason and message, e.g. ImagePullBackOff)."""
+    """A Ray pod of ours: which object and cluster it serves, its role, its conditions, and what
+    says it is being lost (deletion, a node's ending of it) or cannot start (a container waiting)."""
     meta = obj.get("metadata") or {}
     labels = meta.get("labels") or {}
-    pod_status = obj.get("status") or {}
+    status = obj.get("status") or {}
     conditions = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
-                  for c in pod_status.get("conditions") or []]
-    status: dict = {"conditions": conditions}
-    if pod_status.get("phase"):
-        status["phase"] = pod_status["phase"]
-    waiting = [{"name": cs.get("name"), "state": {"waiting": {k: w[k] for k in ("reason", "message") if k in w}}}
-               for cs in pod_status.get("containerStatuses") or []
-               if (w := (cs.get("state") or {}).get("waiting"))]
+                  for c in status.get("conditions") or []]
+    slim_meta = {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                 "resourceVersion": meta.get("resourceVersion"),
+                 "labels": {k: labels[k] for k in _POD_LABELS if k in labels}}
+    if meta.get("deletionTimestamp"):
+        slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    slim_status = {"conditions": conditions}
+    for key in ("phase", "reason", "message"):
+        if status.get(key):
+            slim_status[key] = status[key]
+    waiting = [{"name": c.get("name"), "image": c.get("image"), "waiting": c["state"]["waiting"]}
+               for c in status.get("containerStatuses") or []
+               if isinstance((c.get("state") or {}).get("waiting"), dict) and c["state"]["waiting"].get("reason")]
     if waiting:
-        status["containerStatuses"] = waiting
-    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         "resourceVersion": meta.get("resourceVersion"),
-                         "labels": {k: labels[k] for k in _POD_LABELS if k in labels}},
-            "status": status}
+        slim_status["containerStatuses"] = [{"name": w["name"], "image": w["image"], "state": {"waiting": w["waiting"]}}
+                                            for w in waiting]
+    slim = {"metadata": slim_meta, "status": slim_status}
+    node = (obj.get("spec") or {}).get("nodeName")
+    if node:
+        slim["spec"] = {"nodeName": node}
+    return slim
 
 
 def pod_index(pod: dict) -> tuple[str, str, str] | None:

@@ -176,6 +176,13 @@ class Kube:
         await self._run(self.custom.patch_namespaced_custom_object, res.group, res.version, namespace, res.plural,
                         name, patch)
 
+    async def delete(self, res: Resource, namespace: str, name: str, uid: str | None) -> None:
+        """Delete one object, only if it is still the one with ``uid`` (409 otherwise). Background:
+        the garbage collector removes its dependents (a RayJob's RayCluster and pods)."""
+        body = {"propagationPolicy": "Background", **({"preconditions": {"uid": uid}} if uid else {})}
+        await asyncio.get_running_loop().run_in_executor(self.pool, lambda: self.custom.delete_namespaced_custom_object(
+            res.group, res.version, namespace, res.plural, name, body=body, _request_timeout=REQUEST_TIMEOUT))
+
     async def _report(self, fn, *args, pool=None, **kwargs) -> None:
         """A status patch or an event, on the report threads. The answer is not parsed (that costs
         more CPU than the request), only drained so that the connection goes back to the pool."""

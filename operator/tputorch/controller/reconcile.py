@@ -29,6 +29,7 @@ from .kube import CALLS, Calls, Resource
 from ..render import MANAGED_BY_LABEL
 from .metrics import METRICS
 from ..api.spec import InvalidSpec
+from ..status.job import ATTEMPT_LABEL
 from .workqueue import WorkQueue
 
 log = logging.getLogger("tputorch")
@@ -37,6 +38,7 @@ Key = tuple[str, str, str]  # (kind, namespace, name)
 # A reconcile that takes longer is abandoned and retried with backoff: one object's stuck call must
 # not keep it from ever being reconciled again (a key is never handed to a second worker).
 RECONCILE_TIMEOUT = 120
+MAX_DELETED_PODS = 64  # per object: the pods of its current attempt's slice seen deleted
 # The status write budget: at most one progress-only status write per object per this many seconds
 # (`tputorch run --status-interval`); a phase change is written at once.
 STATUS_INTERVAL = 2.0
@@ -63,6 +65,10 @@ class Kind:
     # Whether child_patch applies while Kueue manages the child (False: its only patch is suspend,
     # which is Kueue's then; the user's spec.suspend reaches the child through its Workload).
     patch_when_queued: bool = True
+    # Kinds that run in attempts (a job): the attempt its status says is current, and whether a
+    # child of an ended attempt must go (a new attempt is a fresh child; see status/job.py).
+    attempt: Callable[[dict], int] | None = None
+    child_must_go: Callable[[dict, dict], bool] | None = None
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
@@ -73,9 +79,9 @@ WORKLOAD_PRIORITY_CLASS = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorit
 
 def progress_only(previous: dict, current: dict) -> bool:
     """The change says how far the object got (host counts, messages, KubeRay's fields, a condition
-    on the way), not where it is: same phase, same observed generation."""
-    return (previous.get("phase"), previous.get("observedGeneration")) == \
-        (current.get("phase"), current.get("observedGeneration"))
+    on the way), not where it is: same phase, same observed generation, same attempt."""
+    return (previous.get("phase"), previous.get("observedGeneration"), previous.get("attempts")) == \
+        (current.get("phase"), current.get("observedGeneration"), current.get("attempts"))
 
 
 def write_delay(previous: dict, current: dict, last_write: float | None, now: float, interval: float) -> float:
@@ -171,6 +177,7 @@ class Controller:
         self.written: dict[str, tuple[str, dict]] = {}  # uid -> (resourceVersion it was derived from, status)
         self.last_write: dict[str, float] = {}  # uid -> when its status was last written (monotonic)
         self.problems: dict[Key, tuple[str, str]] = {}  # why a child could not be created
+        self.deleted_pods: dict[Key, list[dict]] = {}  # pods seen deleted (status/attempts.py reads them)
         self.uids: dict[Key, str] = {}  # key -> uid, to drop its state when the object is gone
         self.expected: dict[Key, tuple[dict, float]] = {}  # key -> (child just created, monotonic time)
         self.tombstones: dict[str, None] = {}  # uids of deleted children, oldest first
@@ -242,7 +249,13 @@ class Controller:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         for kind in self.kinds.values():
             if kind.label in labels:
-                self.enqueue((kind.resource.kind, key_of(obj)[0], labels[kind.label]))
+                key = (kind.resource.kind, key_of(obj)[0], labels[kind.label])
+                if event == "DELETED" and kind.attempt is not None:
+                    # A pod that vanished is no longer in any store: what the reconcile needs to
+                    # tell a lost host from a healthy slice is kept here until it has looked.
+                    gone = self.deleted_pods.setdefault(key, [])
+                    gone[:] = gone[-(MAX_DELETED_PODS - 1):] + [obj]
+                self.enqueue(key)
 
     def workload_changed(self, event: str, obj: dict) -> None:
         if event in ("SERVED", "FORBIDDEN"):  # Kueue installed (or refused): every queued object reads anew
@@ -280,6 +293,7 @@ class Controller:
             self.terminal.pop(uid, None)
         self.problems.pop(key, None)
         self.expected.pop(key, None)
+        self.deleted_pods.pop(key, None)
         self.queue.drop(key)
 
     def phases(self) -> dict[str, dict[str, int]]:
@@ -356,18 +370,22 @@ class Controller:
         if result == "finished":
             return result  # its status already tells the end; nothing observed would add to it
         ours = child if child is not None and ownership(kind, parent, child) == "ours" else None
-        pods = []
+        pods, deleted = [], []
         if ours is not None:
             clusters = kind.cluster_names(ours)
-            pods = [p for p in self.pods.indexed((kind.label, namespace, name))
-                    if ((p.get("metadata") or {}).get("labels") or {}).get(statuses.CLUSTER_LABEL) in clusters]
+            in_cluster = lambda p: ((p.get("metadata") or {}).get("labels") or {}).get(statuses.CLUSTER_LABEL) in clusters  # noqa: E731
+            pods = [p for p in self.pods.indexed((kind.label, namespace, name)) if in_cluster(p)]
+            deleted = [p for p in self.deleted_pods.get(key, ()) if in_cluster(p)]
         queue = await self._admission(kind, spec, ours) if ours is not None else None
         previous = self._previous(parent)
         current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
-                              self.problems.get(key), queue=queue)
+                              self.problems.get(key), queue=queue, deleted=deleted)
         current = self.never_back_from_terminal(kind, parent, current)
         # The write right after our own create is on the job's critical path: never put off.
         await self._write(kind, parent, previous, current, at_once=result == "created")
+        if ours is not None and kind.child_must_go is not None and kind.child_must_go(self._previous(parent), ours):
+            await self._remove_child(kind, key, ours)  # the attempt it ran has ended (as now written)
+            return "attempt-ended"
         return result
 
     def _terminal(self, kind: Kind, parent: dict) -> dict | None:
@@ -392,6 +410,19 @@ class Controller:
                      parent["metadata"].get("namespace"), parent["metadata"].get("name"), current.get("phase"),
                      kind.child.kind, terminal.get("phase"))
         return terminal
+    async def _remove_child(self, kind: Kind, key: Key, child: dict) -> None:
+        """Delete a child of an ended attempt (once; its deletion event brings the key back)."""
+        meta = child.get("metadata") or {}
+        self.deleted_pods.pop(key, None)  # they were that attempt's
+        self.expected.pop(key, None)  # the child just created, if it was this one, is not awaited any more
+        if meta.get("deletionTimestamp"):
+            return
+        try:
+            await self.kube.delete(kind.child, key[1], key[2], meta.get("uid"))
+        except ApiException as err:
+            if err.status not in (404, 409):  # gone already, or another object by that name now
+                raise
+        log.info("%s %s/%s of an ended attempt deleted", kind.child.kind, key[1], key[2])
 
     async def _ensure_child(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
         namespace, name = key[1], key[2]
@@ -412,6 +443,10 @@ class Controller:
             # ours (invisible to the watch): look again with backoff either way.
             return "retry", child
         self.problems.pop(key, None)
+        if kind.child_must_go is not None and kind.child_must_go(self._previous(parent), child):
+            await self._remove_child(kind, key, child)
+            # Looked at again when it is gone (its deletion event), or with backoff.
+            return "retry", None
         if not kind.patch_when_queued and self._kueue_manages(child):
             return "unchanged", child
         patch = kind.child_patch(spec, child)
@@ -426,6 +461,8 @@ class Controller:
         desired = kind.render(spec)
         desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
         desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
+        if kind.attempt is not None:
+            desired["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(kind.attempt(self._previous(parent)))
         try:
             created = await self.kube.create(kind.child, namespace, desired)
         except ApiException as err:

@@ -91,7 +91,9 @@ def slice_env(job: JobSpec) -> list[dict]:
         {"name": train.ENV_CHIPS_PER_WORKER, "value": str(job.chips_per_worker)},
         {"name": train.ENV_NUM_HOSTS, "value": str(s.hosts)},
         {"name": train.ENV_CHIPS_PER_HOST, "value": str(s.chips_per_host)},
-    ] + _groups.groups_env(job)
+        {"name": train.ENV_RUN_NAME, "value": job.run_name},
+        {"name": train.ENV_WORKER_RETRIES, "value": str(job.worker_retries)},
+    ] + ([{"name": train.ENV_STORAGE_PATH, "value": job.storage_path}] if job.storage_path else []) + _groups.groups_env(job)
 
 
 def serving_env(svc: ServiceSpec) -> list[dict]:

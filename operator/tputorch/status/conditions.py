@@ -39,7 +39,7 @@ POD_LABELS_READ = (ROLE_LABEL, CLUSTER_LABEL, REPLICA_LABEL)
 STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "workers", "hosts", "readyHosts",
     "hostsReady", "rayJobName", "rayClusterName", "dashboardURL", "jobId", "jobStatus",
-    "jobDeploymentStatus", "startTime", "completionTime", "queue", "priorityClass", "clusterQueue", "workload",
+    "jobDeploymentStatus", "startTime", "completionTime", "queue", "priorityClass", "clusterQueue", "workload", "attempts", "attemptHistory",
 )
 SERVICE_STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "replicas", "readyReplicas",
@@ -58,14 +58,15 @@ _WARNING_STATES = {
 }
 _WARNING_REASONS = {"Unschedulable", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
-                    "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible"}
+                    "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
+                    "QuotaExceeded", "PodCreationFailed"}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.
 _QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService", "Pending",
                   *kueue.QUIET_REASONS}
 # Phases whose start is an event of its own (the others have a condition event that says it).
-_PHASE_EVENTS = ("Running", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering", *QUEUE_PHASES)
+_PHASE_EVENTS = ("Running", "Retrying", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering", *QUEUE_PHASES)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,9 @@ CONTAINER_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "C
                       "CreateContainerError", "RunContainerError", "CrashLoopBackOff")
 
 
+IMAGE_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+
+
 def container_problem(pods: Iterable[dict]) -> tuple[str, str] | None:
     """(reason, message) of the first pod (by name) with a container kubelet cannot start: a
     missing image, a missing Secret or key (CreateContainerConfigError), a crash loop."""
@@ -166,8 +170,20 @@ def container_problem(pods: Iterable[dict]) -> tuple[str, str] | None:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in CONTAINER_PROBLEMS:
                 detail = waiting.get("message") or ""
-                return waiting["reason"], (f"pod {_pod_name(pod)} container {cs.get('name', '')}: "
+                image = f" (image {cs['image']})" if cs.get("image") and waiting["reason"] in IMAGE_PROBLEMS else ""
+                return waiting["reason"], (f"pod {_pod_name(pod)} container {cs.get('name', '')}{image}: "
                                            f"{waiting['reason']}" + (f": {detail}" if detail else ""))
+    return None
+
+
+def quota_problem(cluster_status: dict | None) -> tuple[str, str] | None:
+    """(reason, message) when KubeRay cannot create the slice's pods (its ReplicaFailure condition):
+    a ResourceQuota exceeded (QuotaExceeded, the quota's message as is) or another refusal."""
+    for cond in (cluster_status or {}).get("conditions") or []:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            message = cond.get("message") or ""
+            reason = "QuotaExceeded" if "exceeded quota" in message else "PodCreationFailed"
+            return reason, f"KubeRay cannot create the slice's pods: {message}"
     return None
 
 

@@ -1,16 +1,53 @@
-"""Observed RayJob (+ its pods) -> TPUTorchJob status."""
+"""Observed RayJob (+ its pods) -> TPUTorchJob status: its phase, its conditions, and its attempts.
+
+Every phase a TPUTorchJob can be in is listed here (PHASES); the CRD's enum is built from it.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
+from . import attempts as tries
 from .conditions import (
     FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
     child_created, condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
+    container_problem, quota_problem,
 )
 from .kueue import Admission
+
+# Retrying: an attempt ended for a reason another attempt may cure; the next one is on its way.
+PHASES = ("Pending", *QUEUE_PHASES, "Running", "Retrying", "Succeeded", "Failed", "Suspended")
+ATTEMPT_LABEL = "tputorch.io/attempt"  # on the RayJob: which attempt it runs (1 when absent)
+MAX_HISTORY = 20  # attempt records kept in the status: the first one and the latest ones
+
+
+def attempt_of_child(rayjob: Mapping) -> int:
+    value = ((rayjob.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL)
+    return int(value) if isinstance(value, str) and value.isdigit() else 1
+
+
+def attempt(status: Mapping) -> int:
+    """The attempt a job's status says is current (1 before any ended)."""
+    value = status.get("attempts")
+    return value if isinstance(value, int) and value > 0 else 1
+
+
+def child_must_go(status: Mapping, rayjob: Mapping) -> bool:
+    """The RayJob belongs to an attempt that has ended: a new attempt needs a fresh Ray cluster on a
+    whole slice, and a job out of retries must free its slice."""
+    if attempt_of_child(rayjob) < attempt(status):
+        return True
+    deployment = (rayjob.get("status") or {}).get("jobDeploymentStatus")
+    return status.get("phase") == "Failed" and bool(status.get("attemptHistory")) and \
+        deployment not in ("Complete", "Failed", "ValidationFailed", None)
+
+
+def _record(number: int, ending: tries.Ending, now: str) -> dict:
+    return {"attempt": number, "result": ending.result, "reason": ending.reason,
+            "message": ending.message[:1024], "endTime": now}
+
 
 def _phase(deployment: str, job_status: str) -> str:
     if deployment == "Complete":
@@ -44,14 +81,23 @@ def derive(
     now: str,
     problem: tuple[str, str] | None = None,
     queue: Admission | None = None,
+    deleted: Iterable[dict] = (),
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 
     ``problem`` is (reason, message) when the RayJob could not be created (e.g. KubeRay's
-    CRDs are missing); ``pods`` are the job's pods (metadata.name, metadata.labels, status.conditions
-    as the API returns them); ``queue`` is where Kueue has the RayJob (spec.queueName set and the
-    RayJob exists).
+    CRDs are missing); ``pods`` are the pods of the RayJob's cluster (metadata.name, labels,
+    deletionTimestamp, status.phase/reason/conditions as the API returns them), ``deleted`` those of
+    its pods seen deleted while it ran; ``queue`` is where Kueue has the RayJob (spec.queueName set
+    and the RayJob exists).
+
+    ``rayjob`` is the current attempt's when its attempt label says so; one of an ended attempt
+    is going (the reconcile deletes it) and shows the job Retrying.
     """
+    number = attempt(previous)
+    history = [dict(a) for a in previous.get("attemptHistory") or [] if isinstance(a, Mapping)]
+    if rayjob is not None and attempt_of_child(rayjob) != number:
+        rayjob = None  # an ended attempt's RayJob: nothing of it describes this attempt
     s = job.slice
     shape = (
         f"{s.generation.name} {s.topology} slice: {s.hosts} host(s) x {s.chips_per_host} chips, "
@@ -64,6 +110,31 @@ def derive(
     phase = _phase(deployment, job_status) if rayjob is not None else "Pending"
     phase = queue_phase(phase, job.suspend, queue)
     pods = list(pods)
+    ending = None
+    settled = any(a.get("attempt") == number for a in history)  # this attempt's end is recorded
+    # Pods go when a job is suspended (by its user or by Kueue's preemption): that ends no attempt.
+    suspended = job.suspend or bool(((rayjob or {}).get("spec") or {}).get("suspend")) or phase in QUEUE_PHASES
+    watching = rayjob is not None and not suspended and deployment in ("", "Initializing", "Running", "Complete", "Failed")
+    if watching and not settled and previous.get("phase") not in TERMINAL_PHASES:
+        ending = tries.classify(rj_status, pods, deleted)
+    retry_note = ""
+    if ending is not None and ending.result != tries.SUCCEEDED:
+        history.append(_record(number, ending, now))
+        left = tries.retries_left(ending.result, history[:-1], job.retries)
+        if left > 0:
+            number += 1
+            phase = "Retrying"
+            retry_note = (f"attempt {number - 1} ended: {ending.message} ({ending.result.lower()} failure); "
+                          f"starting attempt {number} ({left - 1} {ending.result.lower()} retries left after it)")
+        else:
+            phase = "Failed"
+    elif ending is not None:
+        history.append(_record(number, ending, now))
+        phase = "Succeeded"
+    elif settled and previous.get("phase") in TERMINAL_PHASES:
+        phase = previous["phase"]  # decided before; what KubeRay does with the RayJob now changes nothing
+    elif number > 1 and phase == "Pending":
+        phase = "Retrying"  # the previous attempt's RayJob is going or the new one is starting
     ready = ready_hosts(_training_slice(job, pods), cluster_status)
     if job.groups:  # KubeRay's fallback count (pods gone) includes the groups' pods
         ready = min(ready, s.hosts)
@@ -75,6 +146,7 @@ def derive(
         conditions.append(admitted_condition(queue, generation))
 
     unschedulable = scheduling_problem(pods)
+    blocked = quota_problem(cluster_status) or container_problem(pods)
     if phase in TERMINAL_PHASES:
         slice_ready = condition(SLICE_READY, False, "JobFinished", "the job has finished", generation)
     elif phase == "Suspended":
@@ -83,6 +155,8 @@ def derive(
         slice_ready = condition(SLICE_READY, False, "WaitingForKueue", f"{phase.lower()} by Kueue: the job holds no slice", generation)
     elif rayjob is not None and ready >= s.hosts:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", f"{ready}/{s.hosts} TPU hosts ready", generation)
+    elif blocked:
+        slice_ready = condition(SLICE_READY, False, blocked[0], blocked[1], generation)
     elif unschedulable:
         slice_ready = condition(SLICE_READY, False, "Unschedulable", unschedulable, generation)
     else:
@@ -92,10 +166,24 @@ def derive(
     if phase == "Succeeded":
         conditions.append(condition(SUCCEEDED, True, "JobSucceeded", kuberay_message or "the Ray job succeeded", generation))
     if phase == "Failed":
-        reason = rj_status.get("reason") or "JobFailed"
-        conditions.append(condition(FAILED, True, reason, kuberay_message or f"the Ray job ended {job_status or 'in failure'}", generation))
+        last = history[-1] if history else None
+        if last is not None and last.get("attempt") == number:
+            budget = job.retries.get(str(last["result"]).lower())
+            why = last["message"] + (f" ({last['result'].lower()} failure after {budget} retries of that kind)"
+                                     if budget is not None and budget > 0 else "")
+            conditions.append(condition(FAILED, True, last["reason"], why, generation))
+        else:
+            reason = rj_status.get("reason") or "JobFailed"
+            conditions.append(condition(FAILED, True, reason, kuberay_message or f"the Ray job ended {job_status or 'in failure'}", generation))
 
-    if phase == "Running":
+    if phase == "Retrying":
+        if retry_note:
+            message = retry_note
+        elif previous.get("phase") == "Retrying" and previous.get("message"):
+            message = previous["message"]
+        else:
+            message = f"attempt {number}: {slice_ready['message']}"
+    elif phase == "Running":
         message = f"{job.workers} worker(s) on a {shape.split(':')[0]}, {ready}/{s.hosts} hosts ready"
     elif phase in TERMINAL_PHASES:
         message = conditions[-1]["message"]
@@ -119,7 +207,10 @@ def derive(
         "hostsReady": f"{ready}/{s.hosts}",
         "rayJobName": job.name,
         **queue_fields(job, queue),
+        "attempts": number,
     }
+    if history:
+        status["attemptHistory"] = history if len(history) <= MAX_HISTORY else history[:1] + history[-(MAX_HISTORY - 1):]
     optional = {
         "rayClusterName": rj_status.get("rayClusterName"),
         "dashboardURL": rj_status.get("dashboardURL"),

@@ -8,7 +8,7 @@ from .. import render
 from ..api.spec import ServiceSpec
 from .conditions import (
     CLUSTER_LABEL, FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, VALIDATED, admitted_condition,
-    child_created, condition, container_problem, labels_of, queue_fields, queue_message, queue_phase, ready_hosts,
+    child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
     ready_slices, running, scheduling_problem, stamp,
 )
 from .kueue import Admission
@@ -87,6 +87,7 @@ def derive_service(
     now: str,
     problem: tuple[str, str] | None = None,
     queue: Admission | None = None,
+    deleted: Iterable[dict] = (),  # noqa: ARG001  (a service has no attempts: lost pods are KubeRay's to replace)
 ) -> dict:
     """The whole status of a valid TPUTorchService from its RayService (KubeRay v1.5's status:
     conditions Ready/UpgradeInProgress, serviceStatus, active/pendingServiceStatus with the Serve
@@ -129,7 +130,7 @@ def derive_service(
         conditions.append(admitted_condition(queue, generation))
 
     unschedulable = scheduling_problem(pods)
-    stuck = container_problem(pods)
+    stuck = quota_problem(cluster_status) or container_problem(pods)
     slices_message = f"{ready_replicas}/{replicas} slice replica(s) up, {ready}/{replicas * s.hosts} TPU hosts running"
     if rayservice is not None and ready_replicas >= svc.min_replicas:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", slices_message, generation)

@@ -200,6 +200,7 @@ def test_printer_columns():
         "Queue": ".spec.queueName",
         "Priority": ".spec.priorityClassName",
         "Hosts": ".status.hostsReady",
+        "Attempt": ".status.attempts",
         "Age": ".metadata.creationTimestamp",
     }
     cols = [(c["name"], c["jsonPath"]) for c in definition(crd.SERVICE_KIND)["spec"]["versions"][0]["additionalPrinterColumns"]]

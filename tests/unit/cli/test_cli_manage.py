@@ -74,3 +74,16 @@ def test_describe_text():
     assert "llama-w-0    worker   <unscheduled>" in text
     assert "Warning   Unschedulable   1m    SliceReady=False: 0/9 nodes" in text
     assert "Events:      <none>" in manage.describe_text("TPUTorchJob", obj, [], [])
+
+
+def test_describe_lists_the_attempts_and_why_each_ended():
+    obj = {"metadata": {"name": "llama", "namespace": "a"},
+           "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "img", "entrypoint": "python t.py"},
+           "status": {"phase": "Running", "attempts": 2, "attemptHistory": [
+               {"attempt": 1, "result": "Infrastructure", "reason": "NodeDeleted", "endTime": "2026-12-01T10:00:00Z",
+                "message": "TPU host pod llama-w-2 on node gke-tpu-2: DeletionByPodGC"}]}}
+    text = manage.describe_text("TPUTorchJob", obj, [], [])
+    assert "Attempt:     2" in text
+    assert "1   Infrastructure   NodeDeleted   2026-12-01T10:00:00Z   TPU host pod llama-w-2" in text
+    first = {**obj, "status": {"phase": "Running", "attempts": 1}}
+    assert "Attempt" not in manage.describe_text("TPUTorchJob", first, [], [])

@@ -361,7 +361,7 @@ def test_the_pod_store_keeps_phase_and_why_a_container_waits():
                                             {"name": "sidecar", "state": {"running": {"startedAt": "t"}}}]}}
     slim = kinds.slim_pod(pod)
     assert slim["status"] == {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
-                              "containerStatuses": [{"name": "ray-worker", "state": {"waiting": {
+                              "containerStatuses": [{"name": "ray-worker", "image": "i", "state": {"waiting": {
                                   "reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}]}
     assert slim["metadata"]["labels"] == {"tputorch.io/service": "qwen", "ray.io/node-type": "worker"}
     assert kinds.slim_pod({"metadata": {"name": "p"}, "status": {}})["status"] == {"conditions": []}

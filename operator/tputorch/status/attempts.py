@@ -1,0 +1,136 @@
+"""Why an attempt of a TPUTorchJob ended, and whether another one starts. Pure functions.
+
+An attempt is one RayJob: a fresh Ray cluster on a whole slice. It ends for the infrastructure
+(a host or the head of the slice lost: preemption, a node shut down or deleted, an eviction) or for
+the application (the script failed while every host was healthy). Each class has its own retry
+budget (spec.retries); a lost host restarts the whole slice as a unit, since a multi-host TPU slice
+cannot run with a host missing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+INFRASTRUCTURE = "Infrastructure"
+APPLICATION = "Application"
+SUCCEEDED = "Succeeded"
+FINAL = "Final"  # ended in a way another attempt would not change (a deadline, an invalid RayJob)
+
+ROLE_LABEL = "ray.io/node-type"
+
+# Kubernetes' DisruptionTarget pod condition (>= 1.26): why the pod is about to go.
+DISRUPTION_REASONS = {
+    "PreemptionByScheduler": "PodPreempted",
+    "DeletionByTaintManager": "NodeUnreachable",  # a NoExecute taint: node not ready / unreachable
+    "EvictionByEvictionAPI": "PodEvicted",
+    "DeletionByPodGC": "NodeDeleted",  # the pod's node is gone
+    "TerminationByKubelet": "NodeShutdown",  # graceful node shutdown, or the kubelet preempted it
+}
+# status.reason of a pod that the node (not its containers) ended.
+FAILED_POD_REASONS = {
+    "Evicted": "PodEvicted",
+    "NodeShutdown": "NodeShutdown",
+    "Shutdown": "NodeShutdown",
+    "Terminated": "NodeShutdown",
+    "NodeLost": "NodeDeleted",
+    "NodeAffinity": "NodeLabelsChanged",
+    "OutOfcpu": "PodEvicted",
+    "OutOfmemory": "PodEvicted",
+}
+# KubeRay's RayJob failure reasons that another attempt would not change.
+FINAL_KUBERAY_REASONS = {"DeadlineExceeded", "ValidationFailed", "SubmissionFailed"}
+
+_EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Warning))(?::\s*(.*))?$")
+
+
+@dataclass(frozen=True)
+class Ending:
+    result: str  # INFRASTRUCTURE, APPLICATION, SUCCEEDED or FINAL
+    reason: str  # CamelCase, for the condition and the event
+    message: str
+
+
+def _meta(pod: Mapping) -> Mapping:
+    return pod.get("metadata") or {}
+
+
+def _role(pod: Mapping) -> str:
+    return "head" if (_meta(pod).get("labels") or {}).get(ROLE_LABEL) == "head" else "TPU host"
+
+
+def pod_lost(pod: Mapping) -> tuple[str, str] | None:
+    """(reason, message) when the pod of a running attempt is going for a reason of the node's or
+    the cluster's, not of its containers; None while it is healthy."""
+    name = _meta(pod).get("name", "?")
+    status = pod.get("status") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    where = f" on node {node}" if node else ""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            reason = DISRUPTION_REASONS.get(cond.get("reason", ""), "PodDisrupted")
+            return reason, f"{_role(pod)} pod {name}{where}: {cond.get('reason', 'disrupted')}: {cond.get('message', '')}".rstrip(": ")
+    if status.get("phase") == "Failed" and status.get("reason") in FAILED_POD_REASONS:
+        reason = FAILED_POD_REASONS[status["reason"]]
+        return reason, f"{_role(pod)} pod {name}{where}: {status['reason']}: {status.get('message', '')}".rstrip(": ")
+    if _meta(pod).get("deletionTimestamp"):
+        return "PodDeleted", f"{_role(pod)} pod {name}{where} is being deleted"
+    return None
+
+
+def host_lost(pods: Iterable[Mapping], deleted: Iterable[Mapping] = ()) -> Ending | None:
+    """The first pod of the attempt's cluster that is lost (head first, then by name), or one that
+    was deleted outright (``deleted``: the pods as last seen before they vanished)."""
+    found = []
+    for pod in pods:
+        lost = pod_lost(pod)
+        if lost:
+            found.append((_role(pod) != "head", _meta(pod).get("name", ""), lost))
+    for pod in deleted:
+        lost = pod_lost(pod) or ("PodDeleted", f"{_role(pod)} pod {_meta(pod).get('name', '?')} was deleted")
+        found.append((_role(pod) != "head", _meta(pod).get("name", ""), lost))
+    if not found:
+        return None
+    not_head, _, (reason, message) = min(found)
+    if not not_head and reason == "PodDeleted":
+        reason = "HeadLost"
+    return Ending(INFRASTRUCTURE, reason, message)
+
+
+def exception_of(message: str) -> str | None:
+    """The last 'SomethingError: text' line of a Ray job's message (which ends with the driver's log)."""
+    for line in reversed((message or "").splitlines()):
+        m = _EXCEPTION_LINE.match(line)
+        if m:
+            return f"{m.group(1)}: {m.group(2)}".rstrip(": ") if m.group(2) else m.group(1)
+    return None
+
+
+def classify(rayjob_status: Mapping, pods: Iterable[Mapping], deleted: Iterable[Mapping] = ()) -> Ending | None:
+    """Why the attempt ended, or None while it runs. A lost host or head wins over the Ray job's
+    own end: a job that failed because its slice broke is the infrastructure's failure."""
+    deployment = rayjob_status.get("jobDeploymentStatus") or ""
+    job_status = rayjob_status.get("jobStatus") or ""
+    if deployment == "Complete" and job_status == "SUCCEEDED":
+        return Ending(SUCCEEDED, "JobSucceeded", rayjob_status.get("message") or "the Ray job succeeded")
+    lost = host_lost(pods, deleted)
+    if lost is not None:
+        return lost
+    if deployment not in ("Complete", "Failed", "ValidationFailed"):
+        return None
+    reason = rayjob_status.get("reason") or "JobFailed"
+    message = rayjob_status.get("message") or f"the Ray job ended {job_status or 'in failure'}"
+    if reason in FINAL_KUBERAY_REASONS or deployment == "ValidationFailed":
+        return Ending(FINAL, reason, message)
+    raised = exception_of(message)
+    if raised:
+        message = f"the script raised {raised}"
+    return Ending(APPLICATION, reason, message)
+
+
+def retries_left(result: str, history: Iterable[Mapping], budget: Mapping[str, int]) -> int:
+    """Retries of this class still allowed after the attempts in ``history`` (``budget`` is
+    spec.retries: {"infrastructure": n, "application": m}; other endings are never retried)."""
+    used = sum(1 for a in history if a.get("result") == result)
+    return budget.get(result.lower(), 0) - used

@@ -1,0 +1,63 @@
+"""spec.checkpoint and spec.retries: defaults, every bad value named, and what the script gets:
+a run name stable across attempts of one object (its uid) and the storage path, in the environment
+that tputorch.train.run_config() reads."""
+
+import pytest
+
+from tputorch import render, train
+from tputorch.api import spec
+
+from ..jobs import body
+
+
+def errors_of(obj):
+    with pytest.raises(spec.InvalidSpec) as err:
+        spec.parse(obj)
+    return [(e.path, e.message) for e in err.value.errors]
+
+
+def head_env(job):
+    head = render.rayjob(job)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in head["env"]}
+
+
+def test_defaults_retry_the_infrastructure_ten_times_and_the_application_never():
+    job = spec.parse(body())
+    assert job.retries == {"infrastructure": 10, "application": 0}
+    assert job.storage_path is None and job.worker_retries == 1
+
+
+def test_the_run_name_follows_the_objects_uid_not_its_name_alone():
+    first = body(checkpoint={"storagePath": "gs://ckpt/runs"})
+    again = body(checkpoint={"storagePath": "gs://ckpt/runs"})
+    again["metadata"]["uid"] = "7f000000-aaaa-bbbb-cccc-000000000000"  # a new object, same name
+    env1, env2 = head_env(spec.parse(first)), head_env(spec.parse(again))
+    assert env1[train.ENV_RUN_NAME] == "demo-0b6c1f4e" and env2[train.ENV_RUN_NAME] == "demo-7f000000"
+    assert env1[train.ENV_STORAGE_PATH] == "gs://ckpt/runs" and env1[train.ENV_WORKER_RETRIES] == "1"
+    # The same object parsed again (a retry, a re-admission, an operator restart): the same run.
+    assert head_env(spec.parse(first)) == env1
+    assert train.ENV_STORAGE_PATH not in head_env(spec.parse(body()))
+
+
+@pytest.mark.parametrize("overrides,path,fragment", [
+    ({"checkpoint": {}}, "spec.checkpoint.storagePath", "is required"),
+    ({"checkpoint": {"storagePath": "relative/dir"}}, "spec.checkpoint.storagePath", "absolute path"),
+    ({"checkpoint": {"storagePath": "gs://b/x", "keep": 2}}, "spec.checkpoint.keep", "is not a known field"),
+    ({"checkpoint": {"storagePath": "gs://b/x", "workerRetries": -2}}, "spec.checkpoint.workerRetries", "between -1 and 1000"),
+    ({"retries": {"infrastructure": -1}}, "spec.retries.infrastructure", "between 0 and 1000"),
+    ({"retries": {"application": "1"}}, "spec.retries.application", "must be an integer"),
+    ({"retries": {"preemption": 1}}, "spec.retries.preemption", "is not a known field"),
+])
+def test_bad_values_are_named(overrides, path, fragment):
+    found = errors_of(body(**overrides))
+    assert any(p == path and fragment in m for p, m in found), found
+
+
+def test_run_config_is_built_from_that_environment():
+    pytest.importorskip("ray.train")
+    env = {train.ENV_RUN_NAME: "demo-0b6c1f4e", train.ENV_STORAGE_PATH: "/mnt/ckpt", train.ENV_WORKER_RETRIES: "3"}
+    config = train.run_config(env)
+    assert (config.name, config.storage_path, config.failure_config.max_failures) == ("demo-0b6c1f4e", "/mnt/ckpt", 3)
+    assert train.run_config(env, name="other").name == "other"
+    with pytest.raises(train.MissingSliceEnvironment, match="TPUTORCH_WORKER_RETRIES"):
+        train.run_config({train.ENV_WORKER_RETRIES: "many"})

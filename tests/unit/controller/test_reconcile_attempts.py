@@ -1,0 +1,118 @@
+"""Attempts through the fake API adapter: a host pod deleted while the job runs ends the attempt
+(status first, then the RayJob deleted by its uid), the next RayJob carries the next attempt's
+label, and a script that fails is not run again."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tputorch.controller import kinds
+from tputorch.status.job import ATTEMPT_LABEL
+
+from ..fakekube import FakeKube, controller
+from ..jobs import body
+
+KIND = "TPUTorchJob"
+KEY = (KIND, "ml", "demo")
+RUNNING = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": "demo-abcde"}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def pod(name, role="worker", cluster="demo-abcde"):
+    return kinds.slim_pod({"metadata": {"name": name, "namespace": "ml", "resourceVersion": "7", "labels": {
+        "ray.io/node-type": role, "ray.io/cluster": cluster, "tputorch.io/job": "demo"}},
+        "spec": {"nodeName": f"node-{name}"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+
+
+def started(kube: FakeKube):
+    """A job whose first RayJob runs on a slice of four ready hosts."""
+    ctl = controller(kube)
+    parent = body()
+    parent["metadata"].update(uid="uid-job", resourceVersion="10")
+    ctl.parents[KIND].remember(parent)
+    assert run(ctl.reconcile(KEY)) == "created"
+    rayjob = kube.objects[("rayjobs", "ml", "demo")]
+    assert rayjob["metadata"]["labels"][ATTEMPT_LABEL] == "1"
+    seen(ctl.children[KIND], newer(rayjob, RUNNING))
+    for p in [pod("demo-head", "head")] + [pod(f"demo-tpu-{i}") for i in range(4)]:
+        ctl.pods.remember(p)
+    run(ctl.reconcile(KEY))
+    assert last_status(kube)["phase"] == "Running"
+    return ctl
+
+
+def newer(obj: dict, status: dict) -> dict:
+    """The object as its next watch event brings it, with ``status``."""
+    meta = obj["metadata"]
+    return {**obj, "metadata": {**meta, "resourceVersion": str(int(meta["resourceVersion"]) + 1000)}, "status": status}
+
+
+def seen(informer, obj: dict) -> None:
+    """A watch event bringing ``obj``."""
+    informer._put(informer.slim(obj))
+
+
+def last_status(kube: FakeKube) -> dict:
+    return kube.called("patch_status")[-1][4]
+
+
+def test_a_deleted_host_pod_ends_the_attempt_and_the_next_rayjob_is_attempt_two():
+    kube = FakeKube()
+    ctl = started(kube)
+    old_uid = kube.objects[("rayjobs", "ml", "demo")]["metadata"]["uid"]
+    gone = pod("demo-tpu-2")
+    ctl.pods._pop(("ml", "demo-tpu-2"))
+    ctl.pod_changed("DELETED", gone)
+
+    assert run(ctl.reconcile(KEY)) == "attempt-ended"
+    status = last_status(kube)
+    assert (status["phase"], status["attempts"]) == ("Retrying", 2)
+    assert status["attemptHistory"][0]["reason"] == "PodDeleted" and "demo-tpu-2" in status["message"]
+    # The status is written before the RayJob goes, and the delete names the RayJob's uid.
+    order = [c[0] for c in kube.calls]
+    assert order.index("delete") > len(order) - 1 - order[::-1].index("patch_status")
+    assert kube.called("delete") == [("delete", "rayjobs", "ml", "demo", old_uid)]
+
+    ctl.child_seen(KEY, "DELETED", ctl.children[KIND]._pop(("ml", "demo")))  # its DELETED event
+    assert run(ctl.reconcile(KEY)) == "created"
+    assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["labels"][ATTEMPT_LABEL] == "2"
+    assert last_status(kube)["phase"] == "Retrying"
+
+
+def test_a_rayjob_of_an_ended_attempt_seen_again_is_deleted_not_observed():
+    """After a restart (nothing in memory) the status says attempt 2 and the store still has
+    attempt 1's RayJob: it is deleted, never reported on."""
+    kube = FakeKube()
+    ctl = started(kube)
+    parent = ctl.parents[KIND].get(("ml", "demo"))
+    seen(ctl.parents[KIND], {**parent, "metadata": {**parent["metadata"], "resourceVersion": "11"},
+                                "status": {"phase": "Retrying", "attempts": 2, "attemptHistory": [
+                                    {"attempt": 1, "result": "Infrastructure", "reason": "NodeDeleted", "message": "m",
+                                     "endTime": "2026-12-01T10:00:00Z"}]}})
+    kube.calls.clear()
+    assert run(ctl.reconcile(KEY)) == "retry"
+    assert [c[0] for c in kube.calls if c[0] in ("delete", "create")] == ["delete"]
+
+
+def test_a_script_that_fails_is_not_retried_and_its_rayjob_stays():
+    kube = FakeKube()
+    ctl = started(kube)
+    rayjob = ctl.children[KIND].get(("ml", "demo"))
+    seen(ctl.children[KIND], newer(rayjob, {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED",
+                                               "reason": "AppFailed", "message": "RuntimeError: boom"}))
+    run(ctl.reconcile(KEY))
+    status = last_status(kube)
+    assert (status["phase"], status["attempts"]) == ("Failed", 1)
+    assert kube.called("delete") == []
+
+
+def test_pods_of_an_earlier_cluster_deleted_later_do_not_end_the_current_attempt():
+    kube = FakeKube()
+    ctl = started(kube)
+    ctl.pod_changed("DELETED", pod("demo-tpu-0", cluster="demo-older"))
+    run(ctl.reconcile(KEY))
+    assert last_status(kube)["phase"] == "Running" and kube.called("delete") == []

@@ -533,6 +533,10 @@ def _service_spec_schema() -> dict:
                         minLength=1,
                         maxLength=253,
                     ),
+                    "cacheVolume": _string(
+                        "Name of a spec.volumes entry (gcs or pvc, writable, mounted on the workers) for the Hugging Face "
+                        "cache (HF_HOME) and vLLM's XLA compile cache (VLLM_XLA_CACHE_PATH), under its mountPath.",
+                        minLength=1, maxLength=63),
                     "hfTokenSecret": _s(
                         "Secret holding a Hugging Face token: HF_TOKEN on the head and every worker.",
                         type="object",

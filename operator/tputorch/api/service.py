@@ -29,7 +29,12 @@ SERVICE_SINGLE_SLICE_REASON = (
 # chipsPerWorker.
 SERVICE_TPU_FIELDS = TPU_FIELDS - {"chipsPerWorker"}
 SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas", "serve", "upgradeStrategy"}
-MODEL_FIELDS = {"source", "name", "hfTokenSecret"}
+MODEL_FIELDS = {"source", "name", "hfTokenSecret", "cacheVolume"}
+# spec.model.cacheVolume: the spec.volumes entry (a GCS FUSE bucket or a PVC) that holds the
+# Hugging Face download cache and vLLM's XLA compile cache, as Google's TPU serving samples keep
+# them, so that a restart, an upgrade or a new replica reads the weights and compiled graphs
+# instead of downloading and compiling again. Subdirectories of its mountPath:
+CACHE_ENV = {"HF_HOME": "huggingface", "VLLM_XLA_CACHE_PATH": "vllm-xla-cache"}
 SECRET_REF_FIELDS = {"name", "key"}
 ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
 REPLICA_FIELDS = {"min", "max"}
@@ -100,6 +105,7 @@ class ServiceSpec(CommonSpec):
     health_check_period_s: int = SERVICE_DEFAULTS["serve.healthCheckPeriodSeconds"]
     health_check_timeout_s: int = SERVICE_DEFAULTS["serve.healthCheckTimeoutSeconds"]
     initializing_timeout_s: int = SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"]
+    cache_path: str | None = None  # spec.model.cacheVolume's mountPath
     upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
 
     @property
@@ -161,6 +167,8 @@ def parse_service(body: Any) -> ServiceSpec:
     operator_env = dict(SERVICE_ENV)
     if token_secret_set:
         operator_env[HF_TOKEN_ENV] = "the operator sets it from spec.model.hfTokenSecret"
+    if isinstance(model, Mapping) and model.get("cacheVolume") is not None:
+        operator_env.update({k: "the operator sets it under spec.model.cacheVolume's mountPath" for k in CACHE_ENV})
     fields, spec, tpu = parse_common(r, body, SERVICE, operator_env)
 
     model = r.mapping(spec, "model", "spec.model", MODEL_FIELDS)
@@ -177,6 +185,18 @@ def parse_service(body: Any) -> ServiceSpec:
         secret_key = r.value(secret, "key", "spec.model.hfTokenSecret.key", str, required=True, check=_secret_key)
         if secret_name and secret_key:
             hf_token_secret = (secret_name, secret_key)
+    cache_name = r.value(model, "cacheVolume", "spec.model.cacheVolume", str, check=string(63))
+    cache_path = None
+    if cache_name is not None:
+        volume = next((v for v in fields["volumes"] if v.name == cache_name), None)
+        if volume is None:
+            r.error("spec.model.cacheVolume", cache_name, "must name one of spec.volumes"
+                    + (f" ({', '.join(v.name for v in fields['volumes'])})" if fields["volumes"] else " (there are none)"))
+        elif volume.source == "emptyDir" or volume.read_only or "worker" not in volume.mount_on:
+            r.error("spec.model.cacheVolume", cache_name, "must be a writable gcs or pvc volume mounted on the workers "
+                    "(the TPU hosts download the weights and compile there)")
+        else:
+            cache_path = volume.mount_path.rstrip("/")
 
     engine = r.mapping(spec, "engine", "spec.engine", ENGINE_FIELDS)
     chips = tpu.slice.chips if tpu.slice else None
@@ -254,5 +274,6 @@ def parse_service(body: Any) -> ServiceSpec:
         health_check_timeout_s=timeout,
         initializing_timeout_s=init_timeout,
         upgrade_strategy=strategy,
+        cache_path=cache_path,
     )
 

@@ -16,6 +16,7 @@ import yaml
 
 from ..api import storage, topology
 from .. import train
+from ..api.service import CACHE_ENV
 from ..api.spec import HF_TOKEN_ENV, FieldError, InvalidSpec, JobSpec, ServiceSpec
 from . import groups as _groups
 
@@ -107,6 +108,8 @@ def serving_env(svc: ServiceSpec) -> list[dict]:
     if svc.hf_token_secret:
         name, key = svc.hf_token_secret
         env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
+    if svc.cache_path:
+        env += [{"name": k, "value": f"{svc.cache_path}/{sub}"} for k, sub in CACHE_ENV.items()]
     return env
 
 

@@ -201,3 +201,23 @@ def test_engine_args_in_vllms_spelling_pass():
     svc = spec.parse_service(service_body(engine={"args": {"gpu_memory_utilization": 0.9, "enable_prefix_caching": True,
                                                            "max_num_seqs": 64, "kv_cache_dtype": "auto"}}))
     assert svc.engine_args["max_num_seqs"] == 64
+
+
+CACHE = {"name": "models", "mountPath": "/models/", "gcs": {"bucket": "my-models"}}
+
+
+def test_cache_volume_names_a_writable_gcs_or_pvc_volume_on_the_workers():
+    svc = spec.parse_service(service_body(model={"source": "Qwen/Qwen3-0.6B", "cacheVolume": "models"}, volumes=[CACHE]))
+    assert svc.cache_path == "/models"
+    for volumes, fragment in [
+        ([], "must name one of spec.volumes (there are none)"),
+        ([{**CACHE, "name": "other"}], "must name one of spec.volumes (other)"),
+        ([{**CACHE, "readOnly": True}], "must be a writable gcs or pvc volume mounted on the workers"),
+        ([{"name": "models", "mountPath": "/models", "emptyDir": {}}], "must be a writable gcs or pvc volume"),
+        ([{**CACHE, "mountOn": ["head"]}], "mounted on the workers"),
+    ]:
+        err = only_error(service_body(model={"source": "q", "cacheVolume": "models"}, volumes=volumes))
+        assert err.path == "spec.model.cacheVolume" and fragment in str(err), str(err)
+    err = only_error(service_body(model={"source": "q", "cacheVolume": "models"}, volumes=[CACHE],
+                                  env=[{"name": "HF_HOME", "value": "/tmp"}]))
+    assert err.path == "spec.env[0].name" and "cacheVolume" in str(err)

@@ -501,3 +501,13 @@ def test_the_network_policy_admits_own_pods_the_peers_dashboard_and_a_services_s
     assert clients == {"ports": [{"protocol": "TCP", "port": 8000}]}  # the model's endpoint, from anywhere
     # no peers: own pods only (and a service's clients)
     assert render.network_policy(spec.parse(body()), ())["spec"]["ingress"] == [own | {"from": [{"podSelector": {"matchLabels": {render.JOB_LABEL: "demo"}}}]}]
+
+
+def test_the_cache_volume_holds_the_hugging_face_and_xla_caches_on_every_node():
+    rs = rendered_service({"model": {"source": "Qwen/Qwen3-0.6B", "cacheVolume": "models"},
+                           "volumes": [{"name": "models", "mountPath": "/models", "pvc": {"claimName": "weights"}}]})
+    cluster = rs["spec"]["rayClusterConfig"]
+    for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
+        env = env_of(container(template))
+        assert (env["HF_HOME"], env["VLLM_XLA_CACHE_PATH"]) == ("/models/huggingface", "/models/vllm-xla-cache")
+    assert "HF_HOME" not in env_of(container(rendered_service({})["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]))

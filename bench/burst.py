@@ -251,6 +251,7 @@ class Bench:
         api = component_pid("kube-apiserver")
         api_cpu = cpu_s(api) if api else float("nan")
         ctl_cpu = cpu_s(controller_pid) if controller_pid else float("nan")
+        self.cpu_before = ctl_cpu
         self.writes_before = apiserver_writes(self.api)
         sent, start = self._burst(ns, bodies)
         ok = w.wait(sent, timeout)
@@ -290,6 +291,7 @@ class Bench:
             result = self._through_controller(ns, n, proc.pid)
             time.sleep(2)  # it writes nothing more; the same wait as the operator's events below
             result["writes_per_job"] = writes_per_job(self.writes_before, apiserver_writes(self.api), n)
+            result["cpu_ms_per_job_settled"] = 1000 * (cpu_s(proc.pid) - self.cpu_before) / n
             return result
         finally:
             proc.terminate()
@@ -308,6 +310,8 @@ class Bench:
             result["all_status_s"] = time.monotonic() - result["burst_start"]
             time.sleep(2)  # the events, posted once no job waits for a reconcile
             result["writes_per_job"] = writes_per_job(self.writes_before, apiserver_writes(self.api), n)
+            # its whole work for the burst: statuses and events come after the last RayJob
+            result["cpu_ms_per_job_settled"] = 1000 * (cpu_s(op.proc.pid) - self.cpu_before) / n
             result["rss_idle_mb"] = rss_idle
             result["rss_loaded_mb"] = rss_mb(op.proc.pid)
             result["status"] = self.propagation(ns, sorted(f"job-{i:05d}" for i in range(n))[:status_samples])

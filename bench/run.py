@@ -224,10 +224,12 @@ def sections(results: dict) -> list[tuple[str, list[str], list[list]]]:
             m, o = s["minimal"], s["operator"]
             rows.append([n, m["per_s"], o["per_s"], s["throughput_ratio"], m["p50_ms"], o["p50_ms"], s["p50_ratio"],
                          o["p99_ms"], 1000 * m["operator_cpu_s"] / m["n"], 1000 * o["operator_cpu_s"] / o["n"],
+                         m.get("cpu_ms_per_job_settled", ""), o.get("cpu_ms_per_job_settled", ""),
                          o["rss_loaded_mb"], f"{m['load']}/{o['load']}"])
         out.append(("2. Bursts: operator vs minimal controller (KubeRay stopped)",
                     ["N", "minimal jobs/s", "op jobs/s", "op/min", "minimal p50 ms", "op p50 ms", "op/min p50",
-                     "op p99 ms", "minimal CPU ms/job", "op CPU ms/job", "op RSS MB", "load"], rows))
+                     "op p99 ms", "minimal CPU ms/job", "op CPU ms/job", "minimal CPU ms/job, all",
+                     "op CPU ms/job, all (statuses, events)", "op RSS MB", "load"], rows))
     rows = []
     if "e2e" in c and "writes_per_job" in c["e2e"]:
         for side, w in c["e2e"]["writes_per_job"].items():

@@ -1,13 +1,17 @@
 # tputorch-operator image: `make image` (docker, or buildah without a daemon), or by hand
 # `docker build -t IMAGE .` at the repo root (BuildKit, the default since Docker 23).
 # Stage 1 builds the wheel; stage 2 installs it into a clean Python with no build tools.
+# Pin the base by digest for a release build: --build-arg
+# PYTHON_IMAGE=python:3.11.11-slim-bookworm@sha256:<digest>, the digest read with
+# `crane digest python:3.11.11-slim-bookworm` or `docker buildx imagetools inspect` (the default below
+# is the tag only: the machine this was written on reaches no container registry to read the digest).
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # README.m[d]: the long description, optional (the wheel builds without it; setuptools warns).
-COPY pyproject.toml README.m[d] ./
+COPY pyproject.toml requirements.lock README.m[d] ./
 COPY operator/ operator/
 # Secret pip-ca (optional): a CA bundle the build host needs to reach the package index, e.g.
 # --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt. A secret mount is there for this RUN
@@ -18,15 +22,19 @@ RUN --mount=type=secret,id=pip-ca \
 
 FROM ${PYTHON_IMAGE}
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-# Dependencies (kopf, kubernetes, pyyaml, jinja2) come from PyPI as wheels; pip, setuptools and
-# wheel are then removed so the final image holds no build tooling. The wheel is bind-mounted from
-# the builder stage, so it never becomes a layer of this image. kubernetes.aio, the client's asyncio
+# Dependencies (kopf, kubernetes, pyyaml, jinja2 and theirs) come from PyPI at the versions and
+# hashes of requirements.lock (pip-compile --generate-hashes; `make lock` regenerates it), then the
+# operator's wheel without dependencies; pip, setuptools and wheel are then removed so the final
+# image holds no build tooling. The wheel is bind-mounted from the builder stage, so it never becomes
+# a layer of this image. kubernetes.aio, the client's asyncio
 # twin and the largest part of the package, is never imported (the operator uses the sync client;
 # kopf talks to the API with aiohttp itself): removed.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    --mount=type=bind,from=builder,source=/src/requirements.lock,target=/requirements.lock \
     --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
- && pip install /wheels/*.whl \
+ && pip install --require-hashes --only-binary=:all: -r /requirements.lock \
+ && pip install --no-deps /wheels/*.whl \
  && pip uninstall -y pip setuptools wheel \
  && rm -rf "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kubernetes/aio" \
  && groupadd --gid 65532 tputorch \

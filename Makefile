@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image
+.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image lock
 
 # pip's HTTP cache stores nothing here (the index's responses carry no caching headers), so the
 # large wheels (torch with its CUDA libraries, Ray) are kept in a wheelhouse of our own that every
@@ -58,6 +58,13 @@ bench: install $(VENV)/.bench
 $(VENV)/.bench: pyproject.toml
 	$(PY) -m pip install -q -e '.[bench]'
 	touch $@
+
+# The operator image's Python dependencies, pinned with their hashes (the Dockerfile installs them
+# with --require-hashes). Run after changing [project] dependencies in pyproject.toml.
+lock:
+	python3 -m venv .cache/pip-tools && .cache/pip-tools/bin/pip install -q pip-tools
+	env -u PIP_FIND_LINKS .cache/pip-tools/bin/pip-compile -q --generate-hashes --strip-extras --no-emit-index-url \
+	  --no-emit-find-links --allow-unsafe -o requirements.lock pyproject.toml
 
 crd: install
 	$(PY) -m tputorch crd --kind TPUTorchJob > crds/tputorch.io_tputorchjobs.yaml

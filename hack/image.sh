@@ -52,7 +52,7 @@ base_ref() {
 cache_key() {
   (
     cd "$REPO"
-    sha256sum Dockerfile .dockerignore pyproject.toml hack/image.sh
+    sha256sum Dockerfile .dockerignore pyproject.toml requirements.lock hack/image.sh
     # the same files the build context takes from operator/ (.dockerignore drops caches)
     find operator -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' -print0 \
       | LC_ALL=C sort -z | xargs -0 sha256sum

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def tree(tmp_path):
     """A copy of what the key reads, plus files it must ignore."""
-    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "hack/image.sh", "hack/base-image.sh"):
+    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "requirements.lock", "README.md", "hack/image.sh",
+                 "hack/base-image.sh"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "operator", tmp_path / "operator", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
@@ -41,7 +42,7 @@ def test_key_ignores_docs_tests_and_caches(tree):
     assert key(tree) == before
 
 
-@pytest.mark.parametrize("path", ["Dockerfile", "pyproject.toml", "operator/tputorch/cli/main.py", "hack/image.sh",
+@pytest.mark.parametrize("path", ["Dockerfile", "pyproject.toml", "requirements.lock", "operator/tputorch/cli/main.py", "hack/image.sh",
                                   "hack/base-image.sh", "operator/tputorch/new_module.py"])
 def test_key_changes_with_what_goes_into_the_image(tree, path):
     before = key(tree)

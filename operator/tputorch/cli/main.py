@@ -39,7 +39,9 @@ def _parse_all(path: str) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[s
             problems.append(f"{where}: kind must be {kinds}, got {doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r}")
             continue
         try:
-            jobs.append(spec.parse_any(doc))
+            parsed = spec.parse_any(doc)
+            render.render_any(parsed)  # the child must fit what Kubernetes stores, as the operator checks
+            jobs.append(parsed)
         except spec.InvalidSpec as err:
             problems.extend(f"{where}: {e}" for e in err.errors)
     return jobs, problems

@@ -75,3 +75,13 @@ def test_the_cli_exits_1_with_a_message_for_each(tmp_path, capsys, alarm, comman
     out, err = capsys.readouterr()
     assert code == 1 and out == "" and err.strip(), err
     assert "Traceback" not in err
+
+
+def test_validate_refuses_a_job_whose_rayjob_would_not_fit(tmp_path, capsys):
+    env = "".join(f"\n  - {{name: V{i}, value: {'x' * 20_000}}}" for i in range(30))
+    path = tmp_path / "big.yaml"
+    path.write_text(JOB + "  env:" + env + "\n")
+    for command in ("validate", "render"):
+        code = cli.main([command, str(path)])
+        out, err = capsys.readouterr()
+        assert code == 1 and out == "" and "spec: renders a RayJob of" in err, err[-500:]

@@ -222,3 +222,20 @@ def test_finished_means_the_ray_job_ended_not_a_failed_validation():
     assert not status.finished(derive("running")) and not status.finished(derive(None))
     invalid = status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 1, {}, T0)
     assert invalid["phase"] == "Failed" and not status.finished(invalid)  # fixing the spec may still run it
+
+
+def test_with_groups_only_the_training_slices_hosts_count():
+    job = spec.parse(body(groups=[{"name": "rollout", "tpu": {"accelerator": "v6e", "topology": "4x4"}}, {"name": "reward"}]))
+
+    def pod(name, group, ready):
+        p = worker_pod(name, ready)
+        p["metadata"]["labels"]["ray.io/group"] = group
+        return p
+
+    rollout = [pod(f"r{i}", "rollout", True) for i in range(4)] + [pod("rw", "reward", True)]
+    pods = [pod("t0", "tpu-slice", True), pod("t1", "tpu-slice", False)] + rollout
+    st = status.derive(job, 1, rayjob("running"), pods, {}, T0)
+    assert st["hostsReady"] == "1/4" and st["hosts"] == 4  # the rollout slice's 4 ready hosts are not the job's
+    assert cond(st, "SliceReady")["reason"] == "WaitingForHosts"
+    # Without groups, every worker pod is a host of the one slice (as before).
+    assert status.derive(JOB, 1, rayjob("running"), [worker_pod(f"w{i}", True) for i in range(4)], {}, T0)["hostsReady"] == "4/4"

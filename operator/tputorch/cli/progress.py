@@ -206,7 +206,8 @@ class JsonRenderer:
 
 
 _PHASE_STYLE = {"Succeeded": "bold green", "Ready": "bold green", "Running": "bold cyan", "Failed": "bold red",
-                "Pending": "bold yellow", "Deploying": "bold yellow", "Updating": "bold yellow"}
+                "Pending": "bold yellow", "Deploying": "bold yellow", "Updating": "bold yellow", "Degraded": "bold red",
+                "Recovering": "bold yellow"}
 
 
 class RichRenderer:

@@ -1,0 +1,26 @@
+"""The CPU chain serves the operator's own serveConfigV2: only what a TPU needs and CPU cannot give
+differs, each difference listed in cpu_variant.py. This pins that list."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cpu_variant  # noqa: E402
+from tputorch import render  # noqa: E402
+
+
+def test_the_cpu_config_is_the_operators_but_for_the_listed_differences():
+    ours = render.serve_config(cpu_variant.service("/models/tiny"))
+    cpu = cpu_variant.serve_config("/models/tiny", 18000)
+    (o,), (c,) = ours["applications"][0]["args"]["llm_configs"], cpu["applications"][0]["args"]["llm_configs"]
+    assert {k for k in o if o.get(k) != c.get(k)} | {k for k in c if k not in o} == {
+        "accelerator_type", "accelerator_config", "engine_kwargs", "runtime_env"}
+    # pipeline_parallel_size is 1 on both (the TPU config's tensor parallelism spans the slice's 4 chips).
+    assert {k for k in o["engine_kwargs"] if o["engine_kwargs"][k] != c["engine_kwargs"][k]} == {"tensor_parallel_size"}
+    # The deployment options (autoscaling, request limits, health checks, the TPU-host pin) are the operator's.
+    assert c["deployment_config"] == o["deployment_config"]
+    assert c["deployment_config"]["ray_actor_options"]["resources"].keys() == cpu_variant.HOST_RESOURCES.keys()
+    app_o = {k: v for k, v in ours["applications"][0].items() if k != "args"}
+    app_c = {k: v for k, v in cpu["applications"][0].items() if k != "args"}
+    assert app_o == app_c and set(cpu) - set(ours) == {"http_options"}

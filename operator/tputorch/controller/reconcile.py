@@ -380,6 +380,16 @@ class Controller:
         previous = self._previous(parent)
         current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
                               self.problems.get(key), queue=queue, deleted=deleted)
+        if ours is not None and kind.child_must_go is not None and kind.child_must_go(current, ours):
+            # About to end the attempt, maybe on pod events alone: the pod and RayJob watches are
+            # not ordered, and a job that just succeeded also loses its pods (KubeRay deletes its
+            # cluster). Read the RayJob itself before ending its attempt.
+            fresh = await self.kube.get(kind.child, namespace, name)
+            if (fresh.get("metadata") or {}).get("resourceVersion") != (ours.get("metadata") or {}).get("resourceVersion"):
+                self.children[key[0]].remember(fresh)
+                ours = self.children[key[0]].slim(fresh)
+                current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
+                                      self.problems.get(key), queue=queue, deleted=deleted)
         current = self.never_back_from_terminal(kind, parent, current)
         # The write right after our own create is on the job's critical path: never put off.
         await self._write(kind, parent, previous, current, at_once=result == "created")

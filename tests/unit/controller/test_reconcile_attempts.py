@@ -116,3 +116,18 @@ def test_pods_of_an_earlier_cluster_deleted_later_do_not_end_the_current_attempt
     ctl.pod_changed("DELETED", pod("demo-tpu-0", cluster="demo-older"))
     run(ctl.reconcile(KEY))
     assert last_status(kube)["phase"] == "Running" and kube.called("delete") == []
+
+
+def test_a_job_that_just_succeeded_is_not_retried_on_its_cleanup():
+    """KubeRay deletes a finished job's cluster: when the pods' deletions arrive before the RayJob's
+    own event, the RayJob is read again before its attempt is ended, and it says Succeeded."""
+    kube = FakeKube()
+    ctl = started(kube)
+    stored = kube.objects[("rayjobs", "ml", "demo")]
+    kube.objects[("rayjobs", "ml", "demo")] = newer(newer(stored, {}), {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
+    ctl.pods._pop(("ml", "demo-tpu-0"))
+    ctl.pod_changed("DELETED", pod("demo-tpu-0"))
+    run(ctl.reconcile(KEY))
+    status = last_status(kube)
+    assert (status["phase"], status["attempts"]) == ("Succeeded", 1)
+    assert kube.called("delete") == []

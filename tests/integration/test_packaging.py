@@ -130,3 +130,40 @@ def test_kubectl_plugin_runs_without_the_cli_extra(installed, tmp_path):
     assert out.returncode == 0, out.stderr
     job, rayjob = yaml.safe_load_all(out.stdout)
     assert job["kind"] == "TPUTorchJob" and rayjob["kind"] == "RayJob"
+
+
+def test_the_readmes_cli_install_from_a_checkout(tmp_path):
+    """The README's install of the user commands, run as written in a fresh venv from a copy of
+    the checkout: `tputorch` and `kubectl tputorch` work, with rich, and without Ray or PyTorch."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import doccmds
+
+    cmds = doccmds.tested_by("tests/integration/test_packaging.py")
+    assert cmds, "the README names no command tested here"
+    src = tmp_path / "checkout"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src)
+    shutil.copytree(ROOT / "operator", src / "operator",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    env = _isolated_env(env_dir / "bin")
+    # the wheels `make install` keeps, when there: the same files PyPI serves, without the download
+    wheels = Path(os.environ.get("TPUTORCH_CACHE", Path.home() / ".cache" / "tputorch")) / "wheels"
+    if wheels.is_dir():
+        env["PIP_FIND_LINKS"] = str(wheels)
+    for c in cmds:
+        out = _run(["bash", "-c", c.text], src, 600, env=env)
+        if out.returncode != 0 and re.search(r"(?i)connection|resolve|network|No matching distribution", out.stderr):
+            pytest.skip(f"cannot install dependencies from the package index: {out.stderr[-500:]}")
+        assert out.returncode == 0, f"{c.where}: {c.text}\n{out.stderr[-3000:]}"
+    code = ("import importlib.util as u; print([m for m in ('rich', 'kubernetes', 'ray', 'torch') "
+            "if u.find_spec(m) is not None])")
+    found = _run([env_dir / "bin" / "python", "-c", code], tmp_path, 60, env=env)
+    assert found.stdout.strip() == "['rich', 'kubernetes']", found.stderr
+    kubeconfig = {**env, "KUBECONFIG": str(tmp_path / "none")}
+    for cli in ("tputorch", "kubectl-tputorch"):
+        out = _run([env_dir / "bin" / cli, "submit", "--tpu", "v6e-4x4", "--image", "i", "--name", "p", "--dry-run",
+                    "--", "python", "t.py"], tmp_path, 60, env=kubeconfig)
+        assert out.returncode == 0 and "kind: RayJob" in out.stdout, out.stderr

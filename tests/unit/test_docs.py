@@ -1,0 +1,142 @@
+"""The docs' commands, offline: every shell command in README.md and docs/*.md runs in a test or
+says in the docs why it does not (tests/doccmds.py has the rules); the offline ones run here, as
+one script per document in the order a reader runs them. The cluster ones run in
+tests/cluster/test_docs_commands.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import doccmds  # noqa: E402
+from tputorch import render  # noqa: E402
+from tputorch.api import spec  # noqa: E402
+
+ROOT = doccmds.ROOT
+COMMANDS = doccmds.all_commands()
+DOC_NAMES = sorted({c.doc for c in COMMANDS})
+
+
+def shim_path(tmp: Path, helm: str | None) -> str:
+    """A PATH whose `tputorch` (and `kubectl-tputorch`) is this checkout's, as `pip install .` makes
+    it, and whose helm is the one the chart tests use."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("tputorch", "kubectl-tputorch"):
+        (bin_dir / name).write_text(f'#!/bin/sh\nPYTHONPATH={ROOT / "operator"} exec {sys.executable} -m tputorch "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    if helm:
+        (bin_dir / "helm").symlink_to(helm)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+def run_script(text: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    # stdin answers `read` prompts (a token typed in without shell history)
+    return subprocess.run(["bash", "-c", text], cwd=ROOT, env=env, input="hf_not_a_real_token\n" * 20,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_docs_have_shell_commands():
+    # the harness finds what it should: the README's quick start is among them
+    assert any(c.doc == "README.md" and c.text.startswith("tputorch submit") for c in COMMANDS)
+    assert {"README.md", "docs/install-gke.md"} <= set(DOC_NAMES)
+
+
+def test_every_fenced_block_says_what_it_holds():
+    """An untagged block could hide commands from the check below: each block names its language
+    (`sh` for commands, `text` for output or a synopsis)."""
+    untagged = [f"{b.doc}:{b.line}" for path in doccmds.DOCS for b in doccmds.blocks(path) if not b.lang]
+    assert not untagged, f"fenced blocks without a language tag: {untagged}"
+
+
+def test_every_command_runs_in_a_test_or_is_marked_not_run_here():
+    unhandled = [f"{c.where}: {c.text.splitlines()[0]}  ({c.why})" for c in COMMANDS
+                 if c.kind == "unhandled" and c.marker is None]
+    assert not unhandled, ("commands no test runs; make a rule in tests/doccmds.py run them or mark them "
+                           "`# not run here: <why>` in the doc:\n" + "\n".join(unhandled))
+
+
+def test_no_marker_on_a_command_that_runs_here():
+    # (plain shell lines of a marked block, such as an assignment, may stay in it)
+    wrong = [f"{c.where}: {c.text.splitlines()[0]}" for c in COMMANDS if c.marker is not None
+             and c.kind not in ("unhandled", "shell") and not c.text.lstrip().startswith(tuple(doccmds.GKE_OUTPUTS))]
+    assert not wrong, "marked `not run here` but a test can run them: drop the marker\n" + "\n".join(wrong)
+    bare = [c.where for c in COMMANDS if c.marker == ""]
+    assert not bare, f"`# not run here:` needs a reason: {bare}"
+
+
+def test_commands_tested_elsewhere_are_run_there():
+    """`# tested by FILE`: FILE exists and takes its commands from the docs (doccmds.tested_by), so
+    what it runs is what the reader copies."""
+    for c in COMMANDS:
+        if c.tested_by:
+            path = ROOT / c.tested_by
+            assert path.is_file(), f"{c.where}: {c.tested_by} does not exist"
+            assert f'doccmds.tested_by("{c.tested_by}")' in path.read_text(), \
+                f"{c.where}: {c.tested_by} does not run the docs' commands (doccmds.tested_by)"
+
+
+def test_rules_sort_commands_as_intended():
+    """The rules on commands written for this test (not the docs): what runs where, and how."""
+    def one(text):
+        return doccmds.classify(doccmds.Command("x.md", 1, text))
+
+    assert one("tputorch validate examples/v6e-4x4.yaml").kind == "offline"
+    assert one("kubectl tputorch submit --dry-run --tpu v6e-2x2 --image i -- python a.py").kind == "offline"
+    assert one("tputorch submit --tpu v6e-2x2 --image i -- python a.py").kind == "cluster"
+    assert one("gcloud container clusters create c").kind == "unhandled"
+    assert one("DIGEST=$(docker inspect x | cut -d@ -f2)").kind == "unhandled"
+    assert one("export A=1 B=$A").kind == "shell"
+    helm = one("helm upgrade --install t charts/tputorch-operator -n tputorch-system --reuse-values --set image.digest=$D")
+    assert helm.run == ("helm template t charts/tputorch-operator -n tputorch-system --set image.digest=$D"
+                        " | kubectl apply --dry-run=server -f -")
+    assert one("kubectl delete crd tputorchjobs.tputorch.io").run.endswith("--dry-run=server")
+    assert one("kubectl -n x delete ttj a").run == "kubectl -n x delete ttj a"
+    assert one("kubectl apply -f examples/v6e-4x4.yaml").run == "kubectl apply -f examples/v6e-4x4.yaml"
+    assert one("kubectl apply --server-side -f charts/tputorch-operator/crds/").run.endswith("--dry-run=server")
+    assert one("kubectl get ttj -w").run == "retry 'kubectl get ttj'"
+    assert one("kubectl create namespace team-a").namespaces == ["team-a"]
+    assert one("kubectl port-forward svc/x 8000:8000 &").kind == "unhandled"
+    curl = doccmds.commands(doccmds.Block("x.md", 1, "sh", [(2, "curl -d '{"), (3, '  "a": 1'), (4, "}'  # not run here: no endpoint")]))
+    assert len(curl) == 1 and curl[0].marker == "no endpoint"
+    heredoc = doccmds.commands(doccmds.Block("x.md", 1, "sh", [(2, "kubectl apply -f - <<'EOF'"), (3, "kind: ConfigMap"),
+                                                               (4, "EOF"), (5, "kubectl get cm")]))
+    assert [c.text.splitlines()[0] for c in heredoc] == ["kubectl apply -f - <<'EOF'", "kubectl get cm"]
+    assert doccmds.classify(heredoc[0]).run.startswith("kubectl apply -f - <<'EOF'\nkind: ConfigMap")
+
+
+@pytest.mark.parametrize("doc", DOC_NAMES)
+def test_offline_commands_of_the_doc_run(doc, tmp_path):
+    cmds = [c for c in COMMANDS if c.doc == doc]
+    if not any(c.kind == "offline" and c.marker is None for c in cmds):
+        return  # nothing offline in this doc: its shell lines run with the cluster commands
+    kubeconfig = tmp_path / "kubeconfig"  # submit/serve --dry-run read the context's namespace only
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "docs",
+        "contexts": [{"name": "docs", "context": {"cluster": "none", "user": "none", "namespace": "team-a"}}],
+        "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}], "users": [{"name": "none", "user": {}}]}))
+    env = {**os.environ, "PATH": shim_path(tmp_path, doccmds.find_helm()), "KUBECONFIG": str(kubeconfig),
+           "HELM_CACHE_HOME": str(tmp_path / "helm"), "HELM_CONFIG_HOME": str(tmp_path / "helm"),
+           "HELM_DATA_HOME": str(tmp_path / "helm")}
+    env.pop("PYTHONPATH", None)
+    out = run_script(doccmds.script(cmds, {"shell", "offline"}), env)
+    assert out.returncode == 0, f"a command of {doc} failed (the last +++ line):\n{out.stderr[-4000:]}"
+
+
+EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_example_parses_and_renders(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    ours = [d for d in docs if d.get("kind") in ("TPUTorchJob", "TPUTorchService")]
+    for doc in ours:
+        child = render.render_any(spec.parse_any(doc))
+        assert child["kind"] in ("RayJob", "RayService") and child["metadata"]["name"] == doc["metadata"]["name"]

@@ -140,3 +140,36 @@ def test_every_example_parses_and_renders(path):
     for doc in ours:
         child = render.render_any(spec.parse_any(doc))
         assert child["kind"] in ("RayJob", "RayService") and child["metadata"]["name"] == doc["metadata"]["name"]
+
+
+def rbac_table(doc: str) -> set:
+    """(API group, resource, verb) of every row of the doc's table of what the operator may do."""
+    text = (ROOT / doc).read_text()
+    table = text[text.index("| API group | resources | verbs | why |"):].split("\n\n", 1)[0]
+    out = set()
+    for row in table.splitlines()[2:]:
+        groups, resources, verbs = (cell.strip() for cell in row.strip("|").split("|")[:3])
+        for g in groups.split(","):
+            for r in resources.split("(")[0].split(","):
+                for v in verbs.split(","):
+                    out.add(("" if g.strip() == "core" else g.strip(), r.strip(), v.strip()))
+    return out
+
+
+@pytest.mark.skipif(doccmds.find_helm() is None, reason="no helm binary (hack/build.sh helm, or set $HELM)")
+def test_the_rbac_table_is_what_the_chart_grants(tmp_path):
+    """install-gke.md's table of the operator's permissions against the chart's rendered Roles and
+    ClusterRoles (cluster-wide and namespaced; the users' aggregated roles are another table)."""
+    granted = set()
+    env = {**os.environ, "HELM_CACHE_HOME": str(tmp_path), "HELM_CONFIG_HOME": str(tmp_path), "HELM_DATA_HOME": str(tmp_path)}
+    for extra in ([], ["--set", "watchNamespaces={team-a}"]):
+        out = subprocess.run([doccmds.find_helm(), "template", "t", str(ROOT / "charts" / "tputorch-operator"),
+                              "--namespace", "tputorch-system", *extra], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        for d in yaml.safe_load_all(out.stdout):
+            if d and d["kind"] in ("Role", "ClusterRole") and not d["metadata"]["name"].endswith(("-user-view", "-user-edit")):
+                for rule in d["rules"]:
+                    granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    documented = rbac_table("docs/install-gke.md")
+    assert documented == granted, (f"in the doc, not granted: {sorted(documented - granted)}; "
+                                   f"granted, not in the doc: {sorted(granted - documented)}")

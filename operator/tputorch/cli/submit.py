@@ -455,7 +455,7 @@ def register(sub) -> None:
     v.add_argument("--tpu", required=True, metavar="ACCEL-TOPOLOGY", help="the slice, e.g. v6e-4x4")
     v.add_argument("--image", required=True, help="image with Ray Serve LLM and vLLM for TPU")
     v.add_argument("--model", required=True, metavar="SOURCE", help="model source, e.g. a Hugging Face id or gs:// path")
-    v.add_argument("--served-model-name", help="the name clients ask for (default: the source)")
+    v.add_argument("--served-model-name", help="the name clients ask for (default: the service's name)")
     v.add_argument("--hf-token-secret", metavar="SECRET:KEY", help="the Secret (and its key) holding a Hugging Face token")
     v.add_argument("--tp", type=int, metavar="N", help="tensor parallel size")
     v.add_argument("--min-replicas", type=int)

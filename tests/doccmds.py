@@ -58,9 +58,11 @@ TPUTORCH_CLUSTER = {"submit", "serve", "get", "describe", "wait", "delete"}
 # changes how the cluster admits others' objects).
 NAMESPACED_KINDS = {"TPUTorchJob", "TPUTorchService", "Secret", "ConfigMap", "ServiceAccount", "ResourceQuota",
                     "Service"}
-# Kinds only GKE serves (Managed Prometheus, GKE's Gateway policies): applying them must be marked.
+# Kinds the local cluster serves only with an add-on it does not run by default (Managed Prometheus
+# and GKE's Gateway policies never; Kueue with KUEUE=1): applying them must be marked.
 GKE_ONLY_KINDS = {"PodMonitoring", "ClusterPodMonitoring", "Rules", "ClusterRules", "Gateway", "HTTPRoute",
-                  "HealthCheckPolicy", "GCPBackendPolicy", "GCPGatewayPolicy"}
+                  "HealthCheckPolicy", "GCPBackendPolicy", "GCPGatewayPolicy",
+                  "ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass"}
 REAL_CREATE = {"secret", "configmap", "serviceaccount", "namespace", "ns"}
 REAL_DELETE = {"ttj", "ttsvc", "tputorchjob", "tputorchjobs", "tputorchservice", "tputorchservices",
                "secret", "namespace", "ns"} | {f"{k}.tputorch.io" for k in ("tputorchjob", "tputorchjobs",

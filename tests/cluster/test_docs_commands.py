@@ -170,3 +170,19 @@ def test_every_example_and_its_child_is_admitted(kube, tputorch_crd, tmp_path): 
         delete_namespace(kube, namespace, wait=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("(server dry run)") == len(docs), out.stdout
+
+
+def test_the_service_crd_is_installable_and_its_serve_rule_still_holds(kube, tputorch_crd, tmp_path):  # noqa: F811
+    """The CRD went onto the API server (the fixture applied it: its serve rule once broke that), and
+    the rule still refuses maxOngoingRequests below targetOngoingRequests."""
+    namespace = make_namespace(kube, f"docs-serve-rule-{uuid.uuid4().hex[:5]}")
+    svc = yaml.safe_load((ROOT / "examples" / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
+    svc["metadata"]["namespace"] = namespace
+    try:
+        ok = kubectl(kube.kubeconfig, "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(svc), check=False)
+        svc["spec"]["serve"] = {"targetOngoingRequests": 64, "maxOngoingRequests": 8}
+        bad = kubectl(kube.kubeconfig, "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(svc), check=False)
+    finally:
+        delete_namespace(kube, namespace, wait=False)
+    assert ok.returncode == 0, ok.stderr
+    assert bad.returncode != 0 and "maxOngoingRequests must be at least" in bad.stderr, bad.stderr

@@ -149,10 +149,11 @@ def test_the_readmes_cli_install_from_a_checkout(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     env = _isolated_env(env_dir / "bin")
-    # the wheels `make install` keeps, when there: the same files PyPI serves, without the download
+    # the wheels `make install` keeps (every dependency and the build backend), when there: the same
+    # files PyPI serves, without the index's round trips
     wheels = Path(os.environ.get("TPUTORCH_CACHE", Path.home() / ".cache" / "tputorch")) / "wheels"
-    if wheels.is_dir():
-        env["PIP_FIND_LINKS"] = str(wheels)
+    if any(wheels.glob("setuptools-*.whl")) and any(wheels.glob("rich-*.whl")):
+        env.update(PIP_FIND_LINKS=str(wheels), PIP_NO_INDEX="1")
     for c in cmds:
         out = _run(["bash", "-c", c.text], src, 600, env=env)
         if out.returncode != 0 and re.search(r"(?i)connection|resolve|network|No matching distribution", out.stderr):

@@ -35,13 +35,14 @@ class View:
     message: str
     endpoint: str | None
     reason: str | None  # the failure's reason (KubeRay's, or ValidationFailed)
+    attempt: int = 1  # a job's current attempt (status.attempts)
 
     def to_json(self) -> dict:
         """camelCase, as the Kubernetes objects it comes from."""
         return {"kind": self.kind, "name": self.name, "namespace": self.namespace, "phase": self.phase,
                 "hosts": self.hosts, "readyHosts": self.ready_hosts, "waiting": self.waiting,
                 "rayJobStatus": self.ray_status, "message": self.message, "endpoint": self.endpoint,
-                "reason": self.reason}
+                "reason": self.reason, "attempt": self.attempt}
 
     @property
     def hosts_text(self) -> str:
@@ -78,6 +79,7 @@ def view(kind: str, obj: dict) -> View:
         message=status.get("message") or "",
         endpoint=status.get("endpoint"),
         reason=(failed.get("reason") or "Failed") if phase == "Failed" else None,
+        attempt=status.get("attempts") if isinstance(status.get("attempts"), int) else 1,
     )
 
 
@@ -99,6 +101,10 @@ def outcome(v: View, target: str) -> int | None:
 def summary(v: View) -> str:
     """One line for a person: phase, hosts, Ray job status, what it waits for."""
     parts = [v.phase or "Submitted"]
+    if v.attempt > 1:
+        parts.append(f"attempt {v.attempt}")
+    if v.phase == "Retrying" and v.message:
+        parts.append(v.message)
     if v.hosts_text:
         parts.append(v.hosts_text)
     if v.ray_status:
@@ -206,7 +212,7 @@ class JsonRenderer:
 
 
 _PHASE_STYLE = {"Succeeded": "bold green", "Ready": "bold green", "Running": "bold cyan", "Failed": "bold red",
-                "Pending": "bold yellow", "Deploying": "bold yellow", "Updating": "bold yellow", "Degraded": "bold red",
+                "Pending": "bold yellow", "Retrying": "bold yellow", "Deploying": "bold yellow", "Updating": "bold yellow", "Degraded": "bold red",
                 "Recovering": "bold yellow"}
 
 

@@ -192,3 +192,13 @@ def test_interrupt_leaves_the_job_and_exits_130(monkeypatch):
 def test_view_is_pure_data():
     v = progress.view("TPUTorchJob", job("Running", 2))
     assert isinstance(v, View) and v.hosts_text == "2/4 TPU hosts"
+
+
+def test_a_retrying_job_shows_its_attempt_and_why_the_last_one_ended():
+    obj = job("Retrying", 0, message="attempt 1 ended: TPU host pod llama-w-2 was deleted (infrastructure failure); starting attempt 2")
+    obj["status"]["attempts"] = 2
+    v = progress.view("TPUTorchJob", obj)
+    assert progress.outcome(v, "Succeeded") is None  # not over: the next attempt runs
+    assert progress.summary(v).startswith("Retrying  attempt 2  attempt 1 ended: TPU host pod llama-w-2 was deleted")
+    assert v.to_json()["attempt"] == 2
+    assert "attempt" not in progress.summary(progress.view("TPUTorchJob", job("Running", 4)))

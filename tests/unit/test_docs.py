@@ -173,3 +173,70 @@ def test_the_rbac_table_is_what_the_chart_grants(tmp_path):
     documented = rbac_table("docs/install-gke.md")
     assert documented == granted, (f"in the doc, not granted: {sorted(documented - granted)}; "
                                    f"granted, not in the doc: {sorted(granted - documented)}")
+
+
+def test_the_example_images_pin_what_the_project_runs():
+    """examples/Dockerfile: the Ray of spec's default rayVersion on Python 3.11, the torch CI trains
+    the examples with (pyproject's `torch` extra), torch-tpu with a torch its wheel accepts (2.11 to
+    2.15); examples/serve/Dockerfile: the same Ray on Python 3.12 (vllm-torchtpu 0.29.0 has no 3.11
+    wheel)."""
+    import re
+    import tomllib
+
+    from tputorch.api import common
+
+    ray = common.DEFAULTS["rayVersion"]
+    train = (ROOT / "examples" / "Dockerfile").read_text()
+    serve = (ROOT / "examples" / "serve" / "Dockerfile").read_text()
+    assert re.search(rf"^FROM rayproject/ray:{re.escape(ray)}-py311$", train, re.M), train
+    assert re.search(rf"^FROM rayproject/ray:{re.escape(ray)}-py312$", serve, re.M), serve
+    (ci_torch,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["torch"]
+    pinned = re.search(r"\btorch==([\d.]+)", train).group(1)
+    assert ci_torch == f"torch=={pinned}"
+    assert (2, 11) <= tuple(int(x) for x in pinned.split(".")[:2]) <= (2, 15)
+    for pin in ("torch-tpu==0.2.0", "libtpu==0.0.50", "smart_open[gcs]==", "google-cloud-storage=="):
+        assert pin in train, pin
+    assert f'"ray[serve]=={ray}"' in serve and '"vllm-torchtpu==0.29.0"' in serve
+
+
+def entrypoints() -> list[tuple[str, list[str], dict]]:
+    """Every `python examples/....py ARGS` a reader would start: in the docs' shell commands (after
+    `--`, shell variables given a value) and in the examples' TPUTorchJobs (with their env)."""
+    import shlex
+
+    out = []
+    for c in COMMANDS:
+        if "python examples/" in c.text and c.marker is None:
+            words = shlex.split(c.text.replace("\\\n", " ").replace("$", "X"))
+            i = words.index("python")
+            out.append((c.where, words[i + 1:], {}))
+    for path in EXAMPLES:
+        for d in yaml.safe_load_all(path.read_text()):
+            if d and d.get("kind") == "TPUTorchJob" and d["spec"]["entrypoint"].startswith("python examples/"):
+                env = {e["name"]: e["value"] for e in d["spec"].get("env", []) if "value" in e}
+                if (d["spec"].get("checkpoint") or {}).get("storagePath"):
+                    env["TPUTORCH_STORAGE_PATH"] = d["spec"]["checkpoint"]["storagePath"]
+                out.append((str(path.relative_to(ROOT)), shlex.split(d["spec"]["entrypoint"])[1:], env))
+    return out
+
+
+def test_every_example_command_line_is_accepted_by_its_script(monkeypatch):
+    """The quick start once exited at once (the script wanted --storage-path): each command line the
+    docs and the examples start is parsed by the script's own parse_args, with the env it would have."""
+    import importlib.util
+
+    found = entrypoints()
+    assert any(where.startswith("README.md:") for where, _, _ in found)
+    for where, argv, env in found:
+        script = ROOT / argv[0]
+        module_spec = importlib.util.spec_from_file_location(f"docs_example_{script.stem}", script)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        for name in ("STORAGE_PATH", "TPUTORCH_STORAGE_PATH"):
+            monkeypatch.delenv(name, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        try:
+            module.parse_args(argv[1:])
+        except SystemExit as exc:
+            raise AssertionError(f"{where}: {' '.join(argv)} exits at once ({exc.code})") from exc

@@ -35,6 +35,12 @@ def test_an_evicted_host_restarts_the_slice_as_attempt_two(kube, namespace, oper
         get_rayjob(kube, namespace, "evicted")), 120, "the RayJob of attempt 2")
     assert second["metadata"]["labels"][ATTEMPT_LABEL] == "2"
     wait_phase(kube, namespace, "evicted", "Running", 180)
+    # KubeRay reports Running once it has made the submitter, before the Ray job exists: the
+    # stand-in dashboard's newest job of this RayJob name must be attempt 2's before it is ended.
+    cluster = kube.wait(lambda: (get_rayjob(kube, namespace, "evicted").get("status") or {}).get("rayClusterName"),
+                        60, "attempt 2's RayCluster")
+    kube.wait(lambda: (dashboard.get_job(namespace, "evicted") or {}).get("cluster") == cluster, 120,
+              "attempt 2's Ray job submitted")
     dashboard.set_job_status(namespace, "evicted", "SUCCEEDED")
     st = wait_phase(kube, namespace, "evicted", "Succeeded", 180)
     assert st["attempts"] == 2

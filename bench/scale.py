@@ -88,7 +88,7 @@ def settle(op: OperatorProcess, started: float, objects: int, quiet: float = 3.0
         if reconciled and s.get("tputorch_queue_depth", 1) == 0 and now - last_patch_at >= quiet:
             return {"served_s": served - started, "reconciled_s": reconciled - started,
                     "last_patch_s": (last_patch_at - started) if patches else 0.0,
-                    "status_writes": patches, "creates": s.get('tputorch_reconciles_total{result="created"}', 0.0),
+                    "status_writes": patches, "creates": s.get('tputorch_reconciles_total{kind="TPUTorchJob",result="created"}', 0.0),
                     "reconciles": total(s, "tputorch_reconciles_total"),
                     "reconcile_results": {k.split('"')[1]: v for k, v in s.items()
                                           if k.startswith("tputorch_reconciles_total{")},

@@ -43,6 +43,10 @@ def install_crd(kubeconfig: str) -> None:
             "crd/tputorchservices.tputorch.io")
 
 
+class _PortTaken(Exception):
+    """Another process bound a port picked for the operator before it did."""
+
+
 class OperatorProcess:
     """One operator process; start() blocks until its liveness endpoint answers."""
 
@@ -62,7 +66,22 @@ class OperatorProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def start(self, timeout: float = 60) -> "OperatorProcess":
+    def start(self, timeout: float = 60, attempts: int = 3) -> "OperatorProcess":
+        """Start and wait for /healthz. The ports were free when picked but another process may
+        take one before the operator binds it: then start again on new ports. A start that fails
+        stops the process it started."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                self.kill()
+                self.health_port, self.metrics_port = free_port(), free_port()
+            except BaseException:
+                self.kill()
+                raise
+        raise AssertionError(f"operator could not bind its ports in {attempts} attempts:\n{self.log()}")
+
+    def _start_once(self, timeout: float) -> "OperatorProcess":
         args = [sys.executable, "-m", "tputorch", "run",
                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.extra_args]
@@ -70,19 +89,31 @@ class OperatorProcess:
             args += ["--namespace", ns]
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env,
                "PYTHONPATH": str(self.source) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         end = time.monotonic() + timeout
         while time.monotonic() < end:
+            if "address already in use" in self.log()[log_start:].lower():
+                raise _PortTaken()  # kopf retries a failed startup: the process may run on
             if self.proc.poll() is not None:
                 raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 with _no_proxy.open(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2):
-                    return self
+                    if self._metrics_bound():
+                        return self
             except OSError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         raise AssertionError(f"operator not healthy after {timeout}s:\n{self.log()}")
+
+    def _metrics_bound(self) -> bool:
+        try:
+            with _no_proxy.open(self.metrics_url, timeout=2):
+                return True
+        except OSError:
+            return False
 
     def metrics(self) -> str:
         with _no_proxy.open(self.metrics_url, timeout=5) as resp:

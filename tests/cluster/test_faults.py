@@ -209,7 +209,7 @@ def test_deleted_rayjob_of_a_finished_job_is_left_alone(kube, namespace, operato
     # Not recreated, neither by the running operator nor by a restarted one (resume handler).
     operator.kill()
     operator.start()
-    kube.wait(lambda: 'tputorch_reconciles_total{result="finished"}' in operator.metrics(), 60,
+    kube.wait(lambda: 'tputorch_reconciles_total{kind="TPUTorchJob",result="finished"}' in operator.metrics(), 60,
               "the restarted operator reconciled the finished job")
     assert not rayjobs(kube, namespace), "a finished job's RayJob must not be recreated (it would train again)"
     st = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "done")["status"]

@@ -115,8 +115,8 @@ def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, namespace, operator, dashb
     wait_events(kube, namespace, name, ("Normal", "Created"), ("Normal", "Running"), ("Normal", "JobSucceeded"))
     assert ("Normal", "JobFinished") not in events_for(kube, namespace, name)  # JobSucceeded says it
     metrics = operator.metrics()
-    assert 'tputorch_reconciles_total{result="created"} 1' in metrics
-    assert 'tputorch_jobs{phase="Succeeded"} 1' in metrics
+    assert 'tputorch_reconciles_total{kind="TPUTorchJob",result="created"} 1.0' in metrics
+    assert 'tputorch_jobs{phase="Succeeded"} 1.0' in metrics
 
 
 def test_failing_job_reports_kuberays_message(kube, namespace, operator, dashboard):

@@ -78,9 +78,9 @@ def test_a_foreign_rayjob_carrying_our_labels_is_never_taken_over(kube, namespac
     st = wait_condition(kube, namespace, "lookalike", "RayJobCreated", "RayJobNameTaken")
     assert st["phase"] == "Pending"
     # more reconciles (an event of the RayJob, the backoff's retries) must not touch it either
-    retries = _metric(operator, "tputorch_reconciles_total").get('result="retry"', 0)
+    retries = _metric(operator, "tputorch_reconciles_total").get('kind="TPUTorchJob",result="retry"', 0)
     patch_rayjob(kube, namespace, "lookalike", {"metadata": {"labels": {"touched": "yes"}}})
-    kube.wait(lambda: _metric(operator, "tputorch_reconciles_total").get('result="retry"', 0) >= retries + 2, 30,
+    kube.wait(lambda: _metric(operator, "tputorch_reconciles_total").get('kind="TPUTorchJob",result="retry"', 0) >= retries + 2, 30,
               "two more reconciles of the job")
     rj = get_rayjob(kube, namespace, "lookalike")
     assert "ownerReferences" not in rj["metadata"] and rj["spec"]["suspend"] is True
@@ -119,7 +119,9 @@ def test_deletions_missed_while_paused_leak_nothing(kube, namespace, operator):
         os.killpg(operator.proc.pid, signal.SIGCONT)
     kube.wait(lambda: _metric(operator, "tputorch_tracked_objects").get(None) == 2, 60, "2 objects tracked")
     kube.wait(lambda: sum(_metric(operator, "tputorch_jobs").values()) == 2, 30, "gauge counts 2 jobs")
-    assert _metric(operator, "tputorch_jobs") == {'phase="Suspended"': 2}
+    jobs = _metric(operator, "tputorch_jobs")
+    assert {k: v for k, v in jobs.items() if v} == {'phase="Suspended"': 2}
+    assert len(jobs) == 5  # every phase is a series, 0 included
 
 
 # --- two replicas, one leader --------------------------------------------------------------------
@@ -143,11 +145,13 @@ def _leader(kube, lease_ns, namespace) -> str | None:
 @pytest.fixture
 def replicas(kube, namespace, tputorch_crd, tmp_path):
     ops = _replicas(kube, namespace, tmp_path, namespace)
-    for op in ops:
-        op.start()
-    yield ops
-    for op in ops:
-        op.stop()
+    try:
+        for op in ops:
+            op.start()
+        yield ops
+    finally:  # also when the second one failed to start: the first must not run on
+        for op in ops:
+            op.stop()
     for op in ops:
         assert "Traceback" not in op.log(), op.log()[-5000:]
 

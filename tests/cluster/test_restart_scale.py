@@ -81,7 +81,7 @@ def test_a_restart_writes_no_status_that_is_right(kube, tputorch_crd, namespace,
         assert not wrong, f"{len(wrong)} jobs in the wrong phase (got, want), e.g. {list(wrong.items())[:5]}"
         # One status write per job: each status was empty and one patch makes it right.
         assert s["tputorch_status_patches_total"] == JOBS, s
-        assert s.get('tputorch_reconciles_total{result="created"}', 0) == 0, s
+        assert s.get('tputorch_reconciles_total{kind="TPUTorchJob",result="created"}', 0) == 0, s
     finally:
         first.stop()
     assert "Traceback" not in first.log(), first.log()[-3000:]
@@ -97,7 +97,7 @@ def test_a_restart_writes_no_status_that_is_right(kube, tputorch_crd, namespace,
     assert "Traceback" not in second.log(), second.log()[-3000:]
     assert reconciles(s) >= JOBS, s
     assert s["tputorch_status_patches_total"] == 0, s
-    assert s.get('tputorch_reconciles_total{result="created"}', 0) == 0, s
+    assert s.get('tputorch_reconciles_total{kind="TPUTorchJob",result="created"}', 0) == 0, s
     after = versions(kube, namespace)
     moved = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
     assert not moved and len(after) == 2 * JOBS, f"{len(moved)} objects changed, e.g. {list(moved.items())[:5]}"

@@ -117,14 +117,11 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
         CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers))
     RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods,
                          controller.workloads, controller.priority_classes, *controller.extra_stores.values()]
-    METRICS.phases = controller.phases
-    METRICS.gauges = lambda: {
-        "tputorch_tracked_objects": ("Objects the operator keeps state for (swept against what exists).",
-                                     len(controller.uids)),
-        "tputorch_leader": ("1 while this replica may write (it leads, or runs without leader election).",
-                            int(may_write())),
-        "tputorch_queue_depth": ("Object keys waiting for a reconcile worker.", len(controller.queue)),
-    }
+    sources = METRICS.sources
+    sources.phases, sources.tracked = controller.phases, lambda: len(controller.uids)
+    sources.queue_depth, sources.leader = lambda: len(controller.queue), may_write
+    sources.leader_transitions = lambda: RUNTIME.election.transitions if RUNTIME.election else 0
+    sources.informers = lambda: {i.what: (i.relists, i.watch_restarts) for i in RUNTIME.informers}
     for informer in RUNTIME.informers:
         informer.start()
 

@@ -44,6 +44,7 @@ JOB = Kind(
     child_patch=_rayjob_patch, cluster_names=_rayjob_clusters, finished=statuses.finished,
     phase_metric="tputorch_jobs", child_spec_read=("suspend",), patch_when_queued=False,
     attempt=job_status.attempt, child_must_go=job_status.child_must_go,
+    phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"),
 )
 SERVICE = Kind(
     resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL,
@@ -51,6 +52,7 @@ SERVICE = Kind(
     # every other field is applied to the live RayService (KubeRay upgrades it without downtime)
     child_patch=render.rayservice_patch, cluster_names=_rayservice_clusters, finished=_never_finished,
     phase_metric="tputorch_services", child_spec_read=None,
+    phases=statuses.SERVICE_PHASES,
 )
 
 KINDS = [JOB, SERVICE]

@@ -18,6 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kubernetes.client.rest import ApiException
+
+from .metrics import METRICS
+
 EVENT_SOURCE = "tputorch.io/operator"  # reportingController of our Events
 # Every call gives up after this (connect, read) time: a call on a connection that went silent would
 # otherwise hold its object's reconcile, and so the object, forever.
@@ -133,13 +137,23 @@ class Kube:
             raise NotLeading("this replica does not hold the Lease")
         return min(float(REQUEST_TIMEOUT[1]), total)
 
-    async def _submit(self, pool, call: Callable, write: bool):
+    async def _submit(self, pool, call: Callable, write: bool, verb: str = "call"):
         """``call(timeout)`` on ``pool``; a write is fenced (see _write_timeout) and tracked until
         it ends, for the abandoned reconcile and for the release of the Lease."""
         calls = CALLS.get()
 
         def run():
-            return call(self._write_timeout(calls) if write else REQUEST_TIMEOUT)
+            timeout = self._write_timeout(calls) if write else REQUEST_TIMEOUT
+            try:
+                answer = call(timeout)
+            except ApiException as err:
+                METRICS.api_call(verb, str(err.status))
+                raise
+            except Exception as err:  # no answer: refused, reset, timed out
+                METRICS.api_call(verb, type(err).__name__)
+                raise
+            METRICS.api_call(verb, "2xx")
+            return answer
 
         future = pool.submit(run)
         with self._inflight_lock:
@@ -161,36 +175,37 @@ class Kube:
             inflight = set(self._inflight)
         return not concurrent.futures.wait(inflight, timeout).not_done
 
-    async def _run(self, fn, *args, write: bool = True):
-        return await self._submit(self.pool, lambda timeout: fn(*args, _request_timeout=timeout), write)
+    async def _run(self, verb: str, fn, *args, write: bool = True, **kwargs):
+        return await self._submit(self.pool, lambda timeout: fn(*args, _request_timeout=timeout, **kwargs), write,
+                                  verb)
 
     async def create(self, res: Resource, namespace: str, body: dict) -> dict:
-        return await self._run(self.custom.create_namespaced_custom_object, res.group, res.version, namespace,
+        return await self._run("create", self.custom.create_namespaced_custom_object, res.group, res.version, namespace,
                                res.plural, body)
 
     async def get(self, res: Resource, namespace: str, name: str) -> dict:
-        return await self._run(self.custom.get_namespaced_custom_object, res.group, res.version, namespace,
+        return await self._run("get", self.custom.get_namespaced_custom_object, res.group, res.version, namespace,
                                res.plural, name, write=False)
 
     async def patch(self, res: Resource, namespace: str, name: str, patch: dict) -> None:
-        await self._run(self.custom.patch_namespaced_custom_object, res.group, res.version, namespace, res.plural,
+        await self._run("patch", self.custom.patch_namespaced_custom_object, res.group, res.version, namespace, res.plural,
                         name, patch)
 
     async def delete(self, res: Resource, namespace: str, name: str, uid: str | None) -> None:
         """Delete one object, only if it is still the one with ``uid`` (409 otherwise). Background:
         the garbage collector removes its dependents (a RayJob's RayCluster and pods)."""
         body = {"propagationPolicy": "Background", **({"preconditions": {"uid": uid}} if uid else {})}
-        await asyncio.get_running_loop().run_in_executor(self.pool, lambda: self.custom.delete_namespaced_custom_object(
-            res.group, res.version, namespace, res.plural, name, body=body, _request_timeout=REQUEST_TIMEOUT))
+        await self._run("delete", self.custom.delete_namespaced_custom_object, res.group, res.version, namespace,
+                        res.plural, name, body=body)
 
-    async def _report(self, fn, *args, pool=None, **kwargs) -> None:
+    async def _report(self, verb: str, fn, *args, pool=None, **kwargs) -> None:
         """A status patch or an event, on the report threads. The answer is not parsed (that costs
         more CPU than the request), only drained so that the connection goes back to the pool."""
         def call(timeout):
             answer = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
             answer.drain_conn()
             answer.release_conn()
-        await self._submit(pool or self.report_pool, call, write=True)
+        await self._submit(pool or self.report_pool, call, True, verb)
 
     async def patch_status(self, res: Resource, namespace: str, name: str, status: dict,
                            uid: str | None = None) -> None:
@@ -198,7 +213,7 @@ class Kube:
         ``uid``, only onto that very object: a patch never lands on an object deleted and made
         again under the same name meanwhile (HTTP 422 then)."""
         body = status_patch_body(status, uid)
-        await self._report(self.custom.patch_namespaced_custom_object_status, res.group, res.version, namespace,
+        await self._report("patch_status", self.custom.patch_namespaced_custom_object_status, res.group, res.version, namespace,
                            res.plural, name, body,
                            _content_type="application/json-patch+json" if isinstance(body, list) else None)
 
@@ -214,7 +229,7 @@ class Kube:
             "eventTime": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "reportingController": EVENT_SOURCE, "reportingInstance": socket.gethostname()[:128],
         }
-        await self._report(self.events.create_namespaced_event, namespace, body, pool=self.event_pool)
+        await self._report("create_event", self.events.create_namespaced_event, namespace, body, pool=self.event_pool)
 
 
 def status_patch_body(status: dict, uid: str | None):

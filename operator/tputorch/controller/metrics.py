@@ -1,108 +1,126 @@
-"""Prometheus metrics in the text exposition format, served by aiohttp (already a kopf dependency).
+"""Prometheus metrics through prometheus_client, served by aiohttp (already a kopf dependency).
 
-Small on purpose: counters, one histogram and a gauge computed at scrape time.
+Counters and histograms are updated where things happen; what the stores, the queue, the informers
+and the election hold is read at scrape time (``Metrics.sources``), so a gauge never drifts from
+what exists. Every phase of a kind is emitted, 0 included (a dashboard's series do not vanish).
 """
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable
 
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+disable_created_metrics()  # no *_created series: nobody reads them, and they double the lines
+
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+WAIT_BUCKETS = (0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass
+class Sources:
+    """What is read at scrape time; the handlers fill it in once the controller exists."""
+    # gauge name -> phase -> objects, every phase of the kind included
+    phases: Callable[[], dict[str, dict[str, int]]] = dict
+    tracked: Callable[[], int] = lambda: 0
+    queue_depth: Callable[[], int] = lambda: 0
+    leader: Callable[[], bool] = lambda: True
+    leader_transitions: Callable[[], int] = lambda: 0
+    # informer (resource plural) -> (lists made, watches ended)
+    informers: Callable[[], dict[str, tuple[int, int]]] = dict
+    extra: dict = field(default_factory=dict)
+
+
+class _ScrapeTime:
+    """A collector of the values read at scrape time."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+
+    def collect(self):
+        s = self.sources
+        for gauge, counts in sorted(s.phases().items()):
+            family = GaugeMetricFamily(gauge, f"Objects ({gauge.removeprefix('tputorch_')}) by phase.",
+                                       labels=["phase"])
+            for phase, count in sorted(counts.items()):
+                family.add_metric([phase], count)
+            yield family
+        yield GaugeMetricFamily("tputorch_tracked_objects",
+                                "Objects the operator keeps state for (swept against what exists).", value=s.tracked())
+        yield GaugeMetricFamily("tputorch_queue_depth", "Object keys waiting for a reconcile worker.",
+                                value=s.queue_depth())
+        yield GaugeMetricFamily("tputorch_leader",
+                                "1 while this replica may write (it leads, or runs without leader election).",
+                                value=int(s.leader()))
+        yield CounterMetricFamily("tputorch_leader_transitions", "Times this replica became the leader.",
+                                  value=s.leader_transitions())
+        relists = CounterMetricFamily("tputorch_informer_relists", "Full lists made by an informer.",
+                                      labels=["resource"])
+        restarts = CounterMetricFamily("tputorch_informer_watch_restarts",
+                                       "Watches that ended (server timeout, error, cut stream).", labels=["resource"])
+        for resource, (lists, watches) in sorted(s.informers().items()):
+            relists.add_metric([resource], lists)
+            restarts.add_metric([resource], watches)
+        yield relists
+        yield restarts
 
 
 class Metrics:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.reconciles: Counter[str] = Counter()  # by result
-        self.validation_failures = 0
-        self.status_patches = 0
-        self.status_deferred = 0  # progress-only writes put off by the status write budget
-        self.events_posted = 0
-        self.events_dropped: Counter[str] = Counter()  # by why: spam, full, error
-        self._bucket_counts = [0] * (len(DURATION_BUCKETS) + 1)
-        self._duration_sum = 0.0
-        self._duration_count = 0
-        # gauge name -> phase -> objects, e.g. {"tputorch_jobs": {"Running": 3}}; counted from the
-        # stores at scrape time, so only objects that exist are counted
-        self.phases: Callable[[], dict[str, dict[str, int]]] = dict
-        # name -> (help, value) of plain gauges read at scrape time
-        self.gauges: Callable[[], dict[str, tuple[str, float]]] = dict
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.reconciles = Counter("tputorch_reconciles", "Reconciles by kind and result.", ["kind", "result"],
+                                  registry=r)
+        self.reconcile_duration = Histogram("tputorch_reconcile_duration_seconds", "Time to reconcile one object.",
+                                            ["kind"], buckets=DURATION_BUCKETS, registry=r)
+        self.validation_failures = Counter("tputorch_validation_failures", "Objects rejected by validation.",
+                                           registry=r)
+        self.status_patches = Counter("tputorch_status_patches", "Status patches written.", registry=r)
+        self.status_deferred = Counter("tputorch_status_patches_deferred",
+                                       "Progress-only status writes put off (coalesced).", registry=r)
+        self.events_posted = Counter("tputorch_events_posted", "Events posted.", registry=r)
+        self.events_dropped = Counter("tputorch_events_dropped",
+                                      "Events not posted, by why (spam filter, queue full, error).", ["why"],
+                                      registry=r)
+        self.queue_adds = Counter("tputorch_workqueue_adds", "Keys added to the work queue (coalesced adds "
+                                  "not counted).", registry=r)
+        self.queue_retries = Counter("tputorch_workqueue_retries", "Keys re-queued with backoff.", registry=r)
+        self.queue_wait = Histogram("tputorch_workqueue_queue_duration_seconds",
+                                    "Seconds a key waited in the queue before a worker took it.",
+                                    buckets=WAIT_BUCKETS, registry=r)
+        self.api_requests = Counter("tputorch_api_requests", "API calls of the reconcile by verb and HTTP code "
+                                    "(or the error's name when there was no answer).", ["verb", "code"], registry=r)
+        self.sources = Sources()
+        r.register(_ScrapeTime(self.sources))
 
-    def reconciled(self, result: str, seconds: float) -> None:
-        with self._lock:
-            self.reconciles[result] += 1
-            self._bucket_counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
-            self._duration_sum += seconds
-            self._duration_count += 1
+    # --- what the code reports --------------------------------------------------------------------
+
+    def reconciled(self, result: str, seconds: float, kind: str = "") -> None:
+        self.reconciles.labels(kind, result).inc()
+        self.reconcile_duration.labels(kind).observe(seconds)
 
     def validation_failed(self) -> None:
-        with self._lock:
-            self.validation_failures += 1
+        self.validation_failures.inc()
 
     def status_patched(self) -> None:
-        with self._lock:
-            self.status_patches += 1
+        self.status_patches.inc()
 
     def status_put_off(self) -> None:
-        with self._lock:
-            self.status_deferred += 1
+        self.status_deferred.inc()
 
     def event_posted(self) -> None:
-        with self._lock:
-            self.events_posted += 1
+        self.events_posted.inc()
 
     def event_dropped(self, why: str) -> None:
-        with self._lock:
-            self.events_dropped[why] += 1
+        self.events_dropped.labels(why).inc()
+
+    def api_call(self, verb: str, code: str) -> None:
+        self.api_requests.labels(verb, code).inc()
 
     def exposition(self) -> str:
-        with self._lock:
-            lines = [
-                "# HELP tputorch_reconciles_total Reconciles by result.",
-                "# TYPE tputorch_reconciles_total counter",
-            ]
-            for result in sorted(self.reconciles):
-                lines.append(f'tputorch_reconciles_total{{result="{result}"}} {self.reconciles[result]}')
-            lines += [
-                "# HELP tputorch_reconcile_duration_seconds Time to reconcile one object.",
-                "# TYPE tputorch_reconcile_duration_seconds histogram",
-            ]
-            cumulative = 0
-            for bound, count in zip(DURATION_BUCKETS + (float("inf"),), self._bucket_counts):
-                cumulative += count
-                le = "+Inf" if bound == float("inf") else repr(bound)
-                lines.append(f'tputorch_reconcile_duration_seconds_bucket{{le="{le}"}} {cumulative}')
-            lines += [
-                f"tputorch_reconcile_duration_seconds_sum {self._duration_sum}",
-                f"tputorch_reconcile_duration_seconds_count {self._duration_count}",
-                "# HELP tputorch_validation_failures_total TPUTorchJobs rejected by validation.",
-                "# TYPE tputorch_validation_failures_total counter",
-                f"tputorch_validation_failures_total {self.validation_failures}",
-                "# HELP tputorch_status_patches_total Status patches written to TPUTorchJobs.",
-                "# TYPE tputorch_status_patches_total counter",
-                f"tputorch_status_patches_total {self.status_patches}",
-                "# HELP tputorch_status_patches_deferred_total Progress-only status writes put off (coalesced).",
-                "# TYPE tputorch_status_patches_deferred_total counter",
-                f"tputorch_status_patches_deferred_total {self.status_deferred}",
-                "# HELP tputorch_events_posted_total Events posted.",
-                "# TYPE tputorch_events_posted_total counter",
-                f"tputorch_events_posted_total {self.events_posted}",
-                "# HELP tputorch_events_dropped_total Events not posted, by why (spam filter, queue full, error).",
-                "# TYPE tputorch_events_dropped_total counter",
-            ]
-            for why in sorted(self.events_dropped):
-                lines.append(f'tputorch_events_dropped_total{{why="{why}"}} {self.events_dropped[why]}')
-        for gauge, counts in sorted(self.phases().items()):
-            what = gauge.removeprefix("tputorch_")
-            lines += [f"# HELP {gauge} Objects ({what}) by phase.", f"# TYPE {gauge} gauge"]
-            for phase, count in sorted(counts.items()):
-                lines.append(f'{gauge}{{phase="{phase}"}} {count}')
-        for gauge, (text, value) in sorted(self.gauges().items()):
-            lines += [f"# HELP {gauge} {text}", f"# TYPE {gauge} gauge", f"{gauge} {value}"]
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode()
 
 
 METRICS = Metrics()

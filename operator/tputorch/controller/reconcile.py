@@ -69,6 +69,7 @@ class Kind:
     # child of an ended attempt must go (a new attempt is a fresh child; see status/job.py).
     attempt: Callable[[dict], int] | None = None
     child_must_go: Callable[[dict, dict], bool] | None = None
+    phases: tuple[str, ...] = ()  # every phase of its status (the phase gauge emits each, 0 included)
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
@@ -170,7 +171,7 @@ class Controller:
         self.clock = clock
         self.monotonic = monotonic
         self.status_interval = status_interval
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(metrics=METRICS)
         # Events wait while any object waits for a reconcile (events.py).
         self.recorder = EventRecorder(kube.post_event, busy=lambda: len(self.queue) > 0, monotonic=monotonic)
         self.parsed: dict[str, tuple] = {}  # uid -> (spec version, spec or InvalidSpec)
@@ -297,9 +298,12 @@ class Controller:
         self.queue.drop(key)
 
     def phases(self) -> dict[str, dict[str, int]]:
-        return {kind.phase_metric: dict(Counter((o.get("status") or {}).get("phase") or "Unknown"
-                                                for o in self.parents[name].values()))
-                for name, kind in self.kinds.items()}
+        """Objects by phase per kind, every phase of the kind included (0 too)."""
+        result = {}
+        for name, kind in self.kinds.items():
+            counts = Counter((o.get("status") or {}).get("phase") or "Unknown" for o in self.parents[name].values())
+            result[kind.phase_metric] = {**dict.fromkeys(kind.phases, 0), **counts}
+        return result
 
     # --- workers ---------------------------------------------------------------------------------
 
@@ -321,7 +325,7 @@ class Controller:
                     self.queue.forget(key)
             finally:
                 self.queue.done(key)
-            METRICS.reconciled(result, time.perf_counter() - started)
+            METRICS.reconciled(result, time.perf_counter() - started, key[0])
 
     async def reconcile_fenced(self, key: Key) -> str:
         """``reconcile(key)`` within RECONCILE_TIMEOUT. Cancelling it does not stop a call already

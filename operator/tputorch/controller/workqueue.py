@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import deque
 from typing import Hashable
 
@@ -35,8 +36,10 @@ class Backoff:
 
 
 class WorkQueue:
-    def __init__(self, backoff: Backoff | None = None) -> None:
+    def __init__(self, backoff: Backoff | None = None, metrics=None) -> None:
         self.backoff = backoff or Backoff()
+        self.metrics = metrics  # metrics.Metrics, or None
+        self._added_at: dict[Hashable, float] = {}
         self._queue: deque = deque()
         self._dirty: set = set()
         self._processing: set = set()
@@ -50,6 +53,9 @@ class WorkQueue:
         if key in self._dirty:
             return
         self._dirty.add(key)
+        if self.metrics is not None:
+            self.metrics.queue_adds.inc()
+            self._added_at[key] = time.monotonic()
         if key not in self._processing:
             self._queue.append(key)
             self._ready.set()
@@ -72,6 +78,8 @@ class WorkQueue:
         """Re-add ``key`` after its backoff; returns the delay."""
         delay = self.backoff.next(key)
         self.add_after(key, delay)
+        if self.metrics is not None:
+            self.metrics.queue_retries.inc()
         return delay
 
     def forget(self, key: Hashable) -> None:
@@ -96,6 +104,9 @@ class WorkQueue:
         key = self._queue.popleft()
         self._processing.add(key)
         self._dirty.discard(key)
+        added = self._added_at.pop(key, None)
+        if added is not None and self.metrics is not None:
+            self.metrics.queue_wait.observe(time.monotonic() - added)
         return key
 
     def done(self, key: Hashable) -> None:

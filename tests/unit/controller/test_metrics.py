@@ -1,0 +1,92 @@
+"""/metrics through prometheus_client: every phase of each gauge (0 included), the kind label, the
+work queue's and the API calls' counters, values read at scrape time."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tputorch.controller.metrics import Metrics
+from tputorch.controller.workqueue import WorkQueue
+
+from ..fakekube import controller
+from ..jobs import body
+
+
+def samples(metrics: Metrics) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(metrics.exposition()) for s in family.samples}
+
+
+def test_every_phase_of_each_kind_is_a_series_zero_included():
+    ctl = controller()
+    job = body()
+    job["status"] = {"phase": "Running"}
+    ctl.parents["TPUTorchJob"].remember(job)
+    m = Metrics()
+    m.sources.phases = ctl.phases
+    got = samples(m)
+    jobs = {dict(k[1])["phase"]: v for k, v in got.items() if k[0] == "tputorch_jobs"}
+    assert jobs == {"Pending": 0, "Suspended": 0, "Running": 1, "Succeeded": 0, "Failed": 0}
+    services = {dict(k[1])["phase"]: v for k, v in got.items() if k[0] == "tputorch_services"}
+    from tputorch import status
+    assert set(services) == set(status.SERVICE_PHASES) and not any(services.values())
+
+
+def test_reconciles_carry_the_kind_and_the_queue_counts_adds_retries_and_waits():
+    m = Metrics()
+    m.reconciled("created", 0.2, "TPUTorchJob")
+    m.reconciled("created", 0.3, "TPUTorchService")
+
+    async def queue_work():
+        q = WorkQueue(metrics=m)
+        q.add("a")
+        q.add("a")  # coalesced: not an add
+        await q.get()
+        q.retry("a")
+    asyncio.run(queue_work())
+    got = samples(m)
+    assert got[("tputorch_reconciles_total", (("kind", "TPUTorchJob"), ("result", "created")))] == 1
+    assert got[("tputorch_reconciles_total", (("kind", "TPUTorchService"), ("result", "created")))] == 1
+    assert got[("tputorch_reconcile_duration_seconds_count", (("kind", "TPUTorchJob"),))] == 1
+    assert got[("tputorch_workqueue_adds_total", ())] == 1
+    assert got[("tputorch_workqueue_retries_total", ())] == 1
+    assert got[("tputorch_workqueue_queue_duration_seconds_count", ())] == 1
+
+
+def test_api_calls_by_verb_and_code_and_scrape_time_values():
+    import pytest
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from tputorch.controller import kube as kube_module
+    from tputorch.controller.kinds import RAYJOB
+
+    m = Metrics()
+    kube = kube_module.Kube(client.Configuration(), 1, 1)
+
+    class Custom:
+        def create_namespaced_custom_object(self, *args, _request_timeout=None):
+            raise ApiException(status=409, reason="Conflict")
+
+        def get_namespaced_custom_object(self, *args, _request_timeout=None):
+            return {}
+    kube.custom = Custom()
+    real = kube_module.METRICS
+    kube_module.METRICS = m
+    try:
+        with pytest.raises(ApiException):
+            asyncio.run(kube.create(RAYJOB, "ml", {"metadata": {"name": "a"}}))
+        asyncio.run(kube.get(RAYJOB, "ml", "a"))
+    finally:
+        kube_module.METRICS = real
+    m.sources.informers = lambda: {"rayjobs": (3, 7)}
+    m.sources.leader_transitions = lambda: 2
+    got = samples(m)
+    assert got[("tputorch_api_requests_total", (("code", "409"), ("verb", "create")))] == 1
+    assert got[("tputorch_api_requests_total", (("code", "2xx"), ("verb", "get")))] == 1
+    assert got[("tputorch_informer_relists_total", (("resource", "rayjobs"),))] == 3
+    assert got[("tputorch_informer_watch_restarts_total", (("resource", "rayjobs"),))] == 7
+    assert got[("tputorch_leader_transitions_total", ())] == 2
+    assert got[("tputorch_queue_depth", ())] == 0 and got[("tputorch_leader", ())] == 1

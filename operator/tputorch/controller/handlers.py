@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import kopf
 
 from . import kinds as kinds_
-from .informer import Informer, RestSource, pods_path
+from .informer import Informer, RestSource, pods_path, scopes_for
 from .kube import Kube, load_config
 from .leader import Election, KubeLeaseApi
 from .metrics import METRICS, serve
@@ -111,7 +111,9 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.level = logging.WARNING
     loop = asyncio.get_running_loop()
     configuration = load_config()
-    kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers)
+    # each kind, its child, pods, Kueue's Workloads and priority classes
+    watches = (2 * len(kinds_.KINDS) + 3) * len(scopes_for(CONFIG.namespaces))
+    kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers, watches=watches)
     controller = RUNTIME.controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
         CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers))

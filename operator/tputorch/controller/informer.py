@@ -101,6 +101,13 @@ def version_of(obj: dict | None) -> str | None:
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
+def scopes_for(namespaces: list[str] | None) -> list[str | None]:
+    """Exact names get a namespaced list/watch each (works with per-namespace Roles); no names or a
+    glob pattern need one cluster-wide list/watch, filtered here."""
+    names = namespaces or []
+    return names if names and not any(c in n for n in names for c in "*?[!") else [None]
+
+
 class Informer:
     def __init__(self, what: str, source: Source, namespaces: list[str] | None,
                  on_change: Callable[[str, dict], None], slim: Callable[[dict], dict],
@@ -108,11 +115,8 @@ class Informer:
                  backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.what = what  # for logs: "RayJobs", "pods", ...
         self.source = source
-        names = namespaces or []
-        # Exact names get a namespaced list/watch (works with per-namespace Roles); no names or a
-        # glob pattern need a cluster-wide one, filtered here.
-        self.scopes: list[str | None] = names if names and not any(c in n for n in names for c in "*?[!") else [None]
-        self.patterns = names if self.scopes == [None] else []
+        self.scopes = scopes_for(namespaces)
+        self.patterns = (namespaces or []) if self.scopes == [None] else []
         self.on_change = on_change
         self.slim = slim
         self.index_of = index
@@ -368,6 +372,9 @@ class _Relist(Exception):
 # Objects per page of a list, as client-go's informers page theirs: parsed whole, the lists of a
 # restart over thousands of jobs were most of the operator's memory (bench/RESULTS.md, run 6).
 LIST_PAGE = 500
+# The API server sends a bookmark about once a minute on a watch that asked for them: a watch
+# silent for longer is taken as a half-open connection and resumed (from its resourceVersion).
+WATCH_SILENCE = 150
 
 
 class RestSource:
@@ -404,17 +411,30 @@ class RestSource:
             page = decode(self._get(scope, [("limit", LIST_PAGE), ("continue", token)], 60).read())
 
     def watch(self, scope, resource_version) -> Iterator[dict]:
+        """The watch stream; it ends (as at the server's timeout) when nothing, not even a bookmark,
+        came for WATCH_SILENCE: a half-open connection is noticed within that, not after 5.5 min."""
         from kubernetes.watch.watch import iter_resp_lines
+        from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
         query = [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
                  ("timeoutSeconds", "300")]
-        resp = self._get(scope, query, 330)
+        resp = self._get(scope, query, (10, WATCH_SILENCE))
         try:
             for line in iter_resp_lines(resp.response):
                 if line:
                     yield decode(line)
+        except (ReadTimeoutError, ProtocolError) as err:
+            if not _silent(err):
+                raise
         finally:
             resp.response.release_conn()
+
+
+def _silent(err: Exception) -> bool:
+    """A read that timed out (urllib3 may wrap it in a ProtocolError while reading a chunk)."""
+    from urllib3.exceptions import ReadTimeoutError
+
+    return isinstance(err, ReadTimeoutError) or "timed out" in str(err).lower()
 
 
 def pods_path(scope):

@@ -110,10 +110,11 @@ def throttle_credential_refresh(configuration, seconds: float = CREDENTIAL_REFRE
 
 class Kube:
     def __init__(self, configuration, workers: int, report_workers: int,
-                 fence: Callable[[], float | None] | None = None) -> None:
+                 fence: Callable[[], float | None] | None = None, watches: int = 0) -> None:
         from kubernetes import client
 
-        configuration.connection_pool_maxsize = workers + report_workers + 1
+        # the informers' watches hold a connection each, for as long as they run
+        configuration.connection_pool_maxsize = workers + report_workers + 1 + watches
         # With leader election: the total time a write may take now, None when it may not write.
         self.fence = fence
         self._inflight: set[concurrent.futures.Future] = set()
@@ -225,7 +226,7 @@ class Kube:
             # A name as client-go gives it (the events API refuses generateName "<name>.").
             "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
             "regarding": regarding,
-            "type": event.type, "reason": event.reason, "note": event.message[:1024], "action": "Reconcile",
+            "type": event.type, "reason": event.reason, "note": note(event.message), "action": "Reconcile",
             "eventTime": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "reportingController": EVENT_SOURCE, "reportingInstance": socket.gethostname()[:128],
         }
@@ -240,3 +241,9 @@ def status_patch_body(status: dict, uid: str | None):
         return {"status": status}
     return [{"op": "test", "path": "/metadata/uid", "value": uid},
             {"op": "add", "path": "/status", "value": {k: v for k, v in status.items() if v is not None}}]
+
+
+def note(message: str, limit: int = 1024) -> str:
+    """An event's note within the API's limit, which counts bytes, not characters."""
+    data = message.encode("utf-8")
+    return message if len(data) <= limit else data[:limit].decode("utf-8", "ignore")

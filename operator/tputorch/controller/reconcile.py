@@ -126,7 +126,9 @@ def ownership(kind: Kind, parent: dict, child: dict) -> str:
         return "foreign"
     if owner.get("uid") == parent["metadata"].get("uid"):
         return "ours"
-    same_kind = owner.get("kind") == kind.resource.kind and owner.get("apiVersion") == kind.resource.api_version
+    # the group, not the whole apiVersion: a child made before a CRD version bump stays "previous"
+    group = (owner.get("apiVersion") or "").split("/")[0]
+    same_kind = owner.get("kind") == kind.resource.kind and group == kind.resource.group
     return "previous" if same_kind and owner.get("name") == parent["metadata"].get("name") else "foreign"
 
 

@@ -599,3 +599,20 @@ def test_a_failed_network_policy_write_never_holds_the_job():
 
 def test_no_network_policy_when_switched_off():
     assert kinds.extras(False, PEERS) == []
+
+
+def test_a_child_of_an_earlier_object_stays_previous_across_a_crd_version_bump():
+    old = rayjob("uid-old")
+    old["metadata"]["ownerReferences"][0]["apiVersion"] = "tputorch.io/v1alpha0"
+    assert ownership(kinds.JOB, job(), old) == "previous"
+    other_group = rayjob("uid-old")
+    other_group["metadata"]["ownerReferences"][0]["apiVersion"] = "example.com/v1alpha1"
+    assert ownership(kinds.JOB, job(), other_group) == "foreign"
+
+
+def test_an_event_note_is_cut_at_1024_bytes_not_characters():
+    from tputorch.controller.kube import note
+
+    cut = note("é" * 1000)  # 2000 bytes
+    assert len(cut.encode()) <= 1024 and cut == "é" * 512
+    assert note("short") == "short"

@@ -352,3 +352,13 @@ def test_an_informer_lists_and_watches_past_a_deep_object():
     api.call_api = lambda method, url, header_params, _request_timeout: _Raw(line + "\n", stream=True)
     events = list(RestSource(api, lambda scope: "/things", None).watch(None, "9"))
     assert [e["object"]["metadata"]["name"] for e in events] == ["deep"]
+
+
+def test_a_silent_watch_ends_like_a_server_timeout_not_like_a_failure():
+    from urllib3.exceptions import ProtocolError, ReadTimeoutError
+
+    from tputorch.controller.informer import _silent
+
+    assert _silent(ReadTimeoutError(None, "/w", "Read timed out."))
+    assert _silent(ProtocolError("Connection broken: TimeoutError('timed out')"))
+    assert not _silent(ProtocolError("Connection broken: ConnectionResetError(104)"))

@@ -156,6 +156,9 @@ def test_the_readmes_cli_install_from_a_checkout(tmp_path):
         env.update(PIP_FIND_LINKS=str(wheels), PIP_NO_INDEX="1")
     for c in cmds:
         out = _run(["bash", "-c", c.text], src, 600, env=env)
+        if out.returncode != 0 and env.get("PIP_NO_INDEX") and "No matching distribution" in out.stderr:
+            # the wheelhouse predates a new dependency: the index as the reader has it
+            out = _run(["bash", "-c", c.text], src, 600, env={k: v for k, v in env.items() if k != "PIP_NO_INDEX"})
         if out.returncode != 0 and re.search(r"(?i)connection|resolve|network|No matching distribution", out.stderr):
             pytest.skip(f"cannot install dependencies from the package index: {out.stderr[-500:]}")
         assert out.returncode == 0, f"{c.where}: {c.text}\n{out.stderr[-3000:]}"

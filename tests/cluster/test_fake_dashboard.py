@@ -124,8 +124,11 @@ def test_serve_applications_deploy_then_run_per_raycluster(fake):
     assert apps["echo"]["route_prefix"] == "/echo" and apps["echo"]["deployed_app_config"] == SERVE_CONFIG["applications"][1]
     assert {a["status"] for a in apps.values()} == {"DEPLOYING"}
     assert set(apps["echo"]["deployments"]) == {"Echo", "Router"}
-    assert set(apps["llm"]["deployments"]) == {"build_openai_app"}
-    assert {d["status"] for a in apps.values() for d in a["deployments"].values()} == {"UPDATING"}
+    # The LLM application's shape is Ray Serve's own, recorded from the real chain (hack/fakedash/recorded).
+    assert set(apps["llm"]["deployments"]) == {"LLMServer:model", "OpenAiIngress"}
+    assert {d["status"] for d in apps["echo"]["deployments"].values()} == {"UPDATING"}
+    # Ray Serve's own DEPLOYING shape: the ingress is up before the engine has loaded.
+    assert apps["llm"]["deployments"]["LLMServer:model"]["status"] == "UPDATING"
     assert other.call("GET", "/api/serve/applications/")[1]["applications"] == {}, "another RayCluster's dashboard"
 
     while time.monotonic() - t_put < 1.6:
@@ -140,7 +143,13 @@ def test_serve_applications_deploy_then_run_per_raycluster(fake):
     d.set_serve_status("serving", "qwen", "DEPLOY_FAILED", message="engine died")
     apps = svc.call("GET", "/api/serve/applications/")[1]["applications"]
     assert {(a["status"], a["message"]) for a in apps.values()} == {("DEPLOY_FAILED", "engine died")}
-    assert {dep["status"] for a in apps.values() for dep in a["deployments"].values()} == {"UNHEALTHY"}
+    assert {dep["status"] for dep in apps["echo"]["deployments"].values()} == {"UNHEALTHY"}
+    # A replica lost: the LLM application as Ray Serve reported it when its replica's actor was killed.
+    d.set_serve_status("serving", "qwen", "UNHEALTHY")
+    llm = svc.call("GET", "/api/serve/applications/")[1]["applications"]["llm"]
+    assert (llm["status"], llm["message"]) == ("UNHEALTHY", "The deployments ['LLMServer:model'] are UNHEALTHY.")
+    assert llm["deployments"]["LLMServer:model"]["status_trigger"] == "HEALTH_CHECK_FAILED"
+    assert llm["deployments"]["OpenAiIngress"]["status"] == "HEALTHY"
     d.set_serve_status("serving", "qwen", None)
 
     # The same config again is no redeploy; a changed one is (DEPLOYING again).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 from .. import render
@@ -48,6 +49,23 @@ def _serving(app: dict) -> tuple[bool, str, str]:
         reason = "ApplicationUnhealthy"
     return False, reason, "; ".join(x for x in (f"the application is {status or 'not reported'}" +
                                                 (f": {message}" if message else ""), detail) if x)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _failure(app: dict) -> str:
+    """Ray's reason a model failed to load: the application's message ("Failed to update the
+    deployments [...]") and the last line of the failing LLM deployment's message, where Serve puts
+    the replica's exception after its traceback (e.g. RuntimeError: Failed to create vLLM engine
+    config: ...)."""
+    message = app.get("message") or ""
+    for name, d in sorted((app.get("serveDeploymentStatuses") or {}).items()):
+        if name.startswith(LLM_DEPLOYMENT_PREFIX) and d.get("status") in ("DEPLOY_FAILED", "UNHEALTHY"):
+            lines = [ln.strip() for ln in _ANSI.sub("", d.get("message") or "").splitlines() if ln.strip()]
+            if lines and lines[-1] not in message:
+                message = f"{message} {lines[-1]}".strip()
+    return message
 
 
 def _service_phase(rayservice: dict | None, rs_status: dict, up_to_date: bool, slice_ready: bool,
@@ -161,11 +179,11 @@ def derive_service(
     if phase == "Failed":
         if kuberay_ready.get("reason") == "InitializingTimeout":
             reason = "InitializingTimeout"
-            text = "; ".join(x for x in (app_message, kuberay_ready.get("message"), "KubeRay deleted its RayClusters "
+            text = "; ".join(x for x in (_failure(app), kuberay_ready.get("message"), "KubeRay deleted its RayClusters "
                                          "(the slices are released); delete and re-create the TPUTorchService to try again") if x)
         elif app_status == "DEPLOY_FAILED":
             reason = "DeployFailed"
-            text = app_message or "the Serve application failed to deploy"
+            text = _failure(app) or "the Serve application failed to deploy"
             if not active.get("rayClusterName") and svc.initializing_timeout_s:
                 text += (f" (KubeRay releases the slices once the service is {svc.initializing_timeout_s}s old without "
                          "having been ready: spec.serve.initializingTimeoutSeconds)")

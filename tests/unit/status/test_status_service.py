@@ -198,7 +198,7 @@ def test_a_model_that_cannot_load_fails_before_the_first_promotion_with_rays_mes
     st = derive("pending-deploy-failed", slice_hosts(4))
     failed = cond(st, "Failed")
     assert st["phase"] == "Failed" and failed["reason"] == "DeployFailed"
-    assert failed["message"].startswith("Failed to update the deployments ['LLMServer:qwen'].")
+    assert failed["message"].startswith("Failed to update the deployments ['LLMServer:qwen']. OSError: /models/nope is not a local folder")
     assert "initializingTimeoutSeconds" in failed["message"]  # when KubeRay releases the slice
     timed_out = derive("pending-initializing-timeout")
     failed = cond(timed_out, "Failed")
@@ -234,3 +234,41 @@ def test_a_container_that_cannot_start_is_named_in_slice_ready(reason, message):
     assert (c["status"], c["reason"]) == ("False", reason)
     assert c["message"] == f"pod w3 container ray-worker: {reason}: {message}"
     assert ("Warning", reason) in [(e.type, e.reason) for e in status.events({}, st)]
+
+
+RECORDED = pathlib.Path(__file__).resolve().parents[3] / "hack" / "fakedash" / "recorded"
+
+
+def recorded_app_statuses(file: str, status: str) -> dict:
+    """KubeRay's applicationStatuses (what its RayService controller copies from Serve's details:
+    app status and message, each deployment's status and message) of the last snapshot in
+    `status` recorded from the real chain (tests/serving/record_serve.py)."""
+    import json
+    snaps = json.loads((RECORDED / file).read_text())
+    app = next(s["details"]["applications"]["llm"] for s in reversed(snaps)
+               if s["details"]["applications"].get("llm", {}).get("status") == status)
+    return {"llm": {"status": app["status"], "message": app["message"], "serveDeploymentStatuses": {
+        n: {"status": d["status"], "message": d["message"]} for n, d in app["deployments"].items()}}}
+
+
+def with_apps(stage: str, where: str, apps: dict) -> dict:
+    rs = rayservice(stage)
+    rs["status"] = {**rs["status"], where: {**rs["status"].get(where, {}), "applicationStatuses": apps}}
+    return rs
+
+
+def test_recorded_serve_shapes_give_the_documented_phases():
+    """Ray 2.60 Serve with vLLM 0.29 (CPU) as recorded: RUNNING -> Ready; the replica's actor
+    killed -> UNHEALTHY (Ray keeps it so until the replacement is HEALTHY) -> Degraded; a model
+    path that does not exist -> DEPLOY_FAILED before promotion -> Failed with Ray's message."""
+    derive_rs = lambda rs, prev={}: status.derive_service(SVC, 3, rs, slice_hosts(4), prev, T0)  # noqa: E731
+    ready = derive_rs(with_apps("running", "activeServiceStatus", recorded_app_statuses("serve-deploy.json", "RUNNING")))
+    assert ready["phase"] == "Ready"
+    lost = derive_rs(with_apps("running", "activeServiceStatus", recorded_app_statuses("serve-replica-lost.json", "UNHEALTHY")), ready)
+    assert lost["phase"] == "Degraded" and "health check failed" in cond(lost, "Ready")["message"]
+    failed = derive_rs(with_apps("deploying", "pendingServiceStatus", recorded_app_statuses("serve-deploy-failed.json", "DEPLOY_FAILED")))
+    assert failed["phase"] == "Failed" and cond(failed, "Failed")["reason"] == "DeployFailed"
+    # Ray's own words: the app's message and the replica's exception, without the traceback.
+    assert cond(failed, "Failed")["message"].startswith(
+        "Failed to update the deployments ['LLMServer:tiny']. RuntimeError: Failed to create vLLM engine config: "
+        "Repo id must be in the form")

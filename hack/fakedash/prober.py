@@ -50,11 +50,17 @@ def ready_of(pod: dict) -> bool | None:
     return None
 
 
-def desired_readiness(pods: list[dict], serving: dict[tuple[str, str], bool]) -> dict[tuple[str, str], bool]:
+def _cluster_key(pod: dict) -> tuple[str, str]:
+    return pod["metadata"]["namespace"], (pod["metadata"].get("labels") or {}).get(CLUSTER_LABEL, "")
+
+
+def desired_readiness(pods: list[dict], serving: dict[tuple[str, str], bool],
+                      real: set[tuple[str, str]] = frozenset()) -> dict[tuple[str, str], bool]:
     """(namespace, pod) -> Ready, for the running worker pods whose probe asks the Serve proxy.
-    `serving`: (namespace, RayCluster) -> whether its Serve applications run."""
+    `serving`: (namespace, RayCluster) -> whether its Serve applications run; `real`: RayClusters
+    with a real Ray backend, left alone."""
     probed = [p for p in pods if probes_serve_proxy(p) and (p.get("status") or {}).get("phase") == "Running"
-              and not p["metadata"].get("deletionTimestamp")]
+              and not p["metadata"].get("deletionTimestamp") and _cluster_key(p) not in real]
     hosts = replica_hosts(probed)
     out = {}
     for p in probed:
@@ -91,10 +97,11 @@ class Prober(threading.Thread):
         now = time.time()
         with self.state.lock:
             serving = {key: serve_api.serve_running(c["serve"], self.state.serve_ready_after, now)
-                       for key, c in self.state.clusters.items() if self.state.backend(*key) is None}
+                       for key, c in self.state.clusters.items()}
+            real = {_cluster_key(p) for p in pods if self.state.backend(*_cluster_key(p)) is not None}
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         by_key = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
-        for key, ready in desired_readiness(pods, serving).items():
+        for key, ready in desired_readiness(pods, serving, real).items():
             if ready_of(by_key[key]) == ready:
                 continue
             try:

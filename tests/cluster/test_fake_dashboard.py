@@ -277,5 +277,7 @@ def test_prober_gives_rayservice_workers_gkes_readiness():
     ready = prober.desired_readiness(two, {("ns", "svc-abcde"): True})
     assert sorted(k[1] for k, v in ready.items() if v) == ["w-a0", "w-b0"] and ("ns", "job-w") not in ready
     assert prober.desired_readiness([_worker("p", phase="Pending")], {("ns", "svc-abcde"): True}) == {}
+    # A RayCluster with a real Ray backend is left to it.
+    assert prober.desired_readiness(one_slice, {}, real={("ns", "svc-abcde")}) == {}
     patch = prober.status_patch(False, "2026-12-01T00:00:00Z")
     assert {(c["type"], c["status"]) for c in patch["status"]["conditions"]} == {("ContainersReady", "False"), ("Ready", "False")}

@@ -156,7 +156,15 @@ def test_a_lost_replica_leaves_ready_and_comes_back(kube, namespace, operator, d
 
 
 def test_a_model_that_cannot_load_fails_with_rays_message_and_frees_the_slice(kube, namespace, operator, dashboard):
-    dashboard.set_serve_ready_after(600)
+    before = dashboard._call("GET", "/default")["serve_ready_after"]
+    dashboard.set_serve_ready_after(600)  # never RUNNING by itself; restored for the tests after this one
+    try:
+        _cannot_load(kube, namespace, dashboard)
+    finally:
+        dashboard.set_serve_ready_after(before)
+
+
+def _cannot_load(kube, namespace, dashboard):
     apply(kube, namespace, service_body("noload", serve={"initializingTimeoutSeconds": 40}))
     kube.wait(lambda: dashboard.serve(namespace, "noload"), 120, "the Serve config put on the pending cluster")
     message = "Failed to update the deployments ['LLMServer:noload']."

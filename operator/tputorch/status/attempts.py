@@ -125,7 +125,9 @@ def classify(rayjob_status: Mapping, pods: Iterable[Mapping], deleted: Iterable[
         return Ending(FINAL, reason, message)
     raised = exception_of(message)
     if raised:
-        message = f"the script raised {raised}"
+        # The exception first, so that a cut message still names it; Ray's own message (the exit
+        # code and the driver's log tail) after it.
+        message = f"the script raised {raised}; {message}"
     return Ending(APPLICATION, reason, message)
 
 

@@ -72,7 +72,8 @@ def test_a_deleted_host_or_head_is_lost_and_the_head_is_named_first():
 def test_a_script_that_fails_on_a_healthy_slice_is_the_applications_and_names_the_exception():
     ending = attempts.classify(APP_FAILED, healthy())
     assert (ending.result, ending.reason) == (attempts.APPLICATION, "AppFailed")
-    assert ending.message == "the script raised ValueError: learning rate must be positive"
+    assert ending.message.startswith("the script raised ValueError: learning rate must be positive; ")
+    assert APP_FAILED["message"] in ending.message, "Ray's own message is kept after the exception"
 
 
 def test_a_failure_after_a_host_was_lost_is_the_infrastructures():

@@ -47,7 +47,7 @@ image:
 # Every test: unit, integration (packaging), image, Ray and cluster; the cluster tests bring the local
 # cluster up (and down) themselves. Nothing else needs to run before it on a fresh clone.
 test: install binaries image
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=40
 
 unit: install
 	$(PY) -m pytest tests/unit

@@ -89,6 +89,11 @@ def describe_text(kind: str, obj: dict, events: list[dict], pods: list[dict]) ->
     if sp.get("model"):
         lines.append(f"Model:       {(sp['model'] or {}).get('source')}")
     lines.append(f"Phase:       {st.get('phase', '(no status yet)')}")
+    if sp.get("queueName"):
+        where = [f"ClusterQueue {st['clusterQueue']}"] if st.get("clusterQueue") else []
+        where += [f"priority {sp['priorityClassName']}"] if sp.get("priorityClassName") else []
+        where += [f"Workload {st['workload']}"] if st.get("workload") else []
+        lines.append(f"Queue:       {sp['queueName']}" + (f" ({', '.join(where)})" if where else ""))
     for label, key in (("Hosts", "hostsReady"), ("Workers", "workers"), ("Ray job", "jobStatus"),
                        ("KubeRay", "jobDeploymentStatus"), ("Endpoint", "endpoint"), ("Message", "message")):
         if st.get(key) not in (None, ""):

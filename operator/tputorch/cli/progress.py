@@ -55,7 +55,7 @@ def _conditions(status: dict) -> dict[str, dict]:
 
 def _waiting(status: dict) -> str | None:
     conds = _conditions(status)
-    for ctype in ("RayJobCreated", "RayServiceCreated", "SliceReady"):
+    for ctype in ("RayJobCreated", "RayServiceCreated", "Admitted", "SliceReady"):  # Admitted: Kueue's queue
         cond = conds.get(ctype) or {}
         if cond.get("status") == "False" and cond.get("reason") not in _QUIET_WAITING:
             return cond.get("message") or cond.get("reason")
@@ -213,7 +213,7 @@ class JsonRenderer:
 
 _PHASE_STYLE = {"Succeeded": "bold green", "Ready": "bold green", "Running": "bold cyan", "Failed": "bold red",
                 "Pending": "bold yellow", "Retrying": "bold yellow", "Deploying": "bold yellow", "Updating": "bold yellow", "Degraded": "bold red",
-                "Recovering": "bold yellow"}
+                "Recovering": "bold yellow", "Queued": "bold yellow", "Preempted": "bold red"}
 
 
 class RichRenderer:

@@ -520,6 +520,9 @@ class Controller:
         if not spec.queue_name or not self._kueue_manages(child):
             return None
         namespace, name = key_of(child)
+        if self.workloads.forbidden is not None:  # RBAC without workloads: say so, keep KubeRay's phase
+            return kueue.Admission(False, "Forbidden", f"the operator may not read Kueue's Workloads: "
+                                   f"{self.workloads.forbidden}", None)
         workload = kueue.workload_for(self.workloads.indexed((namespace, kind.child.kind, name)), child)
         pcs, exists = self.priority_classes, True
         if spec.priority_class_name and pcs is not None and pcs.served and pcs.forbidden is None:

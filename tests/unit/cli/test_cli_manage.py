@@ -87,3 +87,16 @@ def test_describe_lists_the_attempts_and_why_each_ended():
     assert "1   Infrastructure   NodeDeleted   2026-12-01T10:00:00Z   TPU host pod llama-w-2" in text
     first = {**obj, "status": {"phase": "Running", "attempts": 1}}
     assert "Attempt" not in manage.describe_text("TPUTorchJob", first, [], [])
+
+
+def test_describe_shows_where_kueue_has_the_job():
+    obj = {"metadata": {"name": "llama", "namespace": "a"},
+           "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "img", "queueName": "tpu",
+                    "priorityClassName": "tpu-low"},
+           "status": {"phase": "Queued", "workload": "rayjob-llama-1a2b3",
+                      "conditions": [{"type": "Admitted", "status": "False", "reason": "Pending",
+                                      "message": "insufficient unused quota for google.com/tpu"}]}}
+    text = manage.describe_text("TPUTorchJob", obj, [], [])
+    assert "Phase:       Queued" in text
+    assert "Queue:       tpu (priority tpu-low, Workload rayjob-llama-1a2b3)" in text
+    assert "Admitted   False    Pending   insufficient unused quota for google.com/tpu" in text

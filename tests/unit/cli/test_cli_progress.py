@@ -202,3 +202,16 @@ def test_a_retrying_job_shows_its_attempt_and_why_the_last_one_ended():
     assert progress.summary(v).startswith("Retrying  attempt 2  attempt 1 ended: TPU host pod llama-w-2 was deleted")
     assert v.to_json()["attempt"] == 2
     assert "attempt" not in progress.summary(progress.view("TPUTorchJob", job("Running", 4)))
+
+
+KUEUE_PENDING = ("couldn't assign flavors to pod set tpu-slice: insufficient unused quota for google.com/tpu in "
+                 "flavor v6e-4x4, 16 more needed")
+
+
+def test_a_job_queued_by_kueue_shows_kueues_reason_while_waiting():
+    v = progress.view("TPUTorchJob", job("Queued", conditions=[
+        ("Admitted", "False", "Pending", KUEUE_PENDING),
+        ("SliceReady", "False", "WaitingForKueue", "queued by Kueue: the job holds no slice")]))
+    assert v.waiting == KUEUE_PENDING
+    assert progress.outcome(v, "Succeeded") is None  # still on its way
+    assert progress.summary(v) == f"Queued  0/4 TPU hosts  waiting: {KUEUE_PENDING}"

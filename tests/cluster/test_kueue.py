@@ -1,0 +1,262 @@
+"""TPUTorchJobs and TPUTorchServices queued through real Kueue v0.17 (KUEUE=1 hack/cluster.sh up) with
+the real KubeRay operator, on the platform objects of examples/kueue: a ClusterQueue whose
+google.com/tpu quota is one v6e 4x4 slice (16 chips), WorkloadPriorityClasses tpu-low and tpu-high.
+
+What is checked against what Kueue itself reports (its Workloads, the API server's audit log),
+never against what the operator says about itself alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
+
+from tputorch import render
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "kueue"
+GROUP, VERSION = "tputorch.io", "v1alpha1"
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+QUOTA_MESSAGE = "insufficient unused quota for google.com/tpu in flavor v6e-4x4, 16 more needed"
+
+
+@pytest.fixture(scope="module")
+def kueue(kube, kube_env):
+    """Kueue running on the local cluster (added to a running one), with examples/kueue's
+    flavors, ClusterQueue and priority classes."""
+    subprocess.run([str(REPO / "hack" / "cluster.sh"), "up"], check=True, env={**os.environ, "KUEUE": "1"})
+    for name in ("flavors.yaml", "cluster-queue.yaml", "priority-classes.yaml"):
+        kubectl(kube.kubeconfig, "apply", "-f", str(EXAMPLES / name))
+    return kube
+
+
+@pytest.fixture
+def queue_ns(kueue, namespace):
+    kubectl(kueue.kubeconfig, "apply", "-n", namespace, "-f", str(EXAMPLES / "local-queue.yaml"))
+    return namespace
+
+
+def job_body(name: str, priority: str | None = "tpu-low", queue: str = "tpu", **extra) -> dict:
+    spec = {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "example.com/ray-torch-tpu:2.60.0",
+            "entrypoint": "python train.py", "head": {"cpu": "1", "memory": "2Gi"},
+            "worker": {"cpu": "4", "memory": "16Gi"}, "queueName": queue, **extra}
+    if priority:
+        spec["priorityClassName"] = priority
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchJob", "metadata": {"name": name}, "spec": spec}
+
+
+def apply(kube, ns, body):
+    kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+
+
+def status(kube, ns, name, plural="tputorchjobs") -> dict:
+    return kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name).get("status") or {}
+
+
+def wait_phase(kube, ns, name, *phases, timeout=90, plural="tputorchjobs"):
+    return kube.wait(lambda: (lambda s: s if s.get("phase") in phases else None)(status(kube, ns, name, plural)),
+                     timeout, f"{ns}/{name} phase in {phases}")
+
+
+def condition(st: dict, ctype: str) -> dict:
+    return next((c for c in st.get("conditions") or [] if c["type"] == ctype), {})
+
+
+def pods_of(kube, ns, job):
+    return kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={job}").items
+
+
+def workload_of(kube, ns, rayjob: str) -> dict | None:
+    items = kube.custom.list_namespaced_custom_object(*KUEUE, ns, "workloads")["items"]
+    owned = [w for w in items if any(r.get("name") == rayjob and r.get("kind") == "RayJob"
+                                     for r in w["metadata"].get("ownerReferences") or [])]
+    return owned[-1] if owned else None
+
+
+def events_for(kube, ns, name) -> list[tuple[str, str]]:
+    return [(e.type, e.reason) for e in kube.core.list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TPUTorchJob").items]
+
+
+def finish(dashboard, ns, name):
+    dashboard.set_job_status(ns, name, "SUCCEEDED")
+
+
+class PodWatch:
+    """Every pod of the namespace as it is created, to compare with Kueue's admission times."""
+
+    def __init__(self, kube, ns):
+        from kubernetes import watch
+        self.first: dict[str, datetime.datetime] = {}
+        self._w = watch.Watch()
+        self._t = threading.Thread(target=self._run, args=(kube, ns), daemon=True)
+        self._t.start()
+
+    def _run(self, kube, ns):
+        for ev in self._w.stream(kube.core.list_namespaced_pod, ns, timeout_seconds=600):
+            pod = ev["object"]
+            job = (pod.metadata.labels or {}).get(render.JOB_LABEL)
+            if job and ev["type"] == "ADDED":
+                self.first.setdefault(job, pod.metadata.creation_timestamp)
+
+    def stop(self):
+        self._w.stop()
+
+
+def admitted_at(kube, ns, rayjob) -> datetime.datetime:
+    cond = next(c for c in workload_of(kube, ns, rayjob)["status"]["conditions"] if c["type"] == "Admitted")
+    return datetime.datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00"))
+
+
+def test_one_slice_of_quota_three_jobs_run_one_at_a_time(kueue, queue_ns, operator, dashboard):
+    kube, ns = kueue, queue_ns
+    pods = PodWatch(kube, ns)
+    try:
+        for name in ("q1", "q2", "q3"):
+            apply(kube, ns, job_body(name))
+        running = kube.wait(lambda: [n for n in ("q1", "q2", "q3") if status(kube, ns, n).get("phase") == "Running"],
+                            90, "one job Running")
+        assert len(running) == 1
+        order = [running[0]]
+        for name in {"q1", "q2", "q3"} - set(order):
+            st = wait_phase(kube, ns, name, "Queued")
+            assert QUOTA_MESSAGE in st["message"] and QUOTA_MESSAGE in condition(st, "Admitted")["message"]
+            assert condition(st, "Admitted")["status"] == "False" and st["queue"] == "tpu"
+            assert pods_of(kube, ns, name) == []
+            assert ("Normal", "Queued") in events_for(kube, ns, name)
+        # each finishing job lets exactly the next one in
+        for _ in range(2):
+            finish(dashboard, ns, order[-1])
+            wait_phase(kube, ns, order[-1], "Succeeded")
+            nxt = kube.wait(lambda: [n for n in ("q1", "q2", "q3") if n not in order
+                                     and status(kube, ns, n).get("phase") == "Running"], 90, "the next job Running")
+            assert len(nxt) == 1
+            order.append(nxt[0])
+            assert condition(status(kube, ns, nxt[0]), "Admitted")["reason"] == "Admitted"
+        finish(dashboard, ns, order[-1])
+        wait_phase(kube, ns, order[-1], "Succeeded")
+        # no job had a pod before Kueue admitted it (timestamps are whole seconds)
+        for name in order:
+            assert pods.first[name] >= admitted_at(kube, ns, name), name
+    finally:
+        pods.stop()
+
+
+OPERATOR_AGENT = "OpenAPI-Generator/"  # the kubernetes Python client's user agent: the operator's writes
+
+
+def audit_writes(ns: str, verbs=("update", "patch")) -> list[dict]:
+    """The API server's audit entries of writes to this namespace's RayJobs, the status subresource
+    left out (hack/audit-policy.yaml logs them with their request bodies)."""
+    path = Path(os.environ.get("TPUTORCH_CLUSTER_DIR", REPO / ".cluster")) / "logs" / "audit.log"
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [e for e in entries if (e.get("objectRef") or {}).get("namespace") == ns
+            and (e.get("objectRef") or {}).get("resource") == "rayjobs"
+            and not (e.get("objectRef") or {}).get("subresource") and e.get("verb") in verbs]
+
+
+def writes_suspend(entry: dict) -> bool:
+    return "suspend" in ((entry.get("requestObject") or {}).get("spec") or {})
+
+
+def agent(entry: dict) -> str:
+    return entry.get("userAgent") or ""
+
+
+def test_high_priority_preempts_low_which_resumes_later_and_only_kueue_writes_suspend(kueue, queue_ns, operator,
+                                                                                       dashboard):
+    kube, ns = kueue, queue_ns
+    apply(kube, ns, job_body("low", "tpu-low"))
+    wait_phase(kube, ns, "low", "Running")
+    apply(kube, ns, job_body("high", "tpu-high"))
+    wait_phase(kube, ns, "high", "Running")
+    st = wait_phase(kube, ns, "low", "Queued")
+    assert "preempted earlier" in st["message"]
+    kube.wait(lambda: pods_of(kube, ns, "low") == [], 60, "the low job's pods gone")
+    assert ("Warning", "Preempted") in events_for(kube, ns, "low")
+    finish(dashboard, ns, "high")
+    wait_phase(kube, ns, "high", "Succeeded")
+    wait_phase(kube, ns, "low", "Running")
+    finish(dashboard, ns, "low")
+    wait_phase(kube, ns, "low", "Succeeded")
+    reasons = [r for _, r in events_for(kube, ns, "low")]
+    for reason in ("Admitted", "Running", "Preempted", "Queued", "Succeeded"):
+        assert reason in reasons, reasons
+
+    # Who wrote spec.suspend of the RayJobs after creating them: Kueue (on admission and
+    # preemption), never the operator. The log does hold both parties' entries: the operator's
+    # creates and Kueue's suspend writes (unsuspend low, suspend it, unsuspend high, unsuspend low).
+    assert len([e for e in audit_writes(ns, ("create",)) if agent(e).startswith(OPERATOR_AGENT)]) == 2
+    by_kueue = [e for e in audit_writes(ns) if writes_suspend(e) and agent(e).startswith("kueue")]
+    assert len(by_kueue) >= 4, [agent(e) for e in audit_writes(ns)]
+    assert [e for e in audit_writes(ns) if agent(e).startswith(OPERATOR_AGENT) and writes_suspend(e)] == []
+
+
+def test_a_users_suspend_stops_a_queued_job_and_resume_runs_it_through_kueue(kueue, queue_ns, operator, dashboard):
+    kube, ns = kueue, queue_ns
+    apply(kube, ns, job_body("s1"))
+    wait_phase(kube, ns, "s1", "Running")
+    kubectl(kube.kubeconfig, "patch", "-n", ns, "tputorchjob", "s1", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_phase(kube, ns, "s1", "Suspended")
+    kube.wait(lambda: pods_of(kube, ns, "s1") == [], 60, "pods gone")
+    assert workload_of(kube, ns, "s1")["spec"]["active"] is False
+    kubectl(kube.kubeconfig, "patch", "-n", ns, "tputorchjob", "s1", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_phase(kube, ns, "s1", "Running")
+    assert workload_of(kube, ns, "s1")["spec"]["active"] is True
+    finish(dashboard, ns, "s1")
+    wait_phase(kube, ns, "s1", "Succeeded")
+    assert [e for e in audit_writes(ns) if agent(e).startswith(OPERATOR_AGENT) and writes_suspend(e)] == []
+
+
+def test_unknown_queue_and_priority_class_are_named_and_run_once_created(kueue, queue_ns, operator, dashboard):
+    kube, ns = kueue, queue_ns
+    apply(kube, ns, job_body("noqueue", priority=None, queue="later"))
+    apply(kube, ns, job_body("noclass", priority="tputorch-test-gold"))
+    st = wait_phase(kube, ns, "noqueue", "Queued")
+    kube.wait(lambda: "LocalQueue later doesn't exist" in status(kube, ns, "noqueue")["message"], 60,
+              "Kueue's message about the missing LocalQueue")
+    st = kube.wait(lambda: (lambda s: s if condition(s, "Admitted").get("reason") == "WorkloadPriorityClassNotFound"
+                            else None)(status(kube, ns, "noclass")), 60, "the missing priority class named")
+    assert "WorkloadPriorityClass tputorch-test-gold does not exist" in st["message"]
+    assert pods_of(kube, ns, "noqueue") == [] and pods_of(kube, ns, "noclass") == []
+    # created later: both run in turn, nothing lost
+    gold = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+            "metadata": {"name": "tputorch-test-gold"}, "value": 500}
+    kubectl(kube.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(gold))
+    try:
+        wait_phase(kube, ns, "noclass", "Running", "Queued")
+        lq = yaml.safe_load((EXAMPLES / "local-queue.yaml").read_text())
+        lq["metadata"]["name"] = "later"
+        kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(lq))
+        first = kube.wait(lambda: [n for n in ("noqueue", "noclass") if status(kube, ns, n).get("phase") == "Running"],
+                          90, "one of them Running")[0]
+        finish(dashboard, ns, first)
+        other = ({"noqueue", "noclass"} - {first}).pop()
+        wait_phase(kube, ns, other, "Running")
+        finish(dashboard, ns, other)
+        wait_phase(kube, ns, other, "Succeeded")
+    finally:
+        kubectl(kube.kubeconfig, "delete", "workloadpriorityclass", "tputorch-test-gold", "--ignore-not-found")
+
+
+def test_a_queued_service_is_admitted_by_kueue(kueue, queue_ns, operator):
+    kube, ns = kueue, queue_ns
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": "llm"},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/ray-vllm-tpu:2.60.0",
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, "queueName": "tpu", "priorityClassName": "tpu-high",
+                     "head": {"cpu": "1", "memory": "2Gi"}, "worker": {"cpu": "4", "memory": "16Gi"}}}
+    apply(kube, ns, body)
+    st = wait_phase(kube, ns, "llm", "Deploying", "Ready", plural="tputorchservices", timeout=120)
+    assert condition(st, "Admitted")["status"] == "True" and st["clusterQueue"] == "tpu"
+    w = next(w for w in kube.custom.list_namespaced_custom_object(*KUEUE, ns, "workloads")["items"]
+             if any(r["kind"] == "RayService" for r in w["metadata"]["ownerReferences"]))
+    assert any(c["type"] == "Admitted" and c["status"] == "True" for c in w["status"]["conditions"])

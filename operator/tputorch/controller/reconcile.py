@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 import time
 from collections import Counter
@@ -150,7 +151,8 @@ def create_problem(kind: Kind, err: Exception) -> tuple[str, str]:
         return ("KubeRayNotInstalled", f"the {child} kind ({kind.child.api_version}) is not served: install "
                 f"KubeRay's CRDs and operator; the {child} will be created once they exist")
     if status == 403:
-        return ("Forbidden", f"the operator may not create {child}s here: {getattr(err, 'reason', '')}")
+        # RBAC, or an admission webhook's denial (Kueue's, for one): the API's message says which.
+        return ("Forbidden", f"the {child} was refused: {_api_message(err) or getattr(err, 'reason', '')}")
     if isinstance(err, ApiException):
         return (f"{child}CreateFailed", f"creating the {child} failed: HTTP {err.status} {err.reason}: "
                 f"{(err.body or '')[:500]}")
@@ -658,6 +660,14 @@ def _gone_or_replaced(err: ApiException) -> bool:
     """404, or the 422 of our uid test (another object holds the name now): the API server answers
     a failed JSON-patch test with a bare Invalid, a status that breaks the schema with its causes."""
     return err.status == 404 or (err.status == 422 and '"causes"' not in (err.body or ""))
+
+
+def _api_message(err: Exception) -> str:
+    """The message of a Status answer (what an admission webhook or RBAC said), if there is one."""
+    try:
+        return str(json.loads(getattr(err, "body", None) or "{}").get("message") or "")[:1000]
+    except (ValueError, AttributeError):
+        return ""
 
 
 def _describe(err: Exception) -> str:

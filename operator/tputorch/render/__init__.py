@@ -316,9 +316,11 @@ def rayservice(svc: ServiceSpec) -> dict:
         # Autoscaling always on: KubeRay's cluster hash leaves out replicas/min/max but not
         # enableInTreeAutoscaling, so a replicas edit from {1,1} to {1,3} would otherwise start a
         # whole second cluster (a second slice) under the NewCluster upgrade.
+        # Except under Kueue: its RayService webhook refuses Ray's autoscaler (a queued service has a
+        # fixed number of slices, spec rule).
         # num-cpus 0 on the head (as Google's sample): no Serve replica or vLLM worker is placed on it.
         "cluster": cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
-                                   autoscaling=True, head_start_params={"num-cpus": "0"}),
+                                   autoscaling=not svc.queue_name, head_start_params={"num-cpus": "0"}),
     }), "RayService")
     obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)
     return obj

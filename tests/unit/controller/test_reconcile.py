@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 
 import pytest
 import urllib3
@@ -616,3 +617,13 @@ def test_an_event_note_is_cut_at_1024_bytes_not_characters():
     cut = note("é" * 1000)  # 2000 bytes
     assert len(cut.encode()) <= 1024 and cut == "é" * 512
     assert note("short") == "short"
+
+
+def test_a_webhooks_denial_is_shown_with_its_own_message():
+    from tputorch.controller.reconcile import create_problem
+    body = json.dumps({"kind": "Status", "message": 'admission webhook "vrayjob.kb.io" denied the request: '
+                       "spec.shutdownAfterJobFinishes: Invalid value: false"})
+    reason, message = create_problem(kinds.JOB, api_error(403, "Forbidden", body))
+    assert reason == "Forbidden"
+    assert message == ('the RayJob was refused: admission webhook "vrayjob.kb.io" denied the request: '
+                       "spec.shutdownAfterJobFinishes: Invalid value: false")

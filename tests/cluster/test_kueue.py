@@ -133,8 +133,10 @@ def test_one_slice_of_quota_three_jobs_run_one_at_a_time(kueue, queue_ns, operat
         assert len(running) == 1
         order = [running[0]]
         for name in {"q1", "q2", "q3"} - set(order):
-            st = wait_phase(kube, ns, name, "Queued")
-            assert QUOTA_MESSAGE in st["message"] and QUOTA_MESSAGE in condition(st, "Admitted")["message"]
+            # Queued at once ("waiting for Kueue ... no Workload yet"), then with Kueue's own reason
+            st = kube.wait(lambda: (lambda s: s if s.get("phase") == "Queued" and QUOTA_MESSAGE in s.get("message", "")
+                                    else None)(status(kube, ns, name)), 90, f"{name} Queued with Kueue's message")
+            assert QUOTA_MESSAGE in condition(st, "Admitted")["message"]
             assert condition(st, "Admitted")["status"] == "False" and st["queue"] == "tpu"
             assert pods_of(kube, ns, name) == []
             assert ("Normal", "Queued") in events_for(kube, ns, name)

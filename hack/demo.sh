@@ -89,7 +89,9 @@ tputorch describe "$JOB" -n "$NS"
 say "The job freed its slice; now serve an LLM on the same v6e 4x4 (examples/serve/qwen3-moe-v6e-4x4.yaml)"
 SVC=qwen3-moe
 end=$((SECONDS + 120))
-until [[ -z $(kubectl get pods -n "$NS" -l "tputorch.io/job=$JOB" -o name) ]]; do
+# The slice is free when the Ray cluster's pods are gone; KubeRay's submitter pod (it carries the
+# job's label too) stays Completed with its Kubernetes Job until the RayJob is deleted.
+until [[ -z $(kubectl get pods -n "$NS" -l "tputorch.io/job=$JOB,ray.io/node-type" -o name) ]]; do
   ((SECONDS < end)) || { echo "the job's pods are still there"; kubectl get pods -n "$NS"; exit 1; }
   sleep 1
 done

@@ -16,6 +16,14 @@ from test_operator_e2e import (apply, condition, events_for, get_rayjob, job_bod
 ATTEMPT_LABEL = "tputorch.io/attempt"
 
 
+def wait_attempt_ended(kube, ns, name, timeout):
+    """The status once the first attempt's end is recorded. The phase Retrying itself can last less
+    than a poll: the next attempt's RayJob is created right after it (0.4 s on a quiet machine), so
+    the transition is checked through attemptHistory and the Retrying event instead."""
+    return kube.wait(lambda: (lambda s: s if s.get("attemptHistory") else None)(job_status(kube, ns, name)),
+                     timeout, f"TPUTorchJob {ns}/{name}'s first attempt ended")
+
+
 def test_an_evicted_host_restarts_the_slice_as_attempt_two(kube, namespace, operator, dashboard):
     apply(kube, namespace, job_body("evicted", topo="2x2"))
     wait_phase(kube, namespace, "evicted", "Running", 180)
@@ -26,7 +34,7 @@ def test_an_evicted_host_restarts_the_slice_as_attempt_two(kube, namespace, oper
     kube.core.create_namespaced_pod_eviction(worker.metadata.name, namespace, client.V1Eviction(
         metadata=client.V1ObjectMeta(name=worker.metadata.name, namespace=namespace)))
 
-    st = wait_phase(kube, namespace, "evicted", "Retrying", 60)
+    st = wait_attempt_ended(kube, namespace, "evicted", 60)
     assert st["attempts"] == 2
     (record,) = st["attemptHistory"]
     assert (record["attempt"], record["result"]) == (1, "Infrastructure")
@@ -78,7 +86,7 @@ def test_a_deleted_node_is_the_infrastructures_failure(kube, namespace, operator
     saved = _node_from_hack(node)
     kubectl(kube.kubeconfig, "delete", "node", node, "--wait=false")
     try:
-        st = wait_phase(kube, namespace, "node-gone", "Retrying", 150)
+        st = wait_attempt_ended(kube, namespace, "node-gone", 150)
         (record,) = st["attemptHistory"]
         assert record["result"] == "Infrastructure" and record["reason"] in ("NodeDeleted", "PodDeleted")
         assert worker.metadata.name in record["message"]

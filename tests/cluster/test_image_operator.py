@@ -60,10 +60,11 @@ def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
 
 
 def chart_container(namespace: str, info: dict) -> dict:
-    """The operator container of the chart's Deployment, watching namespace, with the built image."""
+    """The operator container of the chart's Deployment, watching namespace, with the built image and
+    its metrics on (they are off by default: no port unless enabled)."""
     out = subprocess.run([helm_binary(), "template", "img", str(CHART), "--namespace", namespace,
                           "--set", f"watchNamespaces={{{namespace}}}", "--set", f"image.repository={info['repository']}",
-                          "--set", f"image.tag={info['tag']}"], capture_output=True, text=True, timeout=120,
+                          "--set", f"image.tag={info['tag']}", "--set", "metrics.enabled=true"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HELM_CACHE_HOME": "/tmp/tputorch-helm/cache",
                               "HELM_CONFIG_HOME": "/tmp/tputorch-helm/config", "HELM_DATA_HOME": "/tmp/tputorch-helm/data"})
     assert out.returncode == 0, out.stderr

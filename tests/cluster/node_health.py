@@ -1,8 +1,9 @@
 """Watches the local cluster's nodes and pods for lost readiness (see test_zz_node_health.py).
 
 A node whose Ready condition is not True, or a Running pod (not being deleted) whose Ready
-condition turns False, is a lapse: KWOK's fake kubelets never make a pod unready by themselves,
-only the node lifecycle controller does, when it believes a node is gone.
+condition turns False other than by a kubelet-style ContainersNotReady report, is a lapse: KWOK's
+fake kubelets never make a pod unready by themselves, only the node lifecycle controller does, when
+it believes a node is gone.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ def pod_lapse(pod) -> str | None:
     if pod.metadata.deletion_timestamp or (pod.status.phase or "") != "Running":
         return None
     ready = next((c for c in pod.status.conditions or [] if c.type == "Ready"), None)
-    if ready is not None and ready.status == "False":
+    # ContainersNotReady is a kubelet's report about the containers, written here on purpose: by the
+    # stand-in dashboard's prober (a RayService worker without a Serve replica is NotReady, as on
+    # GKE) or by a test writing a kubelet's status (an image that cannot be pulled). The node
+    # lifecycle controller flips Ready to False without that reason.
+    if ready is not None and ready.status == "False" and ready.reason != "ContainersNotReady":
         return f"pod {pod.metadata.namespace}/{pod.metadata.name} Ready=False ({ready.reason}: {ready.message})"
     return None
 

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,24 +20,14 @@ import yaml
 
 from tputorch.api import crd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from doccmds import find_helm  # noqa: E402  (one place that finds helm, for the docs tests too)
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tputorch-operator"
 CRD_FILES = sorted(crd.FILES.items())
 RELEASE, NS = "tto", "tputorch-system"
 FULLNAME = "tto-tputorch-operator"
-
-
-def find_helm() -> str | None:
-    if os.environ.get("HELM"):
-        return os.environ["HELM"]
-    try:
-        bin_dir = subprocess.run([str(ROOT / "hack" / "build.sh"), "dir"], capture_output=True, text=True,
-                                 timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        bin_dir = ""
-    if bin_dir and os.access(os.path.join(bin_dir, "helm"), os.X_OK):
-        return os.path.join(bin_dir, "helm")
-    return shutil.which("helm")
 
 
 HELM = find_helm()

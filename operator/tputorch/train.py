@@ -199,3 +199,87 @@ def run_config(environ: Mapping[str, str] | None = None, **overrides: Any):
             raise MissingSliceEnvironment(f"{ENV_WORKER_RETRIES} is not an integer: {env[ENV_WORKER_RETRIES]!r}") from None
     kwargs.update(overrides)
     return RunConfig(**kwargs)
+
+
+# --- progress: what the operator shows in the TPUTorchJob's status --------------------------------
+# Ray 2.60's dashboard keeps no Train metrics, but it serves the tail of the job driver's log, and
+# Ray Train workers' prints reach that log. So report() prints one line, on world rank 0 only:
+# PROGRESS_MARKER followed by a small JSON object, which the operator reads back
+# (status/progress.py parses it; the limits below are the parser's too).
+PROGRESS_MARKER = "tputorch.progress "
+MAX_PROGRESS_METRICS = 16  # numeric metrics per line, beside step and epoch
+MAX_METRIC_NAME = 63
+MAX_CHECKPOINT_PATH = 2048
+MAX_PROGRESS_LINE = 4096  # characters of the JSON object
+
+
+def progress_line(metrics: Mapping[str, Any], step: int | None = None, epoch: int | None = None,
+                  checkpoint: str | None = None) -> str:
+    """The line report() prints: step and epoch (from the arguments, else from ``metrics``), at
+    most MAX_PROGRESS_METRICS finite numeric metrics whose names are short, and the checkpoint's
+    persisted path. What does not fit the operator's limits is left out, never truncated."""
+    import json
+    import math
+
+    def count(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
+
+    step = count(metrics.get("step") if step is None else step)
+    epoch = count(metrics.get("epoch") if epoch is None else epoch)
+    numbers: dict[str, float | int] = {}
+    for name, value in metrics.items():
+        if len(numbers) >= MAX_PROGRESS_METRICS:
+            break
+        if name in ("step", "epoch") or not (isinstance(name, str) and 0 < len(name) <= MAX_METRIC_NAME):
+            continue
+        if hasattr(value, "item") and callable(value.item):  # a 0-d numpy/torch number
+            try:
+                value = value.item()
+            except (TypeError, ValueError, RuntimeError):
+                continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        if isinstance(value, int) and abs(value) >= 2**53:
+            value = float(value)
+        numbers[name] = value
+    record: dict[str, Any] = {"step": step, "epoch": epoch, "metrics": numbers}
+    if checkpoint and len(checkpoint) <= MAX_CHECKPOINT_PATH:
+        record["checkpoint"] = checkpoint
+    text = json.dumps(record, separators=(",", ":"), sort_keys=True)
+    if len(text) > MAX_PROGRESS_LINE:  # long metric names: keep step, epoch, checkpoint
+        record["metrics"] = {}
+        text = json.dumps(record, separators=(",", ":"), sort_keys=True)
+    return PROGRESS_MARKER + text
+
+
+def checkpoint_uri(checkpoint: Any) -> str | None:
+    """Where a persisted ``ray.train.Checkpoint`` is: its path with the scheme of its filesystem
+    (pyarrow's GCS and S3 paths carry none), a local path as it is."""
+    path = getattr(checkpoint, "path", None)
+    if not isinstance(path, str) or not path:
+        return None
+    fs = getattr(getattr(checkpoint, "filesystem", None), "type_name", "")
+    scheme = {"gcs": "gs://", "s3": "s3://", "hdfs": "hdfs://"}.get(fs, "")
+    return path if "://" in path or not scheme else scheme + path
+
+
+def report(metrics: dict[str, Any], checkpoint=None, *, step: int | None = None, epoch: int | None = None,
+           **kwargs: Any) -> None:
+    """``ray.train.report(metrics, checkpoint, **kwargs)``, and on world rank 0 one progress line
+    for the operator (status.progress, status.lastCheckpoint). Call it on every worker, as
+    ray.train.report. ``step``/``epoch`` default to ``metrics["step"]``/``metrics["epoch"]``;
+    the checkpoint's path is the one Ray Train persisted it to (when rank 0 reports one)."""
+    import ray.train  # lazy: only training scripts have Ray
+
+    before = ray.train.get_checkpoint() if checkpoint is not None else None
+    ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
+    if ray.train.get_context().get_world_rank() != 0:
+        return
+    persisted = None
+    if checkpoint is not None:
+        after = ray.train.get_checkpoint()  # Ray Train's persisted copy, once uploaded
+        if after is not None and after is not before and after is not checkpoint:
+            persisted = checkpoint_uri(after)
+    print(progress_line(metrics, step, epoch, persisted), flush=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from . import common, groups, job as job_spec, spec, storage, topology
-from .. import status
+from .. import status, train
 
 GROUP = "tputorch.io"
 VERSION = "v1alpha1"
@@ -725,6 +725,21 @@ def _job_status_schema() -> dict:
             "hostsReady": _string("readyHosts/hosts, for display."),
             "startTime": _string("When the Ray job started.", format="date-time"),
             "completionTime": _string("When the Ray job finished.", format="date-time"),
+            "progress": _s(
+                "What the training script last reported through tputorch.train.report(), read from the "
+                "Ray job driver's log while the job runs (at most every 30 s).",
+                type="object",
+                properties={
+                    "step": _s("The last reported step.", type="integer", format="int64", minimum=0),
+                    "epoch": _s("The last reported epoch.", type="integer", format="int64", minimum=0),
+                    "metrics": _s("The numeric metrics of that report (e.g. loss).", type="object",
+                                  maxProperties=train.MAX_PROGRESS_METRICS,
+                                  additionalProperties={"type": "number"}),
+                    "reportedAt": _string("When the operator first read this report.", format="date-time"),
+                },
+            ),
+            "lastCheckpoint": _string("Where Ray Train persisted the latest checkpoint the script reported.",
+                                      maxLength=train.MAX_CHECKPOINT_PATH),
         },
     )
 
@@ -774,6 +789,9 @@ JOB_PRINTER_COLUMNS = [
      "description": "Kueue WorkloadPriorityClass"},
     {"name": "Hosts", "type": "string", "jsonPath": ".status.hostsReady", "description": "Ready TPU hosts / hosts in the slice"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempts", "description": "Current attempt (1 + retries)"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Last step the script reported"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.metrics.loss", "priority": 1,
+     "description": "Loss the script last reported"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 PRINTER_COLUMNS = JOB_PRINTER_COLUMNS

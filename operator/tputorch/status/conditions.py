@@ -40,6 +40,7 @@ STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "workers", "hosts", "readyHosts",
     "hostsReady", "rayJobName", "rayClusterName", "dashboardURL", "jobId", "jobStatus",
     "jobDeploymentStatus", "startTime", "completionTime", "queue", "priorityClass", "clusterQueue", "workload", "attempts", "attemptHistory",
+    "progress", "lastCheckpoint",
 )
 SERVICE_STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "replicas", "readyReplicas",

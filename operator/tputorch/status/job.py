@@ -10,6 +10,7 @@ from typing import Iterable, Mapping
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
+from . import progress as training
 from .conditions import (
     FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
     child_created, condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
@@ -209,6 +210,7 @@ def derive(
         **queue_fields(job, queue),
         "attempts": number,
     }
+    status.update(training.carried(previous))  # the controller puts a newer read in (progress.apply)
     if history:
         status["attemptHistory"] = history if len(history) <= MAX_HISTORY else history[:1] + history[-(MAX_HISTORY - 1):]
     optional = {

@@ -201,6 +201,8 @@ def test_printer_columns():
         "Priority": ".spec.priorityClassName",
         "Hosts": ".status.hostsReady",
         "Attempt": ".status.attempts",
+        "Step": ".status.progress.step",
+        "Loss": ".status.progress.metrics.loss",
         "Age": ".metadata.creationTimestamp",
     }
     cols = [(c["name"], c["jsonPath"]) for c in definition(crd.SERVICE_KIND)["spec"]["versions"][0]["additionalPrinterColumns"]]

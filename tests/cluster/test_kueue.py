@@ -87,7 +87,14 @@ def events_for(kube, ns, name) -> list[tuple[str, str]]:
         ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TPUTorchJob").items]
 
 
-def finish(dashboard, ns, name):
+def finish(kube, dashboard, ns, name):
+    """Succeed the Ray job of the RayJob's current RayCluster. KubeRay reports Running once it has
+    made the submitter, before the Ray job exists, and after a preemption or suspend the newest job
+    the stand-in knows is the stopped one of the removed cluster: ending that one would end nothing."""
+    cluster = kube.wait(lambda: (kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayjobs", name)
+                                 .get("status") or {}).get("rayClusterName"), 90, f"{ns}/{name}'s RayCluster")
+    kube.wait(lambda: (dashboard.get_job(ns, name) or {}).get("cluster") == cluster, 120,
+              f"{ns}/{name}'s Ray job on {cluster} submitted")
     dashboard.set_job_status(ns, name, "SUCCEEDED")
 
 
@@ -142,14 +149,14 @@ def test_one_slice_of_quota_three_jobs_run_one_at_a_time(kueue, queue_ns, operat
             assert ("Normal", "Queued") in events_for(kube, ns, name)
         # each finishing job lets exactly the next one in
         for _ in range(2):
-            finish(dashboard, ns, order[-1])
+            finish(kube, dashboard, ns, order[-1])
             wait_phase(kube, ns, order[-1], "Succeeded")
             nxt = kube.wait(lambda: [n for n in ("q1", "q2", "q3") if n not in order
                                      and status(kube, ns, n).get("phase") == "Running"], 90, "the next job Running")
             assert len(nxt) == 1
             order.append(nxt[0])
             assert condition(status(kube, ns, nxt[0]), "Admitted")["reason"] == "Admitted"
-        finish(dashboard, ns, order[-1])
+        finish(kube, dashboard, ns, order[-1])
         wait_phase(kube, ns, order[-1], "Succeeded")
         # no job had a pod before Kueue admitted it (timestamps are whole seconds)
         assert pods.error is None and set(pods.first) == set(order)
@@ -191,10 +198,10 @@ def test_high_priority_preempts_low_which_resumes_later_and_only_kueue_writes_su
     assert "preempted earlier" in st["message"]
     kube.wait(lambda: pods_of(kube, ns, "low") == [], 60, "the low job's pods gone")
     assert ("Warning", "Preempted") in events_for(kube, ns, "low")
-    finish(dashboard, ns, "high")
+    finish(kube, dashboard, ns, "high")
     wait_phase(kube, ns, "high", "Succeeded")
     wait_phase(kube, ns, "low", "Running")
-    finish(dashboard, ns, "low")
+    finish(kube, dashboard, ns, "low")
     wait_phase(kube, ns, "low", "Succeeded")
     reasons = [r for _, r in events_for(kube, ns, "low")]
     for reason in ("Admitted", "Running", "Preempted", "Queued", "JobSucceeded"):
@@ -220,7 +227,7 @@ def test_a_users_suspend_stops_a_queued_job_and_resume_runs_it_through_kueue(kue
     kubectl(kube.kubeconfig, "patch", "-n", ns, "tputorchjob", "s1", "--type=merge", "-p", '{"spec":{"suspend":false}}')
     wait_phase(kube, ns, "s1", "Running")
     assert workload_of(kube, ns, "s1")["spec"]["active"] is True
-    finish(dashboard, ns, "s1")
+    finish(kube, dashboard, ns, "s1")
     wait_phase(kube, ns, "s1", "Succeeded")
     assert [e for e in audit_writes(ns) if agent(e).startswith(OPERATOR_AGENT) and writes_suspend(e)] == []
 
@@ -247,10 +254,10 @@ def test_unknown_queue_and_priority_class_are_named_and_run_once_created(kueue, 
         kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(lq))
         first = kube.wait(lambda: [n for n in ("noqueue", "noclass") if status(kube, ns, n).get("phase") == "Running"],
                           90, "one of them Running")[0]
-        finish(dashboard, ns, first)
+        finish(kube, dashboard, ns, first)
         other = ({"noqueue", "noclass"} - {first}).pop()
         wait_phase(kube, ns, other, "Running")
-        finish(dashboard, ns, other)
+        finish(kube, dashboard, ns, other)
         wait_phase(kube, ns, other, "Succeeded")
     finally:
         kubectl(kube.kubeconfig, "delete", "workloadpriorityclass", "tputorch-test-gold", "--ignore-not-found")

@@ -160,6 +160,7 @@ def cmd_run(args) -> int:
     cfg.reconcile_workers = args.workers
     if args.status_interval is not None:
         cfg.status_interval = args.status_interval
+    cfg.progress_interval = args.progress_interval
     cfg.network_policy = args.network_policy
     cfg.peers = tuple(args.network_policy_peer or ())
     # kopf runs the process only; without peering: replicas are coordinated by the Lease.
@@ -187,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--status-interval", type=float, default=None, metavar="SECONDS",
                      help="at most one progress-only status write per object per SECONDS (host counts, messages); "
                           "phase changes are written at once; 0 writes every change (default 2)")
+    run.add_argument("--progress-interval", type=float, default=30.0, metavar="SECONDS",
+                     help="read a running job's training progress (tputorch.train.report) from its Ray dashboard "
+                          "at most once per SECONDS; 0: never (default 30)")
     run.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,
                      help="give every Ray cluster a NetworkPolicy admitting only its own pods and the peers (default on)")
     run.add_argument("--network-policy-peer", action="append", type=_peer, metavar="NAMESPACE[:KEY=VALUE,...]",

@@ -17,9 +17,11 @@ import kopf
 
 from . import kinds as kinds_
 from .informer import Informer, RestSource, pods_path, scopes_for
+from .dashboard import Dashboard
 from .kube import Kube, load_config
 from .leader import Election, KubeLeaseApi
 from .metrics import METRICS, serve
+from ..status.progress import READ_INTERVAL
 from .reconcile import STATUS_INTERVAL, WORKLOAD, WORKLOAD_PRIORITY_CLASS, Controller
 
 log = logging.getLogger("tputorch")
@@ -38,6 +40,7 @@ class Config:
     report_workers: int = 4
     reconcile_workers: int = 16  # keys reconciled at once (each key by one worker at a time)
     status_interval: float = STATUS_INTERVAL  # seconds between progress-only status writes of one object
+    progress_interval: float = READ_INTERVAL  # seconds between reads of a running job's driver log (0: none)
     namespaces: list[str] | None = None  # None: all namespaces
     network_policy: bool = True  # a NetworkPolicy per Ray cluster (its own pods + peers)
     peers: tuple = ()  # render.Peer: pods admitted to every Ray cluster's dashboard (KubeRay, operator)
@@ -64,13 +67,15 @@ RUNTIME = Runtime()
 
 
 def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[str] | None,
-          status_interval: float = STATUS_INTERVAL, extras: list | None = None) -> Controller:
+          status_interval: float = STATUS_INTERVAL, extras: list | None = None, dashboard=None,
+          progress_interval: float = READ_INTERVAL) -> Controller:
     """The controller and its informers, wired: each informer's changes reach the controller on
     the event loop. ``source_for(path, label_selector)`` makes an informer's Source."""
     def on_loop(fn, *head):
         return lambda event, obj: loop.call_soon_threadsafe(fn, *head, event, obj)
 
-    controller = Controller(kinds_.KINDS, kube, {}, {}, None, status_interval=status_interval, extras=extras or [])
+    controller = Controller(kinds_.KINDS, kube, {}, {}, None, status_interval=status_interval, extras=extras or [],
+                            dashboard=dashboard, progress_interval=progress_interval)
     for extra in controller.extras:  # its owner's key is in its labels, as a pod's
         controller.extra_stores[extra.resource.plural] = Informer(
             extra.resource.plural, source_for(extra.resource.path, SELECTOR), namespaces,
@@ -116,7 +121,7 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers, watches=watches)
     controller = RUNTIME.controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
-        CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers))
+        CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers), Dashboard(), CONFIG.progress_interval)
     RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods,
                          controller.workloads, controller.priority_classes, *controller.extra_stores.values()]
     sources = METRICS.sources
@@ -208,3 +213,7 @@ async def stop(**_) -> None:
         await asyncio.get_running_loop().run_in_executor(None, RUNTIME.election.release)
     for informer in RUNTIME.informers:
         informer.stop()
+    if RUNTIME.controller is not None and RUNTIME.controller.dashboard is not None:
+        for task in list(RUNTIME.controller.reading.values()):
+            task.cancel()
+        await RUNTIME.controller.dashboard.close()

@@ -44,7 +44,7 @@ JOB = Kind(
     child_patch=_rayjob_patch, cluster_names=_rayjob_clusters, finished=statuses.finished,
     phase_metric="tputorch_jobs", child_spec_read=("suspend",), patch_when_queued=False,
     attempt=job_status.attempt, child_must_go=job_status.child_must_go,
-    phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"),
+    phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"), reads_progress=True,
 )
 SERVICE = Kind(
     resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL,

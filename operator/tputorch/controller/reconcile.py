@@ -12,6 +12,7 @@ when the object is gone (and swept after every re-list).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime
 import json
 import logging
@@ -23,7 +24,7 @@ from typing import Any, Callable
 from kubernetes.client.rest import ApiException
 
 from .. import render, status as statuses
-from ..status import kueue
+from ..status import kueue, progress as training
 from .events import EventRecorder
 from .informer import Informer, key_of
 from .kube import CALLS, Calls, Resource
@@ -71,6 +72,7 @@ class Kind:
     attempt: Callable[[dict], int] | None = None
     child_must_go: Callable[[dict, dict], bool] | None = None
     phases: tuple[str, ...] = ()  # every phase of its status (the phase gauge emits each, 0 included)
+    reads_progress: bool = False  # its Ray job's driver log tells the training progress (a job)
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
@@ -163,7 +165,8 @@ class Controller:
     def __init__(self, kinds: list[Kind], kube, parents: dict[str, Informer], children: dict[str, Informer],
                  pods: Informer, clock: Callable[[], str] = now, status_interval: float = STATUS_INTERVAL,
                  monotonic: Callable[[], float] = time.monotonic, workloads: Informer | None = None,
-                 priority_classes: Informer | None = None, extras: list[Extra] = ()) -> None:
+                 priority_classes: Informer | None = None, extras: list[Extra] = (), dashboard=None,
+                 progress_interval: float = training.READ_INTERVAL) -> None:
         self.kinds = {k.resource.kind: k for k in kinds}
         self.kube = kube
         self.parents, self.children, self.pods = parents, children, pods
@@ -188,6 +191,14 @@ class Controller:
         self.tombstones: dict[str, None] = {}  # uids of deleted children, oldest first
         self.terminal: dict[str, dict] = {}  # uid -> the terminal status it reached (never goes back)
         self.active = True  # False on a standby until it leads: nothing is queued
+        # Training progress, read from the Ray dashboard (dashboard.py) off the reconcile workers:
+        # None (or an interval <= 0) reads nothing.
+        self.dashboard = dashboard if progress_interval > 0 else None
+        self.progress_interval = progress_interval
+        self.progress_read: dict[str, float] = {}  # uid -> when its driver log was last read (monotonic)
+        self.reports: dict[str, training.Report] = {}  # uid -> the newest report read, until it is written
+        self.reading: dict[str, asyncio.Task] = {}  # uid -> its read in flight (one per object)
+        self.read_failures: dict[str, str] = {}  # uid -> the last failure logged (logged again when it changes)
 
     # --- sources of work (called on the event loop) ----------------------------------------------
 
@@ -296,6 +307,12 @@ class Controller:
             self.last_write.pop(uid, None)
             self.recorder.forget(uid)
             self.terminal.pop(uid, None)
+            self.progress_read.pop(uid, None)
+            self.reports.pop(uid, None)
+            self.read_failures.pop(uid, None)
+            reading = self.reading.pop(uid, None)
+            if reading is not None:
+                reading.cancel()
         self.problems.pop(key, None)
         self.expected.pop(key, None)
         self.deleted_pods.pop(key, None)
@@ -399,12 +416,56 @@ class Controller:
                 current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
                                       self.problems.get(key), queue=queue, deleted=deleted)
         current = self.never_back_from_terminal(kind, parent, current)
+        if kind.reads_progress and self.dashboard is not None:
+            current = self._progress(key, meta.get("uid"), current)
         # The write right after our own create is on the job's critical path: never put off.
         await self._write(kind, parent, previous, current, at_once=result == "created")
         if ours is not None and kind.child_must_go is not None and kind.child_must_go(self._previous(parent), ours):
             await self._remove_child(kind, key, ours)  # the attempt it ran has ended (as now written)
             return "attempt-ended"
         return result
+
+    # --- training progress ---------------------------------------------------------------------
+
+    def _progress(self, key: Key, uid: str, current: dict) -> dict:
+        """The status with the newest report read in it; and, while the job runs, its driver log
+        read again once per progress_interval (on a task of its own: a slow dashboard never holds a
+        reconcile worker). The read's result brings the key back."""
+        current = training.apply(current, self.reports.get(uid), self.clock())
+        where = training.source(current)
+        if where is None:
+            return current
+        delay = training.read_delay(self.progress_read.get(uid), self.monotonic(), self.progress_interval)
+        if delay <= 0 and uid not in self.reading:
+            self.progress_read[uid] = self.monotonic()
+            # A fresh context: the read is no call of this reconcile (reconcile_fenced's CALLS).
+            self.reading[uid] = asyncio.get_running_loop().create_task(
+                self._read_progress(key, uid, *where), context=contextvars.Context())
+            delay = self.progress_interval
+        self.queue.add_after(key, max(delay, 0.1))  # level-based: the next read needs no event
+        return current
+
+    async def _read_progress(self, key: Key, uid: str, cluster: str, submission_id: str) -> None:
+        try:
+            log_tail = await asyncio.wait_for(self.dashboard.driver_log(key[1], cluster, submission_id),
+                                              self.dashboard.timeout + 1)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # unreachable, refused, 5xx, a timeout: the next interval tries again
+            failure = f"{type(err).__name__}: {str(err)[:200]}"
+            level = logging.DEBUG if self.read_failures.get(uid) == failure else logging.WARNING
+            self.read_failures[uid] = failure
+            log.log(level, "%s %s/%s: progress not read from RayCluster %s's dashboard: %s", key[0], key[1],
+                    key[2], cluster, failure)
+            return
+        finally:
+            if self.reading.get(uid) is asyncio.current_task():
+                del self.reading[uid]
+        self.read_failures.pop(uid, None)
+        report = training.parse(log_tail)
+        if report is not None and report != self.reports.get(uid) and self.uids.get(key) == uid:
+            self.reports[uid] = report
+            self.enqueue(key)
 
     def _terminal(self, kind: Kind, parent: dict) -> dict | None:
         """The terminal status this very object (uid) reached, as its status says or as this

@@ -1,0 +1,64 @@
+"""The operator's one client of the Ray dashboard: the tail of a Ray job driver's log, which carries
+the progress lines of tputorch.train.report() (status/progress.py reads them).
+
+Ray 2.60's state API serves it: ``GET /api/v0/logs/file?submission_id=<id>&lines=<n>`` on the head's
+dashboard (port 8265, the head Service KubeRay makes, ``<raycluster>-head-svc``); every Ray
+cluster's NetworkPolicy admits the operator there (render.Peer). Proxies come from the environment
+(HTTP_PROXY / NO_PROXY), as KubeRay's own dashboard client takes them. Anything a call to the
+dashboard needs (a token, if the head requires one) is added here only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import aiohttp
+
+from ..render import DASHBOARD_PORT
+from ..status.progress import LOG_LINES, MAX_LOG_BYTES
+
+TIMEOUT = 5.0  # seconds for one read, connection included
+CLUSTER_DOMAIN = "cluster.local"
+
+
+class DashboardError(Exception):
+    """The dashboard did not answer with the log (its status and the start of its answer)."""
+
+
+def head_url(namespace: str, cluster: str) -> str:
+    return f"http://{cluster}-head-svc.{namespace}.svc.{CLUSTER_DOMAIN}:{DASHBOARD_PORT}"
+
+
+class Dashboard:
+    def __init__(self, timeout: float = TIMEOUT, lines: int = LOG_LINES, max_bytes: int = MAX_LOG_BYTES) -> None:
+        self.timeout, self.lines, self.max_bytes = timeout, lines, max_bytes
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                trust_env=True, timeout=aiohttp.ClientTimeout(total=self.timeout),
+                connector=aiohttp.TCPConnector(limit=8, force_close=True))
+        return self._session
+
+    async def driver_log(self, namespace: str, cluster: str, submission_id: str) -> str:
+        """The last lines of the driver's log (its last ``max_bytes`` bytes at most); raises
+        DashboardError or an aiohttp/asyncio error."""
+        params = {"submission_id": submission_id, "lines": str(self.lines)}
+        async with self._client().get(f"{head_url(namespace, cluster)}/api/v0/logs/file", params=params) as resp:
+            if resp.status != 200:
+                raise DashboardError(f"HTTP {resp.status}: {(await resp.content.read(300)).decode(errors='replace')}")
+            tail: collections.deque[bytes] = collections.deque()
+            size = 0
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                tail.append(chunk)
+                size += len(chunk)
+                while size - len(tail[0]) >= self.max_bytes:  # keep the last max_bytes only
+                    size -= len(tail.popleft())
+        return b"".join(tail)[-self.max_bytes:].decode(errors="replace")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            await asyncio.sleep(0)

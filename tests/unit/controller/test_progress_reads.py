@@ -1,0 +1,147 @@
+"""A running job's training progress, read from its Ray dashboard by the reconcile (through the fake
+adapter and a fake dashboard, on the fake clock of the write-budget tests): once per interval per
+job, only while it runs, off the reconcile's path, and written only when the report changed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tputorch.train import progress_line
+
+from ..fakekube import controller
+from .test_write_budget import CLUSTER, KEY, KIND, Life, start_slice, succeed
+
+INTERVAL = 30.0
+
+
+class FakeDashboard:
+    timeout = 5.0
+
+    def __init__(self) -> None:
+        self.log = ""
+        self.calls: list[tuple] = []
+        self.fail: Exception | None = None
+        self.hold: asyncio.Event | None = None  # a dashboard that does not answer until set
+
+    async def driver_log(self, namespace, cluster, submission_id):
+        self.calls.append((namespace, cluster, submission_id))
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.fail is not None:
+            raise self.fail
+        return self.log
+
+    def report(self, step: int, loss: float, checkpoint: str | None = None) -> None:
+        self.log += f"(RayTrainWorker pid=7, ip=10.0.0.2) {progress_line({'loss': loss}, step=step, checkpoint=checkpoint)}\n"
+
+
+class ProgressLife(Life):
+    def __init__(self, interval: float = INTERVAL, **spec) -> None:
+        super().__init__(**spec)
+        self.dashboard = FakeDashboard()
+        job = self.ctl.parents[KIND].get(("ml", "demo"))
+        self.ctl = controller(self.kube, status_interval=2.0, monotonic=lambda: self.t, dashboard=self.dashboard,
+                              progress_interval=interval)
+        self.ctl.queue.add_after = lambda key, delay: self.due.append((self.t + delay, key))
+        self.ctl.parents[KIND]._put(job)
+
+    def reconcile(self) -> str:
+        result = super().reconcile()
+        self.settle()
+        return result
+
+    def settle(self) -> None:
+        """Let the reads in flight end; a read that brought a new report queues the job: reconcile it
+        as the worker would."""
+        while self.ctl.reading and self.dashboard.hold is None:
+            self.loop.run_until_complete(asyncio.gather(*self.ctl.reading.values(), return_exceptions=True))
+        if KEY in self.ctl.queue.known():
+            self.ctl.queue.drop(KEY)
+            super().reconcile()
+
+    def progress(self) -> list[dict]:
+        return [c[4]["progress"] for c in self.kube.called("patch_status") if c[4].get("progress")]
+
+
+@pytest.fixture
+def life():
+    lives = []
+
+    def make(**kw) -> ProgressLife:
+        lives.append(ProgressLife(**kw))
+        return lives[-1]
+    yield make
+    for one in lives:
+        one.close()
+
+
+def test_a_running_job_shows_its_reports_read_once_per_interval_and_keeps_the_last_when_done(life):
+    job = life()
+    job.reconcile()
+    start_slice(job, 4, host_ready_at=[0.6, 0.8, 1.0, 1.2], running_at=1.5)
+    assert job.dashboard.calls == [("ml", CLUSTER, "demo-abc")], "read at once when it runs"
+    assert job.progress() == []  # nothing reported yet: nothing to write
+
+    job.dashboard.report(100, 2.5, checkpoint="gs://bucket/run/checkpoint_000000")
+    job.at(31.6)
+    job.dashboard.report(200, 1.25)
+    job.at(61.6)
+    job.at(91.6)  # no new report: a read, no write
+    job.dashboard.report(300, 0.5)
+    job.at(100.0)  # within the interval: not read yet
+    assert [p["step"] for p in job.progress()] == [100, 200]
+    job.at(121.6)
+    assert [(p["step"], p["metrics"]["loss"]) for p in job.progress()] == [(100, 2.5), (200, 1.25), (300, 0.5)]
+    last = job.kube.called("patch_status")[-1][4]
+    assert last["lastCheckpoint"] == "gs://bucket/run/checkpoint_000000"
+    assert len(job.dashboard.calls) == 5  # at 1.5, 31.5, 61.5, 91.5, 121.5: once per 30 s
+
+    succeed(job, 130.0)
+    job.at(400.0)
+    assert len(job.dashboard.calls) == 5, "no read once the job is not running"
+    final = job.ctl.parents[KIND].get(("ml", "demo"))["status"]
+    assert final["phase"] == "Succeeded" and final["progress"]["step"] == 300
+    assert job.due == []
+    # the write budget: Pending, Running, three reports, Succeeded
+    assert job.writes()["patch_status"] == 6
+
+
+def test_a_failing_dashboard_costs_no_write_and_is_read_again_next_interval(life, caplog):
+    job = life()
+    job.reconcile()
+    job.dashboard.fail = ConnectionRefusedError("connection refused")
+    start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)
+    job.at(100.0)
+    assert len(job.dashboard.calls) == 4
+    assert job.progress() == [] and job.writes()["patch_status"] == 2
+    warnings = [r for r in caplog.records if "progress not read" in r.getMessage() and r.levelname == "WARNING"]
+    assert len(warnings) == 1, "the same failure is logged once, not every interval"
+    job.dashboard.fail = None
+    job.dashboard.report(7, 3.0)
+    job.at(130.0)
+    assert [p["step"] for p in job.progress()] == [7]
+
+
+def test_a_dashboard_that_does_not_answer_holds_no_reconcile_and_gets_one_read_at_a_time(life):
+    job = life()
+    job.dashboard.hold = asyncio.Event()
+    job.reconcile()
+    start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)  # each reconcile returned meanwhile
+    job.at(200.0)
+    assert len(job.dashboard.calls) == 1 and len(job.ctl.reading) == 1
+    assert job.kube.called("patch_status")[-1][4]["phase"] == "Running"
+    # the job is deleted: its read goes with it
+    task = next(iter(job.ctl.reading.values()))
+    job.ctl.forget(KEY)
+    job.loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+    assert task.cancelled() and job.ctl.reading == {}
+
+
+def test_an_interval_of_zero_reads_nothing(life):
+    job = life(interval=0)  # `tputorch run --progress-interval 0`
+    job.reconcile()
+    start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)
+    job.at(100.0)
+    assert job.dashboard.calls == [] and job.ctl.reading == {}

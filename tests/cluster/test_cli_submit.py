@@ -199,9 +199,11 @@ def test_unschedulable_slice_shows_the_schedulers_message_and_sigint_leaves_the_
         if not line:
             break
         seen.append(line)
-        if "waiting: pod " in line and UNSCHEDULABLE_TEXT in line:
+        if "waiting: no node pool " in line and UNSCHEDULABLE_TEXT in line:
             break
-    assert any("Pending  0/8 TPU hosts  waiting: pod" in s and "Unschedulable" in s for s in seen), "".join(seen)
+    assert any("Pending  0/8 TPU hosts  waiting: no node pool has the node labels this slice needs: "
+               "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=4x8;" in s
+               and "Unschedulable" in s for s in seen), "".join(seen)
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
@@ -277,10 +279,12 @@ def test_ctrl_c_on_a_terminal_exits_130_and_says_how_to_follow(kube, namespace, 
     name = "cli-tty-nofit"
     term = Terminal(kube, "submit", "--tpu", "v6e-4x8", "--image", IMAGE, "--name", name, "-n", namespace,
                     "--", "python", "train.py", columns=250)
-    waiting = term.wait_for(r"Waiting +pod .*Unschedulable")
+    waiting = term.wait_for(r"Waiting +no node pool [\s\S]*Unschedulable")
     assert re.search(r"Pending +TPUTorchJob", waiting) and re.search(r"^TPU hosts ━+ 0/8$", waiting, re.M), waiting
-    assert re.search(rf"^Waiting +pod {name}-\S+: Unschedulable: .*nodes are available: .*{re.escape(UNSCHEDULABLE_TEXT)}",
-                     waiting, re.M), waiting
+    unwrapped = re.sub(r"\s*\n\s*", " ", waiting)  # the message wraps in the table's second column
+    assert re.search(r"Waiting +no node pool has the node labels this slice needs: .*gke-tpu-topology=4x8;", unwrapped), waiting
+    assert re.search(rf"pod {name}-\S+: Unschedulable: .*nodes are available: .*{re.escape(UNSCHEDULABLE_TEXT)}",
+                     unwrapped), waiting
     term.child.sendintr()  # Ctrl-C from the terminal: SIGINT to the foreground process
     assert term.finish() == 130, term.screen()
     assert f"keeps running. Follow it: tputorch logs -f {name} -n {namespace}" in term.screen().replace("\n", "")

@@ -145,13 +145,18 @@ def test_single_host_job(kube, namespace, operator, dashboard):
 
 
 def test_slice_missing_from_the_cluster_says_why(kube, namespace, operator):
-    apply(kube, namespace, job_body("no-pool", topo="8x8"))  # no v6e 8x8 node pool exists
-    st = kube.wait(lambda: (lambda s: s if condition(s, "SliceReady").get("reason") == "Unschedulable" else None)(
-        job_status(kube, namespace, "no-pool")), 120, "SliceReady=Unschedulable")
+    """No v6e 8x8 node pool exists: the real scheduler's message on a TPU host pod is read as such,
+    and the status names the node labels the slice needs."""
+    apply(kube, namespace, job_body("no-pool", topo="8x8"))
+    st = kube.wait(lambda: (lambda s: s if condition(s, "SliceReady").get("reason") == "NoMatchingNodePool" else None)(
+        job_status(kube, namespace, "no-pool")), 120, "SliceReady=NoMatchingNodePool")
     assert st["phase"] == "Pending"
     msg = condition(st, "SliceReady")["message"]
-    assert "nodes are available" in msg, msg
-    wait_events(kube, namespace, "no-pool", ("Warning", "Unschedulable"))
+    assert msg.startswith("no node pool has the node labels this slice needs: cloud.google.com/gke-tpu-accelerator="
+                          "tpu-v6e-slice, cloud.google.com/gke-tpu-topology=8x8;"), msg
+    assert "Unschedulable: no nodes are available: " in msg and "didn't match Pod's node affinity/selector" in msg, msg
+    assert st["message"] == msg
+    wait_events(kube, namespace, "no-pool", ("Warning", "NoMatchingNodePool"))
 
 
 def test_invalid_job_fails_with_every_error_and_no_rayjob(kube, namespace, operator):

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..api import topology
 from ..api.spec import FieldError
 from . import kueue
 
@@ -57,7 +58,7 @@ _WARNING_STATES = {
     (RAYJOB_CREATED, "False"),
     (RAYSERVICE_CREATED, "False"),
 }
-_WARNING_REASONS = {"Unschedulable", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
+_WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
                     "QuotaExceeded", "PodCreationFailed"}
@@ -152,6 +153,35 @@ def scheduling_problem(pods: Iterable[dict]) -> str | None:
         if cond.get("status") == "False":
             message = stable_scheduler_message(cond.get("message", ""))
             return f"pod {_pod_name(pod)}: {cond.get('reason', 'Unschedulable')}: {message}".strip()
+    return None
+
+
+# The scheduler's reason for a node without the pod's node selector labels, and the reasons that
+# say nothing about them (its filters stop at a node's first failure; taints are checked first).
+NODE_SELECTOR_MISMATCH = "didn't match Pod's node affinity/selector"
+_SAYS_NOTHING_OF_LABELS = ("had untolerated taint", "were unschedulable", "didn't match Pod's node affinity/selector")
+
+
+def no_node_pool(pods: Iterable[dict], selector: dict[str, str]) -> tuple[str, str] | None:
+    """(NoMatchingNodePool, message) when a TPU host pod (by name) cannot be scheduled because no
+    node has the slice's node labels ``selector`` (the scheduler found only nodes that lack them, or
+    that it ruled out by a taint first): no node pool of this shape. The message names the labels."""
+    for pod in sorted(_workers(pods), key=_pod_name):
+        cond = _pod_condition(pod, "PodScheduled")
+        if cond.get("status") != "False":
+            continue
+        stable = stable_scheduler_message(cond.get("message", ""))
+        found = _REASON_LIST.search(stable)
+        reasons = _REASON_SEPARATOR.split(found.group(2)) if found else []
+        if not any(NODE_SELECTOR_MISMATCH in r for r in reasons) or \
+                not all(any(s in r for s in _SAYS_NOTHING_OF_LABELS) for r in reasons):
+            continue
+        first = (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL)
+        labels = ", ".join(f"{k}={selector[k]}" for k in (*first, *sorted(set(selector) - set(first))) if k in selector)
+        return "NoMatchingNodePool", (
+            f"no node pool has the node labels this slice needs: {labels}; create a node pool of this shape or "
+            f"choose a slice that has one (an autoscaled pool at 0 nodes reads the same until it scales up). "
+            f"pod {_pod_name(pod)}: {cond.get('reason', 'Unschedulable')}: {stable}")
     return None
 
 

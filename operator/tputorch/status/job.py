@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+from .. import render
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
@@ -14,7 +15,7 @@ from . import progress as training
 from .conditions import (
     FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
     child_created, condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
-    container_problem, quota_problem,
+    container_problem, quota_problem, no_node_pool,
 )
 from .kueue import Admission
 
@@ -147,7 +148,8 @@ def derive(
         conditions.append(admitted_condition(queue, generation))
 
     unschedulable = scheduling_problem(pods)
-    blocked = quota_problem(cluster_status) or container_problem(pods)
+    blocked = quota_problem(cluster_status) or container_problem(pods) or \
+        no_node_pool(_training_slice(job, pods), render.worker_node_selector(job))
     if phase in TERMINAL_PHASES:
         slice_ready = condition(SLICE_READY, False, "JobFinished", "the job has finished", generation)
     elif phase == "Suspended":

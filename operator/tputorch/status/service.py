@@ -10,7 +10,7 @@ from ..api.spec import ServiceSpec
 from .conditions import (
     CLUSTER_LABEL, FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, VALIDATED, admitted_condition,
     child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
-    ready_slices, running, scheduling_problem, stamp,
+    ready_slices, running, scheduling_problem, stamp, no_node_pool,
 )
 from .kueue import Admission
 
@@ -149,9 +149,12 @@ def derive_service(
 
     unschedulable = scheduling_problem(pods)
     stuck = quota_problem(cluster_status) or container_problem(pods)
+    no_pool = no_node_pool(pods, render.worker_node_selector(svc))
     slices_message = f"{ready_replicas}/{replicas} slice replica(s) up, {ready}/{replicas * s.hosts} TPU hosts running"
     if rayservice is not None and ready_replicas >= svc.min_replicas:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", slices_message, generation)
+    elif no_pool:
+        slice_ready = condition(SLICE_READY, False, no_pool[0], no_pool[1], generation)
     elif unschedulable:
         slice_ready = condition(SLICE_READY, False, "Unschedulable", unschedulable, generation)
     elif stuck:

@@ -88,12 +88,61 @@ def test_unschedulable_pods_explain_the_wait():
     pod = worker_pod("demo-x7k2p-tpu-slice-worker-abc", ready=False)
     pod["status"]["conditions"] = [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector."}]
+         "message": "0/7 nodes are available: 3 node(s) didn't match Pod's node affinity/selector, "
+                    "4 Insufficient google.com/tpu."}]
     st = derive("initializing", pods=[pod])
     c = cond(st, "SliceReady")
     assert (c["status"], c["reason"]) == ("False", "Unschedulable")
-    assert "didn't match Pod's node affinity/selector" in c["message"] and "demo-x7k2p-tpu-slice-worker-abc" in c["message"]
+    assert "Insufficient google.com/tpu" in c["message"] and "demo-x7k2p-tpu-slice-worker-abc" in c["message"]
     assert st["message"] == c["message"]
+
+
+# As the local cluster's kube-scheduler (1.34) words it for a v6e 8x8 slice (no such nodes).
+NO_POOL = ("0/12 nodes are available: 10 node(s) didn't match Pod's node affinity/selector, 2 node(s) had "
+           "untolerated taint(s). no new claims to deallocate, preemption: 0/12 nodes are available: 12 Preemption "
+           "is not helpful for scheduling.")
+
+
+@pytest.mark.parametrize("message", [
+    NO_POOL,
+    "0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector.",
+    "0/4 nodes are available: 1 node(s) were unschedulable, 3 node(s) didn't match Pod's node affinity/selector.",
+])
+def test_no_node_with_the_slices_labels_names_them(message):
+    st = derive("initializing", pods=[unschedulable_pod(message)])
+    c = cond(st, "SliceReady")
+    assert (c["status"], c["reason"]) == ("False", "NoMatchingNodePool")
+    assert ("no node pool has the node labels this slice needs: cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, "
+            "cloud.google.com/gke-tpu-topology=4x4;") in c["message"]
+    assert "pod demo-x7k2p-tpu-slice-worker-abc: Unschedulable: no nodes are available: " in c["message"]
+    assert st["phase"] == "Pending" and st["message"] == c["message"]
+    assert ("Warning", "NoMatchingNodePool") in [(e.type, e.reason) for e in status.events({}, st)]
+
+
+def test_the_named_labels_are_the_rendered_selector_spot_and_reservation_included():
+    job = spec.parse(body(tpu={"topology": "2x2", "spot": True}, nodeSelector={"team": "ml"}))
+    st = status.derive(job, 1, rayjob("initializing"), [unschedulable_pod(NO_POOL)], {}, T0)
+    assert ("cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=2x2, "
+            "cloud.google.com/gke-spot=true, team=ml;") in cond(st, "SliceReady")["message"]
+    job = spec.parse(body(tpu={"reservation": "res-a"}))
+    st = status.derive(job, 1, rayjob("initializing"), [unschedulable_pod(NO_POOL)], {}, T0)
+    assert "cloud.google.com/gke-tpu-topology=4x4, cloud.google.com/reservation-name=res-a;" in cond(st, "SliceReady")["message"]
+
+
+@pytest.mark.parametrize("message", [
+    "0/9 nodes are available: 5 node(s) didn't match Pod's node affinity/selector, 4 Insufficient google.com/tpu.",
+    "0/9 nodes are available: 9 node(s) had untolerated taint(s).",
+    "0/4 nodes are available: 4 node(s) didn't match pod affinity rules.",
+])
+def test_a_pool_that_exists_but_does_not_fit_is_not_called_missing(message):
+    c = cond(derive("initializing", pods=[unschedulable_pod(message)]), "SliceReady")
+    assert c["reason"] == "Unschedulable"
+
+
+def test_the_head_pod_without_a_cpu_node_is_not_a_missing_tpu_pool():
+    head = unschedulable_pod("0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector.")
+    head["metadata"]["labels"]["ray.io/node-type"] = "head"
+    assert cond(derive("initializing", pods=[head]), "SliceReady")["reason"] == "Unschedulable"
 
 
 SCHEDULER_RETRIES = [
@@ -115,7 +164,7 @@ def test_unschedulable_message_is_stable_across_scheduler_retries():
     second = derive("initializing", previous=first, pods=[unschedulable_pod(SCHEDULER_RETRIES[1])], now=T1)
     assert status.patch_for(first, second) is None  # the node counts changed, nothing else did
     message = cond(second, "SliceReady")["message"]
-    assert message == (
+    assert message.split("). ", 1)[1] == (
         "pod demo-x7k2p-tpu-slice-worker-abc: Unschedulable: no nodes are available: node(s) didn't match Pod's "
         "node affinity/selector, node(s) had untolerated taint {google.com/tpu: present}. preemption: no nodes are "
         "available: Preemption is not helpful for scheduling.")

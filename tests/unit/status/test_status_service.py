@@ -146,6 +146,17 @@ def test_unschedulable_slice_explains_the_wait():
     assert (c["reason"], c["message"]) == ("Unschedulable", "pod qwen-k2x9p-tpu-slice-worker-abc: Unschedulable: no nodes are available: Insufficient google.com/tpu.")
 
 
+def test_a_service_without_a_node_pool_of_its_shape_names_the_labels():
+    pod = host("qwen-k2x9p-tpu-slice-worker-abc", False)
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                    "message": "0/7 nodes are available: 5 node(s) didn't match Pod's node "
+                                               "affinity/selector, 2 node(s) had untolerated taint(s)."}]
+    c = cond(derive("initializing", [pod]), "SliceReady")
+    assert c["reason"] == "NoMatchingNodePool"
+    assert c["message"].startswith("no node pool has the node labels this slice needs: "
+                                   "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=4x4;")
+
+
 def test_events_on_service_phase_changes():
     pending = derive("initializing", slice_hosts(0))
     deploying = derive("deploying", slice_hosts(4), previous=pending, now=T1)

@@ -20,6 +20,7 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
         state.presets.clear()
         state.requests.clear()
         state.backends.clear()
+        state.serve_backends.clear()
         state.default_status = "RUNNING"
         return 200, {"ok": True}
     if parts == ["default"]:
@@ -50,11 +51,23 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
             url = str(body.get("url", ""))
             if not re.match(r"^http://(127\.0\.0\.1|localhost)(:\d+)?/?$", url):
                 return 400, {"error": f"url {url!r}: must be http://127.0.0.1:<port> (loopback only)"}
+            serve_url, variant = str(body.get("serve_url") or ""), body.get("serve_variant")
+            if serve_url and not re.match(r"^http://(127\.0\.0\.1|localhost)(:\d+)?/?$", serve_url):
+                return 400, {"error": f"serve_url {serve_url!r}: must be http://127.0.0.1:<port> (loopback only)"}
+            if variant not in (None, "cpu"):
+                return 400, {"error": f"serve_variant {variant!r}: must be \"cpu\" or absent"}
             state.backends[key] = url.rstrip("/")
+            state.serve_backends.pop(key, None)
+            if serve_url:
+                state.serve_backends[key] = {"url": serve_url.rstrip("/"), "variant": variant}
         elif method == "DELETE":
+            state.serve_backends.pop(key, None)
             return 200, {"deleted": state.backends.pop(key, None) is not None}
         url = state.backends.get(key)
-        return (200, {"url": url}) if url else (404, {"error": f"no backend for {'/'.join(parts[1:])}"})
+        if not url:
+            return 404, {"error": f"no backend for {'/'.join(parts[1:])}"}
+        serve = state.serve_backends.get(key) or {}
+        return 200, {"url": url, **({"serve_url": serve["url"], "serve_variant": serve["variant"]} if serve else {})}
     if parts == ["submitters"] and method == "GET":
         return 200, [r for r in state.runs.values() if "namespace" not in q or r["namespace"] == q["namespace"]]
     if parts[:1] == ["serve"] and len(parts) == 3:

@@ -25,7 +25,8 @@ def with_driver_env(body: dict, env: dict[str, str]) -> dict:
 
 
 
-def forward(backend: str, method: str, path: str, query: str, body: bytes | None, headers: dict):
+def forward(backend: str, method: str, path: str, query: str, body: bytes | None, headers: dict,
+            timeout: float = 30):
     """Send one dashboard call to a real Ray dashboard: (status, content type, body bytes)."""
     url = backend.rstrip("/") + path + (f"?{query}" if query else "")
     req = urllib.request.Request(url, data=body, method=method)
@@ -33,7 +34,7 @@ def forward(backend: str, method: str, path: str, query: str, body: bytes | None
         if headers.get(k):
             req.add_header(k, headers[k])
     try:
-        with _no_proxy.open(req, timeout=30) as resp:
+        with _no_proxy.open(req, timeout=timeout) as resp:
             return resp.status, resp.headers.get("Content-Type", "application/json"), resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get("Content-Type", "application/json"), exc.read()

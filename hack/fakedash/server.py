@@ -14,10 +14,12 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import control as control_api
-from . import jobs_api, serve_api
+from . import cpu_serving, jobs_api, serve_api
 from .forwarder import Reaper, forward, with_driver_env
 from .kube import Kube, head_env
 from .state import State, owner_name, parse_host
+
+SERVE_PORT = 8000  # Serve's HTTP port in KubeRay's pods and services
 from .prober import Prober
 from .submitters import Runner, Signaller
 
@@ -69,6 +71,8 @@ def make_handler(state: State, log, kube: Kube | None):
                 return self.serve_proxy_health(host)
             else:
                 ns, cluster = parse_host(host)
+                if proxied and host.endswith(f":{SERVE_PORT}"):
+                    return self.to_serve(method, host, ns, cluster, path, query)
             with state.lock:
                 backend = state.backend(ns, cluster)
             if backend is not None:
@@ -96,6 +100,11 @@ def make_handler(state: State, log, kube: Kube | None):
             body = self.as_json(raw) if raw else None
             sid = None
             parts = [p for p in path.split("/") if p]
+            serve = state.serve_backend(ns, cluster)
+            if method == "PUT" and parts == ["api", "serve", "applications"] and isinstance(body, dict) \
+                    and serve and serve.get("variant") == "cpu":
+                body = cpu_serving.to_cpu(body)  # the listed CPU differences, nothing else
+                raw = json.dumps(body).encode()
             if method == "POST" and parts == ["api", "jobs"] and isinstance(body, dict):
                 body = with_driver_env(body, head_env(kube.raycluster(ns, cluster)) if kube else {})
                 raw = json.dumps(body).encode()
@@ -113,6 +122,19 @@ def make_handler(state: State, log, kube: Kube | None):
                         info = self.as_json(data)
                         if isinstance(info, dict) and info.get("status"):
                             job.update(status=info["status"], message=info.get("message") or "")
+            self.reply(code, data, ctype.split(";")[0] if ctype else "application/json")
+
+        def to_serve(self, method: str, host: str, ns: str, cluster: str, path: str, query: str) -> None:
+            """A request to a Serve endpoint (`<name>-serve-svc.<ns>...:8000`, or a head pod's Serve
+            port) of a namespace whose Ray head is real: sent to that head's Serve HTTP proxy."""
+            with state.lock:
+                serve = state.serve_backend(ns, cluster)
+            if serve is None:
+                return self.reply(502, {"error": f"no real Serve proxy for {host} (namespace {ns})"})
+            raw = self.raw_body() if method in ("POST", "PUT", "PATCH") else None
+            code, ctype, data = forward(serve["url"], method, path, query, raw, dict(self.headers), timeout=300)
+            with state.lock:
+                self.record(method, host, path, ns, cluster, None, code, None, serve["url"])
             self.reply(code, data, ctype.split(";")[0] if ctype else "application/json")
 
         def splice(self, backend: str, path: str, query: str) -> None:
@@ -152,6 +174,13 @@ def make_handler(state: State, log, kube: Kube | None):
                     cluster = (pod["metadata"].get("labels") or {}).get("ray.io/cluster")
                     if cluster:
                         where = (pod["metadata"]["namespace"], cluster)
+            with state.lock:
+                serve = state.serve_backend(*where) if where else None
+            if serve is not None:  # a real head: its Serve proxy answers
+                code, ctype, data = forward(serve["url"], "GET", "/-/healthz", "", None, {})
+                with state.lock:
+                    self.record("GET", host, "/-/healthz", where[0], where[1], None, code, None, serve["url"])
+                return self.reply(code, data, ctype.split(";")[0] if ctype else "text/plain")
             with state.lock:
                 c = state.clusters.get(where) if where else None
                 ok = c is not None and serve_api.proxy_healthy(c["serve"], state.serve_ready_after, time.time())

@@ -41,6 +41,8 @@ class State:
         self.default_status = "RUNNING"
         self.serve_ready_after = serve_ready_after
         self.backends: dict[tuple[str, str], str] = {}    # (ns, cluster or "") -> real dashboard URL
+        # (ns, cluster or "") -> {"url": the real head's Serve HTTP proxy, "variant": "cpu" or None}
+        self.serve_backends: dict[tuple[str, str], dict] = {}
         self.runs: dict[tuple[str, str], dict] = {}       # (ns, pod) -> submitter run
         self.seq = 0
 
@@ -54,6 +56,11 @@ class State:
 
     def backend(self, ns: str, cluster: str) -> str | None:
         return self.backends.get((ns, cluster)) or self.backends.get((ns, ""))
+
+    def serve_backend(self, ns: str, cluster: str) -> dict | None:
+        if (ns, cluster) in self.backends:
+            return self.serve_backends.get((ns, cluster))
+        return self.serve_backends.get((ns, ""))
 
     def get_or_create(self, ns: str, cluster: str, submission_id: str, created_by: str) -> dict:
         jobs = self.cluster(ns, cluster)["jobs"]

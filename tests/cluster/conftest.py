@@ -172,6 +172,10 @@ def real_ray_namespace(namespace, dashboard, real_ray):
 
 
 def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    for what, figures in getattr(sys.modules.get("ray_backend"), "REPORTED", {}).items():
+        terminalreporter.write_line(f"{what}: " + ", ".join(f"{k}={v:.1f}" for k, v in figures.items()))
     if _REAL_RAY_TIMINGS:
         terminalreporter.write_line("real Ray backend: " + ", ".join(
             f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in _REAL_RAY_TIMINGS.items()))

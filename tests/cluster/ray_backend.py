@@ -49,6 +49,7 @@ RAY_ENV = {
     "RAY_agent_register_timeout_ms": "180000", "RAY_raylet_start_wait_time_s": "180",
 }
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+REPORTED: dict[str, dict[str, float]] = {}  # figures the tests print at the session's end (conftest.py)
 
 
 def load_slicesim():
@@ -119,7 +120,7 @@ class RealRay:
     """Client side: runs `python ray_backend.py` (the server below) in its own session and sends it
     commands; the test process itself never connects to Ray (tests/raysim's session may have)."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, python: str | None = None, env: dict | None = None) -> None:
         # Ray's socket paths must stay short: its temp dir is under /tmp, not in pytest's tmp_path.
         self.temp_dir = tempfile.mkdtemp(prefix="tt-ray-", dir="/tmp")
         self.workdir = Path(workdir or self.temp_dir)
@@ -127,6 +128,10 @@ class RealRay:
         self.proc: subprocess.Popen | None = None
         self.current = None  # the attached slice: {"name", "pod_type", "topology", "hosts", "node_ids"}
         self.timings: dict[str, float] = {}
+        # The interpreter of the head and its nodes (the serving venv's for vLLM, see start_serve).
+        self.python = python or sys.executable
+        self.env = dict(env or {})  # more environment for every Ray process of this head
+        self.serve_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -153,10 +158,11 @@ class RealRay:
     def start(self, warm: bool = True) -> "RealRay":
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
         # The driver runs on the head: `python` there is this interpreter (with tputorch and Ray).
-        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        env["PATH"] = str(Path(self.python).parent) + os.pathsep + env.get("PATH", "")
         env.update(RAY_ENV)
+        env.update(self.env)
         log = open(self.workdir / "ray-backend.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--dashboard-port", str(self.dashboard_port),
+        self.proc = subprocess.Popen([self.python, __file__, "--dashboard-port", str(self.dashboard_port),
                                       "--temp-dir", self.temp_dir],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
                                      cwd=self.workdir, start_new_session=True)
@@ -179,6 +185,22 @@ class RealRay:
     def detach(self) -> None:
         self._call({"cmd": "detach"})
         self.current = None
+
+    @property
+    def serve_url(self) -> str:
+        return f"http://127.0.0.1:{self.serve_port}"
+
+    def start_serve(self) -> str:
+        """Start Ray Serve on the head, its HTTP proxy on 127.0.0.1 on a free port (a config PUT
+        later keeps these options); returns the proxy's URL."""
+        self.serve_port = free_port()
+        self.timings.update(self._call({"cmd": "start_serve", "port": self.serve_port}, timeout=600)["timings"])
+        return self.serve_url
+
+    def delete_serve_apps(self) -> None:
+        """Delete every Serve application (Serve and its proxy stay up), as a head pod's death would
+        end them on GKE; removes the vLLM shared-memory segments they leaked."""
+        self._call({"cmd": "delete_serve_apps"}, timeout=300)
 
     def stop(self) -> None:
         if self.proc is None:
@@ -268,6 +290,8 @@ class _Server:
         import contextlib
 
         slicesim = load_slicesim()
+        if "rayClusterConfig" in rayjob.get("spec", {}):  # a RayService: the same cluster spec
+            rayjob = {**rayjob, "spec": {"rayClusterSpec": rayjob["spec"]["rayClusterConfig"]}}
         probe = slicesim.slice_from_rayjob(rayjob)
         key = (probe.pod_type, probe.topology, probe.chips_per_host, len(probe.hosts))
         timings = {}
@@ -289,6 +313,39 @@ class _Server:
         self.hosts = self.key = self.sim = None
         return {}
 
+    def start_serve(self, port: int) -> dict:
+        from ray import serve
+
+        t0 = time.monotonic()
+        self.shm_before = set(_shm_segments())
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        wait(lambda: _answers(f"http://127.0.0.1:{port}/-/healthz"), 120, "the Serve proxy")
+        return {"timings": {"serve_start_s": time.monotonic() - t0}}
+
+    def delete_serve_apps(self) -> dict:
+        from ray import serve
+
+        for name in list(serve.status().applications):
+            serve.delete(name)
+        self._remove_leaked_shm()
+        return {}
+
+    def _remove_leaked_shm(self) -> None:
+        """vLLM's message-queue segments: a killed replica leaves them in /dev/shm (~400 MiB each).
+        Only those made since Serve started here that no live process maps (not another user's)."""
+        mapped = set()
+        for maps in Path("/proc").glob("[0-9]*/maps"):
+            try:
+                mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines()
+                              if "/dev/shm/psm_" in line)
+            except OSError:
+                pass
+        for path in set(_shm_segments()) - getattr(self, "shm_before", set()) - mapped:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
     def stop(self) -> dict:
         import ray
 
@@ -296,7 +353,22 @@ class _Server:
         ray.shutdown()
         if self.cluster is not None:
             self.cluster.shutdown()
+        if hasattr(self, "shm_before"):
+            self._remove_leaked_shm()
         return {}
+
+
+def _answers(url: str) -> bool:
+    """Whether an HTTP server answers at all (the Serve proxy says 503 until it has a route)."""
+    try:
+        _no_proxy.open(url, timeout=5).close()
+    except urllib.error.HTTPError:
+        pass
+    return True
+
+
+def _shm_segments() -> list[str]:
+    return [str(p) for p in Path("/dev/shm").glob("psm_*")]
 
 
 def _node_ports() -> dict:

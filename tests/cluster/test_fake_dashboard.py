@@ -196,6 +196,42 @@ def test_a_namespace_with_a_real_backend_is_forwarded(fake, tmp_path):
         proc.wait(10)
 
 
+def test_a_real_serve_backend_gets_the_cpu_config_and_the_serve_port(fake, tmp_path):
+    """With a Serve proxy and the CPU variant, KubeRay's Serve config PUT reaches the backend with
+    exactly cpu_serving's changes, and the serve Service's port 8000 reaches the Serve proxy (here
+    the other dashboard process stands in for both)."""
+    from fakedash import cpu_serving
+
+    proc, backend = start_dashboard(tmp_path)
+    try:
+        d = DashboardClient(fake)
+        with pytest.raises(RuntimeError, match="serve_variant"):
+            d.set_backend("real", backend, serve_url=backend, serve_variant="gpu")
+        d.set_backend("real", backend, serve_url=backend, serve_variant="cpu")
+        config = {"applications": [{"name": "llm", "import_path": "ray.serve.llm:build_openai_app", "args": {
+            "llm_configs": [{"model_loading_config": {"model_id": "m"}, "accelerator_type": "TPU-V6E",
+                             "accelerator_config": {"kind": "tpu", "topology": "4x4"},
+                             "engine_kwargs": {"tensor_parallel_size": 16, "max_model_len": 256},
+                             "deployment_config": {"ray_actor_options": {"resources": {"accelerator_type:TPU-V6E": 0.001}}}}]}}]}
+        assert AsKubeRay(fake, "real", "svc-abcde").call("PUT", "/api/serve/applications/", config)[0] == 200
+        serve = AsKubeRay(fake, "real", "ignored")
+        serve.base = "http://m-serve-svc.real.svc.cluster.local:8000"
+        code, details = serve.call("GET", "/api/serve/applications/")
+        assert code == 200
+        (llm,) = details["applications"]["llm"]["deployed_app_config"]["args"]["llm_configs"]
+        assert llm == cpu_serving.to_cpu(config)["applications"][0]["args"]["llm_configs"][0]
+        assert "accelerator_type" not in llm and llm["engine_kwargs"]["tensor_parallel_size"] == 1
+        assert llm["deployment_config"] == config["applications"][0]["args"]["llm_configs"][0]["deployment_config"]
+        # Without the variant the config goes through unchanged.
+        d.set_backend("real", backend, serve_url=backend)
+        AsKubeRay(fake, "real", "svc-abcde").call("PUT", "/api/serve/applications/", config)
+        assert serve.call("GET", "/api/serve/applications/")[1]["applications"]["llm"]["deployed_app_config"] == \
+            config["applications"][0]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_a_submission_gets_the_head_containers_env_under_its_own():
     raycluster = {"spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"env": [
         {"name": "TPUTORCH_NUM_WORKERS", "value": "16"}, {"name": "SHARED", "value": "head"},

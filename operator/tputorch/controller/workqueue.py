@@ -6,6 +6,7 @@
   reconciled is queued again when that reconcile is done, never run twice at once.
 - ``retry(key)`` re-adds the key after a per-key exponential backoff, capped; ``forget(key)``
   resets it after a success. Only the earliest pending delayed add of a key is kept.
+- A key made ready wakes one waiting worker, not all of them (as a condition variable's signal).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class WorkQueue:
         self._dirty: set = set()
         self._processing: set = set()
         self._timers: dict[Hashable, tuple[float, asyncio.TimerHandle]] = {}
-        self._ready = asyncio.Event()
+        self._waiters: deque[asyncio.Future] = deque()  # idle workers in get(), oldest first
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -58,7 +59,7 @@ class WorkQueue:
             self._added_at[key] = time.monotonic()
         if key not in self._processing:
             self._queue.append(key)
-            self._ready.set()
+            self._wake_one()
 
     def add_after(self, key: Hashable, delay: float) -> None:
         loop = asyncio.get_running_loop()
@@ -97,10 +98,23 @@ class WorkQueue:
         """Keys the queue holds any state for (for the sweep after a re-list)."""
         return set(self.backoff.failures) | set(self._timers)
 
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
     async def get(self) -> Hashable:
         while not self._queue:
-            self._ready.clear()
-            await self._ready.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken, then cancelled before it ran: the key is someone else's
+                raise
         key = self._queue.popleft()
         self._processing.add(key)
         self._dirty.discard(key)
@@ -113,4 +127,4 @@ class WorkQueue:
         self._processing.discard(key)
         if key in self._dirty:
             self._queue.append(key)
-            self._ready.set()
+            self._wake_one()

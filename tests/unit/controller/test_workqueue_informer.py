@@ -37,6 +37,34 @@ def test_a_burst_for_one_key_coalesces_and_a_key_runs_once_at_a_time():
     asyncio.run(scenario())
 
 
+def test_a_ready_key_wakes_one_idle_worker_and_a_cancelled_wake_passes_on():
+    async def scenario():
+        q = WorkQueue()
+        resumed = []
+
+        async def worker(i):
+            key = await q.get()
+            resumed.append((i, key))
+
+        tasks = [asyncio.create_task(worker(i)) for i in range(8)]
+        await asyncio.sleep(0)
+        assert len(q._waiters) == 8
+        q.add("a")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert resumed == [(0, "a")] and len([w for w in q._waiters if not w.done()]) == 7
+        # worker 1 is woken for "b" and cancelled (the operator stopping) before it runs: "b" goes on
+        q.add("b")
+        tasks[1].cancel()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert resumed == [(0, "a"), (2, "b")] and tasks[1].cancelled()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run(scenario())
+
+
 def test_delayed_adds_keep_the_earliest():
     async def scenario():
         q = WorkQueue()

@@ -12,7 +12,8 @@
 #
 # Components: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (k8s v1.34.4),
 # KWOK (fake kubelets for the nodes in hack/nodes.yaml), a fake Ray dashboard
-# (hack/fakedash, started by hack/fake_dashboard.py) and the KubeRay operator (out of cluster,
+# (hack/fakedash, started by hack/fake_dashboard.py), a stand-in for the GKE Ray TPU webhook's pod
+# mutation (hack/tpu_webhook.py, HTTPS on 127.0.0.1) and the KubeRay operator (out of cluster,
 # HTTP_PROXY -> fake dashboard); with KUEUE=1 also Kueue's controller (out of cluster, webhooks on
 # 127.0.0.1 with the local CA).
 # Everything binds to 127.0.0.1. State: ${TPUTORCH_CLUSTER_DIR:-<repo>/.cluster}.
@@ -23,7 +24,7 @@ REPO=$(dirname "$HACK")
 DIR=${TPUTORCH_CLUSTER_DIR:-$REPO/.cluster}
 PY=${PYTHON:-python3}
 KUBECTL=${KUBECTL:-kubectl}
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok fake-dashboard kuberay-operator kueue)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok fake-dashboard tpu-webhook kuberay-operator kueue)
 OPTIONAL=" kueue "   # components that only run when asked for (status does not fail on them)
 
 log() { echo "[cluster $(date +%H:%M:%S)] $*" >&2; }
@@ -76,6 +77,10 @@ ports() {  # pick free ports once; reused by every later `up` so the kubeconfig 
   fi
   if [[ -z ${KUEUE_WEBHOOK_PORT:-} ]]; then   # added later than the rest: older ports.env lack it
     { echo "KUEUE_WEBHOOK_PORT=$(free_port)"; echo "KUEUE_PROBE_PORT=$(free_port)"; } >>"$DIR/ports.env"
+    load_env
+  fi
+  if [[ -z ${TPU_WEBHOOK_PORT:-} ]]; then   # likewise
+    echo "TPU_WEBHOOK_PORT=$(free_port)" >>"$DIR/ports.env"
     load_env
   fi
 }
@@ -168,6 +173,34 @@ kuberay_dir() {
 kueue_dir() {
   (cd /tmp && go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION:-v0.17.0}" |
     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+}
+
+# The stand-in TPU webhook (hack/tpu_webhook.py) for KubeRay's pods, as GKE's add-on registers its
+# own; failurePolicy Ignore: with the stand-in down, pods come without the variables and the
+# operator's status says the webhook is missing. A namespace labelled tputorch.io/tpu-webhook=off
+# is left out (tests: GKE without the webhook).
+tpu_webhook_config() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: tputorch-local-tpu-webhook
+webhooks:
+- name: tpu-pods.tputorch.local
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  failurePolicy: Ignore
+  timeoutSeconds: 10
+  clientConfig:
+    url: https://127.0.0.1:$TPU_WEBHOOK_PORT/mutate
+    caBundle: $(base64 -w0 <"$DIR/pki/ca.crt")
+  rules:
+  - {operations: [CREATE], apiGroups: [""], apiVersions: [v1], resources: [pods], scope: Namespaced}
+  objectSelector:
+    matchLabels: {app.kubernetes.io/name: kuberay}
+  namespaceSelector:
+    matchExpressions: [{key: tputorch.io/tpu-webhook, operator: NotIn, values: ["off"]}]
+EOF
 }
 
 # Without Kueue its webhooks (failurePolicy Fail) would refuse every RayJob: a cluster started
@@ -330,6 +363,11 @@ cmd_up() {
     --kube-server="https://127.0.0.1:$APISERVER_PORT" --kube-token-file="$DIR/token" --kube-ca="$p/ca.crt" \
     --submitter-log-dir="$DIR/logs/submitters" --ray-bin="${TPUTORCH_RAY_BIN:-$REPO/.venv/bin}"
   wait_for fake-dashboard 30 curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$DASHBOARD_PORT/_control/healthz"
+
+  start tpu-webhook "$PY" "$HACK/tpu_webhook.py" --port="$TPU_WEBHOOK_PORT" \
+    --cert="$p/apiserver.crt" --key="$p/apiserver.key"
+  wait_for tpu-webhook 30 curl -sf --noproxy '*' --max-time 2 --cacert "$p/ca.crt" "https://127.0.0.1:$TPU_WEBHOOK_PORT/healthz"
+  tpu_webhook_config
 
   # Go's HTTP client proxies every non-loopback host: the dashboard calls go to the fake; the
   # API server (127.0.0.1) is never proxied (loopback, and NO_PROXY too).

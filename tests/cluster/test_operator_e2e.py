@@ -7,6 +7,7 @@ TPUTorchJob, driven to success or failure through the stand-in Ray dashboard.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,25 @@ def test_slice_missing_from_the_cluster_says_why(kube, namespace, operator):
     assert "Unschedulable: no nodes are available: " in msg and "didn't match Pod's node affinity/selector" in msg, msg
     assert st["message"] == msg
     wait_events(kube, namespace, "no-pool", ("Warning", "NoMatchingNodePool"))
+
+
+def test_a_multi_host_slice_without_the_tpu_webhook_says_so(kube, namespace, operator, dashboard):
+    """The local cluster's stand-in TPU webhook (hack/tpu_webhook.py) leaves out a namespace labelled
+    tputorch.io/tpu-webhook=off: there the slice's pods are created as on a GKE cluster without the
+    webhook, every host Running and Ready, and the job says why it cannot train."""
+    kube.core.patch_namespace(namespace, {"metadata": {"labels": {"tputorch.io/tpu-webhook": "off"}}})
+    apply(kube, namespace, job_body("no-webhook"))
+    st = kube.wait(lambda: (lambda s: s if condition(s, "SliceReady").get("reason") == "TPUWebhookMissing" else None)(
+        job_status(kube, namespace, "no-webhook")), 120, "SliceReady=TPUWebhookMissing")
+    assert st["phase"] == "Pending"
+    msg = condition(st, "SliceReady")["message"]
+    assert re.match(r"pod no-webhook-\S+-worker-\S+, a host of a 4-host TPU slice, was created without TPU_WORKER_ID and "
+                    r"TPU_WORKER_HOSTNAMES: the GKE Ray TPU webhook", msg), msg
+    assert st["message"] == msg
+    workers = [p for p in pods_of(kube, namespace, "no-webhook") if p.metadata.labels.get("ray.io/node-type") == "worker"]
+    assert workers and all(not any((e.name or "").startswith("TPU_WORKER") for e in p.spec.containers[0].env or [])
+                           for p in workers)
+    wait_events(kube, namespace, "no-webhook", ("Warning", "TPUWebhookMissing"))
 
 
 def test_invalid_job_fails_with_every_error_and_no_rayjob(kube, namespace, operator):

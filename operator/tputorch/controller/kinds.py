@@ -129,9 +129,16 @@ def slim_pod(obj: dict) -> dict:
         slim_status["containerStatuses"] = [{"name": w["name"], "image": w["image"], "state": {"waiting": w["waiting"]}}
                                             for w in waiting]
     slim = {"metadata": slim_meta, "status": slim_status}
-    node = (obj.get("spec") or {}).get("nodeName")
-    if node:
-        slim["spec"] = {"nodeName": node}
+    spec = obj.get("spec") or {}
+    slim_spec = {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {}
+    # The TPU containers and which TPU_ variables they got: did the GKE TPU webhook see the pod?
+    tpu = [{"name": c.get("name"), "resources": {"limits": {statuses.TPU_RESOURCE: c["resources"]["limits"][statuses.TPU_RESOURCE]}},
+            "env": [{"name": e["name"]} for e in c.get("env") or [] if str(e.get("name", "")).startswith("TPU_")]}
+           for c in spec.get("containers") or [] if statuses.TPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})]
+    if tpu:
+        slim_spec["containers"] = tpu
+    if slim_spec:
+        slim["spec"] = slim_spec
     return slim
 
 

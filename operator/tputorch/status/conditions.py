@@ -58,7 +58,7 @@ _WARNING_STATES = {
     (RAYJOB_CREATED, "False"),
     (RAYSERVICE_CREATED, "False"),
 }
-_WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
+_WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
                     "QuotaExceeded", "PodCreationFailed"}
@@ -182,6 +182,35 @@ def no_node_pool(pods: Iterable[dict], selector: dict[str, str]) -> tuple[str, s
             f"no node pool has the node labels this slice needs: {labels}; create a node pool of this shape or "
             f"choose a slice that has one (an autoscaled pool at 0 nodes reads the same until it scales up). "
             f"pod {_pod_name(pod)}: {cond.get('reason', 'Unschedulable')}: {stable}")
+    return None
+
+
+TPU_RESOURCE = "google.com/tpu"
+# What the GKE Ray TPU webhook sets at admission on each TPU container of a multi-host slice's pods
+# (it also sets TPU_NAME, which says nothing of the slice's other hosts).
+WEBHOOK_ENV = ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES")
+
+
+def tpu_webhook_missing(pods: Iterable[dict], hosts: int) -> tuple[str, str] | None:
+    """(TPUWebhookMissing, message) when a TPU host pod (by name) of a multi-host slice was created
+    without the variables the GKE Ray TPU webhook sets: the webhook is not installed (or did not
+    see the pod), and the slice's hosts cannot find each other. Pods whose containers are not
+    known (spec.containers absent) say nothing."""
+    if hosts <= 1:
+        return None
+    for pod in sorted(_workers(pods), key=_pod_name):
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            if TPU_RESOURCE not in ((c.get("resources") or {}).get("limits") or {}):
+                continue
+            have = {e.get("name") for e in c.get("env") or []}
+            missing = [v for v in WEBHOOK_ENV if v not in have]
+            if missing:
+                return "TPUWebhookMissing", (
+                    f"pod {_pod_name(pod)}, a host of a {hosts}-host TPU slice, was created without "
+                    f"{' and '.join(missing)}: the GKE Ray TPU webhook, which sets them when the pod is created, is "
+                    f"not installed, and the slice's hosts cannot find each other. Install it (the GKE Ray Operator "
+                    f"add-on does; with KubeRay installed by hand, the kuberay-tpu-webhook chart: "
+                    f"docs/compatibility.md), then delete and re-create this object: pods made before keep lacking them")
     return None
 
 

@@ -15,7 +15,7 @@ from . import progress as training
 from .conditions import (
     FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
     child_created, condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
-    container_problem, quota_problem, no_node_pool,
+    container_problem, quota_problem, no_node_pool, tpu_webhook_missing,
 )
 from .kueue import Admission
 
@@ -141,6 +141,9 @@ def derive(
     if job.groups:  # KubeRay's fallback count (pods gone) includes the groups' pods
         ready = min(ready, s.hosts)
     kuberay_message = rj_status.get("message") or rj_status.get("reason") or ""
+    no_webhook = tpu_webhook_missing(_training_slice(job, pods), s.hosts)
+    if no_webhook and phase == "Running":
+        phase = "Pending"  # Ray may run the script, but a slice whose hosts cannot find each other never trains
 
     conditions = [condition(VALIDATED, True, "Valid", shape, generation),
                   child_created(RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, generation)]
@@ -156,6 +159,8 @@ def derive(
         slice_ready = condition(SLICE_READY, False, "Suspended", "the job is suspended", generation)
     elif phase in QUEUE_PHASES:
         slice_ready = condition(SLICE_READY, False, "WaitingForKueue", f"{phase.lower()} by Kueue: the job holds no slice", generation)
+    elif no_webhook:
+        slice_ready = condition(SLICE_READY, False, no_webhook[0], no_webhook[1], generation)
     elif rayjob is not None and ready >= s.hosts:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", f"{ready}/{s.hosts} TPU hosts ready", generation)
     elif blocked:

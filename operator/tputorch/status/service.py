@@ -10,7 +10,7 @@ from ..api.spec import ServiceSpec
 from .conditions import (
     CLUSTER_LABEL, FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, VALIDATED, admitted_condition,
     child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
-    ready_slices, running, scheduling_problem, stamp, no_node_pool,
+    ready_slices, running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing,
 )
 from .kueue import Admission
 
@@ -150,8 +150,11 @@ def derive_service(
     unschedulable = scheduling_problem(pods)
     stuck = quota_problem(cluster_status) or container_problem(pods)
     no_pool = no_node_pool(pods, render.worker_node_selector(svc))
+    no_webhook = tpu_webhook_missing(pods, s.hosts)
     slices_message = f"{ready_replicas}/{replicas} slice replica(s) up, {ready}/{replicas * s.hosts} TPU hosts running"
-    if rayservice is not None and ready_replicas >= svc.min_replicas:
+    if no_webhook:
+        slice_ready = condition(SLICE_READY, False, no_webhook[0], no_webhook[1], generation)
+    elif rayservice is not None and ready_replicas >= svc.min_replicas:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", slices_message, generation)
     elif no_pool:
         slice_ready = condition(SLICE_READY, False, no_pool[0], no_pool[1], generation)

@@ -366,6 +366,17 @@ def test_the_pod_store_keeps_phase_and_why_a_container_waits():
                                   "reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}]}
     assert slim["metadata"]["labels"] == {"tputorch.io/service": "qwen", "ray.io/node-type": "worker"}
     assert kinds.slim_pod({"metadata": {"name": "p"}, "status": {}})["status"] == {"conditions": []}
+    assert "spec" not in slim  # no TPU container, no node yet
+
+
+def test_the_pod_store_keeps_which_tpu_variables_a_tpu_container_got():
+    from tputorch.controller import kinds
+    pod = {"metadata": {"name": "w0", "namespace": "ml"}, "spec": {"nodeName": "n1", "containers": [
+        {"name": "ray-worker", "resources": {"limits": {"google.com/tpu": "4", "cpu": "8"}},
+         "env": [{"name": "TPU_WORKER_ID", "value": "0"}, {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {}}}]},
+        {"name": "sidecar", "env": [{"name": "TPU_NAME", "value": "x"}]}]}, "status": {}}
+    assert kinds.slim_pod(pod)["spec"] == {"nodeName": "n1", "containers": [
+        {"name": "ray-worker", "resources": {"limits": {"google.com/tpu": "4"}}, "env": [{"name": "TPU_WORKER_ID"}]}]}
 
 
 # --- Kueue: it owns a queued RayJob's suspend; the user's spec.suspend goes to its Workload ----------

@@ -288,3 +288,41 @@ def test_with_groups_only_the_training_slices_hosts_count():
     assert cond(st, "SliceReady")["reason"] == "WaitingForHosts"
     # Without groups, every worker pod is a host of the one slice (as before).
     assert status.derive(JOB, 1, rayjob("running"), [worker_pod(f"w{i}", True) for i in range(4)], {}, T0)["hostsReady"] == "4/4"
+
+
+def tpu_host(name, env=("TPU_WORKER_ID", "TPU_NAME", "TPU_WORKER_HOSTNAMES"), ready=True):
+    pod = worker_pod(name, ready=ready)
+    pod["spec"] = {"containers": [{"name": "ray-worker", "resources": {"limits": {"google.com/tpu": "4"}},
+                                   "env": [{"name": e} for e in env]}]}
+    return pod
+
+
+def test_a_multi_host_slice_without_the_tpu_webhooks_variables_is_pending_and_says_so():
+    hosts = [tpu_host(f"demo-x7k2p-tpu-slice-worker-{i}") for i in range(3)]
+    hosts.append(tpu_host("demo-x7k2p-tpu-slice-worker-3", env=("TPU_NAME",)))
+    st = derive("running", pods=hosts)
+    c = cond(st, "SliceReady")
+    assert (c["status"], c["reason"]) == ("False", "TPUWebhookMissing")
+    assert c["message"].startswith("pod demo-x7k2p-tpu-slice-worker-3, a host of a 4-host TPU slice, was created "
+                                   "without TPU_WORKER_ID and TPU_WORKER_HOSTNAMES: the GKE Ray TPU webhook")
+    assert "not installed" in c["message"] and "docs/compatibility.md" in c["message"]
+    assert st["phase"] == "Pending" and st["message"] == c["message"]  # every host Ready, yet no slice
+    assert ("Warning", "TPUWebhookMissing") in [(e.type, e.reason) for e in status.events({}, st)]
+    # With the webhook's variables on every host, the same pods are a ready slice.
+    st = derive("running", pods=[tpu_host(f"demo-x7k2p-tpu-slice-worker-{i}") for i in range(4)])
+    assert cond(st, "SliceReady")["reason"] == "AllHostsReady" and st["phase"] == "Running"
+
+
+def test_the_webhook_check_needs_a_multi_host_slice_and_known_containers():
+    single = spec.parse(body(tpu={"topology": "2x2"}))
+    st = status.derive(single, 1, rayjob("running"), [tpu_host("demo-w-0", env=())], {}, T0)
+    assert cond(st, "SliceReady")["reason"] != "TPUWebhookMissing"  # a single host needs none of them
+    assert cond(derive("running", pods=[worker_pod(f"w{i}", True) for i in range(4)]), "SliceReady")["reason"] == "AllHostsReady"
+    head = tpu_host("demo-head", env=())
+    head["metadata"]["labels"]["ray.io/node-type"] = "head"
+    assert cond(derive("running", pods=[head, *(tpu_host(f"w{i}") for i in range(4))]), "SliceReady")["reason"] == "AllHostsReady"
+
+
+def test_a_finished_job_is_not_pending_for_the_webhook():
+    st = derive("succeeded", pods=[tpu_host(f"w{i}", env=()) for i in range(4)])
+    assert st["phase"] == "Succeeded" and cond(st, "SliceReady")["reason"] == "JobFinished"

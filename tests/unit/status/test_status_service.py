@@ -157,6 +157,17 @@ def test_a_service_without_a_node_pool_of_its_shape_names_the_labels():
                                    "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=4x4;")
 
 
+def test_a_service_slice_without_the_tpu_webhooks_variables_is_not_ready():
+    pods = []
+    for i in range(4):
+        pod = host(f"qwen-k2x9p-tpu-slice-worker-{i}", True)
+        pod["spec"] = {"containers": [{"name": "ray-worker", "resources": {"limits": {"google.com/tpu": "4"}}, "env": []}]}
+        pods.append(pod)
+    c = cond(derive("initializing", pods), "SliceReady")
+    assert (c["status"], c["reason"]) == ("False", "TPUWebhookMissing")
+    assert "without TPU_WORKER_ID and TPU_WORKER_HOSTNAMES" in c["message"]
+
+
 def test_events_on_service_phase_changes():
     pending = derive("initializing", slice_hosts(0))
     deploying = derive("deploying", slice_hosts(4), previous=pending, now=T1)

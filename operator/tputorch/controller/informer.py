@@ -10,7 +10,8 @@ kind's CRD disappears, and each event costs its per-object machinery. Here:
   and reported once when it becomes served; a kind that was served must stay unserved for
   NOT_SERVED_AFTER before its store is emptied (an API server whose CRD handlers are not ready yet
   answers 404 for a moment);
-- a 403 is logged once per streak and exposed as ``forbidden`` for the status to show;
+- a 403 is logged once per streak and scope, and exposed as ``forbidden_in(namespace)`` for the
+  status of that namespace's objects to show;
 - failures back off as client-go's reflector: 0.8 s doubling to 30 s with jitter, reset only after
   a watch that stayed up for HEALTHY_WATCH (a list that works while the watch fails is no recovery);
 - the store is written by the scope threads only (what the operator just created is kept apart,
@@ -20,7 +21,8 @@ kind's CRD disappears, and each event costs its per-object machinery. Here:
 
 Changes reach the operator's event loop through ``on_change(event, obj)`` with event one of
 ADDED, MODIFIED, DELETED, SYNCED (an object seen by a re-list), LISTED (a scope was (re)listed;
-obj is {}) or SERVED (the kind became served; obj is {}).
+obj is {}), SERVED (the kind became served; obj is {}), FORBIDDEN / ALLOWED (a scope's list or
+watch was refused / works again; obj is {}).
 """
 
 from __future__ import annotations
@@ -123,7 +125,6 @@ class Informer:
         self.store: dict[Key, dict] = {}
         self.by_index: dict[Hashable, set[Key]] = {}
         self.served: bool | None = None  # unknown until the first list
-        self.forbidden: str | None = None  # the API's message while listing is refused
         self.synced = threading.Event()
         self._listed: set = set()
         self._stop = threading.Event()
@@ -134,11 +135,24 @@ class Informer:
         self.clock = clock
         self.relists = 0  # lists made (metrics)
         self.watch_restarts = 0  # watches that ended before a re-list was due (metrics)
-        self._forbidden_on: str | None = None  # "list" or "watch": which one was refused
+        # scope -> ("list" or "watch": which one is refused, the API's message); per scope, as a
+        # per-namespace Role may refuse one namespace and allow the others
+        self._forbidden: dict = {}
         self._not_found_since: dict = {}  # scope -> clock() of the first 404 of a streak
         self._relist_due: dict = {}  # scope -> clock() by which the next full list is made
 
     # --- reads (any thread) ----------------------------------------------------------------------
+
+    @property
+    def forbidden(self) -> str | None:
+        """The API's message while listing or watching is refused (in any scope)."""
+        refused = list(self._forbidden.values())
+        return refused[0][1] if refused else None
+
+    def forbidden_in(self, namespace: str) -> tuple[str, str] | None:
+        """("list" or "watch", the API's message) while the operator may not do that where the
+        objects of ``namespace`` are read (its own scope, or the cluster-wide one)."""
+        return self._forbidden.get(namespace if namespace in self.scopes else None)
 
     def get(self, key: Key) -> dict | None:
         return self.store.get(key)
@@ -243,8 +257,8 @@ class Informer:
             if self.served is False:
                 self.on_change("SERVED", {})
         self.served = True
-        if self.forbidden is not None and self._forbidden_on == "list":
-            self._allowed_again()
+        if self._forbidden.get(scope, ("",))[0] == "list":
+            self._allowed_again(scope)
         self._mark_listed(scope)
         self.on_change("LISTED", {})
         return (listing.get("metadata") or {}).get("resourceVersion") or ""
@@ -266,9 +280,11 @@ class Informer:
             self.on_change(etype, obj)
         return version_of(obj)
 
-    def _allowed_again(self) -> None:
-        log.info("%s: %s allowed again", self.what, "listing" if self._forbidden_on == "list" else "watching")
-        self.forbidden = self._forbidden_on = None
+    def _allowed_again(self, scope) -> None:
+        step, _ = self._forbidden.pop(scope)
+        log.info("%s: %s allowed again%s", self.what, "listing" if step == "list" else "watching",
+                 f" in {scope}" if scope else "")
+        self.on_change("ALLOWED", {})
 
     def run_scope_once(self, scope) -> None:
         """List, then watch until the stream fails or a full re-list is due; every failure returns
@@ -293,8 +309,8 @@ class Informer:
         self.watch_restarts += 1
         if self.clock() - started >= HEALTHY_WATCH:
             self._backoff.forget(scope)
-            if self.forbidden is not None and self._forbidden_on == "watch":
-                self._allowed_again()
+            if self._forbidden.get(scope, ("",))[0] == "watch":
+                self._allowed_again(scope)
         return self.clock() >= self._relist_due.get(scope, 0.0)
 
     def cycle(self, scope) -> float | None:
@@ -346,12 +362,11 @@ class Informer:
                 log.info("%s: HTTP 404 (not served yet?); keeping the store, re-listing in %.1fs", self.what, delay)
             self._mark_listed(scope)
         elif err.status == 403:
-            if self.forbidden is None:
-                self.forbidden = f"{err.reason}: {(err.body or '')[:300]}"
-                self._forbidden_on = self._step.get(scope, "list")
-                log.error("the operator may not %s %s%s: %s; fix its RBAC (re-listing with backoff)",
-                          self._forbidden_on,
-                          self.what, f" in {scope}" if scope else "", self.forbidden)
+            if scope not in self._forbidden:
+                step = self._step.get(scope, "list")
+                self._forbidden[scope] = (step, f"{err.reason}: {(err.body or '')[:300]}")
+                log.error("the operator may not %s %s%s: %s; fix its RBAC (re-listing with backoff)", step,
+                          self.what, f" in {scope}" if scope else "", self._forbidden[scope][1])
                 self.on_change("FORBIDDEN", {})
             self._mark_listed(scope)
         else:

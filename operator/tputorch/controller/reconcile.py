@@ -262,6 +262,12 @@ class Controller:
         return expected[0]
 
     def pod_changed(self, event: str, obj: dict) -> None:
+        if event in ("FORBIDDEN", "ALLOWED"):  # the pods of a namespace cannot / can be read again
+            for kind in self.kinds.values():
+                parents = self.parents.get(kind.resource.kind)
+                for key in parents.keys() if parents is not None else ():
+                    self.enqueue((kind.resource.kind, *key))
+            return
         labels = (obj.get("metadata") or {}).get("labels") or {}
         for kind in self.kinds.values():
             if kind.label in labels:
@@ -403,8 +409,10 @@ class Controller:
             deleted = [p for p in self.deleted_pods.get(key, ()) if in_cluster(p)]
         queue = await self._admission(kind, spec, ours) if ours is not None else None
         previous = self._previous(parent)
+        refused = self.pods.forbidden_in(namespace) if self.pods is not None else None
+        pods_problem = statuses.pods_forbidden(namespace, refused) if refused else None
         current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
-                              self.problems.get(key), queue=queue, deleted=deleted)
+                              self.problems.get(key), queue=queue, deleted=deleted, pods_problem=pods_problem)
         if ours is not None and kind.child_must_go is not None and kind.child_must_go(current, ours):
             # About to end the attempt, maybe on pod events alone: the pod and RayJob watches are
             # not ordered, and a job that just succeeded also loses its pods (KubeRay deletes its
@@ -414,7 +422,7 @@ class Controller:
                 self.children[key[0]].remember(fresh)
                 ours = self.children[key[0]].slim(fresh)
                 current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
-                                      self.problems.get(key), queue=queue, deleted=deleted)
+                                      self.problems.get(key), queue=queue, deleted=deleted, pods_problem=pods_problem)
         current = self.never_back_from_terminal(kind, parent, current)
         if kind.reads_progress and self.dashboard is not None:
             current = self._progress(key, meta.get("uid"), current)

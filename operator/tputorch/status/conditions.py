@@ -58,7 +58,7 @@ _WARNING_STATES = {
     (RAYJOB_CREATED, "False"),
     (RAYSERVICE_CREATED, "False"),
 }
-_WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
+_WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", "PodsForbidden", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
                     "QuotaExceeded", "PodCreationFailed"}
@@ -212,6 +212,16 @@ def tpu_webhook_missing(pods: Iterable[dict], hosts: int) -> tuple[str, str] | N
                     f"add-on does; with KubeRay installed by hand, the kuberay-tpu-webhook chart: "
                     f"docs/compatibility.md), then delete and re-create this object: pods made before keep lacking them")
     return None
+
+
+def pods_forbidden(namespace: str, refused: tuple[str, str]) -> tuple[str, str]:
+    """(PodsForbidden, message) for the objects of a namespace whose pods the operator may not
+    read (``refused``: the informer's ("list" or "watch", the API's message))."""
+    step, detail = refused
+    return "PodsForbidden", (
+        f"the operator may not {step} pods in namespace {namespace} ({detail}): it cannot see the slice's hosts, "
+        f"so how many are ready is KubeRay's count and why a host waits or was lost is not known; grant its "
+        f"ServiceAccount get, list and watch on pods there (the chart's Role does)")
 
 
 # Kubelet's reasons for a container that cannot start: they never clear by waiting alone.

@@ -84,6 +84,7 @@ def derive(
     problem: tuple[str, str] | None = None,
     queue: Admission | None = None,
     deleted: Iterable[dict] = (),
+    pods_problem: tuple[str, str] | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 
@@ -91,7 +92,8 @@ def derive(
     CRDs are missing); ``pods`` are the pods of the RayJob's cluster (metadata.name, labels,
     deletionTimestamp, status.phase/reason/conditions as the API returns them), ``deleted`` those of
     its pods seen deleted while it ran; ``queue`` is where Kueue has the RayJob (spec.queueName set
-    and the RayJob exists).
+    and the RayJob exists); ``pods_problem`` is (reason, message) while the operator may not read
+    the namespace's pods.
 
     ``rayjob`` is the current attempt's when its attempt label says so; one of an ended attempt
     is going (the reconcile deletes it) and shows the job Retrying.
@@ -159,6 +161,8 @@ def derive(
         slice_ready = condition(SLICE_READY, False, "Suspended", "the job is suspended", generation)
     elif phase in QUEUE_PHASES:
         slice_ready = condition(SLICE_READY, False, "WaitingForKueue", f"{phase.lower()} by Kueue: the job holds no slice", generation)
+    elif pods_problem:  # the operator may not read the pods: what they would say is unknown
+        slice_ready = condition(SLICE_READY, None, pods_problem[0], pods_problem[1], generation)
     elif no_webhook:
         slice_ready = condition(SLICE_READY, False, no_webhook[0], no_webhook[1], generation)
     elif rayjob is not None and ready >= s.hosts:

@@ -106,6 +106,7 @@ def derive_service(
     problem: tuple[str, str] | None = None,
     queue: Admission | None = None,
     deleted: Iterable[dict] = (),  # noqa: ARG001  (a service has no attempts: lost pods are KubeRay's to replace)
+    pods_problem: tuple[str, str] | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchService from its RayService (KubeRay v1.5's status:
     conditions Ready/UpgradeInProgress, serviceStatus, active/pendingServiceStatus with the Serve
@@ -164,6 +165,9 @@ def derive_service(
         slice_ready = condition(SLICE_READY, False, stuck[0], stuck[1], generation)
     else:
         slice_ready = condition(SLICE_READY, False, "WaitingForHosts", slices_message, generation)
+    slice_up = slice_ready["status"] == "True"  # from KubeRay's count alone when the pods cannot be read
+    if pods_problem:  # the operator may not read the pods: what they would say is unknown
+        slice_ready = condition(SLICE_READY, None, pods_problem[0], pods_problem[1], generation)
     conditions.append(slice_ready)
 
     kuberay_ready = _kuberay_condition(rs_status, "Ready")
@@ -180,7 +184,7 @@ def derive_service(
         ready_cond = condition(READY, serving, reason, why, generation)
     conditions.append(ready_cond)
 
-    phase = queue_phase(_service_phase(rayservice, rs_status, up_to_date, slice_ready["status"] == "True", app,
+    phase = queue_phase(_service_phase(rayservice, rs_status, up_to_date, slice_up, app,
                                        previous.get("phase")), False, queue)
     if phase == "Failed":
         if kuberay_ready.get("reason") == "InitializingTimeout":

@@ -638,3 +638,28 @@ def test_a_webhooks_denial_is_shown_with_its_own_message():
     assert reason == "Forbidden"
     assert message == ('the RayJob was refused: admission webhook "vrayjob.kb.io" denied the request: '
                        "spec.shutdownAfterJobFinishes: Invalid value: false")
+
+
+def test_pods_the_operator_may_not_read_are_a_condition_on_that_namespaces_objects():
+    child = rayjob("uid-new", status={"rayClusterName": "demo-x", "jobDeploymentStatus": "Initializing"})
+    ctl = controller(status_interval=0.0)  # every change written at once
+    ctl.parents[KIND].remember(job())
+    ctl.children[KIND].remember(child)
+    ctl.pods._forbidden["ml"] = ("watch", 'Forbidden: pods is forbidden: cannot watch resource "pods" in "ml"')
+    ctl.pods.scopes = ["ml", "other"]
+    ctl.pods.on_change = lambda e, o: None
+    run(ctl.reconcile(KEY))
+    st = last_status(ctl.kube)
+    c = condition(st, "SliceReady")
+    assert (c["status"], c["reason"]) == ("Unknown", "PodsForbidden")
+    assert c["message"].startswith('the operator may not watch pods in namespace ml (Forbidden: pods is forbidden: '
+                                   'cannot watch resource "pods" in "ml"): it cannot see the slice\'s hosts')
+    assert st["phase"] == "Pending" and st["message"] == c["message"]
+    # Allowed again: the informer's ALLOWED event brings every object back, and the condition goes.
+    del ctl.pods._forbidden["ml"]
+    queued = []
+    ctl.enqueue = queued.append
+    ctl.pod_changed("ALLOWED", {})
+    assert queued == [KEY]
+    run(ctl.reconcile(KEY))
+    assert condition(last_status(ctl.kube), "SliceReady")["reason"] == "WaitingForHosts"

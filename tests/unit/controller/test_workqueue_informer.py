@@ -390,3 +390,38 @@ def test_a_silent_watch_ends_like_a_server_timeout_not_like_a_failure():
     assert _silent(ReadTimeoutError(None, "/w", "Read timed out."))
     assert _silent(ProtocolError("Connection broken: TimeoutError('timed out')"))
     assert not _silent(ProtocolError("Connection broken: ConnectionResetError(104)"))
+
+
+def test_a_403_in_one_namespace_is_that_namespaces_alone_and_said_once():
+    """Per-namespace Roles: pods refused in one watched namespace, allowed in another. The other
+    namespace's good lists neither clear nor re-announce the refusal (it was logged and posted on
+    every cycle when one flag served every scope)."""
+    changes = []
+    inf = informer_module.Informer("pods", FakeSource(), ["team-a", "team-b"], lambda e, o: changes.append(e),
+                                   lambda o: o)
+    for _ in range(3):
+        inf._step["team-a"] = "watch"  # listing works, watching does not
+        inf._failed("team-a", api_error(403, body='pods is forbidden: cannot watch resource "pods"'))
+        inf.relist("team-b")
+        inf.relist("team-a")  # the list works: the refusal of the watch stays
+    assert changes.count("FORBIDDEN") == 1 and "ALLOWED" not in changes
+    step, message = inf.forbidden_in("team-a")
+    assert step == "watch" and "cannot watch" in message
+    assert inf.forbidden_in("team-b") is None and inf.forbidden == message
+
+    def healthy_watch():
+        inf.clock = lambda: 10_000.0  # the watch stayed up past HEALTHY_WATCH
+        yield from ()
+    inf.clock = lambda: 0.0
+    inf._relist_due["team-a"] = 0.0
+    inf.source.streams = [healthy_watch()]
+    inf.run_scope_once("team-a")
+    assert inf.forbidden_in("team-a") is None and changes.count("ALLOWED") == 1
+
+
+def test_a_cluster_wide_403_covers_every_namespace():
+    inf, changes = informer(source=FakeSource())
+    inf._failed(None, api_error(403, body="pods is forbidden"))
+    assert inf.forbidden_in("anything")[0] == "list"
+    inf.relist(None)
+    assert inf.forbidden_in("anything") is None and [e for e, _ in changes].count("ALLOWED") == 1

@@ -294,3 +294,11 @@ def test_recorded_serve_shapes_give_the_documented_phases():
     assert cond(failed, "Failed")["message"].startswith(
         "Failed to update the deployments ['LLMServer:tiny']. RuntimeError: Failed to create vLLM engine config: "
         "Repo id must be in the form")
+
+
+def test_a_serving_service_whose_pods_cannot_be_read_stays_ready_and_says_so():
+    problem = ("PodsForbidden", "the operator may not watch pods in namespace ml")
+    st = derive("running", [], pods_problem=problem)  # no pods seen: KubeRay's count says the slice is up
+    c = cond(st, "SliceReady")
+    assert (c["status"], c["reason"]) == ("Unknown", "PodsForbidden")
+    assert st["phase"] == derive("running", [])["phase"] == "Ready"

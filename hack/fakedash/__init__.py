@@ -24,6 +24,9 @@ Ray dashboard API served (what KubeRay v1.5's dashboard client and RayService co
   POST   /api/jobs/<id>/stop        -> {"stopped": bool}
   DELETE /api/jobs/<id>             -> {"deleted": bool}
   GET    /api/jobs/<id>/logs        -> {"logs": "..."}
+  GET    /api/v0/logs/file?submission_id=<id>&lines=<n>   the last n lines of that job's driver
+                                    log (text/plain), as Ray 2.60's state API answers it
+                                    (recorded/driver-log.json; an unknown id: Ray's error)
   PUT    /api/serve/applications/   Serve config (ServeDeploySchema JSON), kept per RayCluster
   GET    /api/serve/applications/   ServeDetails: each application DEPLOYING (deployments UPDATING)
                                     until --serve-ready-after seconds after its config was put,
@@ -49,6 +52,8 @@ Control API (any request whose path starts with /_control/, sent directly, not t
                                                  applies to the newest job of that RayJob, or, if
                                                  it has none yet, to its first one
   DELETE /_control/jobs/<ns>/<rayjob>
+  PUT    /_control/jobs/<ns>/<rayjob>/log        {"lines": ["..."], "append": true}: what the newest
+                                                 job's driver printed (/api/v0/logs/file serves it)
   GET    /_control/clusters                      every RayCluster's jobs and Serve state
   GET    /_control/serve/<ns>/<name>             Serve state of RayCluster <name>, or of the newest
                                                  RayCluster of RayService <name>

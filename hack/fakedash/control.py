@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from .serve_api import SERVE_APP_STATUSES, serve_details
+from .logs_api import set_lines
 from .state import VALID, State, apply_status
 
 
@@ -82,6 +83,14 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
                                       if st is not None else None)
         return 200, {"cluster": c["name"], "namespace": c["namespace"], **c["serve"],
                      "details": serve_details(c["serve"], state.serve_ready_after, now)}
+    if len(parts) == 4 and parts[0] == "jobs" and parts[3] == "log" and method in ("PUT", "POST"):
+        job = state.newest_job(parts[1], parts[2])
+        if job is None:
+            return 404, {"error": f"no job of RayJob {parts[1]}/{parts[2]} yet: its driver log comes with it"}
+        lines = body.get("lines")
+        if not isinstance(lines, list):
+            return 400, {"error": f"lines {lines!r}: must be a list of log lines"}
+        return 200, set_lines(job, lines, bool(body.get("append", True)))
     if len(parts) == 3 and parts[0] == "jobs":
         ns, name = parts[1], parts[2]
         job = state.newest_job(ns, name)

@@ -4,7 +4,14 @@ request log."""
 
 from __future__ import annotations
 
+import hashlib
+
 from .state import TERMINAL, State, now_ms, owner_name
+
+
+def driver_node_id(ns: str, cluster: str) -> str:
+    """The head node's id in Ray's form (56 hex digits), one per RayCluster: where drivers run."""
+    return hashlib.sha256(f"{ns}/{cluster}".encode()).hexdigest()[:56]
 
 
 def job_info(job: dict) -> dict:
@@ -15,6 +22,8 @@ def job_info(job: dict) -> dict:
         "entrypoint": job["entrypoint"], "metadata": job["metadata"], "runtime_env": job["runtime_env"],
         "start_time": job["start_time"], "end_time": job["end_time"] or 0,
     }
+    if job["status"] != "PENDING":  # the driver has started, on the head
+        info["driver_node_id"] = driver_node_id(job["namespace"], job["cluster"])
     if job["status"] == "FAILED":
         info["error_type"] = job.get("error_type") or "JOB_ENTRYPOINT_COMMAND_ERROR"
     return info

@@ -14,7 +14,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import control as control_api
-from . import cpu_serving, jobs_api, serve_api
+from . import cpu_serving, jobs_api, logs_api, serve_api
 from .forwarder import Reaper, forward, with_driver_env
 from .kube import Kube, head_env
 from .state import State, owner_name, parse_host
@@ -79,13 +79,15 @@ def make_handler(state: State, log, kube: Kube | None):
                 return self.to_backend(backend, method, ns, cluster, path, query)
             body = self.as_json(self.raw_body()) if method in ("POST", "PUT") else None
             with state.lock:
-                code, obj = self.dashboard(method, path, ns, cluster, body)
+                code, obj = self.dashboard(method, path, ns, cluster, body, urllib.parse.parse_qs(query))
                 self.record(method, host, path, ns, cluster, body, code, obj.pop("_rayjob", None)
-                            if isinstance(obj, dict) else None)
+                            if isinstance(obj, dict) else None, query=query)
+            if isinstance(obj, dict) and "_text" in obj:  # a log: plain text, with Ray's own headers
+                return self.reply(code, obj["_text"].encode(), (obj.get("_headers") or {}).get("Content-Type", "text/plain"))
             self.reply(code, obj)
 
-        def record(self, method, host, path, ns, cluster, body, code, rayjob, backend=None) -> None:
-            state.requests.append({"time": time.time(), "method": method, "host": host, "path": path,
+        def record(self, method, host, path, ns, cluster, body, code, rayjob, backend=None, query="") -> None:
+            state.requests.append({"time": time.time(), "method": method, "host": host, "path": path, "query": query,
                                    "namespace": ns, "cluster": cluster, "body": body, "rayjob": rayjob,
                                    "status_code": code, "backend": backend})
             del state.requests[:-5000]
@@ -114,7 +116,7 @@ def make_handler(state: State, log, kube: Kube | None):
             code, ctype, data = forward(backend, method, path, query, raw, dict(self.headers))
             with state.lock:
                 self.record(method, self.headers.get("Host", ""), path, ns, cluster, body, code,
-                            owner_name(sid) if sid else None, backend)
+                            owner_name(sid) if sid else None, backend, query)
                 if sid and code == 200:  # remember the job: the reaper stops it if its cluster dies
                     job = state.get_or_create(ns, cluster, sid, "backend")
                     job["real"] = True
@@ -190,11 +192,13 @@ def make_handler(state: State, log, kube: Kube | None):
                        "text/plain")
 
         # -- the Ray dashboard ------------------------------------------------------------------
-        def dashboard(self, method: str, path: str, ns: str, cluster: str, body):
+        def dashboard(self, method: str, path: str, ns: str, cluster: str, body, query: dict):
             parts = [p for p in path.split("/") if p]
             c = state.cluster(ns, cluster)  # any call names a RayCluster: it is remembered
             if parts[:2] == ["api", "jobs"]:
                 return jobs_api.handle(state, method, parts[2:], path, ns, cluster, body)
+            if parts[:3] == ["api", "v0", "logs"] and len(parts) == 4:
+                return logs_api.handle(state, method, parts[3], {k: v[0] for k, v in query.items()}, ns, cluster)
             if parts[:3] == ["api", "serve", "applications"] and len(parts) == 3:
                 return serve_api.handle(state, method, path, c, body)
             if parts[:1] == ["api"] and parts[1:2] in (["version"], ["gcs_healthz"]):

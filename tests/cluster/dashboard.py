@@ -69,6 +69,11 @@ class DashboardClient:
         if never seen."""
         return self._call("GET", f"/jobs/{namespace}/{rayjob}")
 
+    def add_job_log(self, namespace: str, rayjob: str, lines: list[str], append: bool = True) -> dict:
+        """Lines the newest job of that RayJob printed to its driver log (served by
+        /api/v0/logs/file, where the operator reads tputorch.train.report()'s lines)."""
+        return self._call("PUT", f"/jobs/{namespace}/{rayjob}/log", {"lines": lines, "append": append})
+
     def jobs(self) -> list[dict]:
         return self._call("GET", "/jobs")
 

@@ -51,13 +51,18 @@ class OperatorProcess:
     """One operator process; start() blocks until its liveness endpoint answers."""
 
     def __init__(self, kubeconfig: str, log_path: Path, namespaces: list[str] | None = None,
-                 extra_env: dict | None = None, source: Path = REPO / "operator", extra_args: list[str] | None = None) -> None:
+                 extra_env: dict | None = None, source: Path = REPO / "operator", extra_args: list[str] | None = None,
+                 dashboard_url: str | None = None) -> None:
         self.kubeconfig = kubeconfig
         self.source = source  # the tputorch package's parent folder (bench/ab.py runs other revisions)
         self.log_path = log_path
         self.namespaces = namespaces or []
         self.extra_env = extra_env or {}
         self.extra_args = extra_args or []
+        # The Ray heads' dashboards (a running job's progress), reached as KubeRay reaches them: the
+        # stand-in dashboard is the HTTP proxy for cluster addresses; loopback (the API server) is not.
+        self.proxy_env = {"HTTP_PROXY": dashboard_url, "http_proxy": dashboard_url,
+                          "NO_PROXY": "127.0.0.1,localhost,::1", "no_proxy": "127.0.0.1,localhost,::1"} if dashboard_url else {}
         self.health_port = free_port()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -87,7 +92,7 @@ class OperatorProcess:
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.extra_args]
         for ns in self.namespaces:
             args += ["--namespace", ns]
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env,
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.proxy_env, **self.extra_env,
                "PYTHONPATH": str(self.source) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
@@ -144,9 +149,11 @@ def tputorch_crd(kube):
 
 
 @pytest.fixture
-def operator(kube, tputorch_crd, namespace, tmp_path):
-    """The operator watching this test's namespace; its log is printed when a test fails."""
-    op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [namespace]).start()
+def operator(kube, kube_env, tputorch_crd, namespace, tmp_path):
+    """The operator watching this test's namespace, reaching the Ray dashboards through the stand-in
+    dashboard as KubeRay does; its log is printed when a test fails."""
+    op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [namespace],
+                         dashboard_url=kube_env["dashboard_url"]).start()
     yield op
     op.stop()
     assert "Traceback" not in op.log(), op.log()[-5000:]

@@ -102,6 +102,33 @@ def test_a_status_set_before_kuberay_asks_applies_to_the_first_job(fake):
     assert AsKubeRay(fake, "ns2", "early-rrrrr").call("GET", "/api/jobs/early-eeeee")[1]["status"] == "RUNNING"
 
 
+def test_a_jobs_driver_log_tail_is_served_in_the_shape_ray_answers(fake):
+    """The operator's reads of a running job's progress: the job's driver node from its info, then
+    the last lines of its driver log (recorded/driver-log.json: Ray 2.60's answers)."""
+    recorded = json.loads((HACK / "fakedash" / "recorded" / "driver-log.json").read_text())
+    head = AsKubeRay(fake, "train", "prog-abcde")
+    node = head.call("GET", "/api/jobs/prog-s1234")[1]["driver_node_id"]
+    lines = [f"tputorch.progress {{\"step\": {i}}}" for i in range(1, 6)]
+    assert DashboardClient(fake).add_job_log("train", "prog", lines[:3])["lines"] == 3
+    DashboardClient(fake).add_job_log("train", "prog", lines[3:])
+
+    def tail(query: str):
+        req = urllib.request.Request(f"{head.base}/api/v0/logs/file?{query}")
+        try:
+            with head.opener.open(req, timeout=10) as resp:
+                return resp.status, resp.headers["Content-Type"], resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+    assert tail(f"node_id={node}&submission_id=prog-s1234&lines=2") == (
+        200, recorded["running"]["headers"]["Content-Type"], "\n".join(lines[3:]) + "\n")
+    refused = recorded["without_node"]
+    assert tail("submission_id=prog-s1234&lines=2") == (refused["status"], refused["headers"]["Content-Type"], refused["body"])
+    code, _, text = tail(f"node_id={node}&submission_id=prog-zzzzz&lines=2")
+    assert code == recorded["unknown"]["status"] and "submission_id: prog-zzzzz" in text
+    assert any("submission_id=prog-s1234" in r["query"] for r in DashboardClient(fake).requests(namespace="train"))
+
+
 SERVE_CONFIG = {
     "applications": [
         {"name": "llm", "route_prefix": "/", "import_path": "ray.serve.llm:build_openai_app", "args": {}},

@@ -66,10 +66,15 @@ def rows(kind: str, objs: list[dict], now: dt.datetime, all_namespaces: bool) ->
         tpu = sp.get("tpu") or {}
         row = [meta.get("namespace", "")] if all_namespaces else []
         row += [meta.get("name", ""), kind, str(tpu.get("accelerator", "")), str(tpu.get("topology", "")),
-                st.get("phase") or "", st.get("hostsReady") or "", st.get("jobStatus") or st.get("endpoint") or "",
-                age(meta.get("creationTimestamp"), now)]
+                st.get("phase") or "", st.get("hostsReady") or "", _step(st),
+                st.get("jobStatus") or st.get("endpoint") or "", age(meta.get("creationTimestamp"), now)]
         out.append(row)
     return out
+
+
+def _step(status: dict) -> str:
+    step = (status.get("progress") or {}).get("step") if isinstance(status.get("progress"), dict) else None
+    return str(step) if isinstance(step, int) else ""
 
 
 def table(headers: list[str], body: list[list[str]]) -> str:
@@ -98,6 +103,11 @@ def describe_text(kind: str, obj: dict, events: list[dict], pods: list[dict]) ->
                        ("KubeRay", "jobDeploymentStatus"), ("Endpoint", "endpoint"), ("Message", "message")):
         if st.get(key) not in (None, ""):
             lines.append(f"{label + ':':<12} {st[key]}")
+    if progress.progress_text(st, metrics_shown=16):
+        reported = (st.get("progress") or {}).get("reportedAt")
+        lines.append(f"Progress:    {progress.progress_text(st, metrics_shown=16)}" + (f" (read {reported})" if reported else ""))
+    if st.get("lastCheckpoint"):
+        lines.append(f"Checkpoint:  {st['lastCheckpoint']}")
     if (st.get("attempts") or 1) > 1 or st.get("attemptHistory"):
         lines.append(f"Attempt:     {st.get('attempts', 1)}")
         history = st.get("attemptHistory") or []
@@ -154,7 +164,7 @@ def cmd_get(a) -> int:
         return OK
     now = dt.datetime.now(dt.timezone.utc)
     headers = (["NAMESPACE"] if a.all_namespaces else []) + ["NAME", "KIND", "ACCELERATOR", "TOPOLOGY", "PHASE",
-                                                            "HOSTS", "RAY JOB / ENDPOINT", "AGE"]
+                                                            "HOSTS", "STEP", "RAY JOB / ENDPOINT", "AGE"]
     body = []
     for kind in client.KINDS:
         body += rows(kind.short, [o for k, o in found if k is kind], now, a.all_namespaces)

@@ -36,13 +36,14 @@ class View:
     endpoint: str | None
     reason: str | None  # the failure's reason (KubeRay's, or ValidationFailed)
     attempt: int = 1  # a job's current attempt (status.attempts)
+    progress: str = ""  # what the training script last reported (status.progress), for a person
 
     def to_json(self) -> dict:
         """camelCase, as the Kubernetes objects it comes from."""
         return {"kind": self.kind, "name": self.name, "namespace": self.namespace, "phase": self.phase,
                 "hosts": self.hosts, "readyHosts": self.ready_hosts, "waiting": self.waiting,
                 "rayJobStatus": self.ray_status, "message": self.message, "endpoint": self.endpoint,
-                "reason": self.reason, "attempt": self.attempt}
+                "reason": self.reason, "attempt": self.attempt, "progress": self.progress}
 
     @property
     def hosts_text(self) -> str:
@@ -60,6 +61,21 @@ def _waiting(status: dict) -> str | None:
         if cond.get("status") == "False" and cond.get("reason") not in _QUIET_WAITING:
             return cond.get("message") or cond.get("reason")
     return None
+
+
+def _number(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def progress_text(status: dict, metrics_shown: int = 4) -> str:
+    """status.progress for a person: 'step 1200, epoch 3, loss 0.4127, lr 0.0001'."""
+    p = status.get("progress")
+    if not isinstance(p, dict):
+        return ""
+    parts = [f"{k} {p[k]}" for k in ("step", "epoch") if isinstance(p.get(k), int)]
+    metrics = p.get("metrics") if isinstance(p.get("metrics"), dict) else {}
+    parts += [f"{k} {_number(v)}" for k, v in list(metrics.items())[:metrics_shown] if isinstance(v, (int, float))]
+    return ", ".join(parts)
 
 
 def view(kind: str, obj: dict) -> View:
@@ -80,6 +96,7 @@ def view(kind: str, obj: dict) -> View:
         endpoint=status.get("endpoint"),
         reason=(failed.get("reason") or "Failed") if phase == "Failed" else None,
         attempt=status.get("attempts") if isinstance(status.get("attempts"), int) else 1,
+        progress=progress_text(status),
     )
 
 
@@ -109,6 +126,8 @@ def summary(v: View) -> str:
         parts.append(v.hosts_text)
     if v.ray_status:
         parts.append(f"Ray job {v.ray_status}")
+    if v.progress:
+        parts.append(v.progress)
     if v.endpoint:
         parts.append(f"endpoint {v.endpoint}")
     if v.waiting:
@@ -255,6 +274,8 @@ class RichRenderer:
             grid.add_row("TPU hosts", bar)
         if v.ray_status:
             grid.add_row("Ray job", v.ray_status)
+        if v.progress:
+            grid.add_row("Progress", v.progress)
         if v.endpoint:
             grid.add_row("Endpoint", v.endpoint)
         if v.waiting:

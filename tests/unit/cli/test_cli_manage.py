@@ -46,14 +46,15 @@ def test_age(created, shown):
 def test_rows_and_table():
     jobs = [{"metadata": {"name": "llama", "namespace": "a", "creationTimestamp": "2026-11-30T11:58:00Z"},
              "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}},
-             "status": {"phase": "Running", "hostsReady": "4/4", "jobStatus": "RUNNING"}}]
+             "status": {"phase": "Running", "hostsReady": "4/4", "jobStatus": "RUNNING",
+                        "progress": {"step": 1200, "metrics": {"loss": 0.41}}}}]
     services = [{"metadata": {"name": "chat", "namespace": "a", "creationTimestamp": "2026-11-30T11:00:00Z"},
                  "spec": {"tpu": {"accelerator": "v6e", "topology": "2x4"}},
                  "status": {"phase": "Ready", "endpoint": "http://chat-serve.a.svc:8000"}}]
     body = manage.rows("ttj", jobs, NOW, False) + manage.rows("ttsvc", services, NOW, False)
-    assert body == [["llama", "ttj", "v6e", "4x4", "Running", "4/4", "RUNNING", "2m"],
-                    ["chat", "ttsvc", "v6e", "2x4", "Ready", "", "http://chat-serve.a.svc:8000", "1h"]]
-    text = manage.table(["NAME", "KIND", "ACCELERATOR", "TOPOLOGY", "PHASE", "HOSTS", "RAY JOB / ENDPOINT", "AGE"], body)
+    assert body == [["llama", "ttj", "v6e", "4x4", "Running", "4/4", "1200", "RUNNING", "2m"],
+                    ["chat", "ttsvc", "v6e", "2x4", "Ready", "", "", "http://chat-serve.a.svc:8000", "1h"]]
+    text = manage.table(["NAME", "KIND", "ACCELERATOR", "TOPOLOGY", "PHASE", "HOSTS", "STEP", "RAY JOB / ENDPOINT", "AGE"], body)
     header, first, _ = text.splitlines()
     assert header.index("PHASE") == first.index("Running")
     assert manage.rows("ttj", jobs, NOW, True)[0][0] == "a"
@@ -74,6 +75,19 @@ def test_describe_text():
     assert "llama-w-0    worker   <unscheduled>" in text
     assert "Warning   Unschedulable   1m    SliceReady=False: 0/9 nodes" in text
     assert "Events:      <none>" in manage.describe_text("TPUTorchJob", obj, [], [])
+
+
+def test_describe_shows_the_training_progress_and_the_last_checkpoint():
+    obj = {"metadata": {"name": "llama", "namespace": "a"},
+           "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "img", "entrypoint": "python t.py"},
+           "status": {"phase": "Running", "lastCheckpoint": "gs://b/llama-1a2b3c4d/checkpoint_000003",
+                      "progress": {"step": 1200, "epoch": 3, "metrics": {"loss": 0.412734, "lr": 0.0001, "tokens": 10**9},
+                                   "reportedAt": "2026-12-01T10:00:30Z"}}}
+    text = manage.describe_text("TPUTorchJob", obj, [], [])
+    assert "Progress:    step 1200, epoch 3, loss 0.4127, lr 0.0001, tokens 1000000000 (read 2026-12-01T10:00:30Z)" in text
+    assert "Checkpoint:  gs://b/llama-1a2b3c4d/checkpoint_000003" in text
+    bare = manage.describe_text("TPUTorchJob", {**obj, "status": {"phase": "Running"}}, [], [])
+    assert "Progress" not in bare and "Checkpoint" not in bare
 
 
 def test_describe_lists_the_attempts_and_why_each_ended():

@@ -48,6 +48,17 @@ def test_running_and_the_ray_job_status():
     assert progress.outcome(v, "Succeeded") is None
 
 
+def test_a_running_job_shows_what_its_script_last_reported():
+    obj = job("Running", 4, job_status="RUNNING")
+    obj["status"]["progress"] = {"step": 300, "epoch": 1, "metrics": {"loss": 0.123456, "acc": 0.5, "a": 1, "b": 2,
+                                                                     "c": 3}, "reportedAt": "2026-12-01T10:00:00Z"}
+    v = progress.view("TPUTorchJob", obj)
+    assert progress.summary(v) == "Running  4/4 TPU hosts  Ray job RUNNING  step 300, epoch 1, loss 0.1235, acc 0.5, a 1, b 2"
+    assert v.to_json()["progress"] == "step 300, epoch 1, loss 0.1235, acc 0.5, a 1, b 2"
+    obj["status"]["progress"] = {"step": "300", "metrics": ["junk"]}  # an edited status prints nothing odd
+    assert progress.view("TPUTorchJob", obj).progress == ""
+
+
 @pytest.mark.parametrize("phase, failed, code", [
     ("Succeeded", None, progress.OK),
     ("Failed", ("Failed", "True", "AppFailed", "Ray job failed: exit 1"), progress.FAILED),

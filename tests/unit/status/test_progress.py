@@ -200,3 +200,16 @@ def test_report_reports_to_ray_train_and_prints_one_line_on_rank_zero(rank, monk
     else:
         assert progress.parse("\n".join(printed)) == progress.Report(30, None, (("loss", 0.75),),
                                                                     "gs://bucket/run/checkpoint_000003")
+
+
+def test_the_driver_log_tail_a_real_ray_head_served_reads_as_the_run_reported():
+    """hack/fakedash/recorded/driver-log.json: Ray 2.60's answer for a Ray Train run reporting
+    through report() (tests/cluster/realray_jobs/record_driver_log.py), workers' colours and all."""
+    from pathlib import Path
+
+    recorded = json.loads((Path(__file__).resolve().parents[3] / "hack/fakedash/recorded/driver-log.json").read_text())
+    running, finished = progress.parse(recorded["running"]["body"]), progress.parse(recorded["finished"]["body"])
+    assert running.step == 1 and finished.step == 3 and finished.epoch == 0
+    assert dict(finished.metrics)["loss"] < dict(running.metrics)["loss"]
+    assert "/storage/progress-0c0ffee0/checkpoint_" in finished.checkpoint and finished.checkpoint != running.checkpoint
+    assert progress.parse(recorded["unknown"]["body"]) is None

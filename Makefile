@@ -35,7 +35,8 @@ cluster-up: install
 cluster-down:
 	hack/cluster.sh down
 
-# REAL_RAY=1: the job runs a real Ray Train job on a real local Ray head (hack/demo_real_ray.py).
+# REAL_RAY=1: the job runs a real Ray Train job on a real local Ray head, and a TPUTorchService
+# serves a tiny model with Ray Serve LLM + vLLM on CPU and answers a completion (hack/demo_real_ray.py).
 demo: install
 	REAL_RAY=$(REAL_RAY) hack/demo.sh
 

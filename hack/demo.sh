@@ -6,7 +6,8 @@
 # -> Succeeded and exits 0; then the RayJob, RayCluster and the pods on their fake TPU nodes, and a
 # TPUTorchService to Ready. The fake Ray dashboard plays the Ray job's part; with REAL_RAY=1 a real
 # Ray head and four simulated TPU hosts run a small Ray Train job instead (hack/demo_real_ray.py)
-# and its output is printed. Everything started here is stopped at the end (DEMO_KEEP=1 keeps the cluster).
+# and its output is printed; then a TPUTorchService for a tiny model goes through KubeRay to Ray
+# Serve LLM and vLLM 0.29 on CPU on a real Ray head, and a completion from its endpoint is printed. Everything started here is stopped at the end (DEMO_KEEP=1 keeps the cluster).
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HACK")

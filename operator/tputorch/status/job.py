@@ -15,7 +15,7 @@ from . import progress as training
 from .conditions import (
     FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
     child_created, condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
-    container_problem, quota_problem, no_node_pool, tpu_webhook_missing,
+    container_problem, quota_problem, no_node_pool, tpu_webhook_missing, GROUP_LABEL,
 )
 from .kueue import Admission
 
@@ -64,7 +64,7 @@ def _phase(deployment: str, job_status: str) -> str:
 
 
 
-KUBERAY_GROUP_LABEL = "ray.io/group"  # KubeRay labels each pod with its worker group's name
+KUBERAY_GROUP_LABEL = GROUP_LABEL
 
 
 def _training_slice(job: JobSpec, pods: list[dict]) -> list[dict]:

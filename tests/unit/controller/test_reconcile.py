@@ -14,6 +14,7 @@ import urllib3
 from tputorch import render
 from tputorch.controller import kinds
 from tputorch import status as statuses
+from tputorch.api import spec as statuses_spec
 from tputorch.controller.reconcile import ownership
 
 from ..fakekube import FakeKube, api_error, controller
@@ -663,3 +664,19 @@ def test_pods_the_operator_may_not_read_are_a_condition_on_that_namespaces_objec
     assert queued == [KEY]
     run(ctl.reconcile(KEY))
     assert condition(last_status(ctl.kube), "SliceReady")["reason"] == "WaitingForHosts"
+
+
+def test_the_pod_store_keeps_what_tells_the_training_slice_from_the_groups():
+    """With spec.groups only the training slice's pods are its hosts: the stored (slimmed) pods must
+    still say which group each belongs to, or the count falls back to KubeRay's, groups included."""
+    job_spec = statuses_spec.parse(body(groups=[{"name": "rollout", "tpu": {"accelerator": "v6e", "topology": "4x4"}}]))
+
+    def pod(name, group, ready):
+        return {"metadata": {"name": name, "namespace": "ml", "resourceVersion": "1", "labels": {
+            "tputorch.io/job": "demo", "ray.io/node-type": "worker", "ray.io/group": group}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    pods = [pod("t0", "tpu-slice", True), pod("t1", "tpu-slice", False)] + [pod(f"r{i}", "rollout", True) for i in range(4)]
+    child = {"metadata": {"name": "demo"}, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                                      "rayClusterStatus": {"readyWorkerReplicas": 5}}}
+    st = statuses.derive(job_spec, 1, child, [kinds.slim_pod(p) for p in pods], {}, "2026-11-30T00:00:00Z")
+    assert st["hostsReady"] == "1/4"

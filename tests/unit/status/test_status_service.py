@@ -201,7 +201,8 @@ def test_a_child_without_generation_is_judged_by_its_hash_alone():
     rs = rayservice("running")
     del rs["metadata"]["generation"]
     assert status.derive_service(SVC, 1, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
-    assert set(status.POD_LABELS_READ) == {"ray.io/node-type", "ray.io/cluster", "ray.io/worker-group-replica-name"}
+    assert set(status.POD_LABELS_READ) == {"ray.io/node-type", "ray.io/cluster", "ray.io/worker-group-replica-name",
+                                           "ray.io/group"}
 
 
 def test_multi_host_slice_is_up_although_hosts_without_a_serve_replica_are_notready():

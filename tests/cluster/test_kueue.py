@@ -9,7 +9,6 @@ never against what the operator says about itself alone.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import subprocess
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import audit
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 
 from tputorch import render
@@ -166,25 +166,12 @@ def test_one_slice_of_quota_three_jobs_run_one_at_a_time(kueue, queue_ns, operat
         pods.stop()
 
 
-OPERATOR_AGENT = "OpenAPI-Generator/"  # the kubernetes Python client's user agent: the operator's writes
-
-
 def audit_writes(ns: str, verbs=("update", "patch")) -> list[dict]:
-    """The API server's audit entries of writes to this namespace's RayJobs, the status subresource
-    left out (hack/audit-policy.yaml logs them with their request bodies)."""
-    path = Path(os.environ.get("TPUTORCH_CLUSTER_DIR", REPO / ".cluster")) / "logs" / "audit.log"
-    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [e for e in entries if (e.get("objectRef") or {}).get("namespace") == ns
-            and (e.get("objectRef") or {}).get("resource") == "rayjobs"
-            and not (e.get("objectRef") or {}).get("subresource") and e.get("verb") in verbs]
+    return audit.writes(ns, "rayjobs", verbs)
 
 
 def writes_suspend(entry: dict) -> bool:
     return "suspend" in ((entry.get("requestObject") or {}).get("spec") or {})
-
-
-def agent(entry: dict) -> str:
-    return entry.get("userAgent") or ""
 
 
 def test_high_priority_preempts_low_which_resumes_later_and_only_kueue_writes_suspend(kueue, queue_ns, operator,
@@ -210,10 +197,10 @@ def test_high_priority_preempts_low_which_resumes_later_and_only_kueue_writes_su
     # Who wrote spec.suspend of the RayJobs after creating them: Kueue (on admission and
     # preemption), never the operator. The log does hold both parties' entries: the operator's
     # creates and Kueue's suspend writes (unsuspend low, suspend it, unsuspend high, unsuspend low).
-    assert len([e for e in audit_writes(ns, ("create",)) if agent(e).startswith(OPERATOR_AGENT)]) == 2
-    by_kueue = [e for e in audit_writes(ns) if writes_suspend(e) and agent(e).startswith("kueue")]
-    assert len(by_kueue) >= 4, [agent(e) for e in audit_writes(ns)]
-    assert [e for e in audit_writes(ns) if agent(e).startswith(OPERATOR_AGENT) and writes_suspend(e)] == []
+    assert len(audit.by_operator(audit_writes(ns, ("create",)))) == 2
+    by_kueue = [e for e in audit_writes(ns) if writes_suspend(e) and audit.agent(e).startswith("kueue")]
+    assert len(by_kueue) >= 4, [audit.agent(e) for e in audit_writes(ns)]
+    assert [e for e in audit.by_operator(audit_writes(ns)) if writes_suspend(e)] == []
 
 
 def test_a_users_suspend_stops_a_queued_job_and_resume_runs_it_through_kueue(kueue, queue_ns, operator, dashboard):
@@ -229,7 +216,7 @@ def test_a_users_suspend_stops_a_queued_job_and_resume_runs_it_through_kueue(kue
     assert workload_of(kube, ns, "s1")["spec"]["active"] is True
     finish(kube, dashboard, ns, "s1")
     wait_phase(kube, ns, "s1", "Succeeded")
-    assert [e for e in audit_writes(ns) if agent(e).startswith(OPERATOR_AGENT) and writes_suspend(e)] == []
+    assert [e for e in audit.by_operator(audit_writes(ns)) if writes_suspend(e)] == []
 
 
 def test_unknown_queue_and_priority_class_are_named_and_run_once_created(kueue, queue_ns, operator, dashboard):

@@ -4,9 +4,12 @@ goes Pending -> Deploying -> Ready with its endpoint and KubeRay's `<name>-serve
 
 from __future__ import annotations
 
+import json
+
 import yaml
 from kubernetes.client.rest import ApiException
 
+import audit
 from operator_process import OperatorProcess, kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 from test_operator_e2e import EXAMPLES, condition
 
@@ -103,6 +106,25 @@ def test_an_edit_of_replicas_and_engine_reaches_the_rayservice(kube, namespace, 
                    60, "status of generation 2")
     assert st["phase"] in ("Updating", "Ready")
     wait_phase(kube, namespace, "edited", "Ready")
+
+
+def test_a_rayservice_edited_by_hand_is_put_back_and_defaults_cause_no_patch(kube, namespace, operator, dashboard):
+    dashboard.set_serve_ready_after(1)
+    apply(kube, namespace, service_body("drift"))
+    wait_phase(kube, namespace, "drift", "Ready")
+    ours = rayservice(kube, namespace, "drift")["spec"]["serveConfigV2"]
+    # Many reconciles so far (KubeRay's status changes) against the API server's and KubeRay's
+    # defaulted RayService: not one patch from the operator.
+    assert audit.by_operator(audit.writes(namespace, "rayservices")) == []
+    kubectl(kube.kubeconfig, "patch", "-n", namespace, "rayservice", "drift", "--type", "merge",
+            "-p", json.dumps({"spec": {"serveConfigV2": "applications: []\n"}}))
+    kube.wait(lambda: rayservice(kube, namespace, "drift")["spec"]["serveConfigV2"] == ours, 60,
+              "the hand edit put back")
+    wait_phase(kube, namespace, "drift", "Ready")
+    # One patch; a second, the same, if a reconcile ran before the watch brought the first back.
+    patches = audit.by_operator(audit.writes(namespace, "rayservices"))
+    assert 1 <= len(patches) <= 2, [p["requestReceivedTimestamp"] for p in patches]
+    assert all(p["verb"] == "patch" and p["requestObject"]["spec"]["serveConfigV2"] == ours for p in patches)
 
 
 def test_an_invalid_service_is_refused_at_admission_and_by_the_operator(kube, namespace, operator):

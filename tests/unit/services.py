@@ -20,3 +20,16 @@ def service_body(name="qwen", namespace="ml", **spec_overrides):
         "metadata": {"name": name, "namespace": namespace, "uid": "5e7a0c2d-1111-2222-3333-444455556666", "generation": 1},
         "spec": copy.deepcopy(spec),
     }
+
+
+def merge_patch(target, patch):
+    """A JSON merge patch (RFC 7386) applied as the API server applies it."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out

@@ -388,15 +388,16 @@ _OPTIONAL_HEAD_KEYS = ("serviceAccountName", "nodeSelector", "tolerations", "vol
 
 
 def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
-    """The merge patch that brings an observed RayService to what ``svc`` renders, or None when
-    its spec-hash annotation says it already is. KubeRay then upgrades the service itself.
+    """The merge patch that brings an observed RayService to what ``svc`` renders, or None when it
+    already is: its spec-hash annotation is ours and, when its spec is given, that spec still holds
+    every value we render (an edit behind our back is put back). KubeRay then upgrades the service.
 
     ``observed`` needs only metadata.annotations; its spec, when given, lets the patch also remove
     keys that no longer render. Optional keys of ours are nulled either way."""
     desired = rayservice(svc)
     want = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     have = ((observed.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-    if have == want:
+    if have == want and not observed.get("spec"):
         return None
     annotations = {**desired["metadata"]["annotations"]}
     annotations.setdefault(INITIALIZING_TIMEOUT_ANNOTATION, None)
@@ -414,7 +415,22 @@ def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
     head = spec["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
     for key in _OPTIONAL_HEAD_KEYS:
         head.setdefault(key, None)
+    if have == want and _holds(observed["spec"], spec):
+        return None
     return {"metadata": {"annotations": annotations}, "spec": spec}
+
+
+def _holds(observed: object, patch: object) -> bool:
+    """``observed`` already has every value the merge patch sets. Keys the patch removes (null) or
+    does not name are not looked at: KubeRay's and the API server's defaults are indistinguishable
+    from an addition by hand, and correcting them would patch for ever."""
+    if isinstance(patch, dict):
+        if not isinstance(observed, dict):
+            return all(v is None for v in patch.values())
+        return all(v is None or _holds(observed.get(k), v) for k, v in patch.items())
+    if isinstance(patch, list):
+        return isinstance(observed, list) and len(observed) == len(patch) and all(map(_holds, observed, patch))
+    return observed == patch
 
 
 def render_any(spec: Spec) -> dict:

@@ -19,6 +19,7 @@ from tputorch.controller.reconcile import ownership
 
 from ..fakekube import FakeKube, api_error, controller
 from ..jobs import body
+from ..services import merge_patch
 
 KIND = "TPUTorchJob"
 KEY = (KIND, "ml", "demo")
@@ -297,9 +298,17 @@ def test_a_service_gets_its_rayservice_and_an_edit_reaches_it_once():
     (patch,) = [c[4] for c in ctl.kube.called("patch") if c[1] == "rayservices"]
     assert patch["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] == 3
     observed = ctl.children["TPUTorchService"].get(("ml", "qwen"))
-    ctl.children["TPUTorchService"]._put({**observed, "metadata": {
-        **observed["metadata"], "resourceVersion": "99", "annotations": patch["metadata"]["annotations"]}})
+    patched = {**observed, "metadata": {**observed["metadata"], "resourceVersion": "99",
+                                        "annotations": patch["metadata"]["annotations"]},
+               "spec": merge_patch(observed["spec"], patch["spec"])}  # as the API server applies it
+    ctl.children["TPUTorchService"]._put(patched)
     assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
+    # an edit by hand of what we render, under our hash, is put back; its event brings the key
+    edited = {**patched, "metadata": {**patched["metadata"], "resourceVersion": "100"},
+              "spec": {**patched["spec"], "serveConfigV2": "applications: []\n"}}
+    ctl.children["TPUTorchService"]._put(edited)
+    assert run(ctl.reconcile(SVC_KEY)) == "child-patched"
+    assert [c[4] for c in ctl.kube.called("patch")][-1]["spec"]["serveConfigV2"] == patched["spec"]["serveConfigV2"]
 
 
 def test_a_services_pods_count_for_its_active_and_pending_clusters_only():

@@ -196,7 +196,7 @@ def test_rendering_is_deterministic():
 
 # --- TPUTorchService -> RayService ---------------------------------------------------------
 
-from ..services import service_body  # noqa: E402
+from ..services import merge_patch as merge, service_body  # noqa: E402
 
 SERVICE_CASES = {
     "service-v6e-4x4-qwen3-moe": {
@@ -412,16 +412,39 @@ def test_rayservice_patch_keeps_the_autoscalers_slice_count_within_the_new_bound
     assert render.rayservice_patch(fixed, autoscaled)["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] == 2
 
 
-def merge(target, patch):
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge(out.get(k), v)
-    return out
+def test_an_edit_of_the_rayservice_behind_our_back_is_put_back_and_defaults_are_not():
+    import copy
+    svc = spec.parse_service(service_body(replicas={"min": 1, "max": 3}))
+    current = render.rayservice(svc)
+
+    def observed_with(change):
+        obj = copy.deepcopy(current)
+        change(obj["spec"])
+        return obj
+
+    def workers(s):
+        return s["rayClusterConfig"]["workerGroupSpecs"][0]
+
+    def container(s):
+        return workers(s)["template"]["spec"]["containers"][0]
+
+    # What the API server and KubeRay add, and the autoscaler's count within the bounds: left alone.
+    for unchanged in (lambda s: container(s).update(imagePullPolicy="IfNotPresent", terminationMessagePath="/dev/x"),
+                      lambda s: [p.setdefault("protocol", "TCP") for p in container(s).get("ports") or []],
+                      lambda s: s.update(serviceUnhealthySecondThreshold=900),
+                      lambda s: workers(s).update(replicas=3),
+                      lambda s: s["rayClusterConfig"].update(suspend=True)):  # Kueue's
+        assert render.rayservice_patch(svc, observed_with(unchanged)) is None
+    # A value we render, changed or removed by hand, with our hash still on the object: put back.
+    for drift in (lambda s: s.update(serveConfigV2=s["serveConfigV2"] + "# edited by hand\n"),
+                  lambda s: container(s)["resources"]["limits"].update({"google.com/tpu": "8"}),
+                  lambda s: container(s).pop("env"),
+                  lambda s: container(s)["env"].append({"name": "EXTRA", "value": "1"}),
+                  lambda s: workers(s).update(replicas=7)):  # outside the bounds
+        drifted = observed_with(drift)
+        patch = render.rayservice_patch(svc, drifted)
+        assert patch is not None
+        assert render.rayservice_patch(svc, {**drifted, "spec": merge(drifted["spec"], patch["spec"])}) is None
 
 
 def test_rayservice_carries_the_initializing_timeout_and_the_upgrade_strategy():

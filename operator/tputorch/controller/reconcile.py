@@ -518,9 +518,10 @@ class Controller:
         if child is None:
             if self._terminal(kind, parent) is not None:
                 return "finished", None  # it ran and its child is gone: making one would run it again
-            if children.forbidden is not None:
-                self.problems[key] = ("Forbidden", f"the operator may not watch {kind.child.kind}s: "
-                                      f"{children.forbidden}")
+            refused = children.forbidden_in(namespace)  # this namespace's, not another's
+            if refused is not None:
+                self.problems[key] = ("Forbidden", f"the operator may not {refused[0]} {kind.child.kind}s: "
+                                      f"{refused[1]}")
                 return "retry", None
             return await self._create(kind, key, parent, spec)
         owned = ownership(kind, parent, child)
@@ -591,9 +592,10 @@ class Controller:
         if not spec.queue_name or not self._kueue_manages(child):
             return None
         namespace, name = key_of(child)
-        if self.workloads.forbidden is not None:  # RBAC without workloads: say so, keep KubeRay's phase
+        refused = self.workloads.forbidden_in(namespace)
+        if refused is not None:  # RBAC without workloads: say so, keep KubeRay's phase
             return kueue.Admission(False, "Forbidden", f"the operator may not read Kueue's Workloads: "
-                                   f"{self.workloads.forbidden}", None)
+                                   f"{refused[1]}", None)
         workload = kueue.workload_for(self.workloads.indexed((namespace, kind.child.kind, name)), child)
         pcs, exists = self.priority_classes, True
         if spec.priority_class_name and pcs is not None and pcs.served and pcs.forbidden is None:
@@ -622,7 +624,7 @@ class Controller:
         namespace = key[1]
         for extra in self.extras:
             store = self.extra_stores[extra.resource.plural]
-            if store.forbidden is not None or store.served is False:
+            if store.forbidden_in(namespace) is not None or store.served is False:
                 continue  # the informer reports it (RBAC missing, the kind not served)
             desired = extra.render(spec)
             name = desired["metadata"]["name"]

@@ -689,3 +689,16 @@ def test_the_pod_store_keeps_what_tells_the_training_slice_from_the_groups():
                                                       "rayClusterStatus": {"readyWorkerReplicas": 5}}}
     st = statuses.derive(job_spec, 1, child, [kinds.slim_pod(p) for p in pods], {}, "2026-11-30T00:00:00Z")
     assert st["hostsReady"] == "1/4"
+
+
+def test_rayjobs_refused_in_another_namespace_do_not_hold_this_one():
+    ctl = setup(job())
+    ctl.children[KIND].scopes = ["ml", "other"]
+    ctl.children[KIND]._forbidden["other"] = ("watch", "Forbidden: cannot watch rayjobs in other")
+    assert run(ctl.reconcile(KEY)) == "created"
+    ctl = setup(job())
+    ctl.children[KIND].scopes = ["ml", "other"]
+    ctl.children[KIND]._forbidden["ml"] = ("list", "Forbidden: cannot list rayjobs in ml")
+    assert run(ctl.reconcile(KEY)) == "retry"
+    assert ctl.problems[KEY] == ("Forbidden", "the operator may not list RayJobs: Forbidden: cannot list rayjobs in ml")
+    assert ctl.kube.called("create") == []

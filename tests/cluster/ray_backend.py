@@ -16,7 +16,9 @@ Ray's own `ray.cluster_utils.Cluster`, as slicesim does; `ray start` cannot be u
 (never `ray stop`, which kills every Ray process on the machine by name).
 
     ray = RealRay(workdir).start()          # head + dashboard, warmed with a no-op job
-    ray.attach(rayjob_dict)                 # worker nodes of that slice (kept for the same shape)
+    ray.attach(rayjob_dict)                 # worker nodes of that slice (kept for the same shape;
+                                            # a killed host is started again)
+    ray.kill_host(1)                        # remove host 1's Ray node (a preempted TPU VM)
     ray.url                                 # http://127.0.0.1:<dashboard port>
     ray.job(submission_id)                  # the dashboard's job info, None if unknown
     ray.stop()
@@ -182,6 +184,13 @@ class RealRay:
         self.timings.update(answer["timings"])
         return self.current
 
+    def kill_host(self, index: int) -> str:
+        """Kill the Ray node of host `index` (TPU_WORKER_ID) of the attached slice; returns its node
+        id. The next attach() of the same slice starts a new node for it."""
+        node_id = self._call({"cmd": "kill_host", "index": index})["node_id"]
+        self.current["node_ids"] = {k: v for k, v in self.current["node_ids"].items() if v != node_id}
+        return node_id
+
     def detach(self) -> None:
         self._call({"cmd": "detach"})
         self.current = None
@@ -303,9 +312,26 @@ class _Server:
             stack.enter_context(slicesim.attached(self.cluster, sim))
             self.hosts, self.key, self.sim = stack, key, sim
             timings[f"attach_{sim.pod_type}_{len(sim.hosts)}_hosts_s"] = time.monotonic() - t0
+        else:
+            missing = [h for h in self.sim.hosts if h.index not in self.sim.node_ids]
+            if missing:  # a host killed by kill_host: a new attempt gets the whole slice again
+                t0 = time.monotonic()
+                nodes = {h.index: slicesim.add_host(self.cluster, self.sim, h) for h in missing}
+                for node in nodes.values():
+                    self.hosts.callback(slicesim.remove_if_present, self.cluster, node)
+                slicesim.record_node_ids(self.cluster, self.sim, nodes)
+                timings[f"readd_{len(missing)}_hosts_s"] = time.monotonic() - t0
         s = self.sim
         return {"slice": {"name": s.name, "pod_type": s.pod_type, "topology": s.topology, "hosts": len(s.hosts),
                           "chips_per_host": s.chips_per_host, "node_ids": s.node_ids}, "timings": timings}
+
+    def kill_host(self, index: int) -> dict:
+        """Remove one attached host's Ray node with Ray's own Cluster.remove_node (its raylet and
+        every worker process on it die at once, as on a preempted TPU VM)."""
+        node_id = self.sim.node_ids.pop(index)
+        (node,) = [n for n in self.cluster.worker_nodes if n.node_id == node_id]
+        self.cluster.remove_node(node, allow_graceful=False)
+        return {"node_id": node_id}
 
     def detach(self) -> dict:
         if self.hosts is not None:

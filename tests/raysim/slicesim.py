@@ -203,37 +203,52 @@ def start_head():
     return cluster
 
 
+def add_host(cluster, sim: SimSlice, host: SimHost):
+    """Start one host of the slice as a Ray node (not waited for: see record_node_ids)."""
+    with _environ(host.env):
+        extra = {"num_gpus": sim.gpus_per_host} if sim.gpus_per_host else {}
+        if sim.labels:
+            extra["labels"] = dict(sim.labels)
+        return cluster.add_node(
+            wait=False,
+            node_ip_address=LOOPBACK,
+            # Enough CPUs for one Ray Train worker per chip (Ray adds CPU: 1 per bundle).
+            num_cpus=sim.cpus_per_host if sim.cpus_per_host is not None else host.chips,
+            resources={**({"TPU": host.chips} if host.chips else {}), **sim.resources},
+            object_store_memory=OBJECT_STORE_BYTES,
+            **extra,
+        )
+
+
+def record_node_ids(cluster, sim: SimSlice, nodes: Mapping[int, object]) -> None:
+    """Wait for the nodes just added ({host index: node}) and record their Ray node ids."""
+    import ray
+
+    cluster.wait_for_nodes(timeout=120)
+    by_id = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+    for i, node in nodes.items():
+        labels = by_id[node.node_id]["Labels"]
+        sim.node_ids[int(labels.get("ray.io/tpu-worker-id", i))] = node.node_id
+
+
+def remove_if_present(cluster, node) -> None:
+    """Remove a node of the cluster unless it was removed already (a host killed by a test)."""
+    if node in cluster.worker_nodes:
+        cluster.remove_node(node)
+
+
 @contextlib.contextmanager
 def attached(cluster, sim: SimSlice) -> Iterator[SimSlice]:
     """Add the slice's hosts as Ray nodes; remove them afterwards."""
-    import ray
-
-    nodes = []
+    nodes = {}
     try:
         for host in sim.hosts:
-            with _environ(host.env):
-                extra = {"num_gpus": sim.gpus_per_host} if sim.gpus_per_host else {}
-                if sim.labels:
-                    extra["labels"] = dict(sim.labels)
-                node = cluster.add_node(
-                    wait=False,
-                    node_ip_address=LOOPBACK,
-                    # Enough CPUs for one Ray Train worker per chip (Ray adds CPU: 1 per bundle).
-                    num_cpus=sim.cpus_per_host if sim.cpus_per_host is not None else host.chips,
-                    resources={**({"TPU": host.chips} if host.chips else {}), **sim.resources},
-                    object_store_memory=OBJECT_STORE_BYTES,
-                    **extra,
-                )
-            nodes.append(node)
-        cluster.wait_for_nodes(timeout=120)
-        by_id = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
-        for i, node in enumerate(nodes):
-            labels = by_id[node.node_id]["Labels"]
-            sim.node_ids[int(labels.get("ray.io/tpu-worker-id", i))] = node.node_id
+            nodes[host.index] = add_host(cluster, sim, host)
+        record_node_ids(cluster, sim, nodes)
         yield sim
     finally:
-        for node in nodes:
-            cluster.remove_node(node)
+        for node in nodes.values():
+            remove_if_present(cluster, node)
         sim.node_ids.clear()
 
 

@@ -32,7 +32,7 @@ from ..render import MANAGED_BY_LABEL
 from .metrics import METRICS
 from ..api.spec import InvalidSpec
 from ..status.job import ATTEMPT_LABEL
-from .workqueue import WorkQueue
+from .workqueue import Backoff, WorkQueue
 
 log = logging.getLogger("tputorch")
 
@@ -178,7 +178,8 @@ class Controller:
         self.clock = clock
         self.monotonic = monotonic
         self.status_interval = status_interval
-        self.queue = WorkQueue(metrics=METRICS)
+        # jitter: objects that failed together (an outage) do not all retry in the same second
+        self.queue = WorkQueue(Backoff(jitter=0.1), metrics=METRICS)
         # Events wait while any object waits for a reconcile (events.py).
         self.recorder = EventRecorder(kube.post_event, busy=lambda: len(self.queue) > 0, monotonic=monotonic)
         self.parsed: dict[str, tuple] = {}  # uid -> (spec version, spec or InvalidSpec)

@@ -7,6 +7,9 @@
 - ``retry(key)`` re-adds the key after a per-key exponential backoff, capped; ``forget(key)``
   resets it after a success. Only the earliest pending delayed add of a key is kept.
 - A key made ready wakes one waiting worker, not all of them (as a condition variable's signal).
+- Retries of all keys together also draw on one token bucket (client-go's default controller rate
+  limiter is the larger of the two delays): when many objects fail at once, as in an API-server
+  outage, their retries are spread out instead of all landing on the recovering server together.
 """
 
 from __future__ import annotations
@@ -36,9 +39,25 @@ class Backoff:
         self.failures.pop(key, None)
 
 
+class Bucket:
+    """A token bucket for every key's retries together: ``burst`` at once, then ``rate`` per second.
+    ``reserve()`` takes a token, possibly one not there yet, and says how long until it is."""
+
+    def __init__(self, rate: float = 10.0, burst: int = 100, clock=time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens, self.stamp = float(burst), clock()
+
+    def reserve(self) -> float:
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate) - 1
+        self.stamp = now
+        return max(0.0, -self.tokens / self.rate)
+
+
 class WorkQueue:
-    def __init__(self, backoff: Backoff | None = None, metrics=None) -> None:
+    def __init__(self, backoff: Backoff | None = None, metrics=None, bucket: Bucket | None = None) -> None:
         self.backoff = backoff or Backoff()
+        self.bucket = bucket or Bucket()
         self.metrics = metrics  # metrics.Metrics, or None
         self._added_at: dict[Hashable, float] = {}
         self._queue: deque = deque()
@@ -76,8 +95,9 @@ class WorkQueue:
         self.add(key)
 
     def retry(self, key: Hashable) -> float:
-        """Re-add ``key`` after its backoff; returns the delay."""
-        delay = self.backoff.next(key)
+        """Re-add ``key`` after its backoff, or later if the retries of all keys are over budget;
+        returns the delay."""
+        delay = max(self.backoff.next(key), self.bucket.reserve())
         self.add_after(key, delay)
         if self.metrics is not None:
             self.metrics.queue_retries.inc()

@@ -10,7 +10,7 @@ import pytest
 
 from tputorch.controller import informer as informer_module
 from tputorch.controller.informer import RestSource, _Relist
-from tputorch.controller.workqueue import Backoff, WorkQueue
+from tputorch.controller.workqueue import Backoff, Bucket, WorkQueue
 
 from ..fakekube import FakeSource, StopWatching, api_error, informer
 
@@ -85,6 +85,22 @@ def test_backoff_doubles_up_to_its_cap_and_forget_resets():
 
 
 # --- informer -------------------------------------------------------------------------------------
+
+def test_retries_of_all_keys_together_are_spread_by_one_bucket():
+    now = [0.0]
+    bucket = Bucket(rate=10.0, burst=100, clock=lambda: now[0])
+
+    async def scenario():
+        q = WorkQueue(Backoff(base=1.0), bucket=bucket)
+        q.add_after = lambda key, delay: None  # observe the delays only
+        return [q.retry(f"k{i}") for i in range(150)]
+    delays = asyncio.run(scenario())
+    # an outage fails 150 objects at once: 100 retry after their own 1 s, then 10 per second
+    assert delays[:100] == [1.0] * 100
+    assert delays[100:] == pytest.approx([(i + 1) / 10 if (i + 1) / 10 > 1 else 1.0 for i in range(50)])
+    now[0] = 60.0  # a quiet minute refills the bucket
+    assert bucket.reserve() == 0.0
+
 
 def test_relist_reports_what_vanished_and_what_exists():
     src = FakeSource()

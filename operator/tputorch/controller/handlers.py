@@ -202,6 +202,18 @@ def election_health(**_) -> str:
     return "leading" if election.may_write() else "standby"
 
 
+EVENTS_DRAIN_S = 5.0
+
+
+async def drain_events(recorder, timeout: float) -> None:
+    """Post the events the recorder still holds (it holds them while reconciles are queued), within
+    ``timeout``: a rolling update would otherwise drop the events of the last transitions it saw."""
+    try:
+        await asyncio.wait_for(recorder.drain(), timeout)
+    except asyncio.TimeoutError:
+        log.warning("shutting down: %d events not posted within %gs", len(recorder.pending), timeout)
+
+
 @kopf.on.cleanup()
 async def stop(**_) -> None:
     if RUNTIME.syncing is not None:
@@ -209,6 +221,8 @@ async def stop(**_) -> None:
     for task in RUNTIME.workers:
         task.cancel()
     await asyncio.gather(*RUNTIME.workers, return_exceptions=True)
+    if RUNTIME.controller is not None and may_write():  # while the Lease is still ours
+        await drain_events(RUNTIME.controller.recorder, EVENTS_DRAIN_S)
     if RUNTIME.election is not None:  # only once no worker writes any more
         await asyncio.get_running_loop().run_in_executor(None, RUNTIME.election.release)
     for informer in RUNTIME.informers:

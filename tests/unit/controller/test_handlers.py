@@ -109,3 +109,27 @@ def test_a_standby_queues_nothing_and_queues_everything_once_it_leads(ctl):
     assert len(ctl.queue) == 0 and not ctl.queue._dirty
     ctl.activate()
     assert list(ctl.queue._queue) == [("TPUTorchJob", "ml", "demo")]
+
+
+def test_events_still_held_at_shutdown_are_posted_within_a_bound(caplog):
+    from tputorch.controller.events import EventRecorder
+    from tputorch.status.conditions import Event
+
+    async def scenario(post):
+        recorder = EventRecorder(post, busy=lambda: True)  # reconciles queued: events were held
+        for i in range(3):
+            recorder.record({"uid": f"u{i}", "kind": "TPUTorchJob", "namespace": "ml", "name": f"j{i}"},
+                            [Event("Normal", "Running", "running")])
+        await handlers.drain_events(recorder, 0.5)
+        return recorder
+
+    posted = []
+
+    async def post(regarding, event):
+        posted.append(regarding["name"])
+    assert not asyncio.run(scenario(post)).pending and posted == ["j0", "j1", "j2"]
+
+    async def hangs(regarding, event):
+        await asyncio.sleep(3600)
+    assert len(asyncio.run(scenario(hangs)).pending) == 2  # one was taken, then the bound ended it
+    assert "2 events not posted within 0.5s" in caplog.text

@@ -184,9 +184,9 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
                     checkpoint={"storagePath": str(storage)})
     body["spec"]["tpu"]["chipsPerWorker"] = 4
     start(kube, real_ray, ns, body)
-    first = wait_real_job(kube, real_ray, ns, name, ("RUNNING",), 300)
+    first = wait_real_job(kube, real_ray, ns, name, ("RUNNING",), 600)
     log = kube.wait(lambda: (lambda text: text if "tputorch-resume: paused at step 3" in text else None)(
-        real_ray.logs(first["submission_id"])), 300, "attempt 1 paused after its checkpoint of step 3")
+        real_ray.logs(first["submission_id"])), 600, "attempt 1 paused after its checkpoint of step 3")
     # The run's name and storage as the script got them from the operator (tputorch.train.run_config()).
     run, where = re.search(r"^tputorch-resume: run (\S+) in (\S+)$", log, re.M).groups()
     assert where == str(storage) and run.startswith(f"{name}-"), (run, where)
@@ -212,7 +212,7 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
         ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TPUTorchJob").items), 60,
         "the Retrying event")
     # Attempt 1's Ray job ends with its RayCluster; then the slice gets its lost host back.
-    kube.wait(lambda: real_ray.job(first["submission_id"])["status"] in ("STOPPED", "FAILED"), 120,
+    kube.wait(lambda: real_ray.job(first["submission_id"])["status"] in ("STOPPED", "FAILED"), 300,
               "attempt 1's Ray job ended")
     assert set(RESUMED.findall(real_ray.logs(first["submission_id"]))) == {"0"}, "attempt 1 never resumed"
     phases["attempt1_ray_job_ended"] = time.monotonic() - t0
@@ -220,7 +220,7 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
     assert len(real_ray.current["node_ids"]) == 4
 
     phases["host_readded"] = time.monotonic() - t0
-    st = wait_phase(kube, ns, name, "Succeeded", 300)
+    st = wait_phase(kube, ns, name, "Succeeded", 900)
     phases["succeeded"] = time.monotonic() - t0
     assert st["attempts"] == 2
     assert [(a["attempt"], a["result"]) for a in st["attemptHistory"]] == [(1, "Infrastructure"), (2, "Succeeded")]

@@ -206,6 +206,11 @@ class RealRay:
         self.timings.update(self._call({"cmd": "start_serve", "port": self.serve_port}, timeout=600)["timings"])
         return self.serve_url
 
+    def kill_serve_replica(self, deployment_prefix: str) -> str:
+        """Kill the Ray actor of a live replica of the Serve deployment named `deployment_prefix...`
+        (as a lost host or a preempted slice would); returns the actor's name."""
+        return self._call({"cmd": "kill_serve_replica", "prefix": deployment_prefix}, timeout=120)["actor"]
+
     def delete_serve_apps(self) -> None:
         """Delete every Serve application (Serve and its proxy stay up), as a head pod's death would
         end them on GKE; removes the vLLM shared-memory segments they leaked."""
@@ -348,6 +353,17 @@ class _Server:
         wait(lambda: _answers(f"http://127.0.0.1:{port}/-/healthz"), 120, "the Serve proxy")
         return {"timings": {"serve_start_s": time.monotonic() - t0}}
 
+    def kill_serve_replica(self, prefix: str) -> dict:
+        import ray
+        from ray.util.state import list_actors
+
+        names = sorted(a["name"] for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
+                       if a.get("name") and prefix in a["name"] and a["name"].startswith("SERVE_REPLICA"))
+        if not names:
+            raise RuntimeError(f"no live Serve replica actor of {prefix!r}")
+        ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+        return {"actor": names[0]}
+
     def delete_serve_apps(self) -> dict:
         from ray import serve
 
@@ -357,13 +373,13 @@ class _Server:
         return {}
 
     def _remove_leaked_shm(self) -> None:
-        """vLLM's message-queue segments: a killed replica leaves them in /dev/shm (~400 MiB each).
+        """What killed vLLM replicas leave in /dev/shm (message queues of ~400 MiB each, semaphores).
         Only those made since Serve started here that no live process maps (not another user's)."""
         mapped = set()
         for maps in Path("/proc").glob("[0-9]*/maps"):
             try:
                 mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines()
-                              if "/dev/shm/psm_" in line)
+                              if "/dev/shm/" in line)
             except OSError:
                 pass
         for path in set(_shm_segments()) - getattr(self, "shm_before", set()) - mapped:
@@ -394,7 +410,8 @@ def _answers(url: str) -> bool:
 
 
 def _shm_segments() -> list[str]:
-    return [str(p) for p in Path("/dev/shm").glob("psm_*")]
+    """vLLM's message queues (psm_*) and Python multiprocessing's named semaphores (sem.mp-*)."""
+    return [str(p) for pattern in ("psm_*", "sem.mp-*") for p in Path("/dev/shm").glob(pattern)]
 
 
 def _node_ports() -> dict:

@@ -10,7 +10,10 @@ submitter runner), and KubeRay reads the real job's status through the dashboard
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import pytest
 import yaml
 from ray_backend import REPORTED
 
-from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
+from operator_process import OperatorProcess, kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 
 from tputorch import render
 from tputorch.api import spec
@@ -26,6 +29,7 @@ from tputorch.api import spec
 pytestmark = pytest.mark.realray
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "realray_jobs" / "train_record.py"
+PROGRESS_SCRIPT = Path(__file__).resolve().parent / "realray_jobs" / "train_progress.py"
 GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"
 
 
@@ -232,3 +236,45 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
     assert {int(s) for s in RESUMED.findall(log)} == {3}, log[-3000:]
     assert "tputorch-resume: done at step 6" in log, log[-3000:]
     assert "tputorch-resume: step 4 " in log and "tputorch-resume: step 1 " not in log, log[-3000:]
+
+
+def describe(kube, ns: str, name: str) -> str:
+    env = {**os.environ, "KUBECONFIG": kube.kubeconfig}
+    return subprocess.run([sys.executable, "-m", "tputorch", "describe", name, "-n", ns], env=env, capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+
+
+def test_describe_shows_the_step_and_loss_the_run_reports_growing_while_it_runs(kube, kube_env, real_ray_namespace,
+                                                                                real_ray, tputorch_crd, tmp_path):
+    """The script reports through tputorch.train.report(); the operator reads the real driver's log
+    from the real head's dashboard (through the stand-in, as KubeRay reaches it) and `tputorch
+    describe` shows each step, its loss and the checkpoint Ray Train persisted. The script takes
+    its next step only when the test says so: nothing here depends on how fast anything runs."""
+    ns, name, gate, storage = real_ray_namespace, "progress", tmp_path / "gate", tmp_path / "storage"
+    gate.mkdir()
+    op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [ns], dashboard_url=kube_env["dashboard_url"],
+                         extra_args=["--progress-interval", "2"]).start()
+    try:
+        start(kube, real_ray, ns, job_body(name, "2x2", f"python {PROGRESS_SCRIPT} --steps 3 --gate {gate}",
+                                           checkpoint={"storagePath": str(storage)}))
+        seen = []
+        for step in (1, 2):
+            if step > 1:
+                (gate / f"step-{step}").touch()
+            kube.wait(lambda: (status(kube, ns, name).get("progress") or {}).get("step") == step, 300,
+                      f"status.progress.step {step}")
+            text = describe(kube, ns, name)
+            shown = re.search(r"^Progress:\s+step (\d+), epoch 0, loss ([0-9.e+-]+)", text, re.M)
+            assert shown, text
+            checkpoint = re.search(r"^Checkpoint:\s+(\S+)", text, re.M).group(1)
+            seen.append((int(shown.group(1)), float(shown.group(2)), checkpoint))
+        (first, first_loss, first_ckpt), (second, second_loss, second_ckpt) = seen
+        assert (first, second) == (1, 2) and second_loss < first_loss, seen
+        # Ray Train's own persisted checkpoints, under the job's run (spec.checkpoint.storagePath)
+        uid = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)["metadata"]["uid"]
+        run = storage / f"{name}-{uid[:8]}"  # TPUTORCH_RUN_NAME
+        assert first_ckpt != second_ckpt and all(Path(c).parent == run and Path(c).is_dir() for c in (first_ckpt, second_ckpt)), seen
+    finally:
+        (gate / "step-3").touch()  # the run ends on its own (not waited for: its end is the other tests')
+        op.stop()
+    assert "Traceback" not in op.log(), op.log()[-5000:]

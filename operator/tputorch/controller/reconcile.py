@@ -445,13 +445,15 @@ class Controller:
         if where is None:
             return current
         delay = training.read_delay(self.progress_read.get(uid), self.monotonic(), self.progress_interval)
-        if delay <= 0 and uid not in self.reading:
+        if uid in self.reading:
+            delay = self.progress_interval  # the read in flight brings the key back if it has news
+        elif delay <= 0:
             self.progress_read[uid] = self.monotonic()
             # A fresh context: the read is no call of this reconcile (reconcile_fenced's CALLS).
             self.reading[uid] = asyncio.get_running_loop().create_task(
                 self._read_progress(key, uid, *where), context=contextvars.Context())
             delay = self.progress_interval
-        self.queue.add_after(key, max(delay, 0.1))  # level-based: the next read needs no event
+        self.queue.add_after(key, delay)  # level-based: the next read needs no event
         return current
 
     async def _read_progress(self, key: Key, uid: str, cluster: str, submission_id: str) -> None:

@@ -60,6 +60,7 @@ class FaultProxy:
         self.upstream, self.name = upstream, name
         self.ssl = ssl.create_default_context(cafile=ca_file)
         self.mode = "pass"
+        self.since = time.time()  # when the mode last changed
         self.writes: list[Write] = []
         self.episodes: list[tuple[float, float, str]] = []  # (start, end, mode)
         self._lock = threading.Lock()
@@ -87,6 +88,7 @@ class FaultProxy:
         assert mode in ("pass", "refuse", "reset", "blackhole"), mode
         with self._changed:
             before, self.mode = self.mode, mode
+            self.since = time.time()  # under the lock that _pass_at reads the mode with
             if mode in ("refuse", "reset"):
                 with self._lock:
                     conns = set(self._conns)
@@ -120,12 +122,17 @@ class FaultProxy:
 
     # --- forwarding -----------------------------------------------------------------------------------
 
-    def _wait_while_blackholed(self) -> bool:
-        """Hold while blackholed; whether to go on (False: the connection was reset meanwhile)."""
+    def _pass_at(self) -> float | None:
+        """Hold while blackholed; then the time, read under the mode's lock, at which the connection
+        may go on (None: it was reset meanwhile). A write forwarded with that time was let through
+        before any switch made later than it."""
         with self._changed:
             while self.mode == "blackhole" and not self._closed:
                 self._changed.wait(0.5)
-            return self.mode == "pass" and not self._closed
+            return time.time() if self.mode == "pass" and not self._closed else None
+
+    def _wait_while_blackholed(self) -> bool:
+        return self._pass_at() is not None
 
     def _accept(self) -> None:
         listener = self._listener
@@ -187,14 +194,15 @@ class FaultProxy:
                     request, buf = _one_request(buf)
                     if request is None:
                         break
-                    if not self._wait_while_blackholed() or _gone(client):
+                    at = self._pass_at()
+                    if at is None or _gone(client):
                         # a dropped packet is not delivered later: once the client gave up, never
                         raise OSError("reset")
                     upstream.sendall(request)
                     method, path = request.split(b" ", 2)[:2]
                     if method in WRITE_METHODS:
                         with self._lock:
-                            self.writes.append(Write(time.time(), method.decode(), path.decode("latin-1")))
+                            self.writes.append(Write(at, method.decode(), path.decode("latin-1")))
         except Exception:  # reset, cut, closed: the connection ends
             pass
         pair.finished()

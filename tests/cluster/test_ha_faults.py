@@ -191,9 +191,12 @@ def test_the_leader_blackholed_for_60s_is_replaced_and_never_writes_after(kube, 
     standby = replicas.ops[1 - old]
     kube.wait(lambda: "is a candidate" in standby.log(), 120, "the standby synced and standing")
     proxy = replicas.proxies[old]
-    cut = time.time()
     blackhole = threading.Thread(target=proxy.episode, args=("blackhole", 60), daemon=True)
     blackhole.start()
+    # The cut is when the proxy switched, not when the test asked for it: a write let through just
+    # before the switch is not a write after the cut.
+    kube.wait(lambda: proxy.mode == "blackhole", 30, "the blackhole in effect", interval=0.05)
+    cut = proxy.since
     during = [f"during-{i:02d}" for i in range(20)]
     create_jobs(kube, namespace, during)
     # The lease runs out 15 s after the last renewal the standby saw; the rest is the standby's retry

@@ -201,7 +201,9 @@ def test_the_leader_blackholed_for_60s_is_replaced_and_never_writes_after(kube, 
     create_jobs(kube, namespace, during)
     # The lease runs out 15 s after the last renewal the standby saw; the rest is the standby's retry
     # period and, on a loaded machine, its scheduling (the full suite missed a 40 s bound once).
-    new = kube.wait(lambda: (lambda i: i if i != old else None)(replicas.leader_index()), 120, "the standby leading")
+    # [index]: replica 0 taking over must count, and 0 alone is falsy to kube.wait
+    (new,) = kube.wait(lambda: (lambda i: [i] if i != old else None)(replicas.leader_index()), 120,
+                       "the standby leading")
     took = time.time() - cut
     blackhole.join()
     wait_consistent(kube, namespace, set(first) | set(during) | {"done-a"}, 240)

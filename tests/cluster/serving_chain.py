@@ -8,6 +8,7 @@ service's in-cluster endpoint through the local cluster's proxy (the stand-in da
     ray = start_serving_ray(workdir, python)   # RealRay with Serve started; ray.serve_url
     dashboard.set_backend(ns, ray.url, serve_url=ray.serve_url, serve_variant="cpu")
     chat(status["endpoint"], dashboard.url, model_name)
+    serve_application(ray, "llm")              # Serve's details of an application, from the head
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ray_backend import RealRay
+from ray_backend import RealRay, http_json
 
 REPO = Path(__file__).resolve().parents[2]
 TINYMODEL = REPO / "tests" / "serving" / "tinymodel.py"
@@ -69,13 +71,30 @@ def start_serving_ray(workdir: Path, python: str) -> RealRay:
     return ray
 
 
-def chat(endpoint: str, proxy: str, model: str, content: str = "What is a TPU slice?") -> dict:
+def chat(endpoint: str, proxy: str, model: str, content: str = "What is a TPU slice?", max_tokens: int = 16,
+         **params) -> dict:
     """POST a chat completion to a service's in-cluster endpoint through the local cluster's proxy
-    (the stand-in dashboard), as `curl -x <proxy>` would."""
+    (the stand-in dashboard), as `curl -x <proxy>` would. `params` go into the request as they are
+    (e.g. vLLM's `ignore_eos`)."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
     req = urllib.request.Request(f"{endpoint}/chat/completions", method="POST",
-                                 data=json.dumps({"model": model, "max_tokens": 16, "messages": [
-                                     {"role": "user", "content": content}]}).encode(),
+                                 data=json.dumps({"model": model, "max_tokens": max_tokens, "messages": [
+                                     {"role": "user", "content": content}], **params}).encode(),
                                  headers={"Content-Type": "application/json"})
     with opener.open(req, timeout=120) as resp:
         return json.loads(resp.read())
+
+
+def chat_refused(endpoint: str, proxy: str, model: str, **params) -> tuple[int, str]:
+    """(HTTP status, body) of a chat completion the service refuses; fails if it answers."""
+    try:
+        answer = chat(endpoint, proxy, model, **params)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    raise AssertionError(f"the service answered a request it should refuse: {answer}")
+
+
+def serve_application(ray: RealRay, app: str) -> dict:
+    """The Serve details of application `app` from the real head's dashboard (the statuses, the
+    deployed config, each deployment's target_num_replicas and replicas)."""
+    return http_json("GET", f"{ray.url}/api/serve/applications/", timeout=60)["applications"][app]

@@ -9,15 +9,20 @@ differences of hack/fakedash/cpu_serving.py applied; KubeRay's Serve proxy healt
 serve Service's port 8000 reach the head's real Serve proxy. The model is made here
 (tests/serving/tinymodel.py): nothing comes from a hub.
 
-TPUTORCH_SERVING_KILL=1 adds to the first test the LLM replica's actor killed: the status leaves
-Ready, and is Ready again (answering) once Serve has replaced it. Left out of `make test` for its
-time (a second vLLM start).
+The first test then edits the service's engine args (KubeRay redeploys the Serve config in place:
+Updating, then Ready with vLLM running the new max_model_len) and puts it under sustained load
+(replicas {1, 2}: Serve's autoscaler starts a second replica). TPUTORCH_SERVING_KILL=1 adds, before
+the edit, the LLM replica's actor killed: the status leaves Ready, and is Ready again (answering)
+once Serve has replaced it. Left out of `make test` for its time (one more vLLM start).
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -118,7 +123,11 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
                                                                    tiny_model, dashboard):
     ns, name = serving_namespace, "tiny"
     t0 = time.monotonic()
-    deploy(kube, serving_ray, ns, cpu_variant.service_body(str(tiny_model), name))
+    # Autoscaled between 1 and 2 replicas, Serve aiming at 2 ongoing requests per replica: until
+    # the load below, one replica serves.
+    body = cpu_variant.service_body(str(tiny_model), name)
+    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2})
+    deploy(kube, serving_ray, ns, body)
     st, seen = follow(kube, ns, name, "Ready", 900)
     TIMINGS["apply_to_ready_s"] = time.monotonic() - t0
     # Ready means the model answers: a completion right away, from the endpoint the status names.
@@ -140,12 +149,17 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     assert deployed["import_path"] == expected["import_path"] and deployed["args"] == expected["args"], deployed
     assert {d["status"] for d in app["deployments"].values()} == {"HEALTHY"}
     # The LLM replica runs on the simulated TPU host (the operator's pin), not on the head.
-    llm = next(d for n, d in app["deployments"].items() if n.startswith("LLMServer"))
+    llm = llm_deployment(app)
     assert {r["node_id"] for r in llm["replicas"]} <= set(serving_ray.current["node_ids"].values()), llm["replicas"]
 
-    if os.environ.get("TPUTORCH_SERVING_KILL") != "1":
-        return  # the part below costs a second vLLM start (~2 min here): not in make test's budget
-    # The LLM replica's Ray actor killed (a lost host): the status leaves Ready, then comes back.
+    if os.environ.get("TPUTORCH_SERVING_KILL") == "1":  # by hand: a second vLLM start (~2 min here)
+        replica_killed_and_replaced(kube, ns, name, serving_ray, dashboard)
+    engine_args_edit_goes_in_place(kube, ns, name, body, serving_ray, dashboard, answer["usage"]["prompt_tokens"])
+    serve_scales_to_two_under_load(kube, ns, name, serving_ray, dashboard)
+
+
+def replica_killed_and_replaced(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
+    """The LLM replica's Ray actor killed (a lost host): the status leaves Ready, then comes back."""
     t1 = time.monotonic()
     serving_ray.kill_serve_replica("LLMServer")
     lost = kube.wait(lambda: (lambda s: s if s.get("phase") not in ("Ready", None) else None)(status(kube, ns, name)),
@@ -155,6 +169,110 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     st, seen = follow(kube, ns, name, "Ready", 600)
     TIMINGS["kill_to_ready_again_s"] = time.monotonic() - t1
     assert serving_chain.chat(st["endpoint"], dashboard.url, name)["usage"]["completion_tokens"] > 0
+
+
+def llm_deployment(app: dict) -> dict:
+    return next(d for n, d in app["deployments"].items() if n.startswith("LLMServer"))
+
+
+def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving_ray: RealRay, dashboard,
+                                   prompt_tokens: int) -> None:
+    """An edit of engine args changes only the serveConfigV2: KubeRay's RayService controller
+    (1.5 and 1.6) keeps the cluster (its hash leaves the Serve config out) and PUTs the new config
+    to the active cluster's head, whatever spec.upgradeStrategy says; Serve replaces the replica."""
+    endpoint, proxy = f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1", dashboard.url
+    assert prompt_tokens < 128, prompt_tokens
+    # Before: a request that fills the whole 256-token context is served.
+    whole = {"max_tokens": 256 - prompt_tokens, "ignore_eos": True}
+    assert serving_chain.chat(endpoint, proxy, name, **whole)["usage"]["completion_tokens"] == whole["max_tokens"]
+    cluster = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)["status"][
+        "activeServiceStatus"]["rayClusterName"]
+    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+        "replicas"]}
+
+    t0 = time.monotonic()
+    edited = copy.deepcopy(body)
+    engine = edited["spec"]["engine"]
+    engine["maxModelLen"] = 128
+    engine["args"] = {**engine["args"], "max_num_seqs": 4}
+    kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-",
+            input=yaml.safe_dump({**edited, "metadata": {**edited["metadata"], "namespace": ns}}))
+    seen: list[str] = []
+    clusters: set[str] = set()
+    pending: set[str] = set()
+    upgrading: set[str] = set()
+
+    def applied():
+        phase = status(kube, ns, name).get("phase")
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
+        rs_status = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name).get("status") or {}
+        pending.add((rs_status.get("pendingServiceStatus") or {}).get("rayClusterName") or "")
+        upgrading.update(c["status"] for c in rs_status.get("conditions") or [] if c["type"] == "UpgradeInProgress")
+        clusters.update(c["metadata"]["name"] for c in kube.custom.list_namespaced_custom_object(
+            "ray.io", "v1", ns, "rayclusters")["items"])
+        app = serving_chain.serve_application(serving_ray, render.SERVE_APP)
+        kwargs = app["deployed_app_config"]["args"]["llm_configs"][0]["engine_kwargs"]
+        return app if phase == "Ready" and app["status"] == "RUNNING" and kwargs.get("max_model_len") == 128 else None
+
+    app = kube.wait(applied, 900, f"TPUTorchService {ns}/{name} Ready with the edited engine args", interval=1)
+    TIMINGS["edit_to_ready_s"] = time.monotonic() - t0
+    print(f"engine args edit: phases {seen}, RayClusters {clusters}, pending {pending}, UpgradeInProgress {upgrading}")
+    # The promised transition: Updating while Serve redeploys, then Ready; nothing else.
+    assert seen[0] in ("Ready", "Updating") and "Updating" in seen and seen[-1] == "Ready", seen
+    assert set(seen) <= {"Ready", "Updating"}, seen
+    # In place: the same RayCluster, never a pending one, no upgrade in progress.
+    assert clusters == {cluster} and pending == {""} and upgrading == {"False"}, (clusters, pending, upgrading)
+    # Serve runs the new engine args, in a new replica.
+    kwargs = app["deployed_app_config"]["args"]["llm_configs"][0]["engine_kwargs"]
+    assert (kwargs["max_model_len"], kwargs["max_num_seqs"]) == (128, 4), kwargs
+    llm = llm_deployment(app)
+    assert llm["status"] == "HEALTHY" and not before & {r["replica_id"] for r in llm["replicas"]}, (before, llm)
+    # vLLM itself runs with the new max_model_len: the request it served before is refused now.
+    code, text = serving_chain.chat_refused(endpoint, proxy, name, **whole)
+    assert code == 400 and re.search(r"max_model_len\S*=128\b", text), (code, text)
+    assert serving_chain.chat(endpoint, proxy, name)["usage"]["completion_tokens"] > 0
+
+
+def serve_scales_to_two_under_load(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
+    """replicas {1, 2}, targetOngoingRequests 2 and 8 requests at a time: Serve's autoscaler
+    (with the operator's autoscaling_config and Serve's own delays) asks for a second replica."""
+    endpoint, proxy = f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1", dashboard.url
+    llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+    scaling = llm["deployment_config"]["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, 2, 2), scaling
+    assert llm["target_num_replicas"] == 1, llm
+    stop = threading.Event()
+    answered, errors = [], []
+
+    def client():
+        while not stop.is_set():
+            try:  # 96 tokens each (within the edited 128-token context)
+                answered.append(serving_chain.chat(endpoint, proxy, name, max_tokens=96, ignore_eos=True))
+            except Exception as exc:  # noqa: BLE001 (counted, asserted below)
+                errors.append(repr(exc))
+
+    t0 = time.monotonic()
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+    for t in clients:
+        t.start()
+    try:
+        def second():
+            d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+            live = [r for r in d["replicas"] if r["state"] != "STOPPING"]
+            return d if d["target_num_replicas"] == 2 and len(live) == 2 else None
+
+        llm = kube.wait(second, 600, "Serve to start a second LLM replica under load", interval=2)
+        TIMINGS["load_to_second_replica_s"] = time.monotonic() - t0
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(180)
+    print(f"under load: target_num_replicas {llm['target_num_replicas']}, replicas "
+          f"{[{k: v for k, v in r.items() if k != 'log_file_path'} for r in llm['replicas']]}, "
+          f"{len(answered)} answered, {len(errors)} errors")
+    assert answered and not errors, errors[:3]
+    assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
 
 
 def test_a_model_that_cannot_load_fails_with_rays_message(kube, serving_namespace, operator, serving_ray):

@@ -42,6 +42,8 @@ RayCluster's head container env as runtime_env env_vars under its own (on GKE th
 the head container with that env; here one real head serves many RayClusters). Such a cluster's
 submitter pods are run for real by the submitter runner (see Runner) and, when its RayCluster is
 deleted (suspend, job end), its unfinished Ray jobs are stopped, as the head pod's death would.
+Its Ray pods are Ready only while the readiness probe KubeRay wrote passes against the Ray node that
+stands for each (the prober, prober.py).
 
 Control API (any request whose path starts with /_control/, sent directly, not through the proxy):
   GET    /_control/healthz
@@ -62,7 +64,8 @@ Control API (any request whose path starts with /_control/, sent directly, not t
                                                  ({"status": null} back to the timed behaviour)
   GET    /_control/requests[?namespace=&rayjob=&cluster=]   dashboard requests seen, oldest first
   PUT    /_control/default                       {"status": "PENDING", "serve_ready_after": 2.0}
-  GET|PUT|DELETE /_control/backends/<ns>[/<raycluster>]    {"url": "http://127.0.0.1:8265"}
+  GET|PUT|DELETE /_control/backends/<ns>[/<raycluster>]    {"url": "http://127.0.0.1:8265"}; optional
+                                                 "serve_url", "serve_variant", "probe_period" (s)
   GET    /_control/backends
   GET    /_control/submitters[?namespace=]       submitter pods the runner ran (pid, exit code, log)
   GET    /_control/submitters/<ns>/<pod>/log     what that pod's command printed (text)

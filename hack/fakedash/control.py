@@ -22,6 +22,7 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
         state.requests.clear()
         state.backends.clear()
         state.serve_backends.clear()
+        state.probe_periods.clear()
         state.default_status = "RUNNING"
         return 200, {"ok": True}
     if parts == ["default"]:
@@ -57,18 +58,27 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
                 return 400, {"error": f"serve_url {serve_url!r}: must be http://127.0.0.1:<port> (loopback only)"}
             if variant not in (None, "cpu"):
                 return 400, {"error": f"serve_variant {variant!r}: must be \"cpu\" or absent"}
+            period = body.get("probe_period")
+            if period is not None and (isinstance(period, bool) or not isinstance(period, (int, float)) or period <= 0):
+                return 400, {"error": f"probe_period {period!r}: must be a number of seconds > 0 or absent"}
+            state.probe_periods.pop(key, None)
+            if period is not None:
+                state.probe_periods[key] = float(period)
             state.backends[key] = url.rstrip("/")
             state.serve_backends.pop(key, None)
             if serve_url:
                 state.serve_backends[key] = {"url": serve_url.rstrip("/"), "variant": variant}
         elif method == "DELETE":
             state.serve_backends.pop(key, None)
+            state.probe_periods.pop(key, None)
             return 200, {"deleted": state.backends.pop(key, None) is not None}
         url = state.backends.get(key)
         if not url:
             return 404, {"error": f"no backend for {'/'.join(parts[1:])}"}
         serve = state.serve_backends.get(key) or {}
-        return 200, {"url": url, **({"serve_url": serve["url"], "serve_variant": serve["variant"]} if serve else {})}
+        period = state.probe_periods.get(key)
+        return 200, {"url": url, **({"serve_url": serve["url"], "serve_variant": serve["variant"]} if serve else {}),
+                     **({"probe_period": period} if period is not None else {})}
     if parts == ["submitters"] and method == "GET":
         return 200, [r for r in state.runs.values() if "namespace" not in q or r["namespace"] == q["namespace"]]
     if parts[:1] == ["serve"] and len(parts) == 3:

@@ -256,7 +256,8 @@ def main(argv=None) -> int:
     p.add_argument("--ray-bin", default=os.path.dirname(sys.executable),
                    help="directory holding the `ray` CLI the submitter runner uses")
     p.add_argument("--no-serve-prober", action="store_true",
-                   help="leave RayService worker pods Ready as KWOK made them (default: GKE's rule, see prober.py)")
+                   help="leave Ray pods Ready as KWOK made them (default: the readiness probe KubeRay "
+                        "wrote, as GKE's kubelet runs it; see prober.py)")
     args = p.parse_args(argv)
 
     def log(msg: str) -> None:

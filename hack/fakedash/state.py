@@ -43,6 +43,8 @@ class State:
         self.backends: dict[tuple[str, str], str] = {}    # (ns, cluster or "") -> real dashboard URL
         # (ns, cluster or "") -> {"url": the real head's Serve HTTP proxy, "variant": "cpu" or None}
         self.serve_backends: dict[tuple[str, str], dict] = {}
+        # (ns, cluster or "") -> the readiness probe's period (s) the prober uses instead of the pod's
+        self.probe_periods: dict[tuple[str, str], float] = {}
         self.runs: dict[tuple[str, str], dict] = {}       # (ns, pod) -> submitter run
         self.seq = 0
 
@@ -56,6 +58,11 @@ class State:
 
     def backend(self, ns: str, cluster: str) -> str | None:
         return self.backends.get((ns, cluster)) or self.backends.get((ns, ""))
+
+    def probe_period(self, ns: str, cluster: str) -> float | None:
+        if (ns, cluster) in self.backends:
+            return self.probe_periods.get((ns, cluster))
+        return self.probe_periods.get((ns, ""))
 
     def serve_backend(self, ns: str, cluster: str) -> dict | None:
         if (ns, cluster) in self.backends:

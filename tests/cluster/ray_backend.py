@@ -41,6 +41,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "hack"))
+from fakedash.prober import SERVE_PORT_LABEL  # noqa: E402 (the label the stand-in's prober reads)
 # The simulated-slice code of the Ray tests: the one place to change if that folder moves.
 SLICESIM = REPO / "tests" / "raysim" / "slicesim.py"
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB
@@ -312,6 +314,7 @@ class _Server:
         if key != self.key:
             self.detach()
             sim = slicesim.slice_from_rayjob(rayjob, slice_name=f"sim-{probe.pod_type}-{probe.topology}")
+            sim.hosts = [_own_serve_port(h) for h in sim.hosts]
             t0 = time.monotonic()
             stack = contextlib.ExitStack()
             stack.enter_context(slicesim.attached(self.cluster, sim))
@@ -398,6 +401,17 @@ class _Server:
         if hasattr(self, "shm_before"):
             self._remove_leaked_shm()
         return {}
+
+
+def _own_serve_port(host):
+    """The host with a Serve proxy port of its own (Ray Serve's per-worker-node override; all nodes
+    share 127.0.0.1 here, on GKE each pod has its own :8000), named in a node label so that the stand-in
+    dashboard's prober can run a RayService worker pod's readiness probe against this node's proxy."""
+    import dataclasses
+
+    port = str(free_port())
+    return dataclasses.replace(host, env={**host.env, "RAY_SERVE_WORKER_PROXY_HTTP_PORT": port},
+                               labels={**host.labels, SERVE_PORT_LABEL: port})
 
 
 def _answers(url: str) -> bool:

@@ -202,7 +202,12 @@ def test_a_namespace_with_a_real_backend_is_forwarded(fake, tmp_path):
         d = DashboardClient(fake)
         with pytest.raises(RuntimeError, match="loopback only"):
             d.set_backend("real", "http://10.0.0.1:8265")
+        with pytest.raises(RuntimeError, match="probe_period"):
+            d.set_backend("real", backend, probe_period=0)
+        d.set_backend("real", backend, probe_period=1)
+        assert d._call("GET", "/backends/real")["probe_period"] == 1.0
         d.set_backend("real", backend)
+        assert "probe_period" not in d._call("GET", "/backends/real")
         real = AsKubeRay(fake, "real", "train-abcde")
         assert real.call("POST", "/api/jobs/", {"submission_id": "train-11111", "entrypoint": "python t.py"})[0] == 200
         assert real.call("GET", "/api/jobs/train-11111")[1]["entrypoint"] == "python t.py"
@@ -315,32 +320,146 @@ def test_control_alone_sets_serve_status_and_checks_it():
     assert control.handle(st, "GET", ["serve", "ns", "other"], {}, {}, 1.0)[0] == 404
 
 
-def _worker(name, cluster="svc-abcde", replica=None, probe=True, phase="Running", ready=True):
-    labels = {"ray.io/node-type": "worker", "ray.io/cluster": cluster}
+# The probes KubeRay writes (ray-operator controllers/ray/common/pod.go, initLivenessAndReadinessProbe).
+WGET = "wget --tries 1 -T {t} -q -O- http://localhost:{port}/{path} | grep success"
+RAYLET_15 = WGET.format(t=2, port=52365, path="api/local_raylet_healthz")
+GCS_15 = WGET.format(t=10, port=8265, path="api/gcs_healthz")
+PROXY = WGET.format(t=10, port=8000, path="-/healthz")
+HTTP_16 = {"httpGet": {"path": "/api/healthz", "port": 52365}}  # KubeRay 1.6 with Ray >= 2.53
+
+
+def _exec(*commands: str, threshold: int = 10) -> dict:
+    return {"exec": {"command": ["bash", "-c", " && ".join(commands)]}, "periodSeconds": 5,
+            "failureThreshold": threshold, "timeoutSeconds": 2}
+
+
+def _pod(name, kind="worker", cluster="svc-abcde", replica=None, probe=None, phase="Running", ready=True,
+         worker_id=None, node=None):
+    labels = {"ray.io/node-type": kind, "ray.io/cluster": cluster}
     if replica:
         labels["ray.io/worker-group-replica-name"] = replica
-    # The readiness probe KubeRay 1.5 writes for a RayService worker (raylet, then the Serve proxy).
-    command = ["bash", "-c", "wget --tries 1 -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz | grep success"
-               + (" && wget --tries 1 -T 10 -q -O- http://localhost:8000/-/healthz | grep success" if probe else "")]
-    return {"metadata": {"name": name, "namespace": "ns", "labels": labels},
-            "spec": {"containers": [{"name": "ray-worker", "readinessProbe": {"exec": {"command": command}}}]},
+    env = [{"name": "TPU_WORKER_ID", "value": worker_id}] if worker_id is not None else []
+    container = {"name": f"ray-{kind}", "env": env, "ports": [{"name": "serve", "containerPort": 8000}],
+                 **({"readinessProbe": probe} if probe else {})}
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "uid": f"uid-{name}"},
+            "spec": {"containers": [container], **({"nodeName": node} if node else {})},
             "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
-def test_prober_gives_rayservice_workers_gkes_readiness():
+def _worker(name, cluster="svc-abcde", replica=None, probe=True, **kw):
+    """A RayService worker pod (KubeRay 1.5's probe: raylet, then the Serve proxy), or a RayJob's."""
+    return _pod(name, cluster=cluster, replica=replica,
+                probe=_exec(RAYLET_15, PROXY, threshold=1) if probe else _exec(RAYLET_15), **kw)
+
+
+def test_prober_reads_the_probes_kuberay_writes():
     from fakedash import prober
+    head = prober.readiness_probe(_pod("h", "head", probe=_exec(RAYLET_15, GCS_15)))
+    assert [(c.endpoint, c.path, c.needs) for c in head.checks] == [
+        ("agent", "/api/local_raylet_healthz", "success"), ("dashboard", "/api/gcs_healthz", "success")]
+    assert (head.period, head.failure_threshold) == (5, 10)
+    svc = prober.readiness_probe(_worker("w"))
+    assert [c.endpoint for c in svc.checks] == ["agent", "serve"] and svc.failure_threshold == 1
+    v16 = prober.readiness_probe(_pod("w", probe={**HTTP_16, "periodSeconds": 5, "failureThreshold": 10}))
+    assert [(c.endpoint, c.path, c.needs) for c in v16.checks] == [("agent", "/api/healthz", None)]
+    # A changed agent port (rayStartParams) follows `ray start`; no probe, or one of another shape: not ours.
+    moved = _pod("w", probe=_exec(WGET.format(t=2, port=52400, path="api/local_raylet_healthz")))
+    moved["spec"]["containers"][0]["args"] = ["ray start --dashboard-agent-listen-port=52400 --block"]
+    assert prober.readiness_probe(moved).checks[0].endpoint == "agent"
+    assert prober.readiness_probe(_pod("w")) is None
+    assert prober.readiness_probe(_pod("w", probe={"tcpSocket": {"port": 6379}})) is None
+
+
+def test_prober_gives_rayservice_workers_gkes_readiness_in_stand_in_mode():
+    from fakedash import prober
+
+    def ready(pods, serving):
+        return prober.stand_in_results(prober.probed_pods(pods), serving)
+
     one_slice = [_worker(f"svc-abcde-w-{i}") for i in range(4)]
     # Deploying: no Serve replica anywhere, no worker passes the proxy check.
-    assert set(prober.desired_readiness(one_slice, {("ns", "svc-abcde"): False}).values()) == {False}
+    assert set(ready(one_slice, {("ns", "svc-abcde"): False}).values()) == {False}
     # Serving: only the host taken to run the LLM replica has a proxy; the three others stay NotReady.
-    ready = prober.desired_readiness(one_slice, {("ns", "svc-abcde"): True})
-    assert [k[1] for k, v in ready.items() if v] == ["svc-abcde-w-0"]
-    # One such host per slice replica; RayJob workers (no proxy in their probe) are left alone.
+    out = ready(one_slice, {("ns", "svc-abcde"): True})
+    assert [k[1] for k, v in out.items() if v] == ["svc-abcde-w-0"]
+    # One such host per slice replica; RayJob workers and heads (no proxy in their probe) stay KWOK's.
     two = [_worker(f"w-{r}{i}", replica=f"slice-{r}") for r in "ab" for i in range(2)] + [_worker("job-w", probe=False)]
-    ready = prober.desired_readiness(two, {("ns", "svc-abcde"): True})
-    assert sorted(k[1] for k, v in ready.items() if v) == ["w-a0", "w-b0"] and ("ns", "job-w") not in ready
-    assert prober.desired_readiness([_worker("p", phase="Pending")], {("ns", "svc-abcde"): True}) == {}
-    # A RayCluster with a real Ray backend is left to it.
-    assert prober.desired_readiness(one_slice, {}, real={("ns", "svc-abcde")}) == {}
+    out = ready(two + [_pod("h", "head", probe=_exec(RAYLET_15, GCS_15))], {("ns", "svc-abcde"): True})
+    assert sorted(k[1] for k, v in out.items() if v) == ["w-a0", "w-b0"] and {("ns", "job-w"), ("ns", "h")}.isdisjoint(out)
+    assert ready([_worker("p", phase="Pending")], {("ns", "svc-abcde"): True}) == {}
+    # A pod on a Kubernetes node that is not Ready is the node lifecycle controller's.
+    assert prober.probed_pods([_worker("lost", node="tpu-1")], lost_nodes={"tpu-1"}) == []
     patch = prober.status_patch(False, "2026-12-01T00:00:00Z")
     assert {(c["type"], c["status"]) for c in patch["status"]["conditions"]} == {("ContainersReady", "False"), ("Ready", "False")}
+
+
+def test_prober_applies_kubelets_thresholds():
+    from fakedash import prober
+    job = prober.readiness_probe(_worker("w", probe=False))  # failureThreshold 10, period 5
+    assert prober.next_ready(None, None, False, job, 0.0) == (False, 0.0), "NotReady until the probe first passes"
+    assert prober.next_ready(None, None, True, job, 0.0) == (True, None)
+    # Ready stays through 9 failures (45 s from the first); the 10th, 45 s after the first, makes it NotReady.
+    assert prober.next_ready(True, None, False, job, 100.0) == (True, 100.0)
+    assert prober.next_ready(True, 100.0, False, job, 144.0) == (True, 100.0)
+    assert prober.next_ready(True, 100.0, False, job, 145.0) == (False, 100.0)
+    assert prober.next_ready(True, 100.0, False, job, 109.0, period=1.0) == (False, 100.0), "a backend's shorter period"
+    assert prober.next_ready(False, 100.0, True, job, 150.0) == (True, None), "one pass makes it Ready again"
+    svc = prober.readiness_probe(_worker("w"))  # failureThreshold 1
+    assert prober.next_ready(True, None, False, svc, 0.0) == (False, 0.0)
+
+
+def _node(worker_id=None, head=False, agent=40001, started=1, serve_port=None):
+    labels = {"ray.io/node-id": f"n{agent}"}
+    if worker_id is not None:
+        labels["ray.io/tpu-worker-id"] = worker_id
+    if serve_port:
+        labels["tputorch.local/serve-proxy-port"] = str(serve_port)
+    return {"nodeId": f"n{agent}", "isHeadNode": head, "nodeManagerAddress": "127.0.0.1", "labels": labels,
+            "dashboardAgentListenPort": agent, "startTimeMs": str(started), "state": "ALIVE"}
+
+
+def test_prober_maps_a_pod_to_the_ray_node_that_stands_for_it():
+    from fakedash import prober
+    head, old, new, other = (_node(head=True, agent=40000), _node("1", agent=40001, started=1),
+                             _node("1", agent=40002, started=2, serve_port=40102), _node("0", agent=40003))
+    nodes = [head, old, new, other]
+    assert prober.node_for(_pod("h", "head"), nodes) is head
+    assert prober.node_for(_pod("w1", worker_id="1"), nodes) is new, "a host started again: its newest node"
+    assert prober.node_for(_pod("w2", worker_id="2"), nodes) is None
+    assert prober.node_for(_pod("w", worker_id=None), nodes) is None
+    dash, serve = "http://127.0.0.1:8265", "http://127.0.0.1:8000"
+    assert prober.node_endpoints(head, dash, serve) == {"agent": "http://127.0.0.1:40000", "dashboard": dash, "serve": serve}
+    assert prober.node_endpoints(new, dash, serve) == {"agent": "http://127.0.0.1:40002", "serve": "http://127.0.0.1:40102"}
+    assert prober.node_endpoints(other, dash, serve) == {"agent": "http://127.0.0.1:40003"}, "no Serve proxy there"
+    assert prober.node_endpoints(None, dash, serve) == {}
+
+
+def test_prober_checks_answer_as_wget_and_kubelet_see_them():
+    import http.server
+    import threading
+
+    from fakedash import prober
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            code, text = {"/ok": (200, "success"), "/other": (200, "fine"), "/down": (503, "success")}.get(self.path, (404, ""))
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(text.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ends = {"agent": f"http://127.0.0.1:{server.server_address[1]}"}
+        assert prober.http_passes(prober.Check("agent", "/ok", "success"), ends, 2)
+        assert not prober.http_passes(prober.Check("agent", "/other", "success"), ends, 2), "grep success fails"
+        assert prober.http_passes(prober.Check("agent", "/other", None), ends, 2), "httpGet: any 2xx"
+        assert not prober.http_passes(prober.Check("agent", "/down", "success"), ends, 2), "503: wget fails"
+        assert not prober.http_passes(prober.Check("serve", "/-/healthz", "success"), ends, 2), "nothing listens"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not prober.http_passes(prober.Check("agent", "/ok", "success"), ends, 2), "refused"

@@ -125,10 +125,36 @@ def test_failing_entrypoint_fails_with_rays_message(kube, real_ray_namespace, op
     assert real_ray.job(rayjob(kube, ns, name)["status"]["jobId"])["status"] == "FAILED"
 
 
-def test_deleting_a_running_job_stops_the_ray_job(kube, real_ray_namespace, operator, real_ray, tmp_path):
+def pod_ready(kube, ns: str, name: str, node_type: str) -> bool:
+    (pod,) = [p for p in kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={name}").items
+              if p.metadata.labels.get("ray.io/node-type") == node_type and not p.metadata.deletion_timestamp]
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def test_deleting_a_running_job_stops_the_ray_job(kube, real_ray_namespace, operator, real_ray, dashboard, tmp_path):
+    """First, while it runs, GKE's readiness (hack/fakedash/prober.py): a pod is Ready only while the
+    readiness probe KubeRay wrote passes against the Ray node that stands for it. The host's Ray node
+    killed: its pod turns NotReady (the head's stays Ready) and the status counts 0/1 hosts ready;
+    the host started again: Ready, 1/1. (The job's driver holds on the head: the job runs on.)"""
     ns, name = real_ray_namespace, "deleted"
-    start(kube, real_ray, ns, job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {tmp_path / 'never'}"))
+    # KubeRay's probe fails a pod after 10 failures 5 s apart (50 s): 1 s apart here, for make test's time.
+    dashboard.set_backend(ns, real_ray.url, probe_period=1)
+    body = job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {tmp_path / 'never'}")
+    start(kube, real_ray, ns, body)
     job = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))
+    hosts_ready = lambda want: (lambda st: st if st.get("hostsReady") == want else None)(status(kube, ns, name))  # noqa: E731
+    kube.wait(lambda: hosts_ready("1/1") and pod_ready(kube, ns, name, "head"), 120, "the host and head Ready")
+
+    real_ray.kill_host(0)
+    kube.wait(lambda: not pod_ready(kube, ns, name, "worker"), 120, "the lost host's pod NotReady")
+    assert pod_ready(kube, ns, name, "head"), "the head's Ray node still answers its probe"
+    st = kube.wait(lambda: hosts_ready("0/1"), 120, "the status counting 0/1 hosts ready")
+    assert st["phase"] == "Running", st
+    real_ray.attach(render.rayjob(spec.parse({**body, "metadata": {**body["metadata"], "namespace": ns}})))
+    kube.wait(lambda: pod_ready(kube, ns, name, "worker"), 120, "the host's pod Ready again")
+    kube.wait(lambda: hosts_ready("1/1"), 120, "the status counting 1/1 hosts ready again")
+    assert real_ray.job(job["submission_id"])["status"] == "RUNNING"
+
     kubectl(kube.kubeconfig, "delete", "-n", ns, "tputorchjob", name, "--wait=false")
     kube.wait(lambda: real_ray.job(job["submission_id"])["status"] == "STOPPED", 120, "the Ray job STOPPED")
 

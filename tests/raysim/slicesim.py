@@ -71,6 +71,7 @@ class SimHost:
     index: int
     chips: int
     env: dict[str, str]
+    labels: dict[str, str] = field(default_factory=dict)  # Ray node labels of this host alone
 
 
 @dataclass
@@ -207,8 +208,8 @@ def add_host(cluster, sim: SimSlice, host: SimHost):
     """Start one host of the slice as a Ray node (not waited for: see record_node_ids)."""
     with _environ(host.env):
         extra = {"num_gpus": sim.gpus_per_host} if sim.gpus_per_host else {}
-        if sim.labels:
-            extra["labels"] = dict(sim.labels)
+        if sim.labels or host.labels:
+            extra["labels"] = {**sim.labels, **host.labels}
         return cluster.add_node(
             wait=False,
             node_ip_address=LOOPBACK,

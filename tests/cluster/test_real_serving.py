@@ -13,7 +13,8 @@ The first test then edits the service's engine args (KubeRay redeploys the Serve
 Updating, then Ready with vLLM running the new max_model_len) and puts it under sustained load
 (replicas {1, 2}: Serve's autoscaler asks for a second replica, which waits for a second slice).
 TPUTORCH_SERVING_KILL=1 adds, before the edit, the LLM replica's actor killed: the status leaves
-Ready, and is Ready again (answering) once Serve has replaced it. Left out of `make test` for its time (one more vLLM start).
+Ready, and is Ready again (answering) once Serve has replaced it. Left out of `make test` for its
+time (one more vLLM start).
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ def test_edited_rayjob_suspend_is_put_back(kube, namespace, operator):
 def _kuberay_crd_dir() -> str:
     bin_dir = subprocess.run([str(REPO / "hack" / "build.sh"), "dir"], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     version_file = Path(bin_dir) / "kuberay-operator.version"
-    version = version_file.read_text().strip() if version_file.exists() else "v1.5.0"
+    version = version_file.read_text().strip() if version_file.exists() else "v1.6.0"
     out = subprocess.run(["go", "mod", "download", "-json", f"github.com/ray-project/kuberay/ray-operator@{version}"],
                          check=True, capture_output=True, text=True, cwd="/tmp", timeout=120).stdout
     return str(Path(json.loads(out)["Dir"]) / "config" / "crd" / "bases")

@@ -74,7 +74,7 @@ def main(ns: str, job_yaml: str) -> int:
         print(f"Ray dashboard {ray.url}: {sim['hosts']} hosts of {sim['pod_type']} ({sim['topology']}), "
               f"4 TPU each; ready in {time.monotonic() - t0:.0f}s", flush=True)
         dashboard = DashboardClient()
-        dashboard.set_backend(ns, ray.url)
+        dashboard.set_backend(ns, ray.url, token=ray.token)
 
         say(f"Apply {Path(job_yaml).name} with a Ray Train V2 entrypoint: {body['spec']['entrypoint']}")
         kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))

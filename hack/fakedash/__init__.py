@@ -16,7 +16,13 @@ head service's host name. A RayJob run again under the same name gets a new RayC
 sees the old run's jobs (nor their stop). The same API is also reachable directly (origin form) at
 `/_ray/<ns>/<raycluster>/api/...`: that is the address the submitter runner gives the Ray CLI.
 
-Ray dashboard API served (what KubeRay v1.5's dashboard client and RayService controller use):
+Token auth (auth.py): a RayCluster with `spec.authOptions.mode: token` (KubeRay 1.6) has a token in
+its Secret; every call to it but Ray's public paths needs it (`Authorization` or
+`X-Ray-Authorization: Bearer <token>`, or the dashboard cookie), else 401/403 exactly as a Ray 2.60
+head answers (recorded/auth.json). Without API server access nothing is checked.
+
+Ray dashboard API served (what KubeRay's dashboard client and RayService controller use, read in v1.5
+and v1.6):
   GET    /api/jobs/                 job infos of that RayCluster
   GET    /api/jobs/<id>             job info; an unknown id is created with the default status
                                     (in K8sJobMode without a real backend nobody really submits)
@@ -27,6 +33,7 @@ Ray dashboard API served (what KubeRay v1.5's dashboard client and RayService co
   GET    /api/v0/logs/file?submission_id=<id>&lines=<n>   the last n lines of that job's driver
                                     log (text/plain), as Ray 2.60's state API answers it
                                     (recorded/driver-log.json; an unknown id: Ray's error)
+  GET    /api/authentication_mode   {"authentication_mode": "token" | "disabled"} (public)
   PUT    /api/serve/applications/   Serve config (ServeDeploySchema JSON), kept per RayCluster
   GET    /api/serve/applications/   ServeDetails: each application DEPLOYING (deployments UPDATING)
                                     until --serve-ready-after seconds after its config was put,
@@ -37,7 +44,8 @@ Ray dashboard API served (what KubeRay v1.5's dashboard client and RayService co
 
 Real Ray backends: a namespace (or one RayCluster) can be given a real Ray dashboard URL on
 127.0.0.1 (`PUT /_control/backends/<ns>[/<raycluster>]`). Its dashboard calls are then forwarded
-there unchanged (websockets too: `ray job logs --follow`), except that a job submission gets the
+there unchanged (websockets too: `ray job logs --follow`) with that head's own token (given with the
+backend) in place of the caller's, except that a job submission gets the
 RayCluster's head container env as runtime_env env_vars under its own (on GKE the driver runs in
 the head container with that env; here one real head serves many RayClusters). Such a cluster's
 submitter pods are run for real by the submitter runner (see Runner) and, when its RayCluster is
@@ -65,7 +73,8 @@ Control API (any request whose path starts with /_control/, sent directly, not t
   GET    /_control/requests[?namespace=&rayjob=&cluster=]   dashboard requests seen, oldest first
   PUT    /_control/default                       {"status": "PENDING", "serve_ready_after": 2.0}
   GET|PUT|DELETE /_control/backends/<ns>[/<raycluster>]    {"url": "http://127.0.0.1:8265"}; optional
-                                                 "serve_url", "serve_variant", "probe_period" (s)
+                                                 "token" (the real head's auth token), "serve_url",
+                                                 "serve_variant", "probe_period" (s)
   GET    /_control/backends
   GET    /_control/submitters[?namespace=]       submitter pods the runner ran (pid, exit code, log)
   GET    /_control/submitters/<ns>/<pod>/log     what that pod's command printed (text)

@@ -23,6 +23,7 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
         state.backends.clear()
         state.serve_backends.clear()
         state.probe_periods.clear()
+        state.backend_tokens.clear()
         state.default_status = "RUNNING"
         return 200, {"ok": True}
     if parts == ["default"]:
@@ -68,6 +69,8 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
             state.serve_backends.pop(key, None)
             if serve_url:
                 state.serve_backends[key] = {"url": serve_url.rstrip("/"), "variant": variant}
+            if body.get("token"):  # the real head's own token (it runs with RAY_AUTH_MODE=token)
+                state.backend_tokens[url.rstrip("/")] = str(body["token"])
         elif method == "DELETE":
             state.serve_backends.pop(key, None)
             state.probe_periods.pop(key, None)

@@ -26,13 +26,16 @@ def with_driver_env(body: dict, env: dict[str, str]) -> dict:
 
 
 def forward(backend: str, method: str, path: str, query: str, body: bytes | None, headers: dict,
-            timeout: float = 30):
-    """Send one dashboard call to a real Ray dashboard: (status, content type, body bytes)."""
+            timeout: float = 30, token: str | None = None):
+    """Send one dashboard call to a real Ray dashboard: (status, content type, body bytes). The
+    caller's credential was for its RayCluster; the real head gets its own `token`."""
     url = backend.rstrip("/") + path + (f"?{query}" if query else "")
     req = urllib.request.Request(url, data=body, method=method)
     for k in ("Content-Type", "Accept"):
         if headers.get(k):
             req.add_header(k, headers[k])
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with _no_proxy.open(req, timeout=timeout) as resp:
             return resp.status, resp.headers.get("Content-Type", "application/json"), resp.read()
@@ -55,14 +58,15 @@ class Reaper(threading.Thread):
         while True:
             time.sleep(1.0)
             with self.state.lock:
-                todo = [(c["namespace"], c["name"], sid, self.state.backend(c["namespace"], c["name"]))
+                todo = [(c["namespace"], c["name"], sid, self.state.backend(c["namespace"], c["name"]),
+                         self.state.backend_tokens.get(self.state.backend(c["namespace"], c["name"]) or ""))
                         for c in self.state.clusters.values() for sid, j in c["jobs"].items()
                         if j.get("real") and not j.get("reaped") and j["status"] not in TERMINAL]
-            for ns, cluster, sid, backend in todo:
+            for ns, cluster, sid, backend, token in todo:
                 try:
                     if backend is None or self.kube.raycluster(ns, cluster) is not None:
                         continue
-                    code, _, body = forward(backend, "POST", f"/api/jobs/{sid}/stop", "", b"", {})
+                    code, _, body = forward(backend, "POST", f"/api/jobs/{sid}/stop", "", b"", {}, token)
                     self.log(f"reaper: RayCluster {ns}/{cluster} is gone: stop {sid} -> {code} {body[:200]!r}")
                     if code in (200, 404):
                         with self.state.lock:

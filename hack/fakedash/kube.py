@@ -3,6 +3,7 @@ reads of a pod's or RayCluster's env the other parts need."""
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import urllib.error
@@ -49,6 +50,19 @@ class Kube:
 
 def plain_env(container: dict) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
+
+
+def container_env(kube: Kube, ns: str, container: dict) -> dict[str, str]:
+    """A container's env as kubelet resolves it: plain values and `secretKeyRef`s (KubeRay's
+    RAY_AUTH_TOKEN); a missing Secret or key leaves the variable out."""
+    env = plain_env(container)
+    for e in container.get("env") or []:
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            data = (kube.get(f"/api/v1/namespaces/{ns}/secrets/{ref['name']}") or {}).get("data") or {}
+            if ref.get("key") in data:
+                env[e["name"]] = base64.b64decode(data[ref["key"]]).decode()
+    return env
 
 
 def head_env(raycluster: dict | None) -> dict[str, str]:

@@ -14,7 +14,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import control as control_api
-from . import cpu_serving, jobs_api, logs_api, serve_api
+from . import auth, cpu_serving, jobs_api, logs_api, serve_api
 from .forwarder import Reaper, forward, with_driver_env
 from .kube import Kube, head_env
 from .state import State, owner_name, parse_host
@@ -25,6 +25,8 @@ from .submitters import Runner, Signaller
 
 
 def make_handler(state: State, log, kube: Kube | None):
+    tokens = auth.Tokens(kube)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "fake-ray-dashboard/1"
@@ -73,13 +75,24 @@ def make_handler(state: State, log, kube: Kube | None):
                 ns, cluster = parse_host(host)
                 if proxied and host.endswith(f":{SERVE_PORT}"):
                     return self.to_serve(method, host, ns, cluster, path, query)
+            try:
+                token = tokens.token(ns, cluster)
+            except Exception as exc:  # the API server is away: no answer a real head would give
+                log(f"auth: token of {ns}/{cluster}: {exc!r}")
+                return self.reply(503, {"error": f"fake dashboard: cannot read the token of {ns}/{cluster}: {exc}"})
+            denied = auth.refusal(path, self.headers, token)
+            if denied is not None:  # as that RayCluster's head refuses it (Ray 2.60, recorded)
+                self.raw_body()
+                with state.lock:
+                    self.record(method, host, path, ns, cluster, None, denied["status"], None, query=query)
+                return self.reply(denied["status"], denied["body"].encode(), denied["content_type"])
             with state.lock:
                 backend = state.backend(ns, cluster)
             if backend is not None:
                 return self.to_backend(backend, method, ns, cluster, path, query)
             body = self.as_json(self.raw_body()) if method in ("POST", "PUT") else None
             with state.lock:
-                code, obj = self.dashboard(method, path, ns, cluster, body, urllib.parse.parse_qs(query))
+                code, obj = self.dashboard(method, path, ns, cluster, body, urllib.parse.parse_qs(query), token)
                 self.record(method, host, path, ns, cluster, body, code, obj.pop("_rayjob", None)
                             if isinstance(obj, dict) else None, query=query)
             if isinstance(obj, dict) and "_text" in obj:  # a log: plain text, with Ray's own headers
@@ -113,7 +126,9 @@ def make_handler(state: State, log, kube: Kube | None):
                 sid = body.get("submission_id")
             elif parts[:2] == ["api", "jobs"] and len(parts) >= 3:
                 sid = parts[2]
-            code, ctype, data = forward(backend, method, path, query, raw, dict(self.headers))
+            with state.lock:
+                backend_token = state.backend_tokens.get(backend)
+            code, ctype, data = forward(backend, method, path, query, raw, dict(self.headers), backend_token)
             with state.lock:
                 self.record(method, self.headers.get("Host", ""), path, ns, cluster, body, code,
                             owner_name(sid) if sid else None, backend, query)
@@ -144,7 +159,13 @@ def make_handler(state: State, log, kube: Kube | None):
             u = urllib.parse.urlsplit(backend)
             upstream = socket.create_connection((u.hostname, u.port or 80), timeout=10)
             lines = [f"GET {path}{'?' + query if query else ''} HTTP/1.1", f"Host: {u.netloc}"]
-            lines += [f"{k}: {v}" for k, v in self.headers.items() if k.lower() not in ("host", "proxy-connection")]
+            # The caller's credential was for its RayCluster (checked above); the real head has its own.
+            lines += [f"{k}: {v}" for k, v in self.headers.items()
+                      if k.lower() not in ("host", "proxy-connection", "authorization", "x-ray-authorization", "cookie")]
+            with state.lock:
+                backend_token = state.backend_tokens.get(backend)
+            if backend_token:
+                lines.append(f"Authorization: Bearer {backend_token}")
             upstream.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
             client = self.connection
             self.close_connection = True
@@ -192,8 +213,10 @@ def make_handler(state: State, log, kube: Kube | None):
                        "text/plain")
 
         # -- the Ray dashboard ------------------------------------------------------------------
-        def dashboard(self, method: str, path: str, ns: str, cluster: str, body, query: dict):
+        def dashboard(self, method: str, path: str, ns: str, cluster: str, body, query: dict, token: str | None):
             parts = [p for p in path.split("/") if p]
+            if parts == ["api", "authentication_mode"] and method == "GET":
+                return 200, {"authentication_mode": "disabled" if token is None else "token"}
             c = state.cluster(ns, cluster)  # any call names a RayCluster: it is remembered
             if parts[:2] == ["api", "jobs"]:
                 return jobs_api.handle(state, method, parts[2:], path, ns, cluster, body)

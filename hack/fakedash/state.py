@@ -45,6 +45,7 @@ class State:
         self.serve_backends: dict[tuple[str, str], dict] = {}
         # (ns, cluster or "") -> the readiness probe's period (s) the prober uses instead of the pod's
         self.probe_periods: dict[tuple[str, str], float] = {}
+        self.backend_tokens: dict[str, str] = {}           # real dashboard URL -> its head's auth token
         self.runs: dict[tuple[str, str], dict] = {}       # (ns, pod) -> submitter run
         self.seq = 0
 

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 
-from .kube import Kube, plain_env, submission_id_of
+from .kube import Kube, container_env, submission_id_of
 from .state import EXIT_ANNOTATION, TERMINAL, State, parse_host
 
 
@@ -70,7 +70,8 @@ class Runner(threading.Thread):
     """Runs the submitter pods of RayClusters that have a real backend, on this host.
 
     A running submitter pod's container command and args (KubeRay's `ray job status || ray job
-    submit --no-wait ...; ray job logs --follow`) run as they are, with the pod's env, except that
+    submit --no-wait ...; ray job logs --follow`) run as they are, with the pod's env (secretKeyRefs
+    read as kubelet would: KubeRay's RAY_AUTH_TOKEN), except that
     the dashboard address becomes this server's `/_ray/<ns>/<cluster>` route (the websocket of
     `ray job logs --follow` ignores HTTP_PROXY). Output goes to <log dir>/<ns>/<pod>.log; the exit
     code finishes the pod through the KWOK exit annotation. A pod deleted meanwhile (RayJob
@@ -116,7 +117,7 @@ class Runner(threading.Thread):
     def launch(self, pod: dict) -> None:
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         container = pod["spec"]["containers"][0]
-        env = plain_env(container)
+        env = container_env(self.kube, ns, container)  # with RAY_AUTH_MODE/RAY_AUTH_TOKEN from KubeRay
         address = env.get("RAY_DASHBOARD_ADDRESS", "")
         if "RAY_JOB_SUBMISSION_ID" not in env or not address:
             return
@@ -129,7 +130,7 @@ class Runner(threading.Thread):
         argv = [a.replace(old, route) for a in (container.get("command") or []) + (container.get("args") or [])]
         env["RAY_DASHBOARD_ADDRESS"] = route
         full_env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-        full_env.update(env, RAY_AUTH_MODE="disabled", PATH=self.ray_bin + os.pathsep + full_env.get("PATH", ""))
+        full_env.update(env, PATH=self.ray_bin + os.pathsep + full_env.get("PATH", ""))
         os.makedirs(os.path.join(self.log_dir, ns), exist_ok=True)
         path = os.path.join(self.log_dir, ns, f"{name}.log")
         with open(path, "ab") as out:

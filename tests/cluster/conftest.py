@@ -166,7 +166,7 @@ def real_ray(tmp_path_factory):
 
 @pytest.fixture
 def real_ray_namespace(namespace, dashboard, real_ray):
-    dashboard.set_backend(namespace, real_ray.url)
+    dashboard.set_backend(namespace, real_ray.url, token=real_ray.token)
     yield namespace
     dashboard.delete_backend(namespace)
 

@@ -108,14 +108,18 @@ class DashboardClient:
         return self._call("PUT", f"/serve/{namespace}/{name}", {"status": status, "message": message})
 
     def set_backend(self, namespace: str, url: str, cluster: str | None = None, serve_url: str | None = None,
-                    serve_variant: str | None = None, probe_period: float | None = None) -> None:
+                    serve_variant: str | None = None, probe_period: float | None = None,
+                    token: str | None = None) -> None:
         """Send this namespace's (or one RayCluster's) dashboard calls to a real Ray dashboard; with
         `serve_url`, its Serve proxy calls (KubeRay's health check, the serve Service's port 8000)
         to that head's Serve HTTP proxy, and with serve_variant="cpu" the Serve configs KubeRay
         PUTs are made CPU ones (hack/fakedash/cpu_serving.py). `probe_period`: seconds between the
-        readiness probes of its pods instead of the pods' periodSeconds (hack/fakedash/prober.py)."""
+        readiness probes of its pods instead of the pods' periodSeconds (hack/fakedash/prober.py).
+        `token`: that head's own auth token (each call is first checked against its RayCluster's,
+        then forwarded with this one)."""
         body = {"url": url, **({"serve_url": serve_url, "serve_variant": serve_variant} if serve_url else {}),
-                **({"probe_period": probe_period} if probe_period is not None else {})}
+                **({"probe_period": probe_period} if probe_period is not None else {}),
+                **({"token": token} if token else {})}
         self._call("PUT", f"/backends/{namespace}" + (f"/{cluster}" if cluster else ""), body)
 
     def delete_backend(self, namespace: str, cluster: str | None = None) -> bool:

@@ -11,15 +11,21 @@ stdin/stdout): the test process never connects to Ray, so it does not clash with
 in the same pytest session. That process starts the head (with the dashboard) and the hosts with
 Ray's own `ray.cluster_utils.Cluster`, as slicesim does; `ray start` cannot be used for the hosts
 (with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 it refuses to join a cluster, without it it resolves
-127.0.0.1 to the machine's routable address). Everything binds to 127.0.0.1; token auth is off
-(KubeRay sends no token). Stopping is Cluster.shutdown() and then a kill of the server's session
-(never `ray stop`, which kills every Ray process on the machine by name).
+127.0.0.1 to the machine's routable address). Everything binds to 127.0.0.1. Token auth is on
+(`RAY_AUTH_MODE=token`, as KubeRay 1.6 starts a head whose RayCluster has `authOptions`): every
+dashboard call needs `Authorization: Bearer <token>`. One head serves the RayClusters of many
+tests, each with the token KubeRay generated into its own Secret, and a head has one token: the
+head's is `RealRay.token`, and the stand-in dashboard checks each caller's token against its
+RayCluster's Secret before it forwards the call here with this one (hack/fakedash/auth.py).
+Stopping is Cluster.shutdown() and then a kill of the server's session (never `ray stop`, which
+kills every Ray process on the machine by name).
 
     ray = RealRay(workdir).start()          # head + dashboard, warmed with a no-op job
     ray.attach(rayjob_dict)                 # worker nodes of that slice (kept for the same shape;
                                             # a killed host is started again)
     ray.kill_host(1)                        # remove host 1's Ray node (a preempted TPU VM)
     ray.url                                 # http://127.0.0.1:<dashboard port>
+    ray.token                               # the head's auth token (ray.headers() for a call)
     ray.job(submission_id)                  # the dashboard's job info, None if unknown
     ray.stop()
 """
@@ -30,6 +36,7 @@ import importlib.util
 import json
 import os
 import select
+import secrets
 import signal
 import socket
 import subprocess
@@ -47,7 +54,7 @@ from fakedash.prober import SERVE_PORT_LABEL  # noqa: E402 (the label the stand-
 SLICESIM = REPO / "tests" / "raysim" / "slicesim.py"
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB
 RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
     # On a busy 2-core machine a node's dashboard agent can take longer to come up than Ray's
     # default wait, and the raylet then aborts: wait longer.
     "RAY_agent_register_timeout_ms": "180000", "RAY_raylet_start_wait_time_s": "180",
@@ -72,9 +79,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_json(method: str, url: str, body: dict | None = None, timeout: float = 10):
+def http_json(method: str, url: str, body: dict | None = None, timeout: float = 10, token: str | None = None):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     with _no_proxy.open(req, timeout=timeout) as resp:
         return json.loads(resp.read() or b"null")
 
@@ -129,6 +139,7 @@ class RealRay:
         self.temp_dir = tempfile.mkdtemp(prefix="tt-ray-", dir="/tmp")
         self.workdir = Path(workdir or self.temp_dir)
         self.dashboard_port = free_port()
+        self.token = secrets.token_urlsafe(32)
         self.proc: subprocess.Popen | None = None
         self.current = None  # the attached slice: {"name", "pod_type", "topology", "hosts", "node_ids"}
         self.timings: dict[str, float] = {}
@@ -163,7 +174,7 @@ class RealRay:
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
         # The driver runs on the head: `python` there is this interpreter (with tputorch and Ray).
         env["PATH"] = str(Path(self.python).parent) + os.pathsep + env.get("PATH", "")
-        env.update(RAY_ENV)
+        env.update(RAY_ENV, RAY_AUTH_TOKEN=self.token)
         env.update(self.env)
         log = open(self.workdir / "ray-backend.log", "ab")
         self.proc = subprocess.Popen([self.python, __file__, "--dashboard-port", str(self.dashboard_port),
@@ -235,17 +246,17 @@ class RealRay:
     # -- jobs ----------------------------------------------------------------------------------
     def job(self, submission_id: str) -> dict | None:
         try:
-            return http_json("GET", f"{self.url}/api/jobs/{submission_id}")
+            return http_json("GET", f"{self.url}/api/jobs/{submission_id}", token=self.token)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
             raise
 
     def jobs(self) -> list[dict]:
-        return http_json("GET", f"{self.url}/api/jobs/")
+        return http_json("GET", f"{self.url}/api/jobs/", token=self.token)
 
     def logs(self, submission_id: str) -> str:
-        return http_json("GET", f"{self.url}/api/jobs/{submission_id}/logs")["logs"]
+        return http_json("GET", f"{self.url}/api/jobs/{submission_id}/logs", token=self.token)["logs"]
 
 
 # -- the server: one process that owns the Ray cluster --------------------------------------------
@@ -288,15 +299,16 @@ class _Server:
         self.cluster.add_node = lambda **kwargs: add_node(**{**_node_ports(), **kwargs})
         ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
         url = f"http://127.0.0.1:{self.dashboard_port}"
-        wait(lambda: http_json("GET", f"{url}/api/version"), 120, "the Ray dashboard")
+        token = os.environ["RAY_AUTH_TOKEN"]
+        wait(lambda: http_json("GET", f"{url}/api/version", token=token), 120, "the Ray dashboard")
         timings = {"head_start_s": time.monotonic() - t0}
         if warm:  # the first job pays for the job agent and a worker process: not the tests
             t1 = time.monotonic()
             # The dashboard answers /api/version before its job module can take a job (500 then).
-            sid = wait(lambda: http_json("POST", f"{url}/api/jobs/", {"entrypoint": "true"}, 60)["submission_id"],
-                       120, "the warm-up job to be accepted", interval=2)
+            sid = wait(lambda: http_json("POST", f"{url}/api/jobs/", {"entrypoint": "true"}, 60,
+                                         token)["submission_id"], 120, "the warm-up job to be accepted", interval=2)
             job = wait(lambda: (lambda j: j if j["status"] in ("SUCCEEDED", "FAILED", "STOPPED") else None)(
-                http_json("GET", f"{url}/api/jobs/{sid}")), 120, "the warm-up job")
+                http_json("GET", f"{url}/api/jobs/{sid}", token=token)), 120, "the warm-up job")
             if job["status"] != "SUCCEEDED":
                 raise RuntimeError(f"warm-up job: {job}")
             timings["warmup_job_s"] = time.monotonic() - t1

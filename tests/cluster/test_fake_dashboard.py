@@ -22,7 +22,7 @@ from dashboard import DashboardClient
 HACK = Path(__file__).resolve().parents[2] / "hack"
 sys.path.insert(0, str(HACK))
 
-from fakedash import control, forwarder, jobs_api, kube, serve_api, state  # noqa: E402
+from fakedash import auth, control, forwarder, jobs_api, kube, serve_api, state  # noqa: E402
 
 
 def start_dashboard(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
@@ -287,6 +287,33 @@ def test_parse_host(host, expected):
 
 
 # -- the parts alone, without HTTP ----------------------------------------------------------------
+
+RECORDED_AUTH = json.loads(auth.RECORDED.read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", sorted(RECORDED_AUTH))
+def test_auth_lets_through_or_refuses_each_call_as_the_real_head_did(case):
+    """Each call recorded against a Ray 2.60 head with token auth (tests/cluster/record_auth.py):
+    the stand-in passes it or refuses it with the same status, content type and text."""
+    token = "the-clusters-token"
+    request, real = RECORDED_AUTH[case]["request"], RECORDED_AUTH[case]["response"]
+    headers = {k: v.replace("<token>", token) for k, v in request["headers"].items()}
+    denied = auth.refusal(request["path"], headers, token)
+    if real["status"] == 200:
+        assert denied is None, (case, denied)
+    else:
+        assert denied == real, case
+    assert auth.refusal(request["path"], headers, None) is None, "a cluster without authOptions is open"
+
+
+def test_auth_finds_the_secret_kuberay_made_or_the_one_named():
+    rc = {"metadata": {"name": "a" * 47 + "-x1y2z"}, "spec": {"authOptions": {"mode": "token"}}}
+    assert auth.secret_name(rc) == ("a" * 47 + "-x1y2z")[-50:], "KubeRay cuts long names from the front"
+    assert auth.secret_name({"metadata": {"name": "1job-abcde"}, "spec": {"authOptions": {"mode": "token"}}}) == "rjob-abcde"
+    assert auth.secret_name({"metadata": {"name": "j"}, "spec": {"authOptions": {"mode": "token", "secretName": "s"}}}) == "s"
+    assert auth.secret_name({"metadata": {"name": "j"}, "spec": {"authOptions": {"mode": "disabled"}}}) is None
+    assert auth.secret_name({"metadata": {"name": "j"}, "spec": {}}) is None
+
 
 def test_jobs_api_alone_keeps_jobs_per_raycluster():
     st = state.State()

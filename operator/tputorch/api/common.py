@@ -45,6 +45,10 @@ MAX_REPLICAS = 64  # slices a service (or a group) may ask for; KubeRay's replic
 FORBIDDEN_ENV = {
     "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS": "it switches Ray's per-worker chip isolation off",
     "TPU_VISIBLE_CHIPS": "Ray sets it per worker to the chips that worker was given",
+    # KubeRay sets these from the cluster's authOptions only where absent: a user's value would turn
+    # the cluster's token auth off or make its token one others may know.
+    **{name: "KubeRay sets it for the cluster's Ray token authentication" for name in (
+        "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_K8S_TOKEN_AUTH")},
 }
 RESERVED_ENV_PREFIX = "TPUTORCH_"
 

@@ -44,6 +44,11 @@ INITIALIZING_TIMEOUT_ANNOTATION = "ray.io/initializing-timeout"
 WORKER_GROUP = "tpu-slice"
 SERVE_APP = "llm"  # the one Serve application of a service (KubeRay reports it under this name)
 SERVE_PORT = 8000
+# Ray's token authentication on every cluster (KubeRay 1.6 `authOptions`): KubeRay generates a
+# token into a Secret of the RayCluster's name (key `auth_token`, owned by the RayCluster), starts
+# every Ray container, the submitter and its own dashboard calls with it. A head without it runs
+# whatever reaches its ports with the pods' ServiceAccount, Workload Identity and Secrets.
+RAY_AUTH = {"mode": "token"}
 
 TPU_TOLERATION = {"key": topology.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 SPOT_TOLERATION = {"key": topology.GKE_SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
@@ -164,6 +169,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
     autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
     return {
         "ray_version": spec.ray_version,
+        "auth_options": RAY_AUTH,
         "autoscaling": autoscaling,
         "head_start_params": {"dashboard-host": "0.0.0.0", **(head_start_params or {})},
         "security_context": spec.security_context,

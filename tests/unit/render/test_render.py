@@ -534,3 +534,16 @@ def test_the_cache_volume_holds_the_hugging_face_and_xla_caches_on_every_node():
         env = env_of(container(template))
         assert (env["HF_HOME"], env["VLLM_XLA_CACHE_PATH"]) == ("/models/huggingface", "/models/vllm-xla-cache")
     assert "HF_HOME" not in env_of(container(rendered_service({})["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]))
+
+
+def test_every_ray_cluster_of_both_kinds_runs_with_token_auth():
+    """Issue 21: KubeRay 1.6 `authOptions` on every RayCluster; the token is KubeRay's to make (no
+    secretName: no Secret the operator would have to create or read), and the user's env cannot
+    switch it off (RAY_AUTH_MODE in env would win over KubeRay's, which it adds only when absent)."""
+    job = rendered({})["spec"]["rayClusterSpec"]
+    svc = rendered_service({})["spec"]["rayClusterConfig"]
+    assert job["authOptions"] == svc["authOptions"] == {"mode": "token"}
+    for cluster in (job, svc):
+        for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+            names = {e["name"] for e in container(group["template"]).get("env") or []}
+            assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"}, names

@@ -9,12 +9,15 @@ submitter runner), and KubeRay reads the real job's status through the dashboard
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -308,3 +311,64 @@ def test_describe_shows_the_step_and_loss_the_run_reports_growing_while_it_runs(
         (gate / "step-3").touch()  # the run ends on its own (not waited for: its end is the other tests')
         op.stop()
     assert "Traceback" not in op.log(), op.log()[-5000:]
+
+
+def as_pod_in_cluster(dashboard, ns: str, cluster: str, method: str, path: str, headers: dict | None = None,
+                      body: dict | None = None) -> tuple[int, str]:
+    """A call to the RayCluster's head service as any pod of the cluster would make it (through the
+    stand-in dashboard, which answers as that cluster's head and forwards to the real one)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": dashboard.url}))
+    req = urllib.request.Request(f"http://{cluster}-head-svc.{ns}.svc.cluster.local:8265{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with opener.open(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_head_runs_with_token_auth_and_refuses_a_submit_without_the_token(kube, real_ray_namespace, operator,
+                                                                            real_ray, dashboard, tmp_path):
+    """Issue 21: `authOptions` on the rendered cluster; KubeRay made the token Secret and started the
+    head and the submitter with it; its own calls and the submitter's still work, a caller without
+    the token is refused (by the cluster's head as recorded from Ray 2.60, and by the real head)."""
+    ns, name, release = real_ray_namespace, "authed", tmp_path / "release"
+    start(kube, real_ray, ns, job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {release}"))
+    job = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))  # submitted by the submitter, with its token
+    cluster = rayjob(kube, ns, name)["status"]["rayClusterName"]
+    rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
+    assert rc["spec"]["authOptions"] == {"mode": "token"}
+
+    secret = kube.core.read_namespaced_secret(cluster, ns)  # KubeRay's, one per RayCluster, owned by it
+    assert [(o.kind, o.name, o.controller) for o in secret.metadata.owner_references] == [("RayCluster", cluster, True)]
+    token = base64.b64decode(secret.data["auth_token"]).decode()
+    pods = kube.core.list_namespaced_pod(ns).items
+    head = next(p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == "head")
+    submitter = next(p for p in pods if "batch.kubernetes.io/job-name" in (p.metadata.labels or {}))
+    for pod in (head, submitter):
+        env = {e.name: e for e in pod.spec.containers[0].env}
+        assert env["RAY_AUTH_MODE"].value == "token", pod.metadata.name
+        ref = env["RAY_AUTH_TOKEN"].value_from.secret_key_ref
+        assert (ref.name, ref.key) == (cluster, "auth_token"), pod.metadata.name
+
+    submit = {"entrypoint": "echo should-never-run", "submission_id": f"{name}-intruder"}
+    assert as_pod_in_cluster(dashboard, ns, cluster, "POST", "/api/jobs/", body=submit) == \
+        (401, "Unauthorized: Missing authentication token")
+    assert as_pod_in_cluster(dashboard, ns, cluster, "POST", "/api/jobs/", {"Authorization": "Bearer nope"},
+                             submit) == (403, "Forbidden: Invalid authentication token")
+    assert as_pod_in_cluster(dashboard, ns, cluster, "GET", f"/api/jobs/{job['submission_id']}")[0] == 401
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the real head refuses it too
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(urllib.request.Request(
+            f"{real_ray.url}/api/jobs/", data=json.dumps(submit).encode(), method="POST",
+            headers={"Content-Type": "application/json"}), timeout=30)
+    assert refused.value.code == 401
+    assert real_ray.job(submit["submission_id"]) is None, "nothing was submitted"
+    # With the cluster's token (what KubeRay's client sends, in X-Ray-Authorization) the call passes.
+    code, body = as_pod_in_cluster(dashboard, ns, cluster, "GET", f"/api/jobs/{job['submission_id']}",
+                                   {"X-Ray-Authorization": f"Bearer {token}"})
+    assert code == 200 and json.loads(body)["status"] == "RUNNING", body
+
+    release.touch()
+    st = wait_phase(kube, ns, name, "Succeeded", 180)  # KubeRay's status calls and the operator's path
+    assert st["jobStatus"] == "SUCCEEDED"

@@ -17,7 +17,7 @@
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 NAME=${KIND_CLUSTER_NAME:-tputorch}
-KUBERAY_VERSION=${KUBERAY_VERSION:-1.5.0}
+KUBERAY_VERSION=${KUBERAY_VERSION:-1.6.0}  # authOptions (Ray token auth) needs 1.6
 KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.34.0}
 DIR=${TPUTORCH_CLUSTER_DIR:-$(dirname "$HACK")/.cluster-kind}
 BIN=$("$HACK/build.sh" dir)

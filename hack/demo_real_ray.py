@@ -126,7 +126,7 @@ def serve(ns: str) -> int:
     dashboard = DashboardClient()
     try:
         ray.attach(render.rayservice(spec.parse_service(body)))
-        dashboard.set_backend(ns, ray.url, serve_url=ray.serve_url, serve_variant="cpu")
+        dashboard.set_backend(ns, ray.url, serve_url=ray.serve_url, serve_variant="cpu", token=ray.token)
         say(f"Apply TPUTorchService {name}: KubeRay deploys the operator's serveConfigV2 on the real head")
         print(kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body)).strip(), flush=True)
         t0, last, end = time.monotonic(), None, time.monotonic() + 900

@@ -6,7 +6,7 @@ service's in-cluster endpoint through the local cluster's proxy (the stand-in da
     python = serving_python()                  # hack/vllm-cpu/install.sh (builds it if missing)
     model = tiny_model(python)                 # cached per version of tests/serving/tinymodel.py
     ray = start_serving_ray(workdir, python)   # RealRay with Serve started; ray.serve_url
-    dashboard.set_backend(ns, ray.url, serve_url=ray.serve_url, serve_variant="cpu")
+    dashboard.set_backend(ns, ray.url, serve_url=ray.serve_url, serve_variant="cpu", token=ray.token)
     chat(status["endpoint"], dashboard.url, model_name)
     serve_application(ray, "llm")              # Serve's details of an application, from the head
 """

@@ -84,7 +84,8 @@ def serving_ray(serving_python, tmp_path_factory):
 
 @pytest.fixture
 def serving_namespace(namespace, dashboard, serving_ray, kube):
-    dashboard.set_backend(namespace, serving_ray.url, serve_url=serving_ray.serve_url, serve_variant="cpu")
+    dashboard.set_backend(namespace, serving_ray.url, serve_url=serving_ray.serve_url, serve_variant="cpu",
+                          token=serving_ray.token)
     yield namespace
     # The services go first (their RayClusters with them), then what they left on the shared head:
     # on GKE their head pods would take their Serve applications along.
@@ -142,7 +143,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     # What runs on Ray is the operator's serveConfigV2 with only the listed CPU differences.
     rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
     ours = yaml.safe_load(rs["spec"]["serveConfigV2"])
-    details = http_json("GET", f"{serving_ray.url}/api/serve/applications/", timeout=60)
+    details = http_json("GET", f"{serving_ray.url}/api/serve/applications/", timeout=60, token=serving_ray.token)
     app = details["applications"][render.SERVE_APP]
     assert app["status"] == "RUNNING"
     deployed = app["deployed_app_config"]

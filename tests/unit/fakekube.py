@@ -44,6 +44,14 @@ class FakeKube:
         self.objects[key] = obj
         return obj
 
+    async def create_secret(self, namespace, body):
+        self.calls.append(("create", "secrets", namespace, body["metadata"]["name"]))
+        self._maybe_fail("create_secret")
+        key = ("secrets", namespace, body["metadata"]["name"])
+        if key in self.objects:
+            raise api_error(409)
+        self.objects[key] = body
+
     async def get(self, res, namespace, name):
         self.calls.append(("get", res.plural, namespace, name))
         self._maybe_fail("get")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -161,6 +162,7 @@ def cmd_run(args) -> int:
     if args.status_interval is not None:
         cfg.status_interval = args.status_interval
     cfg.progress_interval = args.progress_interval
+    cfg.ray_token_key_file = args.ray_token_key_file
     cfg.network_policy = args.network_policy
     cfg.peers = tuple(args.network_policy_peer or ())
     # kopf runs the process only; without peering: replicas are coordinated by the Lease.
@@ -191,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--progress-interval", type=float, default=30.0, metavar="SECONDS",
                      help="read a running job's training progress (tputorch.train.report) from its Ray dashboard "
                           "at most once per SECONDS; 0: never (default 30)")
+    run.add_argument("--ray-token-key-file", metavar="PATH", default=os.environ.get("TPUTORCH_RAY_TOKEN_KEY_FILE"),
+                     help="the key (at least 32 bytes) every Ray cluster's auth token is derived from; every replica "
+                          "needs the same one (the chart mounts it); default $TPUTORCH_RAY_TOKEN_KEY_FILE, else a "
+                          "key of this process only")
     run.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,
                      help="give every Ray cluster a NetworkPolicy admitting only its own pods and the peers (default on)")
     run.add_argument("--network-policy-peer", action="append", type=_peer, metavar="NAMESPACE[:KEY=VALUE,...]",

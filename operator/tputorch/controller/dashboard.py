@@ -7,8 +7,9 @@ Ray cluster's NetworkPolicy admits the operator there (render.Peer). Ray 2.60 re
 without a node (HTTP 500, GetLogOptions: "node_id or node_ip must be provided") although the
 submission id names the driver's log alone, so the job's own info (``GET /api/jobs/<id>``, as KubeRay
 reads it) gives ``driver_node_id`` first. Proxies come from the environment
-(HTTP_PROXY / NO_PROXY), as KubeRay's own dashboard client takes them. Anything a call to the
-dashboard needs (a token, if the head requires one) is added here only.
+(HTTP_PROXY / NO_PROXY), as KubeRay's own dashboard client takes them. Every call carries the
+cluster's Ray token (controller/raytoken.py) in ``X-Ray-Authorization``, the header KubeRay's own
+dashboard client sends (Ray 2.60 reads ``Authorization`` first, then this one).
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ class Dashboard:
                 connector=aiohttp.TCPConnector(limit=8, force_close=True))
         return self._session
 
-    async def driver_log(self, namespace: str, cluster: str, submission_id: str) -> str:
+    async def driver_log(self, namespace: str, cluster: str, submission_id: str, token: str | None = None) -> str:
         """The last lines of the driver's log (its last ``max_bytes`` bytes at most); raises
         DashboardError or an aiohttp/asyncio error."""
         base = head_url(namespace, cluster)
         session = self._client()
-        async with session.get(f"{base}/api/jobs/{submission_id}") as resp:
+        headers = {"X-Ray-Authorization": f"Bearer {token}"} if token else {}
+        async with session.get(f"{base}/api/jobs/{submission_id}", headers=headers) as resp:
             raw = await resp.content.read(MAX_JOB_INFO)
             if resp.status != 200:
                 raise DashboardError(f"job info: HTTP {resp.status}: {raw[:300].decode(errors='replace')}")
@@ -65,7 +67,7 @@ class Dashboard:
         if not isinstance(node, str) or not _NODE_ID.match(node):
             raise DashboardError(f"job {submission_id} has no driver node yet ({node!r})")
         params = {"node_id": node, "submission_id": submission_id, "lines": str(self.lines)}
-        async with session.get(f"{base}/api/v0/logs/file", params=params) as resp:
+        async with session.get(f"{base}/api/v0/logs/file", params=params, headers=headers) as resp:
             if resp.status != 200:
                 raise DashboardError(f"HTTP {resp.status}: {(await resp.content.read(300)).decode(errors='replace')}")
             tail: collections.deque[bytes] = collections.deque()

@@ -18,6 +18,7 @@ import kopf
 from . import kinds as kinds_
 from .informer import Informer, RestSource, pods_path, scopes_for
 from .dashboard import Dashboard
+from .raytoken import RayTokens
 from .kube import Kube, load_config
 from .leader import Election, KubeLeaseApi
 from .metrics import METRICS, serve
@@ -44,6 +45,7 @@ class Config:
     namespaces: list[str] | None = None  # None: all namespaces
     network_policy: bool = True  # a NetworkPolicy per Ray cluster (its own pods + peers)
     peers: tuple = ()  # render.Peer: pods admitted to every Ray cluster's dashboard (KubeRay, operator)
+    ray_token_key_file: str | None = None  # the key Ray tokens are derived from (controller/raytoken.py)
     leader_election: bool = False
     lease_name: str = "tputorch-operator"
     lease_namespace: str | None = None  # default: the pod's namespace
@@ -68,14 +70,14 @@ RUNTIME = Runtime()
 
 def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[str] | None,
           status_interval: float = STATUS_INTERVAL, extras: list | None = None, dashboard=None,
-          progress_interval: float = READ_INTERVAL) -> Controller:
+          progress_interval: float = READ_INTERVAL, ray_tokens: RayTokens | None = None) -> Controller:
     """The controller and its informers, wired: each informer's changes reach the controller on
     the event loop. ``source_for(path, label_selector)`` makes an informer's Source."""
     def on_loop(fn, *head):
         return lambda event, obj: loop.call_soon_threadsafe(fn, *head, event, obj)
 
     controller = Controller(kinds_.KINDS, kube, {}, {}, None, status_interval=status_interval, extras=extras or [],
-                            dashboard=dashboard, progress_interval=progress_interval)
+                            dashboard=dashboard, progress_interval=progress_interval, ray_tokens=ray_tokens)
     for extra in controller.extras:  # its owner's key is in its labels, as a pod's
         controller.extra_stores[extra.resource.plural] = Informer(
             extra.resource.plural, source_for(extra.resource.path, SELECTOR), namespaces,
@@ -121,7 +123,8 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers, watches=watches)
     controller = RUNTIME.controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
-        CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers), Dashboard(), CONFIG.progress_interval)
+        CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers), Dashboard(), CONFIG.progress_interval,
+        RayTokens.from_file(CONFIG.ray_token_key_file))
     RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods,
                          controller.workloads, controller.priority_classes, *controller.extra_stores.values()]
     sources = METRICS.sources

@@ -25,6 +25,7 @@ from kubernetes.client.rest import ApiException
 
 from .. import render, status as statuses
 from ..status import kueue, progress as training
+from .raytoken import RayTokens
 from .events import EventRecorder
 from .informer import Informer, key_of
 from .kube import CALLS, Calls, Resource
@@ -166,7 +167,7 @@ class Controller:
                  pods: Informer, clock: Callable[[], str] = now, status_interval: float = STATUS_INTERVAL,
                  monotonic: Callable[[], float] = time.monotonic, workloads: Informer | None = None,
                  priority_classes: Informer | None = None, extras: list[Extra] = (), dashboard=None,
-                 progress_interval: float = training.READ_INTERVAL) -> None:
+                 progress_interval: float = training.READ_INTERVAL, ray_tokens: RayTokens | None = None) -> None:
         self.kinds = {k.resource.kind: k for k in kinds}
         self.kube = kube
         self.parents, self.children, self.pods = parents, children, pods
@@ -196,6 +197,7 @@ class Controller:
         # None (or an interval <= 0) reads nothing.
         self.dashboard = dashboard if progress_interval > 0 else None
         self.progress_interval = progress_interval
+        self.ray_tokens = ray_tokens or RayTokens.from_file(None)
         self.progress_read: dict[str, float] = {}  # uid -> when its driver log was last read (monotonic)
         self.reports: dict[str, training.Report] = {}  # uid -> the newest report read, until it is written
         self.reading: dict[str, asyncio.Task] = {}  # uid -> its read in flight (one per object)
@@ -458,7 +460,8 @@ class Controller:
 
     async def _read_progress(self, key: Key, uid: str, cluster: str, submission_id: str) -> None:
         try:
-            log_tail = await asyncio.wait_for(self.dashboard.driver_log(key[1], cluster, submission_id),
+            token = self.ray_tokens.token(key[1], render.ray_token_secret_name(key[2], uid))
+            log_tail = await asyncio.wait_for(self.dashboard.driver_log(key[1], cluster, submission_id, token),
                                               self.dashboard.timeout + 1)
         except asyncio.CancelledError:
             raise
@@ -543,13 +546,39 @@ class Controller:
         patch = kind.child_patch(spec, child)
         if patch is None:
             return "unchanged", child
+        # A RayService made by an operator before token auth gets its Secret before the cluster that reads it.
+        if not await self._ensure_ray_token(kind, key, parent, spec):
+            return "retry", child
         await self.kube.patch(kind.child, namespace, name, patch)
         log.info("%s %s/%s patched: %s", kind.child.kind, namespace, name, sorted(patch.get("spec") or patch))
         return "child-patched", child
 
+    async def _ensure_ray_token(self, kind: Kind, key: Key, parent: dict, spec) -> bool:
+        """The Secret with the cluster's Ray token exists before the cluster that reads it. Created
+        only (the operator may not read Secrets): a 409 is this object's own from an earlier try,
+        since the name holds the object's uid and the token is derived, never random."""
+        namespace = key[1]
+        secret = render.ray_token_secret(spec, self.ray_tokens.token(namespace, render.ray_token_secret_name(spec.name, spec.uid)))
+        secret["metadata"]["namespace"] = namespace
+        secret["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
+        try:
+            await self.kube.create_secret(namespace, secret)
+        except ApiException as err:
+            if err.status == 409:
+                return True
+            detail = _api_message(err) or f"HTTP {err.status} {err.reason}"
+            self.problems[key] = ("RayTokenSecretNotCreated", f"the Secret {secret['metadata']['name']} with the Ray "
+                                  f"cluster's auth token could not be created: {detail}")
+            log.warning("%s %s/%s: %s", kind.resource.kind, namespace, key[2], self.problems[key][1])
+            return False
+        log.info("Secret %s/%s (Ray token) created", namespace, secret["metadata"]["name"])
+        return True
+
     async def _create(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
         namespace, name = key[1], key[2]
-        desired = kind.render(spec)
+        desired = kind.render(spec)  # first: a spec that renders no valid child makes no Secret either
+        if not await self._ensure_ray_token(kind, key, parent, spec):
+            return "retry", None
         desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
         desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
         if kind.attempt is not None:

@@ -44,11 +44,30 @@ INITIALIZING_TIMEOUT_ANNOTATION = "ray.io/initializing-timeout"
 WORKER_GROUP = "tpu-slice"
 SERVE_APP = "llm"  # the one Serve application of a service (KubeRay reports it under this name)
 SERVE_PORT = 8000
-# Ray's token authentication on every cluster (KubeRay 1.6 `authOptions`): KubeRay generates a
-# token into a Secret of the RayCluster's name (key `auth_token`, owned by the RayCluster), starts
-# every Ray container, the submitter and its own dashboard calls with it. A head without it runs
+# Ray's token authentication on every cluster (KubeRay 1.6 `authOptions`): KubeRay starts every Ray
+# container, the submitter and its own dashboard calls with the token of the Secret named here. The
+# operator creates that Secret (ray_token_secret) with a token it derives from its own key, so it
+# can authenticate its progress reads without read access to any Secret. A head without auth runs
 # whatever reaches its ports with the pods' ServiceAccount, Workload Identity and Secrets.
-RAY_AUTH = {"mode": "token"}
+RAY_AUTH_MODE = "token"
+RAY_AUTH_TOKEN_KEY = "auth_token"  # the Secret's key KubeRay reads
+RAY_TOKEN_SUFFIX = "-ray-token"
+
+
+def ray_token_secret_name(name: str, uid: str) -> str:
+    """The Secret with a cluster's Ray token: the object's name and the head of its uid, so an
+    object made again under the same name never meets the Secret of the one before it (whose
+    deletion by the garbage collector may still be pending)."""
+    return name + RAY_TOKEN_SUFFIX + (f"-{uid[:8]}" if uid else "")
+
+
+def ray_token_secret(spec: Spec, token: str) -> dict:
+    """The Secret KubeRay reads the token from (without ownerReferences)."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": ray_token_secret_name(spec.name, spec.uid), "namespace": spec.namespace, "labels": pod_labels(spec)},
+        "stringData": {RAY_AUTH_TOKEN_KEY: token},
+    }
 
 TPU_TOLERATION = {"key": topology.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 SPOT_TOLERATION = {"key": topology.GKE_SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
@@ -169,7 +188,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
     autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
     return {
         "ray_version": spec.ray_version,
-        "auth_options": RAY_AUTH,
+        "auth_options": {"mode": RAY_AUTH_MODE, "secretName": ray_token_secret_name(spec.name, spec.uid)},
         "autoscaling": autoscaling,
         "head_start_params": {"dashboard-host": "0.0.0.0", **(head_start_params or {})},
         "security_context": spec.security_context,

@@ -24,11 +24,13 @@ class FakeDashboard:
     def __init__(self) -> None:
         self.log = ""
         self.calls: list[tuple] = []
+        self.tokens: list[str | None] = []  # the Ray token each read carried
         self.fail: Exception | None = None
         self.hold: asyncio.Event | None = None  # a dashboard that does not answer until set
 
-    async def driver_log(self, namespace, cluster, submission_id):
+    async def driver_log(self, namespace, cluster, submission_id, token=None):
         self.calls.append((namespace, cluster, submission_id))
+        self.tokens.append(token)
         if self.hold is not None:
             await self.hold.wait()
         if self.fail is not None:
@@ -91,6 +93,8 @@ def test_a_running_job_shows_its_reports_read_once_per_interval_and_keeps_the_la
     job.reconcile()
     start_slice(job, 4, host_ready_at=[0.6, 0.8, 1.0, 1.2], running_at=1.5)
     assert job.dashboard.calls == [("ml", CLUSTER, "demo-abc")], "read at once when it runs"
+    secret = next(o for (plural, _, _), o in job.kube.objects.items() if plural == "secrets")
+    assert job.dashboard.tokens == [secret["stringData"]["auth_token"]], "with the token KubeRay gave the cluster"
     assert job.progress() == []  # nothing reported yet: nothing to write
 
     job.dashboard.report(100, 2.5, checkpoint="gs://bucket/run/checkpoint_000000")

@@ -73,8 +73,51 @@ def test_a_new_job_gets_its_rayjob_owned_by_its_uid():
     assert created["metadata"]["namespace"] == "ml"
     # the store knows it at once: the next event does not create again
     assert run(ctl.reconcile(KEY)) == "unchanged"
-    assert len(ctl.kube.called("create")) == 1
+    assert [c[1] for c in ctl.kube.called("create")] == ["secrets", "rayjobs"]  # the token's Secret first
     assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
+
+
+def test_the_ray_token_secret_is_made_first_owned_by_the_job_and_named_by_its_cluster():
+    from tputorch.controller.raytoken import RayTokens
+
+    tokens = RayTokens(b"k" * 32)
+    ctl = controller(ray_tokens=tokens)
+    ctl.parents[KIND].remember(job())
+    assert run(ctl.reconcile(KEY)) == "created"
+    secret = ctl.kube.objects[("secrets", "ml", "demo-ray-token-uid-new")]  # the uid's head: no stale one met
+    (owner,) = secret["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["controller"]) == ("uid-new", True)
+    cluster = ctl.kube.objects[("rayjobs", "ml", "demo")]["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token", "secretName": "demo-ray-token-uid-new"}
+    token = secret["stringData"]["auth_token"]
+    # derived, not random: another replica or a restart with the same key knows it; another key not
+    assert token == RayTokens(b"k" * 32).token("ml", "demo-ray-token-uid-new")
+    assert token != RayTokens(b"j" * 32).token("ml", "demo-ray-token-uid-new")
+    assert token != tokens.token("ml", "demo-ray-token-uid-other") and len(token) == 64
+
+
+def test_a_ray_token_secret_already_there_is_taken_and_a_refused_one_holds_the_cluster_back():
+    ctl = setup(job())
+    ctl.kube.objects[("secrets", "ml", "demo-ray-token-uid-new")] = {"metadata": {}}  # an earlier try's
+    assert run(ctl.reconcile(KEY)) == "created"
+
+    ctl2 = setup(job())
+    ctl2.kube.fail["create_secret"].append(api_error(403, body='{"message": "secrets is forbidden: User cannot create"}'))
+    assert run(ctl2.reconcile(KEY)) == "retry"
+    assert ("rayjobs", "ml", "demo") not in ctl2.kube.objects  # its pods could not start without it
+    cond = condition(last_status(ctl2.kube), "RayJobCreated")
+    assert (cond["status"], cond["reason"]) == ("False", "RayTokenSecretNotCreated")
+    assert "demo-ray-token-uid-new" in cond["message"] and "cannot create" in cond["message"]
+    assert run(ctl2.reconcile(KEY)) == "created"  # allowed again: made, then the RayJob
+
+
+def test_the_ray_token_key_must_be_long_enough_and_is_read_without_its_newline(tmp_path):
+    from tputorch.controller.raytoken import RayTokens
+
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        RayTokens(b"short")
+    (tmp_path / "key").write_bytes(b"k" * 32 + b"\n")
+    assert RayTokens.from_file(str(tmp_path / "key")).token("a", "b") == RayTokens(b"k" * 32).token("a", "b")
 
 
 def test_a_rerun_waits_for_the_previous_jobs_rayjob_then_creates_its_own():
@@ -112,7 +155,7 @@ def test_a_409_on_create_reads_the_rayjob_and_takes_only_its_own():
     assert run(ctl.reconcile(KEY)) == "exists"
     assert ctl.children[KIND].get(("ml", "demo")) is None  # the store is the watch's alone
     assert ctl.child_of(KEY, job()) is not None  # but it counts as existing until its event
-    assert run(ctl.reconcile(KEY)) == "unchanged" and len(kube.called("create")) == 1
+    assert run(ctl.reconcile(KEY)) == "unchanged" and [c[1] for c in kube.called("create")] == ["secrets", "rayjobs"]
 
     kube2 = FakeKube()
     ctl2 = setup(job(), kube=kube2)
@@ -341,7 +384,7 @@ def test_a_reconcile_stuck_on_a_call_is_abandoned_and_retried(monkeypatch):
         real_create = kube.create
 
         async def create_once_stuck(res, namespace, body):
-            if not kube.called("create"):
+            if not [c for c in kube.called("create") if c[1] == "rayjobs"]:
                 kube.calls.append(("create", res.plural, namespace, body["metadata"]["name"]))
                 await hang.wait()  # a call on a connection that went silent
             return await real_create(res, namespace, body)
@@ -585,7 +628,7 @@ def test_every_job_gets_its_network_policy_owned_by_its_uid_and_kept_as_rendered
     assert (owner["uid"], owner["controller"]) == ("uid-new", True)
     assert policy["spec"]["podSelector"] == {"matchLabels": {"tputorch.io/job": "demo"}}
     run(ctl.reconcile(KEY))
-    assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "networkpolicies"]  # not again
+    assert [c[1] for c in ctl.kube.called("create")] == ["secrets", "rayjobs", "networkpolicies"]  # not again
     # edited by someone: put back; deleted: made again
     ctl.extra_stores["networkpolicies"].store[("ml", "demo-ray")] = {**policy, "spec": {"podSelector": {}}}
     run(ctl.reconcile(KEY))
@@ -603,7 +646,7 @@ def test_a_foreign_network_policy_of_that_name_is_left_alone_and_the_job_still_r
     foreign = {"metadata": {"name": "demo-ray", "namespace": "ml", "uid": "np", "resourceVersion": "3"}, "spec": {"podSelector": {}}}
     ctl.extra_stores["networkpolicies"].remember(foreign)
     assert run(ctl.reconcile(KEY)) == "created"
-    assert ctl.kube.called("patch") == [] and [c[1] for c in ctl.kube.called("create")] == ["rayjobs"]
+    assert ctl.kube.called("patch") == [] and [c[1] for c in ctl.kube.called("create")] == ["secrets", "rayjobs"]
 
 
 def test_a_failed_network_policy_write_never_holds_the_job():

@@ -148,11 +148,11 @@ def succeed(life: Life, t: float) -> None:
                 message="Job finished successfully.")
 
 
-def test_submit_running_succeeded_costs_one_create_three_status_writes_three_events(life):
+def test_submit_running_succeeded_costs_two_creates_three_status_writes_three_events(life):
     job = life()
     assert job.reconcile() == "created"
-    # the critical path: the create, then one status write that says it all
-    assert [c[0] for c in job.kube.calls] == ["create", "patch_status"]
+    # the critical path: the Ray token's Secret and the RayJob, then one status write that says it all
+    assert [c[:2] for c in job.kube.calls] == [("create", "secrets"), ("create", "rayjobs"), ("patch_status", "tputorchjobs")]
     first = job.kube.called("patch_status")[0][4]
     conditions = {c["type"]: (c["status"], c["reason"]) for c in first["conditions"]}
     assert first["phase"] == "Pending"
@@ -164,7 +164,7 @@ def test_submit_running_succeeded_costs_one_create_three_status_writes_three_eve
     succeed(job, 30.0)
     job.at(60.0)
 
-    assert job.writes() == {"create": 1, "patch": 0, "patch_status": 3, "event": 3}
+    assert job.writes() == {"create": 2, "patch": 0, "patch_status": 3, "event": 3}
     assert job.phases() == ["Pending", "Running", "Succeeded"]
     running = job.kube.called("patch_status")[1][4]
     assert (running["readyHosts"], running["hostsReady"]) == (4, "4/4")  # the latest counts

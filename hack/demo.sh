@@ -40,7 +40,11 @@ kubectl apply --server-side --force-conflicts -f "$REPO/crds/tputorch.io_tputorc
 kubectl wait --for=condition=Established --timeout=60s crd/tputorchjobs.tputorch.io crd/tputorchservices.tputorch.io
 
 say "Start the operator (log: $OPLOG)"
-PYTHONPATH=$REPO/operator${PYTHONPATH:+:$PYTHONPATH} "$PY" -m tputorch run --namespace "$NS" >>"$OPLOG" 2>&1 &
+# The key the Ray clusters' tokens are derived from (the chart makes one into a Secret).
+KEYFILE=$DIR/ray-token-key
+[[ -s $KEYFILE ]] || (umask 077; "$PY" -c 'import secrets; print(secrets.token_hex(32))' >"$KEYFILE")
+PYTHONPATH=$REPO/operator${PYTHONPATH:+:$PYTHONPATH} "$PY" -m tputorch run --namespace "$NS" \
+  --ray-token-key-file "$KEYFILE" >>"$OPLOG" 2>&1 &
 OP_PID=$!
 
 kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null

@@ -5,7 +5,9 @@ Test modules import the fixtures they use: `from operator_process import tputorc
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,6 +43,17 @@ def install_crd(kubeconfig: str) -> None:
         kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
     kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd/tputorchjobs.tputorch.io",
             "crd/tputorchservices.tputorch.io")
+
+
+def ray_token_key_file() -> Path:
+    """One key for every operator this test run starts, as the chart gives every replica the same
+    one: a restarted or standby operator still reads the progress of clusters made before it."""
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tputorch-ray-token-key-{os.getpid()}"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_hex(32))
+        atexit.register(path.unlink, missing_ok=True)
+    return path
 
 
 class _PortTaken(Exception):
@@ -87,7 +100,7 @@ class OperatorProcess:
         raise AssertionError(f"operator could not bind its ports in {attempts} attempts:\n{self.log()}")
 
     def _start_once(self, timeout: float) -> "OperatorProcess":
-        args = [sys.executable, "-m", "tputorch", "run",
+        args = [sys.executable, "-m", "tputorch", "run", "--ray-token-key-file", str(ray_token_key_file()),
                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port), *self.extra_args]
         for ns in self.namespaces:

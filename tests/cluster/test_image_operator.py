@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -106,7 +107,9 @@ def credentials(mode: str, kube, namespace: str, tmp_path: Path, user: dict) -> 
         ca = base64.b64decode(cfg["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
         # /var/run/secrets/... in a pod; /var/run is a symlink to /run in the image
         sa = "/run/secrets/kubernetes.io/serviceaccount"
-        contents = {f"{sa}/token": cfg["users"][0]["user"]["token"], f"{sa}/ca.crt": ca, f"{sa}/namespace": namespace}
+        contents = {f"{sa}/token": cfg["users"][0]["user"]["token"], f"{sa}/ca.crt": ca, f"{sa}/namespace": namespace,
+                    # the chart's ray-token-key Secret, as its volume holds it
+                    "/etc/tputorch/ray-token-key/key": secrets.token_hex(32)}
         env = {"KUBERNETES_SERVICE_HOST": server.hostname, "KUBERNETES_SERVICE_PORT": str(server.port)}
     files = {}
     for i, (inside, text) in enumerate(contents.items()):

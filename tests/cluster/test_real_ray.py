@@ -24,7 +24,7 @@ import pytest
 import yaml
 from ray_backend import REPORTED
 
-from operator_process import OperatorProcess, kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
+from operator_process import OperatorProcess, kubectl, operator, ray_token_key_file, tputorch_crd  # noqa: F401 (fixtures)
 
 from tputorch import render
 from tputorch.api import spec
@@ -330,19 +330,28 @@ def as_pod_in_cluster(dashboard, ns: str, cluster: str, method: str, path: str, 
 
 def test_the_head_runs_with_token_auth_and_refuses_a_submit_without_the_token(kube, real_ray_namespace, operator,
                                                                             real_ray, dashboard, tmp_path):
-    """Issue 21: `authOptions` on the rendered cluster; KubeRay made the token Secret and started the
-    head and the submitter with it; its own calls and the submitter's still work, a caller without
-    the token is refused (by the cluster's head as recorded from Ray 2.60, and by the real head)."""
+    """Issue 21: `authOptions` on the rendered cluster, its token in the Secret the operator made
+    (derived from the operator's key, which the operator can compute again but never reads back);
+    KubeRay started the head and the submitter with it; its own calls and the submitter's still
+    work, a caller without the token is refused (by the cluster's head as recorded from Ray 2.60,
+    and by the real head)."""
+    from tputorch.controller.raytoken import RayTokens
+
     ns, name, release = real_ray_namespace, "authed", tmp_path / "release"
     start(kube, real_ray, ns, job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {release}"))
     job = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))  # submitted by the submitter, with its token
     cluster = rayjob(kube, ns, name)["status"]["rayClusterName"]
     rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
-    assert rc["spec"]["authOptions"] == {"mode": "token"}
+    parent = kube.custom.get_namespaced_custom_object("tputorch.io", "v1alpha1", ns, "tputorchjobs", name)
+    secret_name = f"{name}-ray-token-{parent['metadata']['uid'][:8]}"
+    assert rc["spec"]["authOptions"] == {"mode": "token", "secretName": secret_name}
 
-    secret = kube.core.read_namespaced_secret(cluster, ns)  # KubeRay's, one per RayCluster, owned by it
-    assert [(o.kind, o.name, o.controller) for o in secret.metadata.owner_references] == [("RayCluster", cluster, True)]
+    secret = kube.core.read_namespaced_secret(secret_name, ns)  # the operator's, owned by the TPUTorchJob
+    assert [(o.kind, o.name, o.controller) for o in secret.metadata.owner_references] == [("TPUTorchJob", name, True)]
     token = base64.b64decode(secret.data["auth_token"]).decode()
+    assert token == RayTokens.from_file(str(ray_token_key_file())).token(ns, secret_name)
+    assert not kube.core.list_namespaced_secret(ns, label_selector=f"ray.io/cluster={cluster}").items, \
+        "KubeRay made no token of its own"
     pods = kube.core.list_namespaced_pod(ns).items
     head = next(p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == "head")
     submitter = next(p for p in pods if "batch.kubernetes.io/job-name" in (p.metadata.labels or {}))
@@ -350,7 +359,7 @@ def test_the_head_runs_with_token_auth_and_refuses_a_submit_without_the_token(ku
         env = {e.name: e for e in pod.spec.containers[0].env}
         assert env["RAY_AUTH_MODE"].value == "token", pod.metadata.name
         ref = env["RAY_AUTH_TOKEN"].value_from.secret_key_ref
-        assert (ref.name, ref.key) == (cluster, "auth_token"), pod.metadata.name
+        assert (ref.name, ref.key) == (secret_name, "auth_token"), pod.metadata.name
 
     submit = {"entrypoint": "echo should-never-run", "submission_id": f"{name}-intruder"}
     assert as_pod_in_cluster(dashboard, ns, cluster, "POST", "/api/jobs/", body=submit) == \

@@ -8,6 +8,7 @@ test never needs it. Checks against real Kubernetes schemas are in tests/cluster
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -80,6 +81,7 @@ NAMESPACED_RULES = [
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": ["events.k8s.io", ""], "resources": ["events"], "verbs": ["create"]},
 ]
 CRD_DISCOVERY = [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
@@ -100,7 +102,10 @@ def assert_least_privilege(rules: list[dict]) -> None:
         assert "*" not in r["apiGroups"] + r["resources"] + r["verbs"], r
         assert "resourceNames" not in r and "nonResourceURLs" not in r, r
     for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
-        assert not allowed(rules, "", "secrets", verb), f"secrets {verb} must not be granted"
+        # create only (each Ray cluster's token Secret): never read, and never written over (an
+        # update or patch answers with the whole Secret, so it would be a read too)
+        if verb != "create":
+            assert not allowed(rules, "", "secrets", verb), f"secrets {verb} must not be granted"
         assert not allowed(rules, "", "configmaps", verb), f"configmaps {verb} must not be granted"
     for verb in ("create", "update", "patch", "delete", "deletecollection"):
         assert not allowed(rules, "", "pods", verb), f"pods {verb} must not be granted"
@@ -184,10 +189,10 @@ def test_default_render_objects():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role",
-                     "RoleBinding", "ServiceAccount"]
+                     "RoleBinding", "Secret", "ServiceAccount"]
     for d in docs:
         assert d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
-        if d["kind"] in ("Deployment", "ServiceAccount"):
+        if d["kind"] in ("Deployment", "ServiceAccount", "Secret"):
             assert d["metadata"]["namespace"] == NS
     # `helm template` leaves CRDs out by default; --include-crds adds exactly the generated ones.
     with_crds = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--include-crds").stdout) if d]
@@ -209,7 +214,7 @@ def test_deployment_shape():
     assert "command" not in c  # the image's ENTRYPOINT is `tputorch`
     assert c["args"] == ["run", "--leader-elect", "--lease-name", FULLNAME, "--liveness", "http://0.0.0.0:8080/healthz",
                          "--network-policy-peer", f"{NS}:app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=tputorch-operator",
-                         "--log-format", "json"]
+                         "--ray-token-key-file", "/etc/tputorch/ray-token-key/key", "--log-format", "json"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080}  # metrics off: no port, nothing served
     on = one(render("metrics.enabled=true", "networkPolicy.kuberay.namespace=ray-system"), "Deployment")
@@ -244,10 +249,12 @@ def test_restricted_pod_security():
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert "hostNetwork" not in pod and "hostPID" not in pod and "hostIPC" not in pod
-    # the only writable path is an emptyDir at /tmp
-    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
-    (vol,) = pod["volumes"]
-    assert vol["name"] == "tmp" and "emptyDir" in vol
+    # the only writable path is an emptyDir at /tmp; the Ray token key is mounted read-only
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"},
+                                 {"name": "ray-token-key", "mountPath": "/etc/tputorch/ray-token-key", "readOnly": True}]
+    tmp, key = pod["volumes"]
+    assert tmp["name"] == "tmp" and "emptyDir" in tmp
+    assert key["secret"] == {"secretName": f"{FULLNAME}-ray-token-key", "defaultMode": 0o400}
 
 
 @needs_helm
@@ -311,9 +318,18 @@ def test_namespaced_mode():
 
 
 @needs_helm
+def test_the_ray_token_key_is_random_kept_on_uninstall_and_long_enough():
+    first, second = (one(render(), "Secret") for _ in range(2))
+    assert first["metadata"]["name"] == f"{FULLNAME}-ray-token-key"
+    assert first["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    keys = [base64.b64decode(s["data"]["key"]) for s in (first, second)]
+    assert len(keys[0]) >= 32 and keys[0] != keys[1]  # no fixed key in the chart (an install reuses it by lookup)
+
+
+@needs_helm
 def test_rbac_create_false_renders_no_rbac():
     docs = render("rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=existing")
-    assert sorted(d["kind"] for d in docs) == ["Deployment", "PodDisruptionBudget"]
+    assert sorted(d["kind"] for d in docs) == ["Deployment", "PodDisruptionBudget", "Secret"]
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
 
 

@@ -233,6 +233,9 @@ def test_helm_install_clusterwide_rbac_and_operator_as_its_serviceaccount(kube, 
     assert not can_i(kube, user, "update", "leases.coordination.k8s.io/other-lease", "-n", namespace)
     assert not can_i(kube, user, "create", "leases.coordination.k8s.io", "-n", job_ns)
     assert not can_i(kube, user, "get", "secrets", "-n", job_ns)
+    assert can_i(kube, user, "create", "secrets", "-n", job_ns)  # each Ray cluster's token Secret, written only
+    for verb in ("update", "patch", "delete", "watch"):
+        assert not can_i(kube, user, verb, "secrets", "-n", job_ns), verb
     assert not can_i(kube, user, "list", "secrets", "--all-namespaces")
     assert not can_i(kube, user, "get", "secrets", "-n", namespace)
     assert not can_i(kube, user, "create", "pods", "-n", job_ns)

@@ -59,6 +59,8 @@ def test_a_running_jobs_reports_reach_its_status_get_and_describe(kube, namespac
     try:
         apply_job(kube, ns, name)
         wait_phase(kube, ns, name, "Running", 180)
+        # KubeRay says Running when it has made the submitter, a moment before it first asks the head
+        kube.wait(lambda: dashboard.get_job(ns, name), 60, "KubeRay's first call for the Ray job")
         dashboard.add_job_log(ns, name, ["Running entrypoint for job ...", reported(10, 2.5, "gs://ckpt/reports/checkpoint_000000")])
         st = wait_step(kube, ns, name, 10)
         assert st["progress"]["metrics"] == {"loss": 2.5} and st["lastCheckpoint"] == "gs://ckpt/reports/checkpoint_000000"

@@ -331,7 +331,8 @@ def as_pod_in_cluster(dashboard, ns: str, cluster: str, method: str, path: str, 
 def test_the_head_runs_with_token_auth_and_refuses_a_submit_without_the_token(kube, real_ray_namespace, operator,
                                                                             real_ray, dashboard, tmp_path):
     """Issue 21: `authOptions` on the rendered cluster, its token in the Secret the operator made
-    (derived from the operator's key, which the operator can compute again but never reads back);
+    (derived from the operator's key, which the operator can compute again but never reads back;
+    owned by the RayJob, whose finalizer still calls the head);
     KubeRay started the head and the submitter with it; its own calls and the submitter's still
     work, a caller without the token is refused (by the cluster's head as recorded from Ray 2.60,
     and by the real head)."""
@@ -342,12 +343,12 @@ def test_the_head_runs_with_token_auth_and_refuses_a_submit_without_the_token(ku
     job = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))  # submitted by the submitter, with its token
     cluster = rayjob(kube, ns, name)["status"]["rayClusterName"]
     rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
-    parent = kube.custom.get_namespaced_custom_object("tputorch.io", "v1alpha1", ns, "tputorchjobs", name)
-    secret_name = f"{name}-ray-token-{parent['metadata']['uid'][:8]}"
+    secret_name = rc["spec"]["authOptions"]["secretName"]
     assert rc["spec"]["authOptions"] == {"mode": "token", "secretName": secret_name}
 
-    secret = kube.core.read_namespaced_secret(secret_name, ns)  # the operator's, owned by the TPUTorchJob
-    assert [(o.kind, o.name, o.controller) for o in secret.metadata.owner_references] == [("TPUTorchJob", name, True)]
+    secret = kube.core.read_namespaced_secret(secret_name, ns)  # the operator's, owned by the RayJob
+    rayjob_uid = rayjob(kube, ns, name)["metadata"]["uid"]
+    assert [(o.kind, o.name, o.uid) for o in secret.metadata.owner_references] == [("RayJob", name, rayjob_uid)]
     token = base64.b64decode(secret.data["auth_token"]).decode()
     assert token == RayTokens.from_file(str(ray_token_key_file())).token(ns, secret_name)
     assert not kube.core.list_namespaced_secret(ns, label_selector=f"ray.io/cluster={cluster}").items, \

@@ -118,7 +118,6 @@ class CommonSpec:
     gcs_fuse_sidecar: dict = field(default_factory=dict)  # {annotation: quantity} (storage.SIDECAR_ANNOTATIONS)
     security_context: dict = field(default_factory=lambda: dict(DEFAULT_SECURITY_CONTEXT))
     automount_service_account_token: bool = False
-    uid: str = ""  # the object's metadata.uid; "" for a file not yet applied
 
 
 def _show(value: Any) -> str:
@@ -557,7 +556,7 @@ def parse_node_selector(r: Reader, spec: Mapping, key: str, path: str) -> dict[s
     return selector
 
 
-def parse_metadata(r: Reader, body: Mapping, max_len: int, child: str) -> tuple[str, str, dict, str]:
+def parse_metadata(r: Reader, body: Mapping, max_len: int, child: str) -> tuple[str, str, dict]:
     metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
     dns = string(MAX_STRING, DNS1035, f"a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {max_len} characters, since the {child} takes this name")
 
@@ -569,8 +568,7 @@ def parse_metadata(r: Reader, body: Mapping, max_len: int, child: str) -> tuple[
     name = r.value(metadata, "name", "metadata.name", str, required=True, default="", check=check)
     namespace = r.value(metadata, "namespace", "metadata.namespace", str, default="default")
     labels = metadata.get("labels") if isinstance(metadata.get("labels"), Mapping) else {}
-    uid = metadata.get("uid") if isinstance(metadata.get("uid"), str) else ""
-    return name, namespace or "default", {str(k): str(v) for k, v in labels.items()}, uid
+    return name, namespace or "default", {str(k): str(v) for k, v in labels.items()}
 
 
 @dataclass(frozen=True)
@@ -591,7 +589,7 @@ class KindRules:
 def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[str, str]) -> tuple[dict, dict, TPU]:
     """The blocks both kinds share; errors go to ``r``. Returns the CommonSpec fields (complete only
     when ``r`` has no errors), the raw spec block for the kind's own fields, and the TPU block."""
-    name, namespace, labels, uid = parse_metadata(r, body, kind.name_max, kind.child)
+    name, namespace, labels = parse_metadata(r, body, kind.name_max, kind.child)
     spec = r.mapping(body, "spec", "spec", kind.spec_fields)
     if body.get("spec") is None:
         r.error("spec", None, "is required")
@@ -621,7 +619,7 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
         runtime_env=runtime_env, env=env, head=head, worker=worker, head_node_selector=head_selector,
         tolerations=tolerations, service_account_name=service_account, node_selector=node_selector,
         queue_name=queue_name, priority_class_name=priority, volumes=volumes, gcs_fuse_sidecar=sidecar,
-        security_context=security_context, automount_service_account_token=automount, uid=uid,
+        security_context=security_context, automount_service_account_token=automount,
     )
     return fields, spec, tpu
 

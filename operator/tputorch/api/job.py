@@ -58,6 +58,7 @@ class JobSpec(CommonSpec):
     ttl_seconds_after_finished: int | None
     shutdown_after_job_finishes: bool
     groups: tuple = ()  # spec.groups (groups.Group), beside the training slice
+    uid: str | None = None
     storage_path: str | None = None
     worker_retries: int = WORKER_RETRIES_DEFAULT
     retries: dict = field(default_factory=lambda: dict(RETRY_DEFAULTS))
@@ -121,6 +122,7 @@ def parse(body: Any) -> JobSpec:
         ttl_seconds_after_finished=ttl,
         shutdown_after_job_finishes=shutdown,
         groups=groups,
+        uid=(body.get("metadata") or {}).get("uid") or None,
         storage_path=storage_path,
         worker_retries=worker_retries,
         retries=retries,

@@ -44,7 +44,7 @@ JOB = Kind(
     child_patch=_rayjob_patch, cluster_names=_rayjob_clusters, finished=statuses.finished,
     phase_metric="tputorch_jobs", child_spec_read=("suspend",), patch_when_queued=False,
     attempt=job_status.attempt, child_must_go=job_status.child_must_go,
-    phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"), reads_progress=True,
+    phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"), reads_progress=True, own_ray_token=True,
 )
 SERVICE = Kind(
     resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL,
@@ -97,7 +97,11 @@ def child_slimmer(kind: Kind):
             kept["annotations"] = {render.SPEC_HASH_ANNOTATION: annotation}
         spec = obj.get("spec") or {}
         if kind.child_spec_read is not None:
-            spec = {k: spec[k] for k in kind.child_spec_read if k in spec}
+            read = {k: spec[k] for k in kind.child_spec_read if k in spec}
+            secret_name = render.ray_token_secret_name(obj) if kind.own_ray_token else None
+            if secret_name:  # its cluster's token (the progress reads)
+                read["rayClusterSpec"] = {"authOptions": {**render.RAY_AUTH, "secretName": secret_name}}
+            spec = read
         return {"metadata": kept, "spec": spec, "status": obj.get("status") or {}}
     return slim
 

@@ -16,6 +16,7 @@ import contextvars
 import datetime
 import json
 import logging
+import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -74,6 +75,9 @@ class Kind:
     child_must_go: Callable[[dict, dict], bool] | None = None
     phases: tuple[str, ...] = ()  # every phase of its status (the phase gauge emits each, 0 included)
     reads_progress: bool = False  # its Ray job's driver log tells the training progress (a job)
+    # The operator gives its cluster a Ray token Secret of its own (a job: its progress reads need
+    # the token); otherwise KubeRay makes one per RayCluster.
+    own_ray_token: bool = False
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
@@ -198,6 +202,8 @@ class Controller:
         self.dashboard = dashboard if progress_interval > 0 else None
         self.progress_interval = progress_interval
         self.ray_tokens = ray_tokens or RayTokens.from_file(None)
+        # uids of children this process created whose token Secret is not made yet
+        self.tokens_pending: set[str] = set()
         self.progress_read: dict[str, float] = {}  # uid -> when its driver log was last read (monotonic)
         self.reports: dict[str, training.Report] = {}  # uid -> the newest report read, until it is written
         self.reading: dict[str, asyncio.Task] = {}  # uid -> its read in flight (one per object)
@@ -428,7 +434,8 @@ class Controller:
                                       self.problems.get(key), queue=queue, deleted=deleted, pods_problem=pods_problem)
         current = self.never_back_from_terminal(kind, parent, current)
         if kind.reads_progress and self.dashboard is not None:
-            current = self._progress(key, meta.get("uid"), current)
+            current = self._progress(key, meta.get("uid"), current,
+                                     render.ray_token_secret_name(ours) if ours is not None else None)
         # The write right after our own create is on the job's critical path: never put off.
         await self._write(kind, parent, previous, current, at_once=result == "created")
         if ours is not None and kind.child_must_go is not None and kind.child_must_go(self._previous(parent), ours):
@@ -438,7 +445,7 @@ class Controller:
 
     # --- training progress ---------------------------------------------------------------------
 
-    def _progress(self, key: Key, uid: str, current: dict) -> dict:
+    def _progress(self, key: Key, uid: str, current: dict, secret_name: str | None) -> dict:
         """The status with the newest report read in it; and, while the job runs, its driver log
         read again once per progress_interval (on a task of its own: a slow dashboard never holds a
         reconcile worker). The read's result brings the key back."""
@@ -453,14 +460,14 @@ class Controller:
             self.progress_read[uid] = self.monotonic()
             # A fresh context: the read is no call of this reconcile (reconcile_fenced's CALLS).
             self.reading[uid] = asyncio.get_running_loop().create_task(
-                self._read_progress(key, uid, *where), context=contextvars.Context())
+                self._read_progress(key, uid, *where, secret_name), context=contextvars.Context())
             delay = self.progress_interval
         self.queue.add_after(key, delay)  # level-based: the next read needs no event
         return current
 
-    async def _read_progress(self, key: Key, uid: str, cluster: str, submission_id: str) -> None:
+    async def _read_progress(self, key: Key, uid: str, cluster: str, submission_id: str, secret_name: str | None) -> None:
         try:
-            token = self.ray_tokens.token(key[1], render.ray_token_secret_name(key[2], uid))
+            token = self.ray_tokens.token(key[1], secret_name) if secret_name else None
             log_tail = await asyncio.wait_for(self.dashboard.driver_log(key[1], cluster, submission_id, token),
                                               self.dashboard.timeout + 1)
         except asyncio.CancelledError:
@@ -537,6 +544,7 @@ class Controller:
             # ours (invisible to the watch): look again with backoff either way.
             return "retry", child
         self.problems.pop(key, None)
+        await self._ensure_ray_token(kind, key, child)  # after a failed try of this process only
         if kind.child_must_go is not None and kind.child_must_go(self._previous(parent), child):
             await self._remove_child(kind, key, child)
             # Looked at again when it is gone (its deletion event), or with backoff.
@@ -546,39 +554,36 @@ class Controller:
         patch = kind.child_patch(spec, child)
         if patch is None:
             return "unchanged", child
-        # A RayService made by an operator before token auth gets its Secret before the cluster that reads it.
-        if not await self._ensure_ray_token(kind, key, parent, spec):
-            return "retry", child
         await self.kube.patch(kind.child, namespace, name, patch)
         log.info("%s %s/%s patched: %s", kind.child.kind, namespace, name, sorted(patch.get("spec") or patch))
         return "child-patched", child
 
-    async def _ensure_ray_token(self, kind: Kind, key: Key, parent: dict, spec) -> bool:
-        """The Secret with the cluster's Ray token exists before the cluster that reads it. Created
-        only (the operator may not read Secrets): a 409 is this object's own from an earlier try,
-        since the name holds the object's uid and the token is derived, never random."""
+    async def _ensure_ray_token(self, kind: Kind, key: Key, child: dict) -> None:
+        """The Secret with the token of a child's cluster, made once right after the child (it
+        names the Secret) and owned by it. Created only, as the operator may not read Secrets: a
+        409 is this child's own from an earlier try (the name is the child's alone, the token is
+        derived, never random). A failure is raised: the reconcile retries it."""
+        name, uid = render.ray_token_secret_name(child), child["metadata"].get("uid")
+        if not name or uid not in self.tokens_pending:
+            return
         namespace = key[1]
-        secret = render.ray_token_secret(spec, self.ray_tokens.token(namespace, render.ray_token_secret_name(spec.name, spec.uid)))
-        secret["metadata"]["namespace"] = namespace
-        secret["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
         try:
-            await self.kube.create_secret(namespace, secret)
+            await self.kube.create_secret(namespace, render.ray_token_secret(child, self.ray_tokens.token(namespace, name)))
+            log.info("Secret %s/%s (the Ray token of %s %s) created", namespace, name, kind.child.kind, key[2])
         except ApiException as err:
-            if err.status == 409:
-                return True
-            detail = _api_message(err) or f"HTTP {err.status} {err.reason}"
-            self.problems[key] = ("RayTokenSecretNotCreated", f"the Secret {secret['metadata']['name']} with the Ray "
-                                  f"cluster's auth token could not be created: {detail}")
-            log.warning("%s %s/%s: %s", kind.resource.kind, namespace, key[2], self.problems[key][1])
-            return False
-        log.info("Secret %s/%s (Ray token) created", namespace, secret["metadata"]["name"])
-        return True
+            if err.status != 409:
+                detail = _api_message(err) or f"HTTP {err.status} {err.reason}"
+                self.problems[key] = ("RayTokenSecretNotCreated", f"the Secret {name} with the Ray cluster's auth "
+                                      f"token could not be created (its pods wait for it): {detail}")
+                raise
+        self.tokens_pending.discard(uid)
+        self.problems.pop(key, None)
 
     async def _create(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
         namespace, name = key[1], key[2]
-        desired = kind.render(spec)  # first: a spec that renders no valid child makes no Secret either
-        if not await self._ensure_ray_token(kind, key, parent, spec):
-            return "retry", None
+        desired = kind.render(spec)
+        if kind.own_ray_token:  # a name of this child's alone: never one a deleted child still holds
+            render.with_ray_token_secret(desired, f"{name}-ray-token-{secrets.token_hex(3)}")
         desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
         desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
         if kind.attempt is not None:
@@ -600,6 +605,10 @@ class Controller:
             self.problems.pop(key, None)
             await self._relabel(kind, key, desired, existing)
             self.expect(key, existing)
+            if kind.own_ray_token and render.ray_token_secret_name(existing):
+                # made by an earlier try of this process or another: its Secret may be missing
+                self.tokens_pending.add(existing["metadata"]["uid"])
+                await self._ensure_ray_token(kind, key, existing)
             return "exists", existing
         except Exception as err:
             self.problems[key] = create_problem(kind, err)
@@ -608,6 +617,9 @@ class Controller:
         self.expect(key, created)
         log.info("%s %s/%s created (%s %s slice, %d hosts)", kind.child.kind, namespace, name,
                  spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
+        if kind.own_ray_token:
+            self.tokens_pending.add(created["metadata"]["uid"])
+            await self._ensure_ray_token(kind, key, created)
         return "created", created
 
     # --- Kueue ------------------------------------------------------------------------------------

@@ -45,29 +45,38 @@ WORKER_GROUP = "tpu-slice"
 SERVE_APP = "llm"  # the one Serve application of a service (KubeRay reports it under this name)
 SERVE_PORT = 8000
 # Ray's token authentication on every cluster (KubeRay 1.6 `authOptions`): KubeRay starts every Ray
-# container, the submitter and its own dashboard calls with the token of the Secret named here. The
-# operator creates that Secret (ray_token_secret) with a token it derives from its own key, so it
-# can authenticate its progress reads without read access to any Secret. A head without auth runs
-# whatever reaches its ports with the pods' ServiceAccount, Workload Identity and Secrets.
-RAY_AUTH_MODE = "token"
+# container, the submitter and its own dashboard calls with the token of the cluster's Secret. A
+# service's Secret is KubeRay's own (one per RayCluster, owned by it). A job's is the operator's,
+# which needs the token for its progress reads: named on the RayJob when it is created
+# (with_ray_token_secret), made right after it and owned by it (ray_token_secret), so it outlives
+# the RayJob's deletion, whose finalizer still calls the head. A head without auth runs whatever
+# reaches its ports with the pods' ServiceAccount, Workload Identity and Secrets.
+RAY_AUTH = {"mode": "token"}
 RAY_AUTH_TOKEN_KEY = "auth_token"  # the Secret's key KubeRay reads
-RAY_TOKEN_SUFFIX = "-ray-token"
 
 
-def ray_token_secret_name(name: str, uid: str) -> str:
-    """The Secret with a cluster's Ray token: the object's name and the head of its uid, so an
-    object made again under the same name never meets the Secret of the one before it (whose
-    deletion by the garbage collector may still be pending)."""
-    return name + RAY_TOKEN_SUFFIX + (f"-{uid[:8]}" if uid else "")
+def ray_token_secret_name(rayjob: dict) -> str | None:
+    """The Secret a RayJob's cluster takes its token from, when the operator named one."""
+    cluster = (rayjob.get("spec") or {}).get("rayClusterSpec") or {}
+    return (cluster.get("authOptions") or {}).get("secretName")
 
 
-def ray_token_secret(spec: Spec, token: str) -> dict:
-    """The Secret KubeRay reads the token from (without ownerReferences)."""
+def with_ray_token_secret(rayjob: dict, secret_name: str) -> None:
+    rayjob["spec"]["rayClusterSpec"]["authOptions"] = {**RAY_AUTH, "secretName": secret_name}
+
+
+def ray_token_secret(rayjob: dict, token: str) -> dict:
+    """The Secret with a RayJob's token, owned by the RayJob (deleted after it, not before)."""
+    meta = rayjob["metadata"]
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": ray_token_secret_name(spec.name, spec.uid), "namespace": spec.namespace, "labels": pod_labels(spec)},
+        "metadata": {"name": ray_token_secret_name(rayjob), "namespace": meta["namespace"],
+                     "labels": {k: v for k, v in (meta.get("labels") or {}).items() if k in (JOB_LABEL, MANAGED_BY_LABEL)},
+                     "ownerReferences": [{"apiVersion": rayjob.get("apiVersion", "ray.io/v1"), "kind": "RayJob",
+                                          "name": meta["name"], "uid": meta["uid"]}]},
         "stringData": {RAY_AUTH_TOKEN_KEY: token},
     }
+
 
 TPU_TOLERATION = {"key": topology.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 SPOT_TOLERATION = {"key": topology.GKE_SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
@@ -188,7 +197,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
     autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
     return {
         "ray_version": spec.ray_version,
-        "auth_options": {"mode": RAY_AUTH_MODE, "secretName": ray_token_secret_name(spec.name, spec.uid)},
+        "auth_options": RAY_AUTH,
         "autoscaling": autoscaling,
         "head_start_params": {"dashboard-host": "0.0.0.0", **(head_start_params or {})},
         "security_context": spec.security_context,

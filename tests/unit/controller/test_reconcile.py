@@ -8,7 +8,10 @@ import asyncio
 import copy
 import json
 
+import re
+
 import pytest
+from kubernetes.client.rest import ApiException
 import urllib3
 
 from tputorch import render
@@ -73,42 +76,51 @@ def test_a_new_job_gets_its_rayjob_owned_by_its_uid():
     assert created["metadata"]["namespace"] == "ml"
     # the store knows it at once: the next event does not create again
     assert run(ctl.reconcile(KEY)) == "unchanged"
-    assert [c[1] for c in ctl.kube.called("create")] == ["secrets", "rayjobs"]  # the token's Secret first
+    assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets"]  # then its token's Secret
     assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
 
 
-def test_the_ray_token_secret_is_made_first_owned_by_the_job_and_named_by_its_cluster():
+def test_the_ray_token_secret_comes_right_after_the_rayjob_which_names_and_owns_it():
+    """Owned by the RayJob, not the job: deleting a running TPUTorchJob deletes the RayJob, whose
+    finalizer (KubeRay's StopJob) still calls the head with the token; a Secret owned by the job
+    would be gone first and hold the RayJob for ever."""
     from tputorch.controller.raytoken import RayTokens
 
     tokens = RayTokens(b"k" * 32)
     ctl = controller(ray_tokens=tokens)
     ctl.parents[KIND].remember(job())
     assert run(ctl.reconcile(KEY)) == "created"
-    secret = ctl.kube.objects[("secrets", "ml", "demo-ray-token-uid-new")]  # the uid's head: no stale one met
+    rayjob_ = ctl.kube.objects[("rayjobs", "ml", "demo")]
+    name = rayjob_["spec"]["rayClusterSpec"]["authOptions"]["secretName"]
+    assert rayjob_["spec"]["rayClusterSpec"]["authOptions"]["mode"] == "token"
+    assert re.fullmatch(r"demo-ray-token-[0-9a-f]{6}", name)  # this RayJob's alone
+    secret = ctl.kube.objects[("secrets", "ml", name)]
     (owner,) = secret["metadata"]["ownerReferences"]
-    assert (owner["uid"], owner["controller"]) == ("uid-new", True)
-    cluster = ctl.kube.objects[("rayjobs", "ml", "demo")]["spec"]["rayClusterSpec"]
-    assert cluster["authOptions"] == {"mode": "token", "secretName": "demo-ray-token-uid-new"}
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("RayJob", "demo", rayjob_["metadata"]["uid"])
     token = secret["stringData"]["auth_token"]
     # derived, not random: another replica or a restart with the same key knows it; another key not
-    assert token == RayTokens(b"k" * 32).token("ml", "demo-ray-token-uid-new")
-    assert token != RayTokens(b"j" * 32).token("ml", "demo-ray-token-uid-new")
-    assert token != tokens.token("ml", "demo-ray-token-uid-other") and len(token) == 64
-
-
-def test_a_ray_token_secret_already_there_is_taken_and_a_refused_one_holds_the_cluster_back():
-    ctl = setup(job())
-    ctl.kube.objects[("secrets", "ml", "demo-ray-token-uid-new")] = {"metadata": {}}  # an earlier try's
+    assert token == RayTokens(b"k" * 32).token("ml", name) != RayTokens(b"j" * 32).token("ml", name)
+    assert len(token) == 64
+    # a RayJob made again (deleted behind the operator's back) names a new Secret
+    del ctl.kube.objects[("rayjobs", "ml", "demo")]
+    ctl.expected.clear()
     assert run(ctl.reconcile(KEY)) == "created"
+    assert ctl.kube.objects[("rayjobs", "ml", "demo")]["spec"]["rayClusterSpec"]["authOptions"]["secretName"] != name
 
-    ctl2 = setup(job())
-    ctl2.kube.fail["create_secret"].append(api_error(403, body='{"message": "secrets is forbidden: User cannot create"}'))
-    assert run(ctl2.reconcile(KEY)) == "retry"
-    assert ("rayjobs", "ml", "demo") not in ctl2.kube.objects  # its pods could not start without it
-    cond = condition(last_status(ctl2.kube), "RayJobCreated")
-    assert (cond["status"], cond["reason"]) == ("False", "RayTokenSecretNotCreated")
-    assert "demo-ray-token-uid-new" in cond["message"] and "cannot create" in cond["message"]
-    assert run(ctl2.reconcile(KEY)) == "created"  # allowed again: made, then the RayJob
+
+def test_a_refused_ray_token_secret_is_said_and_made_on_the_next_try_once():
+    ctl = setup(job())
+    ctl.kube.fail["create_secret"].append(api_error(403, body='{"message": "secrets is forbidden: User cannot create"}'))
+    with pytest.raises(ApiException):
+        run(ctl.reconcile(KEY))  # the reconcile fails: retried with backoff
+    assert ("rayjobs", "ml", "demo") in ctl.kube.objects and ctl.kube.called("create")[-1][1] == "secrets"
+    problem = ctl.problems[KEY]
+    assert problem[0] == "RayTokenSecretNotCreated" and "cannot create" in problem[1]
+    run(ctl.reconcile(KEY))
+    assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets", "secrets"]
+    run(ctl.reconcile(KEY))  # made: not asked again
+    assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets", "secrets"]
+    assert KEY not in ctl.problems
 
 
 def test_the_ray_token_key_must_be_long_enough_and_is_read_without_its_newline(tmp_path):
@@ -155,7 +167,8 @@ def test_a_409_on_create_reads_the_rayjob_and_takes_only_its_own():
     assert run(ctl.reconcile(KEY)) == "exists"
     assert ctl.children[KIND].get(("ml", "demo")) is None  # the store is the watch's alone
     assert ctl.child_of(KEY, job()) is not None  # but it counts as existing until its event
-    assert run(ctl.reconcile(KEY)) == "unchanged" and [c[1] for c in kube.called("create")] == ["secrets", "rayjobs"]
+    # (that RayJob names no token Secret of ours: none is made for it)
+    assert run(ctl.reconcile(KEY)) == "unchanged" and [c[1] for c in kube.called("create")] == ["rayjobs"]
 
     kube2 = FakeKube()
     ctl2 = setup(job(), kube=kube2)
@@ -628,7 +641,7 @@ def test_every_job_gets_its_network_policy_owned_by_its_uid_and_kept_as_rendered
     assert (owner["uid"], owner["controller"]) == ("uid-new", True)
     assert policy["spec"]["podSelector"] == {"matchLabels": {"tputorch.io/job": "demo"}}
     run(ctl.reconcile(KEY))
-    assert [c[1] for c in ctl.kube.called("create")] == ["secrets", "rayjobs", "networkpolicies"]  # not again
+    assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets", "networkpolicies"]  # not again
     # edited by someone: put back; deleted: made again
     ctl.extra_stores["networkpolicies"].store[("ml", "demo-ray")] = {**policy, "spec": {"podSelector": {}}}
     run(ctl.reconcile(KEY))
@@ -646,7 +659,7 @@ def test_a_foreign_network_policy_of_that_name_is_left_alone_and_the_job_still_r
     foreign = {"metadata": {"name": "demo-ray", "namespace": "ml", "uid": "np", "resourceVersion": "3"}, "spec": {"podSelector": {}}}
     ctl.extra_stores["networkpolicies"].remember(foreign)
     assert run(ctl.reconcile(KEY)) == "created"
-    assert ctl.kube.called("patch") == [] and [c[1] for c in ctl.kube.called("create")] == ["secrets", "rayjobs"]
+    assert ctl.kube.called("patch") == [] and [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets"]
 
 
 def test_a_failed_network_policy_write_never_holds_the_job():

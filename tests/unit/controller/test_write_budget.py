@@ -151,8 +151,8 @@ def succeed(life: Life, t: float) -> None:
 def test_submit_running_succeeded_costs_two_creates_three_status_writes_three_events(life):
     job = life()
     assert job.reconcile() == "created"
-    # the critical path: the Ray token's Secret and the RayJob, then one status write that says it all
-    assert [c[:2] for c in job.kube.calls] == [("create", "secrets"), ("create", "rayjobs"), ("patch_status", "tputorchjobs")]
+    # the critical path: the RayJob and its Ray token's Secret, then one status write that says it all
+    assert [c[:2] for c in job.kube.calls] == [("create", "rayjobs"), ("create", "secrets"), ("patch_status", "tputorchjobs")]
     first = job.kube.called("patch_status")[0][4]
     conditions = {c["type"]: (c["status"], c["reason"]) for c in first["conditions"]}
     assert first["phase"] == "Pending"

@@ -537,19 +537,21 @@ def test_the_cache_volume_holds_the_hugging_face_and_xla_caches_on_every_node():
 
 
 def test_every_ray_cluster_of_both_kinds_runs_with_token_auth():
-    """Issue 21: KubeRay 1.6 `authOptions` on every RayCluster, with the token from the Secret the
-    operator makes (controller/raytoken.py), named by the object and its uid; the user's env cannot
-    switch it off (RAY_AUTH_MODE in env would win over KubeRay's, which it adds only when absent)."""
+    """Issue 21: KubeRay 1.6 `authOptions` on every RayCluster (a job's Secret is named when its
+    RayJob is created: controller/reconcile.py), and the user's env cannot switch it off
+    (RAY_AUTH_MODE in env would win over KubeRay's, which it adds only when absent)."""
     job = rendered({})["spec"]["rayClusterSpec"]
     svc = rendered_service({})["spec"]["rayClusterConfig"]
-    assert job["authOptions"] == {"mode": "token", "secretName": "demo-ray-token-0b6c1f4e"}
-    assert svc["authOptions"] == {"mode": "token", "secretName": "svc-ray-token-5e7a0c2d"}
-    unapplied = spec.parse({**body(), "metadata": {"name": "demo", "namespace": "ml"}})  # a file, no uid yet
-    assert render.rayjob(unapplied)["spec"]["rayClusterSpec"]["authOptions"]["secretName"] == "demo-ray-token"
-    applied = spec.parse({**body(), "metadata": {"name": "demo", "namespace": "ml", "uid": "0af3c2d1-77"}})
-    assert render.rayjob(applied)["spec"]["rayClusterSpec"]["authOptions"]["secretName"] == "demo-ray-token-0af3c2d1"
-    secret = render.ray_token_secret(applied, "t0k3n")
-    assert (secret["metadata"]["name"], secret["stringData"]) == ("demo-ray-token-0af3c2d1", {"auth_token": "t0k3n"})
+    assert job["authOptions"] == svc["authOptions"] == {"mode": "token"}
+    made = {**rendered({}), "metadata": {"name": "demo", "namespace": "ml", "uid": "u1",
+                                         "labels": {"tputorch.io/job": "demo", "team": "x"}}}
+    assert render.ray_token_secret_name(made) is None
+    render.with_ray_token_secret(made, "demo-ray-token-abc123")
+    assert render.ray_token_secret_name(made) == "demo-ray-token-abc123"
+    secret = render.ray_token_secret(made, "t0k3n")
+    assert (secret["metadata"]["name"], secret["stringData"]) == ("demo-ray-token-abc123", {"auth_token": "t0k3n"})
+    assert secret["metadata"]["labels"] == {"tputorch.io/job": "demo"}
+    assert secret["metadata"]["ownerReferences"] == [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "demo", "uid": "u1"}]
     for cluster in (job, svc):
         for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
             names = {e["name"] for e in container(group["template"]).get("env") or []}

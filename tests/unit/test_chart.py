@@ -102,7 +102,7 @@ def assert_least_privilege(rules: list[dict]) -> None:
         assert "*" not in r["apiGroups"] + r["resources"] + r["verbs"], r
         assert "resourceNames" not in r and "nonResourceURLs" not in r, r
     for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
-        # create only (each Ray cluster's token Secret): never read, and never written over (an
+        # create only (a job's Ray token Secret): never read, and never written over (an
         # update or patch answers with the whole Secret, so it would be a read too)
         if verb != "create":
             assert not allowed(rules, "", "secrets", verb), f"secrets {verb} must not be granted"

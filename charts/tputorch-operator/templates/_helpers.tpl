@@ -92,8 +92,8 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch"]
 {{- end }}
-# Each Ray cluster's auth token goes into a Secret the operator creates (KubeRay hands it to the
-# Ray pods); the token is derived from the operator's own key, so it never reads a Secret back.
+# A job's Ray auth token goes into a Secret the operator creates (KubeRay hands it to the Ray
+# pods); the token is derived from the operator's own key, so it never reads a Secret back.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]

@@ -544,7 +544,8 @@ class Controller:
             # ours (invisible to the watch): look again with backoff either way.
             return "retry", child
         self.problems.pop(key, None)
-        await self._ensure_ray_token(kind, key, child)  # after a failed try of this process only
+        if not await self._ensure_ray_token(kind, key, child):  # after a failed try of this process only
+            return "retry", child
         if kind.child_must_go is not None and kind.child_must_go(self._previous(parent), child):
             await self._remove_child(kind, key, child)
             # Looked at again when it is gone (its deletion event), or with backoff.
@@ -558,14 +559,14 @@ class Controller:
         log.info("%s %s/%s patched: %s", kind.child.kind, namespace, name, sorted(patch.get("spec") or patch))
         return "child-patched", child
 
-    async def _ensure_ray_token(self, kind: Kind, key: Key, child: dict) -> None:
+    async def _ensure_ray_token(self, kind: Kind, key: Key, child: dict) -> bool:
         """The Secret with the token of a child's cluster, made once right after the child (it
         names the Secret) and owned by it. Created only, as the operator may not read Secrets: a
         409 is this child's own from an earlier try (the name is the child's alone, the token is
-        derived, never random). A failure is raised: the reconcile retries it."""
+        derived, never random). False when refused: said in the status and tried again."""
         name, uid = render.ray_token_secret_name(child), child["metadata"].get("uid")
         if not name or uid not in self.tokens_pending:
-            return
+            return True
         namespace = key[1]
         try:
             await self.kube.create_secret(namespace, render.ray_token_secret(child, self.ray_tokens.token(namespace, name)))
@@ -575,9 +576,11 @@ class Controller:
                 detail = _api_message(err) or f"HTTP {err.status} {err.reason}"
                 self.problems[key] = ("RayTokenSecretNotCreated", f"the Secret {name} with the Ray cluster's auth "
                                       f"token could not be created (its pods wait for it): {detail}")
-                raise
+                log.warning("%s %s/%s: %s", kind.resource.kind, namespace, key[2], self.problems[key][1])
+                return False
         self.tokens_pending.discard(uid)
         self.problems.pop(key, None)
+        return True
 
     async def _create(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
         namespace, name = key[1], key[2]
@@ -608,7 +611,8 @@ class Controller:
             if kind.own_ray_token and render.ray_token_secret_name(existing):
                 # made by an earlier try of this process or another: its Secret may be missing
                 self.tokens_pending.add(existing["metadata"]["uid"])
-                await self._ensure_ray_token(kind, key, existing)
+                if not await self._ensure_ray_token(kind, key, existing):
+                    return "retry", existing
             return "exists", existing
         except Exception as err:
             self.problems[key] = create_problem(kind, err)
@@ -619,7 +623,8 @@ class Controller:
                  spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
         if kind.own_ray_token:
             self.tokens_pending.add(created["metadata"]["uid"])
-            await self._ensure_ray_token(kind, key, created)
+            if not await self._ensure_ray_token(kind, key, created):
+                return "retry", created
         return "created", created
 
     # --- Kueue ------------------------------------------------------------------------------------

@@ -299,8 +299,9 @@ def ready_slices(pods: Iterable[dict], hosts_per_slice: int, ready: int, up=_rea
 
 def child_created(ctype: str, child_kind: str, name: str, child: dict | None, problem: tuple[str, str] | None,
                    generation: int) -> dict:
-    """<Child>Created: the child exists, or why it does not (yet)."""
-    if child is not None:
+    """<Child>Created: the child exists, or why it does not (yet), or what it still lacks (a problem
+    while it exists: its Ray token Secret could not be made)."""
+    if child is not None and problem is None:
         return condition(ctype, True, "Created", f"{child_kind} {name} exists", generation)
     if problem is not None:
         return condition(ctype, False, problem[0], problem[1], generation)

@@ -11,7 +11,6 @@ import json
 import re
 
 import pytest
-from kubernetes.client.rest import ApiException
 import urllib3
 
 from tputorch import render
@@ -109,18 +108,19 @@ def test_the_ray_token_secret_comes_right_after_the_rayjob_which_names_and_owns_
 
 
 def test_a_refused_ray_token_secret_is_said_and_made_on_the_next_try_once():
-    ctl = setup(job())
+    ctl = controller(status_interval=0)  # every status change written at once
+    ctl.parents[KIND].remember(job())
     ctl.kube.fail["create_secret"].append(api_error(403, body='{"message": "secrets is forbidden: User cannot create"}'))
-    with pytest.raises(ApiException):
-        run(ctl.reconcile(KEY))  # the reconcile fails: retried with backoff
+    assert run(ctl.reconcile(KEY)) == "retry"  # with backoff
     assert ("rayjobs", "ml", "demo") in ctl.kube.objects and ctl.kube.called("create")[-1][1] == "secrets"
-    problem = ctl.problems[KEY]
-    assert problem[0] == "RayTokenSecretNotCreated" and "cannot create" in problem[1]
+    cond = condition(last_status(ctl.kube), "RayJobCreated")
+    assert (cond["status"], cond["reason"]) == ("False", "RayTokenSecretNotCreated") and "cannot create" in cond["message"]
     run(ctl.reconcile(KEY))
     assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets", "secrets"]
     run(ctl.reconcile(KEY))  # made: not asked again
     assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets", "secrets"]
     assert KEY not in ctl.problems
+    assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
 
 
 def test_the_ray_token_key_must_be_long_enough_and_is_read_without_its_newline(tmp_path):

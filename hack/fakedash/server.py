@@ -128,7 +128,7 @@ def make_handler(state: State, log, kube: Kube | None):
                 sid = parts[2]
             with state.lock:
                 backend_token = state.backend_tokens.get(backend)
-            code, ctype, data = forward(backend, method, path, query, raw, dict(self.headers), backend_token)
+            code, ctype, data = forward(backend, method, path, query, raw, dict(self.headers), token=backend_token)
             with state.lock:
                 self.record(method, self.headers.get("Host", ""), path, ns, cluster, body, code,
                             owner_name(sid) if sid else None, backend, query)

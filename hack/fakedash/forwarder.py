@@ -25,7 +25,7 @@ def with_driver_env(body: dict, env: dict[str, str]) -> dict:
 
 
 
-def forward(backend: str, method: str, path: str, query: str, body: bytes | None, headers: dict,
+def forward(backend: str, method: str, path: str, query: str, body: bytes | None, headers: dict, *,
             timeout: float = 30, token: str | None = None):
     """Send one dashboard call to a real Ray dashboard: (status, content type, body bytes). The
     caller's credential was for its RayCluster; the real head gets its own `token`."""
@@ -66,7 +66,7 @@ class Reaper(threading.Thread):
                 try:
                     if backend is None or self.kube.raycluster(ns, cluster) is not None:
                         continue
-                    code, _, body = forward(backend, "POST", f"/api/jobs/{sid}/stop", "", b"", {}, token)
+                    code, _, body = forward(backend, "POST", f"/api/jobs/{sid}/stop", "", b"", {}, token=token)
                     self.log(f"reaper: RayCluster {ns}/{cluster} is gone: stop {sid} -> {code} {body[:200]!r}")
                     if code in (200, 404):
                         with self.state.lock:

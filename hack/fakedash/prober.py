@@ -282,7 +282,7 @@ class Prober(threading.Thread):
                        for key, c in self.state.clusters.items()}
             backends = {_cluster_key(p): self.state.backend(*_cluster_key(p)) for p, _ in pods}
             serve_urls = {k: (self.state.serve_backend(*k) or {}).get("url") for k, url in backends.items() if url}
-            tokens = {url: getattr(self.state, "backend_tokens", {}).get(url) for url in backends.values() if url}
+            tokens = {url: self.state.backend_tokens.get(url) for url in backends.values() if url}
             periods = {k: self.state.probe_period(*k) for k, url in backends.items() if url}
         results = stand_in_results([(p, probe) for p, probe in pods if not backends[_cluster_key(p)]], serving)
         nodes = {url: self._nodes(url, tokens[url]) for url in set(backends.values()) if url}

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ray_backend import RealRay
+from ray_backend import RealRay, http_json
 
 REPO = Path(__file__).resolve().parents[2]
 TINYMODEL = REPO / "tests" / "serving" / "tinymodel.py"
@@ -95,12 +95,8 @@ def chat_refused(endpoint: str, proxy: str, model: str, **params) -> tuple[int, 
 
 
 def head_json(ray: RealRay, path: str) -> dict:
-    """GET `path` of the real head's dashboard, with the head's token (`RealRay.token`) when it runs
-    with Ray token auth."""
-    token = getattr(ray, "token", None)
-    req = urllib.request.Request(f"{ray.url}{path}", headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=60) as resp:
-        return json.loads(resp.read())
+    """GET `path` of the real head's dashboard, with the head's token (it runs with Ray token auth)."""
+    return http_json("GET", f"{ray.url}{path}", timeout=60, token=ray.token)
 
 
 def serve_application(ray: RealRay, app: str) -> dict:

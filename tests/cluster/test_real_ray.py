@@ -141,7 +141,7 @@ def test_deleting_a_running_job_stops_the_ray_job(kube, real_ray_namespace, oper
     the host started again: Ready, 1/1. (The job's driver holds on the head: the job runs on.)"""
     ns, name = real_ray_namespace, "deleted"
     # KubeRay's probe fails a pod after 10 failures 5 s apart (50 s): 1 s apart here, for make test's time.
-    dashboard.set_backend(ns, real_ray.url, probe_period=1)
+    dashboard.set_backend(ns, real_ray.url, probe_period=1, token=real_ray.token)
     body = job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {tmp_path / 'never'}")
     start(kube, real_ray, ns, body)
     job = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))

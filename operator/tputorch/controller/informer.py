@@ -392,6 +392,18 @@ LIST_PAGE = 500
 WATCH_SILENCE = 150
 
 
+def raw_call(api_client, method: str, path: str, timeout, query: list | None = None, body: dict | None = None):
+    """One API call without the typed clients (their models, or their import, cost memory): the
+    raw answer, or ApiException for any answer but 2xx."""
+    header_params = {"Accept": "application/json", **({"Content-Type": "application/json"} if body is not None else {})}
+    method, url, headers, data, _post = api_client.param_serialize(
+        method, path, query_params=query, header_params=header_params, body=body, auth_settings=["BearerToken"])
+    resp = api_client.call_api(method, url, header_params=headers, body=data, _request_timeout=timeout)
+    if not 200 <= resp.status <= 299:
+        raise ApiException(status=resp.status, reason=resp.reason, body=resp.read().decode("utf-8", "replace"))
+    return resp
+
+
 class RestSource:
     """A Source over raw GETs of the API (lists and watch streams parsed as JSON). Raw rather than
     the typed clients: pods would otherwise be deserialized into models only to be read as dicts."""
@@ -402,13 +414,7 @@ class RestSource:
     def _get(self, scope, query: list, timeout: float):
         if self.label_selector:
             query = [*query, ("labelSelector", self.label_selector)]
-        method, url, headers, _body, _post = self.api.param_serialize(
-            "GET", self.path(scope), query_params=query, header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"])
-        resp = self.api.call_api(method, url, header_params=headers, _request_timeout=timeout)
-        if not 200 <= resp.status <= 299:
-            raise ApiException(status=resp.status, reason=resp.reason, body=resp.read().decode("utf-8", "replace"))
-        return resp
+        return raw_call(self.api, "GET", self.path(scope), timeout, query)
 
     def list(self, scope):
         """The list in pages of LIST_PAGE objects (one consistent snapshot: the first page's

@@ -20,6 +20,7 @@ from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
+from .informer import raw_call
 from .metrics import METRICS
 
 EVENT_SOURCE = "tputorch.io/operator"  # reportingController of our Events
@@ -116,14 +117,7 @@ class SecretWriter:
         self.api_client = api_client
 
     def create_namespaced_secret(self, namespace: str, body: dict, _request_timeout=None) -> None:
-        method, url, headers, data, _post = self.api_client.param_serialize(
-            "POST", f"/api/v1/namespaces/{namespace}/secrets", body=body,
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            auth_settings=["BearerToken"])
-        resp = self.api_client.call_api(method, url, header_params=headers, body=data, _request_timeout=_request_timeout)
-        if not 200 <= resp.status <= 299:
-            raise ApiException(status=resp.status, reason=resp.reason, body=resp.read().decode("utf-8", "replace"))
-        resp.read()
+        raw_call(self.api_client, "POST", f"/api/v1/namespaces/{namespace}/secrets", _request_timeout, body=body).read()
 
 
 class Kube:

@@ -314,10 +314,11 @@ class _PagingApi:
     def __init__(self, items: list[dict], page: int) -> None:
         self.items, self.page, self.queries = items, page, []
 
-    def param_serialize(self, method, path, query_params, header_params, auth_settings):
+    def param_serialize(self, method, path, query_params, header_params, body, auth_settings):
+        assert body is None  # the informer only reads
         return method, (path, dict(query_params)), header_params, None, None
 
-    def call_api(self, method, url, header_params, _request_timeout):
+    def call_api(self, method, url, header_params, body, _request_timeout):
         path, query = url
         self.queries.append(query)
         start = int(query.get("continue", 0))
@@ -387,13 +388,13 @@ def test_an_object_within_the_limit_decodes_unchanged_and_bytes_work_too():
 
 def test_an_informer_lists_and_watches_past_a_deep_object():
     api = _PagingApi([], page=informer_module.LIST_PAGE)
-    api.call_api = lambda method, url, header_params, _request_timeout: _Raw(
+    api.call_api = lambda method, url, header_params, body, _request_timeout: _Raw(
         _page(_item("ok"), _item("deep", _nested(5_000))))
     inf, changes = informer(source=RestSource(api, lambda scope: "/things", None))
     assert inf.relist(None) == "9"
     assert inf.keys() == {("ml", "ok"), ("ml", "deep")}
     line = '{"type":"MODIFIED","object":' + _item("deep", _nested(5_000)).replace('"1"', '"2"') + "}"
-    api.call_api = lambda method, url, header_params, _request_timeout: _Raw(line + "\n", stream=True)
+    api.call_api = lambda method, url, header_params, body, _request_timeout: _Raw(line + "\n", stream=True)
     events = list(RestSource(api, lambda scope: "/things", None).watch(None, "9"))
     assert [e["object"]["metadata"]["name"] for e in events] == ["deep"]
 

@@ -582,6 +582,12 @@ class Controller:
         self.problems.pop(key, None)
         return True
 
+    async def _made_ray_token(self, kind: Kind, key: Key, child: dict) -> bool:
+        """A child just created (or found there by its create) gets its token Secret now."""
+        if kind.own_ray_token and render.ray_token_secret_name(child):
+            self.tokens_pending.add(child["metadata"]["uid"])
+        return await self._ensure_ray_token(kind, key, child)
+
     async def _create(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
         namespace, name = key[1], key[2]
         desired = kind.render(spec)
@@ -608,11 +614,9 @@ class Controller:
             self.problems.pop(key, None)
             await self._relabel(kind, key, desired, existing)
             self.expect(key, existing)
-            if kind.own_ray_token and render.ray_token_secret_name(existing):
-                # made by an earlier try of this process or another: its Secret may be missing
-                self.tokens_pending.add(existing["metadata"]["uid"])
-                if not await self._ensure_ray_token(kind, key, existing):
-                    return "retry", existing
+            # made by an earlier try of this process or another: its Secret may be missing
+            if not await self._made_ray_token(kind, key, existing):
+                return "retry", existing
             return "exists", existing
         except Exception as err:
             self.problems[key] = create_problem(kind, err)
@@ -621,10 +625,8 @@ class Controller:
         self.expect(key, created)
         log.info("%s %s/%s created (%s %s slice, %d hosts)", kind.child.kind, namespace, name,
                  spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
-        if kind.own_ray_token:
-            self.tokens_pending.add(created["metadata"]["uid"])
-            if not await self._ensure_ray_token(kind, key, created):
-                return "retry", created
+        if not await self._made_ray_token(kind, key, created):
+            return "retry", created
         return "created", created
 
     # --- Kueue ------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import importlib.util
 import json
 import os
 import select
+import shutil
 import secrets
 import signal
 import socket
@@ -239,6 +240,8 @@ class RealRay:
                 pass
         _stop_session(self.proc)
         self.proc = None
+        if self.workdir != Path(self.temp_dir):  # Ray's session files only; the log is in workdir
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def memory_bytes(self) -> int:
         return rss_bytes([self.proc.pid]) if self.proc else 0

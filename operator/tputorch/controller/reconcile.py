@@ -202,8 +202,8 @@ class Controller:
         self.dashboard = dashboard if progress_interval > 0 else None
         self.progress_interval = progress_interval
         self.ray_tokens = ray_tokens or RayTokens.from_file(None)
-        # uids of children this process created whose token Secret is not made yet
-        self.tokens_pending: set[str] = set()
+        # key -> uid of the child whose token Secret this process made or found there (409)
+        self.tokens_made: dict[Key, str] = {}
         self.progress_read: dict[str, float] = {}  # uid -> when its driver log was last read (monotonic)
         self.reports: dict[str, training.Report] = {}  # uid -> the newest report read, until it is written
         self.reading: dict[str, asyncio.Task] = {}  # uid -> its read in flight (one per object)
@@ -331,6 +331,7 @@ class Controller:
         self.problems.pop(key, None)
         self.expected.pop(key, None)
         self.deleted_pods.pop(key, None)
+        self.tokens_made.pop(key, None)
         self.queue.drop(key)
 
     def phases(self) -> dict[str, dict[str, int]]:
@@ -544,7 +545,7 @@ class Controller:
             # ours (invisible to the watch): look again with backoff either way.
             return "retry", child
         self.problems.pop(key, None)
-        if not await self._ensure_ray_token(kind, key, child):  # after a failed try of this process only
+        if not await self._ensure_ray_token(kind, key, child):
             return "retry", child
         if kind.child_must_go is not None and kind.child_must_go(self._previous(parent), child):
             await self._remove_child(kind, key, child)
@@ -560,12 +561,14 @@ class Controller:
         return "child-patched", child
 
     async def _ensure_ray_token(self, kind: Kind, key: Key, child: dict) -> bool:
-        """The Secret with the token of a child's cluster, made once right after the child (it
-        names the Secret) and owned by it. Created only, as the operator may not read Secrets: a
-        409 is this child's own from an earlier try (the name is the child's alone, the token is
+        """The Secret with the token of a child's cluster (named on it by _create, owned by it),
+        made once per process per child: level-based, so a child whose Secret an earlier process
+        never made (it died or was refused in between) gets it. Created only, as the operator may
+        not read Secrets: a 409 is this child's own (the name is the child's alone, the token is
         derived, never random). False when refused: said in the status and tried again."""
         name, uid = render.ray_token_secret_name(child), child["metadata"].get("uid")
-        if not name or uid not in self.tokens_pending:
+        if (not kind.own_ray_token or not render.is_ray_token_secret_of(child, name)
+                or self.tokens_made.get(key) == uid or child["metadata"].get("deletionTimestamp")):
             return True
         namespace = key[1]
         try:
@@ -578,21 +581,15 @@ class Controller:
                                       f"token could not be created (its pods wait for it): {detail}")
                 log.warning("%s %s/%s: %s", kind.resource.kind, namespace, key[2], self.problems[key][1])
                 return False
-        self.tokens_pending.discard(uid)
+        self.tokens_made[key] = uid  # replaces the entry of an earlier child of this key
         self.problems.pop(key, None)
         return True
-
-    async def _made_ray_token(self, kind: Kind, key: Key, child: dict) -> bool:
-        """A child just created (or found there by its create) gets its token Secret now."""
-        if kind.own_ray_token and render.ray_token_secret_name(child):
-            self.tokens_pending.add(child["metadata"]["uid"])
-        return await self._ensure_ray_token(kind, key, child)
 
     async def _create(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
         namespace, name = key[1], key[2]
         desired = kind.render(spec)
         if kind.own_ray_token:  # a name of this child's alone: never one a deleted child still holds
-            render.with_ray_token_secret(desired, f"{name}-ray-token-{secrets.token_hex(3)}")
+            render.with_ray_token_secret(desired, render.new_ray_token_secret_name(name, secrets.token_hex(3)))
         desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
         desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
         if kind.attempt is not None:
@@ -614,8 +611,7 @@ class Controller:
             self.problems.pop(key, None)
             await self._relabel(kind, key, desired, existing)
             self.expect(key, existing)
-            # made by an earlier try of this process or another: its Secret may be missing
-            if not await self._made_ray_token(kind, key, existing):
+            if not await self._ensure_ray_token(kind, key, existing):
                 return "retry", existing
             return "exists", existing
         except Exception as err:
@@ -625,7 +621,7 @@ class Controller:
         self.expect(key, created)
         log.info("%s %s/%s created (%s %s slice, %d hosts)", kind.child.kind, namespace, name,
                  spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
-        if not await self._made_ray_token(kind, key, created):
+        if not await self._ensure_ray_token(kind, key, created):
             return "retry", created
         return "created", created
 

@@ -61,6 +61,16 @@ def ray_token_secret_name(rayjob: dict) -> str | None:
     return (cluster.get("authOptions") or {}).get("secretName")
 
 
+def new_ray_token_secret_name(rayjob_name: str, suffix: str) -> str:
+    """A name of one RayJob's alone (the suffix is random): never one a deleted RayJob still holds."""
+    return f"{rayjob_name}-ray-token-{suffix}"
+
+
+def is_ray_token_secret_of(rayjob: dict, secret_name: str | None) -> bool:
+    """The name is one the operator gives this RayJob's token Secret (not any Secret of the namespace)."""
+    return bool(secret_name) and secret_name.startswith(new_ray_token_secret_name(rayjob["metadata"]["name"], ""))
+
+
 def with_ray_token_secret(rayjob: dict, secret_name: str) -> None:
     rayjob["spec"]["rayClusterSpec"]["authOptions"] = {**RAY_AUTH, "secretName": secret_name}
 

@@ -123,6 +123,73 @@ def test_a_refused_ray_token_secret_is_said_and_made_on_the_next_try_once():
     assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
 
 
+def with_token(child: dict, secret_name: str = "demo-ray-token-abc123") -> dict:
+    child["spec"]["rayClusterSpec"] = {}
+    render.with_ray_token_secret(child, secret_name)
+    return child
+
+
+RUNNING = {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
+
+
+@pytest.mark.parametrize("there", [False, True])
+def test_a_new_process_makes_the_token_secret_of_a_rayjob_it_finds_once(there):
+    """Level-based: the process that created the RayJob may have died before its Secret (KubeRay's
+    pods would wait for it for ever). A fresh process makes it, or finds it there (409: the name is
+    that RayJob's alone, its token derived), and asks no more."""
+    ctl = setup(job(), with_token(rayjob("uid-new", status=RUNNING)))
+    ctl.status_interval = 0
+    if there:
+        ctl.kube.objects[("secrets", "ml", "demo-ray-token-abc123")] = {"made": "earlier"}
+    run(ctl.reconcile(KEY))
+    assert [c[1:] for c in ctl.kube.called("create")] == [("secrets", "ml", "demo-ray-token-abc123")]
+    secret = ctl.kube.objects[("secrets", "ml", "demo-ray-token-abc123")]
+    if not there:
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == "rj-uid-new"
+        assert secret["stringData"]["auth_token"] == ctl.ray_tokens.token("ml", "demo-ray-token-abc123")
+    assert KEY not in ctl.problems
+    assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
+    run(ctl.reconcile(KEY))
+    assert len(ctl.kube.called("create")) == 1
+
+
+def test_a_new_process_refused_the_token_secret_says_so_and_tries_again():
+    ctl = setup(job(), with_token(rayjob("uid-new", status=RUNNING)))
+    ctl.status_interval = 0
+    ctl.kube.fail["create_secret"].append(api_error(403, body='{"message": "secrets is forbidden: User cannot create"}'))
+    assert run(ctl.reconcile(KEY)) == "retry"
+    cond = condition(last_status(ctl.kube), "RayJobCreated")
+    assert (cond["status"], cond["reason"]) == ("False", "RayTokenSecretNotCreated")
+    assert "demo-ray-token-abc123" in cond["message"] and "cannot create" in cond["message"]
+    run(ctl.reconcile(KEY))
+    assert ("secrets", "ml", "demo-ray-token-abc123") in ctl.kube.objects
+    assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
+
+
+def test_the_token_secret_memory_follows_the_rayjob_and_is_dropped_with_the_job():
+    ctl = setup(job(), with_token(rayjob("uid-new", status=RUNNING)))
+    run(ctl.reconcile(KEY))
+    assert ctl.tokens_made == {KEY: "rj-uid-new"}
+    # the RayJob made again (another uid, another Secret): its Secret is made, the entry replaced
+    again = with_token(rayjob("uid-new", status=RUNNING), "demo-ray-token-def456")
+    again["metadata"]["uid"] = "rj-again"
+    ctl.children[KIND]._pop(("ml", "demo"))
+    ctl.children[KIND].remember(again)
+    run(ctl.reconcile(KEY))
+    assert [c[3] for c in ctl.kube.called("create")] == ["demo-ray-token-abc123", "demo-ray-token-def456"]
+    assert ctl.tokens_made == {KEY: "rj-again"}
+    ctl.parents[KIND]._pop(("ml", "demo"))
+    assert run(ctl.reconcile(KEY)) == "gone" and ctl.tokens_made == {}
+
+
+@pytest.mark.parametrize("secret_name", ["someone-elses", "other-ray-token-abc123"])
+def test_no_secret_is_made_for_a_name_the_operator_does_not_give(secret_name):
+    """An owned RayJob edited to name another Secret: the operator creates only its own names."""
+    ctl = setup(job(), with_token(rayjob("uid-new", status=RUNNING), secret_name))
+    run(ctl.reconcile(KEY))
+    assert ctl.kube.called("create") == []
+
+
 def test_the_ray_token_key_must_be_long_enough_and_is_read_without_its_newline(tmp_path):
     from tputorch.controller.raytoken import RayTokens
 

@@ -126,12 +126,12 @@ def slim_pod(obj: dict) -> dict:
     for key in ("phase", "reason", "message"):
         if status.get(key):
             slim_status[key] = status[key]
-    waiting = [{"name": c.get("name"), "image": c.get("image"), "waiting": c["state"]["waiting"]}
-               for c in status.get("containerStatuses") or []
-               if isinstance((c.get("state") or {}).get("waiting"), dict) and c["state"]["waiting"].get("reason")]
-    if waiting:
-        slim_status["containerStatuses"] = [{"name": w["name"], "image": w["image"], "state": {"waiting": w["waiting"]}}
-                                            for w in waiting]
+    for key in ("initContainerStatuses", "containerStatuses"):  # the waiting ones (an init container's holds the pod)
+        waiting = [{"name": c.get("name"), "image": c.get("image"), "state": {"waiting": c["state"]["waiting"]}}
+                   for c in status.get(key) or []
+                   if isinstance((c.get("state") or {}).get("waiting"), dict) and c["state"]["waiting"].get("reason")]
+        if waiting:
+            slim_status[key] = waiting
     slim = {"metadata": slim_meta, "status": slim_status}
     spec = obj.get("spec") or {}
     slim_spec = {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {}

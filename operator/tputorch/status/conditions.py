@@ -237,7 +237,9 @@ def container_problem(pods: Iterable[dict]) -> tuple[str, str] | None:
     """(reason, message) of the first pod (by name) with a container kubelet cannot start: a
     missing image, a missing Secret or key (CreateContainerConfigError), a crash loop."""
     for pod in sorted(pods, key=_pod_name):
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        status = pod.get("status") or {}
+        # init containers first: one that cannot start holds the others (PodInitializing)
+        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in CONTAINER_PROBLEMS:
                 detail = waiting.get("message") or ""

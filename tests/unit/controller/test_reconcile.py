@@ -493,11 +493,15 @@ def test_the_pod_store_keeps_phase_and_why_a_container_waits():
                       "containerStatuses": [{"name": "ray-worker", "image": "i", "ready": False, "restartCount": 0,
                                              "state": {"waiting": {"reason": "CreateContainerConfigError",
                                                                    "message": 'secret "hf" not found'}}},
-                                            {"name": "sidecar", "state": {"running": {"startedAt": "t"}}}]}}
+                                            {"name": "sidecar", "state": {"running": {"startedAt": "t"}}}],
+                      "initContainerStatuses": [{"name": "wait-gcs-ready", "image": "i", "ready": False,
+                                                 "state": {"waiting": {"reason": "PodInitializing"}}}]}}
     slim = kinds.slim_pod(pod)
     assert slim["status"] == {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
                               "containerStatuses": [{"name": "ray-worker", "image": "i", "state": {"waiting": {
-                                  "reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}]}
+                                  "reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}],
+                              "initContainerStatuses": [{"name": "wait-gcs-ready", "image": "i", "state": {"waiting": {
+                                  "reason": "PodInitializing"}}}]}
     assert slim["metadata"]["labels"] == {"tputorch.io/service": "qwen", "ray.io/node-type": "worker"}
     assert kinds.slim_pod({"metadata": {"name": "p"}, "status": {}})["status"] == {"conditions": []}
     assert "spec" not in slim  # no TPU container, no node yet

@@ -181,6 +181,21 @@ def test_a_container_that_cannot_start_names_the_image_or_the_secret(reason, mes
     assert (("Warning", reason) in {(e.type, e.reason) for e in statuses.events({}, st)})
 
 
+def test_an_init_container_that_cannot_start_is_named_not_the_one_it_holds():
+    """KubeRay's wait-gcs-ready init container gets the token Secret's env too: while the Secret is
+    missing it waits (CreateContainerConfigError) and the Ray container behind it PodInitializing."""
+    p = pod("demo-tpu-1")
+    p["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    p["status"]["initContainerStatuses"] = [{"name": "wait-gcs-ready", "image": "i", "state": {"waiting": {
+        "reason": "CreateContainerConfigError", "message": 'secret "demo-ray-token-abc123" not found'}}}]
+    p["status"]["containerStatuses"] = [{"name": "ray-worker", "image": "i", "state": {"waiting": {"reason": "PodInitializing"}}}]
+    st = derive(job(), rayjob({"jobDeploymentStatus": "Initializing"}), [pod("demo-head", "head"), p])
+    cond = next(c for c in st["conditions"] if c["type"] == "SliceReady")
+    assert (st["phase"], cond["reason"]) == ("Pending", "CreateContainerConfigError")
+    assert cond["message"] == ('pod demo-tpu-1 container wait-gcs-ready: CreateContainerConfigError: '
+                              'secret "demo-ray-token-abc123" not found')
+
+
 def test_a_quota_that_refuses_the_pods_is_named():
     rj = rayjob({"jobDeploymentStatus": "Initializing", "rayClusterStatus": {"conditions": [
         {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreateWorkerPod",

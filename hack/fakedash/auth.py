@@ -96,8 +96,9 @@ class Tokens:
         if hit is not None and now - hit[0] < CACHE_SECONDS:
             return hit[1]
         token = self._read(ns, cluster)
-        with self.lock:
-            self.cache[(ns, cluster)] = (now, token)
+        if token != "":  # a missing Secret is read again: its head starts as soon as it is made
+            with self.lock:
+                self.cache[(ns, cluster)] = (now, token)
         return token
 
     def _read(self, ns: str, cluster: str) -> str | None:
@@ -108,7 +109,7 @@ class Tokens:
         secret = self.kube.get(f"/api/v1/namespaces/{ns}/secrets/{name}")
         data = (secret or {}).get("data") or {}
         if "auth_token" not in data:
-            # A head started before its Secret exists never runs (its env comes from it): nothing
-            # can authenticate, as with a real one.
+            # No head runs before its Secret exists (kubelet.py: its container waits): nothing
+            # can authenticate.
             return ""
         return base64.b64decode(data["auth_token"]).decode()

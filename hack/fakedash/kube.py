@@ -52,9 +52,10 @@ def plain_env(container: dict) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
 
 
-def container_env(kube: Kube, ns: str, container: dict) -> dict[str, str]:
+def container_env(kube: Kube, ns: str, container: dict) -> dict[str, str] | None:
     """A container's env as kubelet resolves it: plain values and `secretKeyRef`s (KubeRay's
-    RAY_AUTH_TOKEN); a missing Secret or key leaves the variable out."""
+    RAY_AUTH_TOKEN); None when a non-optional Secret or key is missing (kubelet would not start
+    it: CreateContainerConfigError, kubelet.py), an optional one is left out."""
     env = plain_env(container)
     for e in container.get("env") or []:
         ref = (e.get("valueFrom") or {}).get("secretKeyRef")
@@ -62,6 +63,8 @@ def container_env(kube: Kube, ns: str, container: dict) -> dict[str, str]:
             data = (kube.get(f"/api/v1/namespaces/{ns}/secrets/{ref['name']}") or {}).get("data") or {}
             if ref.get("key") in data:
                 env[e["name"]] = base64.b64decode(data[ref["key"]]).decode()
+            elif not ref.get("optional"):
+                return None
     return env
 
 

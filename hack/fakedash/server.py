@@ -17,6 +17,7 @@ from . import control as control_api
 from . import auth, cpu_serving, jobs_api, logs_api, serve_api
 from .forwarder import Reaper, forward, with_driver_env
 from .kube import Kube, head_env
+from .kubelet import Kubelet
 from .state import State, owner_name, parse_host
 
 SERVE_PORT = 8000  # Serve's HTTP port in KubeRay's pods and services
@@ -302,6 +303,7 @@ def main(argv=None) -> int:
         Signaller(state, kube, log).start()
         Runner(state, kube, log, f"http://{args.host}:{port}", log_dir, args.ray_bin).start()
         Reaper(state, kube, log).start()
+        Kubelet(kube, log).start()  # KWOK runs no pod that names a Secret without it (kubelet.py)
         if not args.no_serve_prober:
             Prober(state, kube, log).start()
     if args.port_file:

@@ -71,7 +71,7 @@ class Runner(threading.Thread):
 
     A running submitter pod's container command and args (KubeRay's `ray job status || ray job
     submit --no-wait ...; ray job logs --follow`) run as they are, with the pod's env (secretKeyRefs
-    read as kubelet would: KubeRay's RAY_AUTH_TOKEN), except that
+    read as kubelet would: KubeRay's RAY_AUTH_TOKEN; not started while one is missing), except that
     the dashboard address becomes this server's `/_ray/<ns>/<cluster>` route (the websocket of
     `ray job logs --follow` ignores HTTP_PROXY). Output goes to <log dir>/<ns>/<pod>.log; the exit
     code finishes the pod through the KWOK exit annotation. A pod deleted meanwhile (RayJob
@@ -118,6 +118,8 @@ class Runner(threading.Thread):
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         container = pod["spec"]["containers"][0]
         env = container_env(self.kube, ns, container)  # with RAY_AUTH_MODE/RAY_AUTH_TOKEN from KubeRay
+        if env is None:
+            return  # a Secret it names is missing: kubelet would not start it; tried again next tick
         address = env.get("RAY_DASHBOARD_ADDRESS", "")
         if "RAY_JOB_SUBMISSION_ID" not in env or not address:
             return

@@ -490,3 +490,68 @@ def test_prober_checks_answer_as_wget_and_kubelet_see_them():
         server.shutdown()
         server.server_close()
     assert not prober.http_passes(prober.Check("agent", "/ok", "success"), ends, 2), "refused"
+
+
+
+def _pod_naming(env=(), env_from=(), volumes=(), inits=()):
+    """A scheduled pod KWOK has not run (it names a Secret)."""
+    def container(name, **extra):
+        return {"name": name, "image": "rayproject/ray:2.60.0", **extra}
+    return {"metadata": {"name": "h", "namespace": "ns"},
+            "spec": {"containers": [container("ray-head", env=list(env), envFrom=list(env_from))],
+                     "initContainers": [container(n, env=list(e)) for n, e in inits],
+                     "volumes": list(volumes), "nodeName": "tpu-0"},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
+
+
+TOKEN_REF = {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "j-ray-token-abc123", "key": "auth_token"}}}
+NOW = "2026-12-01T00:01:00Z"
+
+
+def test_kubelet_keeps_a_container_whose_secret_is_missing_waiting_until_it_is_there():
+    from fakedash import kubelet
+
+    pod = _pod_naming(env=[{"name": "A", "value": "1"}, TOKEN_REF])
+    assert kubelet.names_secrets(pod) and not kubelet.names_secrets(_pod_naming(env=[{"name": "A", "value": "1"}]))
+    st = kubelet.waiting_status(pod, {}, NOW)["status"]
+    assert st["phase"] == "Pending"
+    (cs,) = st["containerStatuses"]
+    assert cs["state"]["waiting"] == {"reason": "CreateContainerConfigError", "message": 'secret "j-ray-token-abc123" not found'}
+    assert not cs["ready"] and not cs["started"]
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "ContainersNotReady")
+    assert conds["ContainersReady"]["message"] == "containers with unready status: [ray-head]"
+    assert conds["Initialized"]["status"] == "True"
+    shown = {**pod, "status": {**pod["status"], **st, "conditions": pod["status"]["conditions"] + st["conditions"]}}
+    assert kubelet.reported(shown["status"], kubelet.waiting_status(pod, {}, "2026-12-01T00:02:00Z")["status"]), \
+        "written once, not on every look"
+    # what the operator reads from it names the Secret (issue 23's classification)
+    from tputorch.status.conditions import container_problem
+    assert container_problem([shown]) == ("CreateContainerConfigError", 'pod h container ray-head: CreateContainerConfigError: '
+                                          'secret "j-ray-token-abc123" not found')
+    # a Secret without the key is no better; with it the pod may start (KWOK runs it)
+    st = kubelet.waiting_status(pod, {"j-ray-token-abc123": {"other"}}, NOW)["status"]
+    assert st["containerStatuses"][0]["state"]["waiting"]["message"] == "couldn't find key auth_token in Secret ns/j-ray-token-abc123"
+    assert kubelet.waiting_status(pod, {"j-ray-token-abc123": {"auth_token"}}, NOW) is None
+
+
+def test_kubelet_reads_envfrom_volumes_init_containers_and_optional_refs():
+    from fakedash import kubelet
+
+    optional = {"name": "X", "valueFrom": {"secretKeyRef": {"name": "gone", "key": "k", "optional": True}}}
+    assert kubelet.waiting_status(_pod_naming(env=[optional], env_from=[{"secretRef": {"name": "gone2", "optional": True}}],
+                                              volumes=[{"name": "v", "secret": {"secretName": "gone3", "optional": True}}]),
+                                  {}, NOW) is None, "optional: started without them"
+    st = kubelet.waiting_status(_pod_naming(env_from=[{"secretRef": {"name": "envs"}}]), {}, NOW)["status"]
+    assert st["containerStatuses"][0]["state"]["waiting"]["message"] == 'secret "envs" not found'
+    # a secret volume: the pod is never set up, no container is created
+    st = kubelet.waiting_status(_pod_naming(volumes=[{"name": "v", "secret": {"secretName": "vol"}}],
+                                            inits=[("wait-gcs", ())]), {}, NOW)["status"]
+    assert [c["state"]["waiting"]["reason"] for c in st["initContainerStatuses"] + st["containerStatuses"]] == \
+        ["ContainerCreating", "PodInitializing"]
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Initialized"] == "False"
+    # an init container that cannot start holds the others (the earlier ones ran)
+    st = kubelet.waiting_status(_pod_naming(inits=[("first", ()), ("wait-gcs", [TOKEN_REF])]), {}, NOW)["status"]
+    assert [list(c["state"]) for c in st["initContainerStatuses"]] == [["terminated"], ["waiting"]]
+    assert st["initContainerStatuses"][1]["state"]["waiting"]["reason"] == "CreateContainerConfigError"
+    assert st["containerStatuses"][0]["state"]["waiting"] == {"reason": "PodInitializing"}

@@ -67,6 +67,9 @@ def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace,
     dashboard.set_serve_ready_after(3)
     body = yaml.safe_load((EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
     name = body["metadata"]["name"]
+    # the Hugging Face token Secret it names, made first as docs/serving.md says (its pods wait for it)
+    hf = body["spec"]["model"]["hfTokenSecret"]
+    kubectl(kube.kubeconfig, "create", "secret", "generic", hf["name"], "-n", namespace, f"--from-literal={hf['key']}=hf_x")
     apply(kube, namespace, body)
     seen = phases_seen(kube, namespace, name, "Ready")
     assert seen[0] == "Pending" and "Deploying" in seen, seen

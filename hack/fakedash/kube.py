@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -46,6 +48,28 @@ class Kube:
 
     def raycluster(self, ns: str, name: str):
         return self.get(f"/apis/ray.io/v1/namespaces/{ns}/rayclusters/{name}")
+
+
+class Poller(threading.Thread):
+    """A daemon thread that calls tick() every `interval` seconds; an error is logged under `what`
+    and the loop goes on (the API server may be restarting)."""
+
+    what = "poller"
+
+    def __init__(self, kube: Kube, log, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.kube, self.log, self.interval = kube, log, interval
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self.interval)
+            try:
+                self.tick()
+            except Exception as exc:
+                self.log(f"{self.what}: {exc!r}")
+
+    def tick(self) -> None:
+        raise NotImplementedError
 
 
 def plain_env(container: dict) -> dict[str, str]:

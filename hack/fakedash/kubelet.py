@@ -21,12 +21,11 @@ Not modelled: the pod IP a real pod has while it waits, kubelet's events, Config
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.error
 import urllib.parse
 
-from .kube import Kube
+from .kube import Kube, Poller
 
 RESOLVED = "tputorch.local/secrets-resolved"  # KWOK's running stage waits for it (value "true")
 INTERVAL = 0.2  # seconds between looks (only scheduled pods KWOK has not run are listed)
@@ -136,20 +135,13 @@ def describe(status: dict) -> str:
     return "; ".join(said)
 
 
-class Kubelet(threading.Thread):
+class Kubelet(Poller):
     """Applies the rule above to the scheduled pods KWOK has not run yet (no pod IP)."""
 
-    def __init__(self, kube: Kube, log, interval: float = INTERVAL) -> None:
-        super().__init__(daemon=True)
-        self.kube, self.log, self.interval = kube, log, interval
+    what = "kubelet"
 
-    def run(self) -> None:
-        while True:
-            time.sleep(self.interval)
-            try:
-                self.tick()
-            except Exception as exc:  # keep going; the API server may be restarting
-                self.log(f"kubelet: {exc!r}")
+    def __init__(self, kube: Kube, log, interval: float = INTERVAL) -> None:
+        super().__init__(kube, log, interval)
 
     def tick(self) -> None:
         sel = urllib.parse.quote("spec.nodeName!=,status.podIP=")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -42,7 +41,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from . import serve_api
-from .kube import Kube, plain_env
+from .kube import Kube, Poller, plain_env
 from .state import State
 
 SERVE_PROXY_PATH = "/-/healthz"
@@ -245,19 +244,13 @@ def stand_in_results(pods: list[tuple[dict, Probe]], serving: dict[tuple[str, st
             for p, probe in pods}
 
 
-class Prober(threading.Thread):
-    def __init__(self, state: State, kube: Kube, log, interval: float = 1.0) -> None:
-        super().__init__(daemon=True)
-        self.state, self.kube, self.log, self.interval = state, kube, log, interval
-        self.seen: dict[tuple[str, str, str], tuple[bool | None, float | None]] = {}  # (ns, pod, uid) -> next_ready's
+class Prober(Poller):
+    what = "prober"
 
-    def run(self) -> None:
-        while True:
-            time.sleep(self.interval)
-            try:
-                self.tick()
-            except Exception as exc:  # keep going; the API server may be restarting
-                self.log(f"prober: {exc!r}")
+    def __init__(self, state: State, kube: Kube, log, interval: float = 1.0) -> None:
+        super().__init__(kube, log, interval)
+        self.state = state
+        self.seen: dict[tuple[str, str, str], tuple[bool | None, float | None]] = {}  # (ns, pod, uid) -> next_ready's
 
     def _nodes(self, url: str, token: str | None) -> list[dict] | None:
         req = urllib.request.Request(f"{url}/nodes?view=summary")

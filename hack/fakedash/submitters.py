@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 
-from .kube import Kube, container_env, submission_id_of
+from .kube import Kube, Poller, container_env, submission_id_of
 from .state import EXIT_ANNOTATION, TERMINAL, State, parse_host
 
 
@@ -66,7 +66,7 @@ class Signaller(threading.Thread):
 
 
 
-class Runner(threading.Thread):
+class Runner(Poller):
     """Runs the submitter pods of RayClusters that have a real backend, on this host.
 
     A running submitter pod's container command and args (KubeRay's `ray job status || ray job
@@ -78,19 +78,13 @@ class Runner(threading.Thread):
     deleted or suspended) has its process group killed.
     """
 
+    what = "runner"
+
     def __init__(self, state: State, kube: Kube, log, self_url: str, log_dir: str, ray_bin: str) -> None:
-        super().__init__(daemon=True)
-        self.state, self.kube, self.log = state, kube, log
+        super().__init__(kube, log, 0.5)
+        self.state = state
         self.self_url, self.log_dir, self.ray_bin = self_url, log_dir, ray_bin
         self.procs: dict[tuple[str, str], subprocess.Popen] = {}
-
-    def run(self) -> None:
-        while True:
-            time.sleep(0.5)
-            try:
-                self.tick()
-            except Exception as exc:  # keep going; the API server may be restarting
-                self.log(f"runner: {exc!r}")
 
     def tick(self) -> None:
         with self.state.lock:

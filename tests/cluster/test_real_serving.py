@@ -9,18 +9,16 @@ differences of hack/fakedash/cpu_serving.py applied; KubeRay's Serve proxy healt
 serve Service's port 8000 reach the head's real Serve proxy. The model is made here
 (tests/serving/tinymodel.py): nothing comes from a hub.
 
-The first test then edits the service's engine args (KubeRay redeploys the Serve config in place:
-Updating, then Ready with vLLM running the new max_model_len) and puts it under sustained load
-(replicas {1, 2}: Serve's autoscaler asks for a second replica, which waits for a second slice).
-TPUTORCH_SERVING_KILL=1 adds, before the edit, the LLM replica's actor killed: the status leaves
-Ready, and is Ready again (answering) once Serve has replaced it. Left out of `make test` for its
-time (one more vLLM start).
+The first test then kills the LLM replica's Ray actor (the status leaves Ready, and is Ready again,
+answering, once Serve has replaced it), edits the service's engine args (KubeRay redeploys the
+Serve config in place: Updating, then Ready with vLLM running the new max_model_len) and puts it
+under sustained load (replicas {1, 2}: Serve's autoscaler asks for a second replica, which waits
+for a second slice).
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import re
 import sys
 import threading
@@ -154,22 +152,28 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     llm = llm_deployment(app)
     assert {r["node_id"] for r in llm["replicas"]} <= set(serving_ray.current["node_ids"].values()), llm["replicas"]
 
-    if os.environ.get("TPUTORCH_SERVING_KILL") == "1":  # by hand: a second vLLM start (~2 min here)
-        replica_killed_and_replaced(kube, ns, name, serving_ray, dashboard)
+    replica_killed_and_replaced(kube, ns, name, serving_ray, dashboard)
     engine_args_edit_goes_in_place(kube, ns, name, body, serving_ray, dashboard, answer["usage"]["prompt_tokens"])
     serve_scales_to_two_under_load(kube, ns, name, serving_ray, dashboard)
 
 
 def replica_killed_and_replaced(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
     """The LLM replica's Ray actor killed (a lost host): the status leaves Ready, then comes back."""
+    (before,) = [r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+        "replicas"]]
     t1 = time.monotonic()
-    serving_ray.kill_serve_replica("LLMServer")
+    killed = serving_ray.kill_serve_replica("LLMServer")
+    assert killed.endswith(f"#{before}"), (killed, before)
     lost = kube.wait(lambda: (lambda s: s if s.get("phase") not in ("Ready", None) else None)(status(kube, ns, name)),
                      120, "the service to leave Ready")
     TIMINGS["kill_to_not_ready_s"] = time.monotonic() - t1
     assert lost["phase"] in ("Degraded", "Recovering"), lost
     st, seen = follow(kube, ns, name, "Ready", 600)
     TIMINGS["kill_to_ready_again_s"] = time.monotonic() - t1
+    # Ready again on Serve's replacement: a new replica, running, that answers.
+    llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+    running = [r["replica_id"] for r in llm["replicas"] if r["state"] == "RUNNING"]
+    assert llm["status"] == "HEALTHY" and len(running) == 1 and before not in running, (killed, llm)
     assert serving_chain.chat(st["endpoint"], dashboard.url, name)["usage"]["completion_tokens"] > 0
 
 

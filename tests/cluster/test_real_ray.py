@@ -116,73 +116,9 @@ def test_train_v2_job_succeeds_and_each_worker_sees_its_own_chip(kube, real_ray_
     assert f"tputorch-realray: {workers} workers done" in output, output[-3000:]
 
 
-def test_failing_entrypoint_fails_with_rays_message(kube, real_ray_namespace, operator, real_ray):
-    ns, name = real_ray_namespace, "fails"
-    start(kube, real_ray, ns, job_body(name, "2x2", f"python {JOB_SCRIPT} --fail tputorch-realray-boom"))
-    st = wait_phase(kube, ns, name, "Failed", 300)
-    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
-    assert failed["status"] == "True"
-    # Ray's own message, with the driver's log tail, carried by KubeRay and the operator.
-    assert "Job entrypoint command failed with exit code 1" in st["message"], st["message"]
-    assert "RuntimeError: tputorch-realray-boom" in st["message"], st["message"]
-    assert real_ray.job(rayjob(kube, ns, name)["status"]["jobId"])["status"] == "FAILED"
-
-
-def pod_ready(kube, ns: str, name: str, node_type: str) -> bool:
-    (pod,) = [p for p in kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={name}").items
-              if p.metadata.labels.get("ray.io/node-type") == node_type and not p.metadata.deletion_timestamp]
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
-def test_deleting_a_running_job_stops_the_ray_job(kube, real_ray_namespace, operator, real_ray, dashboard, tmp_path):
-    """First, while it runs, GKE's readiness (hack/fakedash/prober.py): a pod is Ready only while the
-    readiness probe KubeRay wrote passes against the Ray node that stands for it. The host's Ray node
-    killed: its pod turns NotReady (the head's stays Ready) and the status counts 0/1 hosts ready;
-    the host started again: Ready, 1/1. (The job's driver holds on the head: the job runs on.)"""
-    ns, name = real_ray_namespace, "deleted"
-    # KubeRay's probe fails a pod after 10 failures 5 s apart (50 s): 1 s apart here, for make test's time.
-    dashboard.set_backend(ns, real_ray.url, probe_period=1, token=real_ray.token)
-    body = job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {tmp_path / 'never'}")
-    start(kube, real_ray, ns, body)
-    job = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))
-    hosts_ready = lambda want: (lambda st: st if st.get("hostsReady") == want else None)(status(kube, ns, name))  # noqa: E731
-    kube.wait(lambda: hosts_ready("1/1") and pod_ready(kube, ns, name, "head"), 120, "the host and head Ready")
-
-    real_ray.kill_host(0)
-    kube.wait(lambda: not pod_ready(kube, ns, name, "worker"), 120, "the lost host's pod NotReady")
-    assert pod_ready(kube, ns, name, "head"), "the head's Ray node still answers its probe"
-    st = kube.wait(lambda: hosts_ready("0/1"), 120, "the status counting 0/1 hosts ready")
-    assert st["phase"] == "Running", st
-    real_ray.attach(render.rayjob(spec.parse({**body, "metadata": {**body["metadata"], "namespace": ns}})))
-    kube.wait(lambda: pod_ready(kube, ns, name, "worker"), 120, "the host's pod Ready again")
-    kube.wait(lambda: hosts_ready("1/1"), 120, "the status counting 1/1 hosts ready again")
-    assert real_ray.job(job["submission_id"])["status"] == "RUNNING"
-
-    kubectl(kube.kubeconfig, "delete", "-n", ns, "tputorchjob", name, "--wait=false")
-    kube.wait(lambda: real_ray.job(job["submission_id"])["status"] == "STOPPED", 120, "the Ray job STOPPED")
-
-
-def test_suspend_stops_the_ray_job_and_resume_runs_it_again(kube, real_ray_namespace, operator, real_ray, tmp_path):
-    ns, name, release = real_ray_namespace, "paused", tmp_path / "release"
-    body = job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {release}")
-    start(kube, real_ray, ns, body)
-    first = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))
-
-    kubectl(kube.kubeconfig, "patch", "-n", ns, "tputorchjob", name, "--type=merge", "-p", '{"spec":{"suspend":true}}')
-    wait_phase(kube, ns, name, "Suspended", 120)
-    # KubeRay suspends by deleting the RayCluster; with it goes the Ray job.
-    kube.wait(lambda: real_ray.job(first["submission_id"])["status"] == "STOPPED", 120, "the first run STOPPED")
-
-    kubectl(kube.kubeconfig, "patch", "-n", ns, "tputorchjob", name, "--type=merge", "-p", '{"spec":{"suspend":false}}')
-    second = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))
-    assert second["submission_id"] != first["submission_id"]
-    release.touch()
-    wait_phase(kube, ns, name, "Succeeded", 180)
-    assert real_ray.job(second["submission_id"])["status"] == "SUCCEEDED"
-    assert real_ray.job(first["submission_id"])["status"] == "STOPPED"
-
-
 # -- issue 23: a lost TPU host, and the next attempt resumes from the last checkpoint ---------------
+# Right after the 4x4 run above: the real head keeps that slice's 4 hosts attached for it (the
+# other tests here run on 2x2), one 4-host attach and one 1-host attach fewer per run.
 RESUME_SCRIPT = Path(__file__).resolve().parent / "realray_jobs" / "ddp_resume.py"
 # Ray Train prefixes a worker's lines with "(RayTrainWorker pid=...)" in the driver's log.
 RESUMED = re.compile(r"tputorch-resume: resumed from step (\d+)")
@@ -269,6 +205,72 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
     assert {int(s) for s in RESUMED.findall(log)} == {3}, log[-3000:]
     assert "tputorch-resume: done at step 6" in log, log[-3000:]
     assert "tputorch-resume: step 4 " in log and "tputorch-resume: step 1 " not in log, log[-3000:]
+
+
+def test_failing_entrypoint_fails_with_rays_message(kube, real_ray_namespace, operator, real_ray):
+    ns, name = real_ray_namespace, "fails"
+    start(kube, real_ray, ns, job_body(name, "2x2", f"python {JOB_SCRIPT} --fail tputorch-realray-boom"))
+    st = wait_phase(kube, ns, name, "Failed", 300)
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True"
+    # Ray's own message, with the driver's log tail, carried by KubeRay and the operator.
+    assert "Job entrypoint command failed with exit code 1" in st["message"], st["message"]
+    assert "RuntimeError: tputorch-realray-boom" in st["message"], st["message"]
+    assert real_ray.job(rayjob(kube, ns, name)["status"]["jobId"])["status"] == "FAILED"
+
+
+def pod_ready(kube, ns: str, name: str, node_type: str) -> bool:
+    (pod,) = [p for p in kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={name}").items
+              if p.metadata.labels.get("ray.io/node-type") == node_type and not p.metadata.deletion_timestamp]
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def test_deleting_a_running_job_stops_the_ray_job(kube, real_ray_namespace, operator, real_ray, dashboard, tmp_path):
+    """First, while it runs, GKE's readiness (hack/fakedash/prober.py): a pod is Ready only while the
+    readiness probe KubeRay wrote passes against the Ray node that stands for it. The host's Ray node
+    killed: its pod turns NotReady (the head's stays Ready) and the status counts 0/1 hosts ready;
+    the host started again: Ready, 1/1. (The job's driver holds on the head: the job runs on.)"""
+    ns, name = real_ray_namespace, "deleted"
+    # KubeRay's probe fails a pod after 10 failures 5 s apart (50 s): 1 s apart here, for make test's time.
+    dashboard.set_backend(ns, real_ray.url, probe_period=1, token=real_ray.token)
+    body = job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {tmp_path / 'never'}")
+    start(kube, real_ray, ns, body)
+    job = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))
+    hosts_ready = lambda want: (lambda st: st if st.get("hostsReady") == want else None)(status(kube, ns, name))  # noqa: E731
+    kube.wait(lambda: hosts_ready("1/1") and pod_ready(kube, ns, name, "head"), 120, "the host and head Ready")
+
+    real_ray.kill_host(0)
+    kube.wait(lambda: not pod_ready(kube, ns, name, "worker"), 120, "the lost host's pod NotReady")
+    assert pod_ready(kube, ns, name, "head"), "the head's Ray node still answers its probe"
+    st = kube.wait(lambda: hosts_ready("0/1"), 120, "the status counting 0/1 hosts ready")
+    assert st["phase"] == "Running", st
+    real_ray.attach(render.rayjob(spec.parse({**body, "metadata": {**body["metadata"], "namespace": ns}})))
+    kube.wait(lambda: pod_ready(kube, ns, name, "worker"), 120, "the host's pod Ready again")
+    kube.wait(lambda: hosts_ready("1/1"), 120, "the status counting 1/1 hosts ready again")
+    assert real_ray.job(job["submission_id"])["status"] == "RUNNING"
+
+    kubectl(kube.kubeconfig, "delete", "-n", ns, "tputorchjob", name, "--wait=false")
+    kube.wait(lambda: real_ray.job(job["submission_id"])["status"] == "STOPPED", 120, "the Ray job STOPPED")
+
+
+def test_suspend_stops_the_ray_job_and_resume_runs_it_again(kube, real_ray_namespace, operator, real_ray, tmp_path):
+    ns, name, release = real_ray_namespace, "paused", tmp_path / "release"
+    body = job_body(name, "2x2", f"python {JOB_SCRIPT} --hold-until {release}")
+    start(kube, real_ray, ns, body)
+    first = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))
+
+    kubectl(kube.kubeconfig, "patch", "-n", ns, "tputorchjob", name, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_phase(kube, ns, name, "Suspended", 120)
+    # KubeRay suspends by deleting the RayCluster; with it goes the Ray job.
+    kube.wait(lambda: real_ray.job(first["submission_id"])["status"] == "STOPPED", 120, "the first run STOPPED")
+
+    kubectl(kube.kubeconfig, "patch", "-n", ns, "tputorchjob", name, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    second = wait_real_job(kube, real_ray, ns, name, ("RUNNING",))
+    assert second["submission_id"] != first["submission_id"]
+    release.touch()
+    wait_phase(kube, ns, name, "Succeeded", 180)
+    assert real_ray.job(second["submission_id"])["status"] == "SUCCEEDED"
+    assert real_ray.job(first["submission_id"])["status"] == "STOPPED"
 
 
 def describe(kube, ns: str, name: str) -> str:

@@ -44,9 +44,13 @@ def serving_python() -> str:
     return str(Path(out.stdout.strip().splitlines()[-1]) / "bin" / "python")
 
 
+def _cache() -> Path:
+    return Path(os.environ.get("TPUTORCH_CACHE") or Path.home() / ".cache" / "tputorch")
+
+
 def tiny_model(python: str) -> Path:
     """The tiny model, made once per version of tinymodel.py into the shared cache (~30 s)."""
-    cache = Path(os.environ.get("TPUTORCH_CACHE") or Path.home() / ".cache" / "tputorch") / "models"
+    cache = _cache() / "models"
     out = cache / f"tiny-{hashlib.sha256(TINYMODEL.read_bytes()).hexdigest()[:12]}"
     if not (out / "model.safetensors").exists():
         cache.mkdir(parents=True, exist_ok=True)
@@ -61,7 +65,12 @@ def tiny_model(python: str) -> Path:
 
 def start_serving_ray(workdir: Path, python: str) -> RealRay:
     """A real Ray head run by the serving venv's Python, Serve's proxy on a free loopback port."""
-    ray = RealRay(workdir, python=python, env=SERVING_RAY_ENV)
+    # vLLM's CPU sampler is compiled by torch's inductor (C++ built with the system compiler) at a
+    # new engine's first requests, into /tmp/torchinductor_<user> unless told otherwise: kept in the
+    # shared cache per serving venv instead, as a TPU service keeps its XLA compile cache on its
+    # volume (VLLM_XLA_CACHE_PATH), so that a run does not compile what the last one did.
+    inductor = _cache() / "inductor" / Path(python).parents[1].name
+    ray = RealRay(workdir, python=python, env={**SERVING_RAY_ENV, "TORCHINDUCTOR_CACHE_DIR": str(inductor)})
     try:
         ray.start(warm=False)
         ray.start_serve()

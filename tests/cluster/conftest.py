@@ -141,7 +141,7 @@ def namespace(kube, request):
     delete_namespace(kube, name)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # a stateless client: module fixtures take it too
 def dashboard(kube_env) -> DashboardClient:
     if not kube_env["dashboard_url"]:
         pytest.skip("this cluster has no fake Ray dashboard (TPUTORCH_DASHBOARD_URL unset)")

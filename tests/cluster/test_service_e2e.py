@@ -12,7 +12,6 @@ import yaml
 from kubernetes.client.rest import ApiException
 
 import audit
-from dashboard import DashboardClient
 from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 from test_operator_e2e import EXAMPLES, condition
@@ -76,12 +75,9 @@ CANNOT_LOAD_MESSAGE = "Failed to update the deployments ['LLMServer:noload']."
 
 
 @pytest.fixture(scope="module")
-def cannot_load(kube, kube_env, tputorch_crd, tmp_path_factory):
+def cannot_load(kube, kube_env, tputorch_crd, dashboard, tmp_path_factory):
     """A service whose model cannot load, in a namespace of its own for the module (with an operator
     watching it), its Serve application reported DEPLOY_FAILED by the stand-in dashboard."""
-    if not kube_env["dashboard_url"]:
-        pytest.skip("this cluster has no fake Ray dashboard (TPUTORCH_DASHBOARD_URL unset)")
-    dashboard = DashboardClient(kube_env["dashboard_url"])
     ns = make_namespace(kube, f"cannot-load-{uuid.uuid4().hex[:5]}")
     op = OperatorProcess(kube.kubeconfig, tmp_path_factory.mktemp("cannot-load") / "operator.log", [ns],
                          dashboard_url=kube_env["dashboard_url"])

@@ -26,6 +26,7 @@ import urllib.error
 import urllib.parse
 
 from .kube import Kube, Poller
+from .prober import ready_conditions
 
 RESOLVED = "tputorch.local/secrets-resolved"  # KWOK's running stage waits for it (value "true")
 INTERVAL = 0.2  # seconds between looks (only scheduled pods KWOK has not run are listed)
@@ -72,11 +73,6 @@ def _waiting(container: dict, reason: str, message: str | None = None) -> dict:
             "restartCount": 0, "started": False, "state": {"waiting": waiting}}
 
 
-def _condition(ctype: str, ok: bool, now: str, reason: str = "", message: str = "") -> dict:
-    extra = {} if ok else {"reason": reason, "message": message}
-    return {"type": ctype, "status": "True" if ok else "False", "lastTransitionTime": now, **extra}
-
-
 def waiting_status(pod: dict, secrets: dict[str, set[str]], now: str) -> dict | None:
     """The status kubelet reports for a pod whose Secrets (`secrets`: those of its namespace, name
     -> keys) keep a container from starting; None when none does (the pod may start)."""
@@ -107,10 +103,11 @@ def waiting_status(pod: dict, secrets: dict[str, set[str]], now: str) -> dict | 
             app_states = [_waiting(c, CONFIG_ERROR, err) if err else _waiting(c, CREATING) for c, err in zip(apps, errors)]
     incomplete = [s["name"] for s in init_states if "terminated" not in s["state"]]
     unready = " ".join(s["name"] for s in app_states)
-    conditions = [_condition("Initialized", not incomplete, now, "ContainersNotInitialized",
-                             f"containers with incomplete status: [{' '.join(incomplete)}]")]
-    conditions += [_condition(t, False, now, "ContainersNotReady", f"containers with unready status: [{unready}]")
-                   for t in ("ContainersReady", "Ready")]
+    initialized = {"type": "Initialized", "status": "True", "lastTransitionTime": now}
+    if incomplete:
+        initialized.update(status="False", reason="ContainersNotInitialized",
+                           message=f"containers with incomplete status: [{' '.join(incomplete)}]")
+    conditions = [initialized, *ready_conditions(False, now, unready)]
     status = {"phase": "Pending", "conditions": conditions, "containerStatuses": app_states}
     if init_states:
         status["initContainerStatuses"] = init_states

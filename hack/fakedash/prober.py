@@ -197,12 +197,17 @@ def http_passes(check: Check, endpoints: dict[str, str], timeout: float) -> bool
     return check.needs is None or check.needs in body
 
 
+def ready_conditions(ready: bool, now: str, unready: str) -> list[dict]:
+    """The pod's ContainersReady and Ready conditions as kubelet writes them (`unready`: the names
+    of the containers not ready, space-separated)."""
+    status = "True" if ready else "False"
+    extra = {} if ready else {"reason": "ContainersNotReady", "message": f"containers with unready status: [{unready}]"}
+    return [{"type": t, "status": status, "lastTransitionTime": now, **extra} for t in ("ContainersReady", "Ready")]
+
+
 def status_patch(ready: bool, now: str, container: str = "ray-worker") -> dict:
     """A strategic merge patch of the pod's status (conditions merge by type), as kubelet writes it."""
-    status = "True" if ready else "False"
-    extra = {} if ready else {"reason": "ContainersNotReady", "message": f"containers with unready status: [{container}]"}
-    return {"status": {"conditions": [{"type": t, "status": status, "lastTransitionTime": now, **extra}
-                                      for t in ("ContainersReady", "Ready")]}}
+    return {"status": {"conditions": ready_conditions(ready, now, container)}}
 
 
 def ready_of(pod: dict) -> bool | None:

@@ -165,7 +165,7 @@ kwok_nodes_port() {  # KWOK sets the kubelet port only on a node's first start: 
 }
 
 kuberay_dir() {
-  local v; v=$(cat "$BIN/kuberay-operator.version" 2>/dev/null || echo v1.6.0)
+  local v; v=$(cat "$BIN/kuberay-operator.version" 2>/dev/null || echo v1.6.2)
   (cd /tmp && go mod download -json "github.com/ray-project/kuberay/ray-operator@$v" |
     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
 }

@@ -136,8 +136,9 @@ class RealRay:
     commands; the test process itself never connects to Ray (tests/raysim's session may have)."""
 
     def __init__(self, workdir: Path | None = None, python: str | None = None, env: dict | None = None) -> None:
-        # Ray's socket paths must stay short: its temp dir is under /tmp, not in pytest's tmp_path.
-        self.temp_dir = tempfile.mkdtemp(prefix="tt-ray-", dir="/tmp")
+        # Ray's socket paths must stay short: its temp dir is right under the temp root (make test: the
+        # run's own, as on a new machine), not deep in pytest's tmp_path.
+        self.temp_dir = tempfile.mkdtemp(prefix="tt-ray-")
         self.workdir = Path(workdir or self.temp_dir)
         self.dashboard_port = free_port()
         self.token = secrets.token_urlsafe(32)
@@ -176,6 +177,10 @@ class RealRay:
         # The driver runs on the head: `python` there is this interpreter (with tputorch and Ray).
         env["PATH"] = str(Path(self.python).parent) + os.pathsep + env.get("PATH", "")
         env.update(RAY_ENV, RAY_AUTH_TOKEN=self.token)
+        # Ray's default temp dir (where cluster_utils writes the cluster's address file, whatever
+        # temp_dir the head gets) is this head's own: never a /tmp/ray that another Ray left, or that
+        # a new machine lacks (issue 31: every real-Ray test errored at setup there).
+        env["RAY_TMPDIR"] = self.temp_dir
         env.update(self.env)
         log = open(self.workdir / "ray-backend.log", "ab")
         self.proc = subprocess.Popen([self.python, __file__, "--dashboard-port", str(self.dashboard_port),
@@ -278,6 +283,8 @@ class _Server:
         from ray._private import ray_constants
         from ray.cluster_utils import Cluster
 
+        # Ray writes its default temp dir's files without making the dir (RAY_TMPDIR is ours: start).
+        os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
         slicesim = load_slicesim()  # sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray reads it
         ray_constants.ENABLE_RAY_CLUSTER = False
         _patient_node_start()
@@ -320,6 +327,8 @@ class _Server:
     def attach(self, rayjob: dict) -> dict:
         import contextlib
 
+        # Ray writes its default temp dir's files without making the dir (RAY_TMPDIR is ours: start).
+        os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
         slicesim = load_slicesim()
         if "rayClusterConfig" in rayjob.get("spec", {}):  # a RayService: the same cluster spec
             rayjob = {**rayjob, "spec": {"rayClusterSpec": rayjob["spec"]["rayClusterConfig"]}}

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import shutil
 import subprocess
 import sys
@@ -56,8 +57,8 @@ pytestmark = [pytest.mark.cluster,
 
 
 def helm(kubeconfig: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": "/tmp/tputorch-helm/cache",
-           "HELM_CONFIG_HOME": "/tmp/tputorch-helm/config", "HELM_DATA_HOME": "/tmp/tputorch-helm/data"}
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": f"{tempfile.gettempdir()}/tputorch-helm/cache",
+           "HELM_CONFIG_HOME": f"{tempfile.gettempdir()}/tputorch-helm/config", "HELM_DATA_HOME": f"{tempfile.gettempdir()}/tputorch-helm/data"}
     out = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=180, env=env)
     if check:
         assert out.returncode == 0, f"helm {' '.join(args)} failed:\n{out.stderr}"

@@ -14,6 +14,7 @@ Either turns examples/v6e-4x4.yaml into a RayJob and reports the job Running.
 from __future__ import annotations
 
 import base64
+import tempfile
 import os
 import secrets
 import subprocess
@@ -66,8 +67,8 @@ def chart_container(namespace: str, info: dict) -> dict:
     out = subprocess.run([helm_binary(), "template", "img", str(CHART), "--namespace", namespace,
                           "--set", f"watchNamespaces={{{namespace}}}", "--set", f"image.repository={info['repository']}",
                           "--set", f"image.tag={info['tag']}", "--set", "metrics.enabled=true"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HELM_CACHE_HOME": "/tmp/tputorch-helm/cache",
-                              "HELM_CONFIG_HOME": "/tmp/tputorch-helm/config", "HELM_DATA_HOME": "/tmp/tputorch-helm/data"})
+                         env={**os.environ, "HELM_CACHE_HOME": f"{tempfile.gettempdir()}/tputorch-helm/cache",
+                              "HELM_CONFIG_HOME": f"{tempfile.gettempdir()}/tputorch-helm/config", "HELM_DATA_HOME": f"{tempfile.gettempdir()}/tputorch-helm/data"})
     assert out.returncode == 0, out.stderr
     (dep,) = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment"]
     (container,) = dep["spec"]["template"]["spec"]["containers"]

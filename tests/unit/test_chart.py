@@ -9,6 +9,7 @@ test never needs it. Checks against real Kubernetes schemas are in tests/cluster
 from __future__ import annotations
 
 import base64
+import tempfile
 import json
 import os
 import shutil
@@ -36,8 +37,8 @@ needs_helm = pytest.mark.skipif(HELM is None, reason="no helm binary (hack/build
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/tputorch-helm/cache",
-           "HELM_CONFIG_HOME": "/tmp/tputorch-helm/config", "HELM_DATA_HOME": "/tmp/tputorch-helm/data"}
+    env = {**os.environ, "HELM_CACHE_HOME": f"{tempfile.gettempdir()}/tputorch-helm/cache",
+           "HELM_CONFIG_HOME": f"{tempfile.gettempdir()}/tputorch-helm/config", "HELM_DATA_HOME": f"{tempfile.gettempdir()}/tputorch-helm/data"}
     out = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120, env=env)
     if check:
         assert out.returncode == 0, f"helm {' '.join(args)} failed:\n{out.stderr}"

@@ -283,8 +283,10 @@ class _Server:
         from ray._private import ray_constants
         from ray.cluster_utils import Cluster
 
+        from ray._common.utils import get_default_ray_temp_dir
+
         # Ray writes its default temp dir's files without making the dir (RAY_TMPDIR is ours: start).
-        os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
+        os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
         slicesim = load_slicesim()  # sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray reads it
         ray_constants.ENABLE_RAY_CLUSTER = False
         _patient_node_start()
@@ -327,8 +329,10 @@ class _Server:
     def attach(self, rayjob: dict) -> dict:
         import contextlib
 
+        from ray._common.utils import get_default_ray_temp_dir
+
         # Ray writes its default temp dir's files without making the dir (RAY_TMPDIR is ours: start).
-        os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
+        os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
         slicesim = load_slicesim()
         if "rayClusterConfig" in rayjob.get("spec", {}):  # a RayService: the same cluster spec
             rayjob = {**rayjob, "spec": {"rayClusterSpec": rayjob["spec"]["rayClusterConfig"]}}

@@ -214,19 +214,22 @@ def test_deployment_shape():
     assert c["image"] == "tputorch-operator:0.1.0"
     assert "command" not in c  # the image's ENTRYPOINT is `tputorch`
     assert c["args"] == ["run", "--leader-elect", "--lease-name", FULLNAME, "--liveness", "http://0.0.0.0:8080/healthz",
+                         "--readiness", "http://0.0.0.0:8081/readyz",
                          "--network-policy-peer", f"{NS}:app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=tputorch-operator",
                          "--ray-token-key-file", "/etc/tputorch/ray-token-key/key", "--log-format", "json"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"health": 8080}  # metrics off: no port, nothing served
+    assert ports == {"health": 8080, "ready": 8081}  # metrics off: no port, nothing served
     on = one(render("metrics.enabled=true", "networkPolicy.kuberay.namespace=ray-system"), "Deployment")
     (c,) = on["spec"]["template"]["spec"]["containers"]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "metrics": 9090}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "ready": 8081, "metrics": 9090}
     assert c["args"][c["args"].index("--metrics-port") + 1] == "9090"
     assert "ray-system:app.kubernetes.io/name=kuberay-operator" in c["args"]
     off = one(render("networkPolicy.enabled=false"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "--no-network-policy" in off["args"] and "--network-policy-peer" not in off["args"]
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    # readiness fails while a store cannot be listed (issue 34); liveness does not restart for it
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ready"}
     # a slow start is the startup probe's to allow, not a restart loop of the liveness probe's
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 300
     res = c["resources"]

@@ -148,6 +148,20 @@ def _peer(text: str) -> render.Peer:
     return render.Peer(namespace, tuple((k, v) for k, _, v in pairs))
 
 
+def _endpoint(text: str) -> tuple[str, int, str]:
+    """http://HOST:PORT/PATH -> (host, port, path)."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        raise argparse.ArgumentTypeError(f"{text!r} must be http://HOST:PORT/PATH")
+    return parts.hostname, port, parts.path or "/"
+
+
 def cmd_run(args) -> int:
     import kopf
 
@@ -156,6 +170,7 @@ def cmd_run(args) -> int:
     _setup_logging(args.log_format, args.verbose)
     cfg = handlers.CONFIG
     cfg.metrics_port, cfg.metrics_host = args.metrics_port, args.metrics_host
+    cfg.readiness = args.readiness
     cfg.namespaces = args.namespace or None
     cfg.leader_election, cfg.lease_name, cfg.lease_namespace = args.leader_elect, args.lease_name, args.lease_namespace
     cfg.reconcile_workers = args.workers
@@ -179,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-n", "--namespace", action="append", help="watch this namespace (repeatable; kopf glob patterns allowed); default: all namespaces")
     run.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default when no --namespace is given)")
     run.add_argument("--liveness", metavar="URL", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--readiness", metavar="URL", type=_endpoint, default=None,
+                     help="serve readiness, e.g. http://0.0.0.0:8081/readyz: 503 naming each store never listed "
+                          "(the kinds, their children, pods), 200 otherwise (missing optional stores named)")
     run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (/metrics)")
     run.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics endpoint")
     run.add_argument("--leader-elect", action="store_true",

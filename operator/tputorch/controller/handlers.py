@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 import kopf
 
-from . import kinds as kinds_
+from . import health, kinds as kinds_
 from .informer import Informer, RestSource, pods_path, scopes_for
 from .dashboard import Dashboard
 from .raytoken import RayTokens
@@ -28,7 +27,9 @@ from .reconcile import STATUS_INTERVAL, WORKLOAD, WORKLOAD_PRIORITY_CLASS, Contr
 log = logging.getLogger("tputorch")
 
 SELECTOR = f"{kinds_.render.MANAGED_BY_LABEL}={kinds_.render.MANAGED_BY}"
-SYNC_TIMEOUT = 60
+SYNC_TIMEOUT = 60  # seconds between the log lines that name the stores still not listed
+SYNC_DEADLINE = 300  # the required stores are waited for this long; then the operator runs with what it has
+OPTIONAL_SYNC_WAIT = 30  # the optional ones (Kueue's, NetworkPolicies) this long
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Config:
     leader_election: bool = False
     lease_name: str = "tputorch-operator"
     lease_namespace: str | None = None  # default: the pod's namespace
+    readiness: tuple[str, int, str] | None = None  # (host, port, path) of the readiness endpoint
 
 
 CONFIG = Config()
@@ -63,6 +65,10 @@ class Runtime:
         self.workers: list[asyncio.Task] = []
         self.election: Election | None = None
         self.syncing: asyncio.Task | None = None  # waits for the stores, then leads or runs
+        self.required: list[Informer] = []  # the stores every decision reads
+        self.optional: list[Informer] = []  # the stores only some decisions read
+        self.metrics = None  # the /metrics server's runner, once it serves
+        self.readiness = None  # the readiness server's runner, once it serves
 
 
 RUNTIME = Runtime()
@@ -114,24 +120,41 @@ def _lease_namespace() -> str:
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, **_) -> None:
+    """Idempotent: kopf runs a failed startup again (every 60 s), so each step is done once per
+    process; a failure after the informers started (the metrics port taken) only retries what
+    failed, never builds a second controller with a second set of stores."""
     # kopf's own per-handler events would double ours; keep them for problems only.
     settings.posting.level = logging.WARNING
     loop = asyncio.get_running_loop()
+    if RUNTIME.controller is None:
+        start_controller(loop)
+    if CONFIG.metrics_port is not None and RUNTIME.metrics is None:
+        RUNTIME.metrics = await serve(CONFIG.metrics_host, CONFIG.metrics_port)
+        log.info("metrics on %s:%s/metrics", CONFIG.metrics_host, CONFIG.metrics_port)
+    if CONFIG.readiness is not None and RUNTIME.readiness is None:
+        host, port, path = CONFIG.readiness
+        RUNTIME.readiness = await health.serve(host, port, path, ready)
+        log.info("readiness on %s:%s%s", host, port, path)
+
+
+def start_controller(loop: asyncio.AbstractEventLoop) -> None:
     configuration = load_config()
     # each kind, its child, pods, Kueue's Workloads and priority classes
     watches = (2 * len(kinds_.KINDS) + 3) * len(scopes_for(CONFIG.namespaces))
     kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers, watches=watches)
-    controller = RUNTIME.controller = build(
+    controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
         CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers), Dashboard(), CONFIG.progress_interval,
         RayTokens.from_file(CONFIG.ray_token_key_file))
-    RUNTIME.informers = [*controller.parents.values(), *controller.children.values(), controller.pods,
-                         controller.workloads, controller.priority_classes, *controller.extra_stores.values()]
+    RUNTIME.required, RUNTIME.optional = required_stores(controller), optional_stores(controller)
+    RUNTIME.informers = [*RUNTIME.required, *RUNTIME.optional]
+    RUNTIME.controller = controller  # from here on, a startup run again builds nothing
     sources = METRICS.sources
     sources.phases, sources.tracked = controller.phases, lambda: len(controller.uids)
     sources.queue_depth, sources.leader = lambda: len(controller.queue), may_write
     sources.leader_transitions = lambda: RUNTIME.election.transitions if RUNTIME.election else 0
     sources.informers = lambda: {i.what: (i.relists, i.watch_restarts) for i in RUNTIME.informers}
+    sources.listed = lambda: {i.what: i.synced.is_set() for i in RUNTIME.informers}
     for informer in RUNTIME.informers:
         informer.start()
 
@@ -149,10 +172,18 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
             on_leading=lambda: loop.call_soon_threadsafe(start_workers), drain=kube.drain)
         kube.fence = RUNTIME.election.write_timeout  # no write once the last good renewal is too old
     # Outside kopf's startup, so that /healthz answers while the stores fill.
-    RUNTIME.syncing = loop.create_task(sync_then_run(RUNTIME.informers, start_workers), name="sync")
-    if CONFIG.metrics_port is not None:
-        await serve(CONFIG.metrics_host, CONFIG.metrics_port)
-        log.info("metrics on %s:%s/metrics", CONFIG.metrics_host, CONFIG.metrics_port)
+    RUNTIME.syncing = loop.create_task(sync_then_run(RUNTIME.required, start_workers, RUNTIME.optional), name="sync")
+
+
+def required_stores(controller: Controller) -> list[Informer]:
+    """What every decision reads: the kinds, their children, the Ray pods."""
+    return [*controller.parents.values(), *controller.children.values(), controller.pods]
+
+
+def optional_stores(controller: Controller) -> list[Informer]:
+    """What only some decisions read, each of which goes on without it (Kueue's Workloads and
+    priority classes, the NetworkPolicies): never a gate for the required ones."""
+    return [controller.workloads, controller.priority_classes, *controller.extra_stores.values()]
 
 
 async def wait_synced(informers: list[Informer], timeout: float) -> list[str]:
@@ -165,23 +196,55 @@ async def wait_synced(informers: list[Informer], timeout: float) -> list[str]:
     return [i.what for i in informers if not i.synced.is_set()]
 
 
-async def sync_then_run(informers: list[Informer], start_workers) -> None:
-    """Decide nothing before every store holds what exists: a restarted operator would otherwise
-    create children that exist, or write statuses from half the pods. Then lead (or run)."""
-    started = time.monotonic()
-    # Never given up on (nor failing /healthz): a restart would only list again from the start.
-    while missing := await wait_synced(informers, SYNC_TIMEOUT):
-        log.error("not listed within %.0fs: %s; still waiting", time.monotonic() - started, ", ".join(missing))
-    log.info("every store listed in %.1fs", time.monotonic() - started)
+async def sync_then_run(required: list[Informer], start_workers, optional: list[Informer] = (),
+                        deadline: float | None = None, optional_wait: float | None = None) -> None:
+    """Decide nothing before the stores hold what exists: a restarted operator would otherwise
+    create children that exist, or write statuses from half the pods. The optional stores are
+    waited for ``optional_wait`` at most, the required ones ``deadline``; then the operator runs
+    with what it has and says what it lacks (readiness keeps naming it). Then lead (or run)."""
+    deadline = SYNC_DEADLINE if deadline is None else deadline
+    optional_wait = OPTIONAL_SYNC_WAIT if optional_wait is None else optional_wait
+    loop = asyncio.get_running_loop()
+    started, next_report = loop.time(), SYNC_TIMEOUT
+    while True:
+        elapsed = loop.time() - started
+        waiting = health.not_listed(required) + (health.not_listed(optional) if elapsed < optional_wait else [])
+        if not waiting or elapsed >= deadline:
+            break
+        if elapsed >= next_report:
+            log.error("not listed within %.0fs: %s; still waiting (at most %.0fs)", elapsed,
+                      ", ".join(map(health.describe, waiting)), deadline)
+            next_report += SYNC_TIMEOUT
+        await asyncio.sleep(0.05)
+    elapsed = loop.time() - started
+    lacking, degraded = health.not_listed(required), health.not_listed(optional)
+    if lacking:
+        log.error("running after %.0fs without a full list of: %s (readiness fails until they list)", elapsed,
+                  ", ".join(map(health.describe, lacking)))
+    if degraded:
+        log.warning("running without %s (not listed after %.0fs; what needs it waits until it lists)",
+                    ", ".join(map(health.describe, degraded)), elapsed)
+    if not lacking and not degraded:
+        log.info("every store listed in %.1fs", elapsed)
     if RUNTIME.election is not None:
         RUNTIME.election.start()  # a candidate only once it could lead with what exists
     else:
         start_workers()
 
 
+def ready() -> tuple[bool, str]:
+    return health.readiness(RUNTIME.required, RUNTIME.optional)
+
+
 @kopf.on.probe(id="synced")
 def synced(**_) -> bool:
     return RUNTIME.syncing is not None and RUNTIME.syncing.done()
+
+
+@kopf.on.probe(id="not_listed")
+def not_listed(**_) -> list[str]:
+    """The stores never listed, by name (liveness only reports them; readiness fails on them)."""
+    return [health.describe(s) for s in health.not_listed(RUNTIME.informers)]
 
 
 def may_write() -> bool:
@@ -230,6 +293,9 @@ async def stop(**_) -> None:
         await asyncio.get_running_loop().run_in_executor(None, RUNTIME.election.release)
     for informer in RUNTIME.informers:
         informer.stop()
+    for runner in (RUNTIME.metrics, RUNTIME.readiness):
+        if runner is not None:
+            await runner.cleanup()
     if RUNTIME.controller is not None and RUNTIME.controller.dashboard is not None:
         for task in list(RUNTIME.controller.reading.values()):
             task.cancel()

@@ -133,6 +133,9 @@ class Informer:
         self._watch_began: dict = {}  # scope -> clock() when its current watch began
         self._backoff = backoff or Backoff(base=BACKOFF_BASE, cap=BACKOFF_CAP, jitter=0.5)
         self.clock = clock
+        # Why the last list failed (None once one succeeded): a store that cannot sync says why in
+        # readiness, the metrics and the log (a Kueue conversion webhook left behind answers 500).
+        self.list_error: str | None = None
         self.relists = 0  # lists made (metrics)
         self.watch_restarts = 0  # watches that ended before a re-list was due (metrics)
         # scope -> ("list" or "watch": which one is refused, the API's message); per scope, as a
@@ -237,6 +240,7 @@ class Informer:
         self.relists += 1
         listing = self.source.list(scope)
         self._not_found_since.pop(scope, None)
+        self.list_error = None
         self._relist_due[scope] = self.clock() + RELIST_PERIOD * (1 + 0.5 * random.random())
         fresh = {}
         for item in listing.get("items") or []:
@@ -328,6 +332,8 @@ class Informer:
             self._after_watch_failed(scope)
             return self._failed(scope, err)
         except Exception as err:  # connection refused/reset, timeouts: the API server restarting
+            if self._step[scope] == "list":
+                self.list_error = f"{type(err).__name__}: {str(err)[:200]}"
             self._after_watch_failed(scope)
             delay = self._backoff.next(scope)
             log.warning("%s %s interrupted (%s: %s); re-listing in %.1fs", self.what, self._step[scope],
@@ -370,6 +376,8 @@ class Informer:
                 self.on_change("FORBIDDEN", {})
             self._mark_listed(scope)
         else:
+            if self._step.get(scope, "list") == "list":
+                self.list_error = f"HTTP {err.status} {err.reason}"
             log.warning("%s %s: HTTP %s %s; re-listing in %.1fs", self.what, self._step.get(scope, "list"),
                         err.status, err.reason, delay)
         return delay

@@ -30,6 +30,8 @@ class Sources:
     leader_transitions: Callable[[], int] = lambda: 0
     # informer (resource plural) -> (lists made, watches ended)
     informers: Callable[[], dict[str, tuple[int, int]]] = dict
+    # informer -> whether its store was ever listed (a store that cannot list shows as 0)
+    listed: Callable[[], dict[str, bool]] = dict
     extra: dict = field(default_factory=dict)
 
 
@@ -65,6 +67,12 @@ class _ScrapeTime:
             restarts.add_metric([resource], watches)
         yield relists
         yield restarts
+        listed = GaugeMetricFamily("tputorch_informer_listed",
+                                   "1 once an informer's store was listed; 0 while it cannot be (see the log).",
+                                   labels=["resource"])
+        for resource, ok in sorted(s.listed().items()):
+            listed.add_metric([resource], int(ok))
+        yield listed
 
 
 class Metrics:

@@ -643,6 +643,9 @@ class Controller:
         if refused is not None:  # RBAC without workloads: say so, keep KubeRay's phase
             return kueue.Admission(False, "Forbidden", f"the operator may not read Kueue's Workloads: "
                                    f"{refused[1]}", None)
+        if not self.workloads.synced.is_set():  # a list that keeps failing: never guess "no Workload"
+            return kueue.Admission(False, "WorkloadsNotListed", "the operator could not list Kueue's Workloads yet"
+                                   f" ({self.workloads.list_error or 'no answer'}): admission unknown", None)
         workload = kueue.workload_for(self.workloads.indexed((namespace, kind.child.kind, name)), child)
         pcs, exists = self.priority_classes, True
         if spec.priority_class_name and pcs is not None and pcs.served and pcs.forbidden is None:

@@ -133,3 +133,148 @@ def test_events_still_held_at_shutdown_are_posted_within_a_bound(caplog):
         await asyncio.sleep(3600)
     assert len(asyncio.run(scenario(hangs)).pending) == 2  # one was taken, then the bound ended it
     assert "2 events not posted within 0.5s" in caplog.text
+
+
+# --- a store that never lists (issue 34) -----------------------------------------------------------
+
+class _FailsForEver:
+    """A list that answers 500 every time (Kueue's conversion webhook left behind)."""
+
+    def __init__(self):
+        self.lists = 0
+
+    def list(self, scope):
+        from ..fakekube import api_error
+        self.lists += 1
+        raise api_error(500, "Internal Server Error")
+
+    def watch(self, scope, resource_version):
+        raise AssertionError("never listed: never watched")
+
+
+def _built(failing_path):
+    """A controller whose informers' sources are fakes; the one of ``failing_path`` fails for ever.
+    Every informer is cycled once (list, then its watch ends)."""
+    from tputorch.controller.reconcile import WORKLOAD
+    loop = asyncio.new_event_loop()
+    failing = {"workloads": WORKLOAD, "rayjobs": kinds.JOB.child}[failing_path].path(None)
+    ctl = handlers.build(FakeKube(), lambda path, selector: _FailsForEver() if path(None) == failing else FakeSource(),
+                         loop, None, extras=kinds.extras(True, ()))
+    required, optional = handlers.required_stores(ctl), handlers.optional_stores(ctl)
+    for informer in required + optional:
+        informer.cycle(None)
+    return loop, ctl, required, optional
+
+
+def test_an_optional_store_that_never_lists_gates_nothing_and_is_named(caplog):
+    loop, ctl, required, optional = _built("workloads")
+    assert [i.what for i in optional if not i.synced.is_set()] == ["Kueue Workloads"]
+    assert {"networkpolicies", "Kueue WorkloadPriorityClasses"} <= {i.what for i in optional}
+    started = []
+    handlers.RUNTIME.election = None
+    loop.run_until_complete(asyncio.wait_for(
+        handlers.sync_then_run(required, lambda: started.append(True), optional, deadline=60, optional_wait=0.1), 5))
+    assert started == [True]  # the required stores listed: the workers run without Kueue's
+    assert "running without Kueue Workloads (HTTP 500 Internal Server Error)" in caplog.text
+    ready, text = handlers.health.readiness(required, optional)
+    assert ready and "not listed (optional, running without): Kueue Workloads (HTTP 500" in text
+    loop.close()
+
+
+def test_a_required_store_that_never_lists_fails_readiness_and_after_the_deadline_runs_with_what_there_is(caplog):
+    loop, ctl, required, optional = _built("rayjobs")
+    ready, text = handlers.health.readiness(required, optional)
+    assert not ready and text == "not listed (required): rayjobs (HTTP 500 Internal Server Error)"
+    started = []
+    handlers.RUNTIME.election = None
+    loop.run_until_complete(asyncio.wait_for(
+        handlers.sync_then_run(required, lambda: started.append(True), optional, deadline=0.3, optional_wait=0.1), 5))
+    assert started == [True]
+    assert "without a full list of: rayjobs (HTTP 500 Internal Server Error)" in caplog.text
+    loop.close()
+
+
+def test_a_store_that_never_lists_shows_in_the_metrics():
+    from tputorch.controller.metrics import Metrics
+    loop, ctl, required, optional = _built("workloads")
+    m = Metrics()
+    m.sources.listed = lambda: {i.what: i.synced.is_set() for i in required + optional}
+    text = m.exposition()
+    assert 'tputorch_informer_listed{resource="Kueue Workloads"} 0.0' in text
+    assert 'tputorch_informer_listed{resource="pods"} 1.0' in text
+    loop.close()
+
+
+def test_the_readiness_endpoint_answers_503_naming_the_store_then_200():
+    import urllib.request
+    import urllib.error
+    from ..fakekube import free_port
+
+    state = {"ready": False}
+
+    async def scenario():
+        port = free_port()
+        runner = await handlers.health.serve("127.0.0.1", port, "/readyz",
+                                             lambda: (state["ready"], "not listed (required): pods"))
+        try:
+            def get():
+                try:
+                    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                            f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+                        return resp.status, resp.read().decode()
+                except urllib.error.HTTPError as err:
+                    return err.code, err.read().decode()
+            first = await asyncio.to_thread(get)
+            state["ready"] = True
+            return first, await asyncio.to_thread(get)
+        finally:
+            await runner.cleanup()
+    (code, text), (code2, _) = asyncio.run(scenario())
+    assert (code, text, code2) == (503, "not listed (required): pods\n", 200)
+
+
+# --- startup is idempotent (issue 34) --------------------------------------------------------------
+
+def test_a_startup_that_failed_after_its_informers_started_builds_nothing_twice(monkeypatch):
+    """kopf runs a failed startup again: the metrics port taken must not make a second controller
+    with a second set of stores (without leader election, two controllers would write)."""
+    import socket
+
+    import kopf
+
+    from ..fakekube import free_port
+
+    class Kube(FakeKube):
+        api_client, drain = None, None
+
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+
+    started = []
+    monkeypatch.setattr(handlers, "RUNTIME", handlers.Runtime())
+    monkeypatch.setattr(handlers, "load_config", lambda: None)
+    monkeypatch.setattr(handlers, "Kube", Kube)
+    monkeypatch.setattr(handlers, "RestSource", lambda api, path, selector: FakeSource())
+    monkeypatch.setattr(handlers.Informer, "start", lambda self: started.append(self))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    monkeypatch.setattr(handlers, "CONFIG", handlers.Config(metrics_host="127.0.0.1", metrics_port=taken.getsockname()[1]))
+
+    async def scenario():
+        with pytest.raises(OSError):
+            await handlers.start(kopf.OperatorSettings())
+        first, stores, syncing = handlers.RUNTIME.controller, list(started), handlers.RUNTIME.syncing
+        with pytest.raises(OSError):
+            await handlers.start(kopf.OperatorSettings())  # still taken: kopf's retry fails again
+        assert handlers.RUNTIME.controller is first and started == stores and handlers.RUNTIME.syncing is syncing
+        handlers.CONFIG.metrics_port = free_port()  # freed: the retry serves metrics, nothing else
+        await handlers.start(kopf.OperatorSettings())
+        assert handlers.RUNTIME.controller is first and started == stores and handlers.RUNTIME.metrics is not None
+        assert len(stores) == len(handlers.RUNTIME.informers) == len({id(s) for s in stores})
+        syncing.cancel()
+        await handlers.RUNTIME.metrics.cleanup()
+    try:
+        asyncio.run(scenario())
+    finally:
+        taken.close()

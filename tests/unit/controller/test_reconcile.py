@@ -526,6 +526,7 @@ def kueue_setup(parent, child, workloads=(), kueue_served=True):
     noop = lambda *_: None  # noqa: E731
     ctl.workloads = Informer("workloads", FakeSource(), None, noop, kinds.slim_workload, index=kinds.workload_index)
     ctl.workloads.served = kueue_served
+    ctl.workloads.synced.set()  # listed (a store that never lists: test_a_workloads_list_that_fails_...)
     ctl.priority_classes = Informer("priorityclasses", FakeSource(), None, noop, kinds.slim_name)
     for w in workloads:
         ctl.workloads.remember(w)
@@ -571,6 +572,18 @@ def test_without_kueue_installed_the_queue_label_changes_nothing():
     assert ctl.kube.called("patch")[-1][4] == {"spec": {"suspend": True}}
     assert condition(last_status(ctl.kube), "SliceReady") is not None
     assert "queue" in last_status(ctl.kube) and not any(c["type"] == "Admitted" for c in last_status(ctl.kube)["conditions"])
+
+
+def test_a_workloads_list_that_fails_is_said_in_the_admission_not_guessed_as_no_workload():
+    """Issue 34: Kueue's Workloads list answers 500 (a conversion webhook left behind): the job is
+    still reconciled, and its Admitted condition says why admission is unknown."""
+    ctl = kueue_setup(job(queueName="tpu"), rayjob("uid-new", suspend=True, labels=QUEUED_LABELS))
+    ctl.workloads.synced.clear()
+    ctl.workloads.list_error = "HTTP 500 Internal Server Error"
+    run(ctl.reconcile(KEY))
+    admitted = condition(last_status(ctl.kube), "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "WorkloadsNotListed")
+    assert "HTTP 500" in admitted["message"]
 
 
 # --- what the watch must decide, not the reconcile (issue 20) -------------------------------------

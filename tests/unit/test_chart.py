@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tputorch.api import crd
+from tputorch.api.common import MAX_PODS_DEFAULT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from doccmds import find_helm  # noqa: E402  (one place that finds helm, for the docs tests too)
@@ -216,7 +217,10 @@ def test_deployment_shape():
     assert c["args"] == ["run", "--leader-elect", "--lease-name", FULLNAME, "--liveness", "http://0.0.0.0:8080/healthz",
                          "--readiness", "http://0.0.0.0:8081/readyz",
                          "--network-policy-peer", f"{NS}:app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=tputorch-operator",
+                         "--max-pods-per-job", str(MAX_PODS_DEFAULT),
                          "--ray-token-key-file", "/etc/tputorch/ray-token-key/key", "--log-format", "json"]
+    limited = one(render("maxPodsPerJob=64"), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert limited[limited.index("--max-pods-per-job") + 1] == "64"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "ready": 8081}  # metrics off: no port, nothing served
     on = one(render("metrics.enabled=true", "networkPolicy.kuberay.namespace=ray-system"), "Deployment")
@@ -455,6 +459,8 @@ BAD_VALUES = {
     "port-type": ["--set-string", "metrics.port=metrics"],
     "bool-type": ["--set-string", "metrics.enabled=yes"],
     "pull-policy": ["--set", "image.pullPolicy=Sometimes"],
+    "no-pods": ["--set", "maxPodsPerJob=0"],
+    "pods-as-string": ["--set-string", "maxPodsPerJob=many"],
 }
 
 

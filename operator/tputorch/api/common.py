@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from . import storage, topology
@@ -40,6 +41,20 @@ MAX_ENV = 128
 MAX_ENV_VALUE = 32 * 1024
 MAX_TOLERATIONS = 32
 MAX_REPLICAS = 64  # slices a service (or a group) may ask for; KubeRay's replica fields are int32
+
+# Pods one object may make: a platform team's bound (`tputorch run --max-pods-per-job`, the chart's
+# maxPodsPerJob), so that no spec asks the cluster for 100,000 pods at once. The default fits the
+# largest slice (v5p 16x16x24, 1,536 hosts) with its head, its submitter and groups beside it.
+MAX_PODS_DEFAULT = 4096
+MAX_PODS_ENV = "TPUTORCH_MAX_PODS_PER_JOB"
+
+
+def check_pods(r: "Reader", path: str, pods: int, max_pods: int, what: str) -> None:
+    """The platform's bound on the pods of one object; ``what`` says how they were counted."""
+    if pods > max_pods:
+        r.error(path, f"{pods} pods", f"must make at most {max_pods} pods per job ({what}); the bound is the "
+                "operator's --max-pods-per-job (the chart's maxPodsPerJob), set by the platform team")
+
 
 # Environment variables a user may not set: they would undo chip isolation or the slice shape.
 FORBIDDEN_ENV = {
@@ -224,6 +239,46 @@ def positive_quantity(v: Any) -> str | None:
     if problem is None and ZERO_QUANTITY.match(str(v)):
         return "must be greater than zero (a pod with none could never run Ray)"
     return problem
+
+
+# A pod's memory: a bare number is bytes, so "1.5" or "8" would give a Ray node a few bytes, which
+# the API server accepts and the kernel kills at once. Below this no Ray node starts.
+MIN_MEMORY = "256Mi"
+MIN_MEMORY_MESSAGE = f"must be at least {MIN_MEMORY} (a number without a unit is bytes; Ray's processes need more)"
+
+
+QUANTITY_SUFFIXES = {"": 1, "m": Decimal("0.001"), **{s: 1000 ** (i + 1) for i, s in enumerate("kMGTPE")},
+                     **{f"{s}i": 1024 ** (i + 1) for i, s in enumerate("KMGTPE")}}
+
+
+def quantity_value(v: Any) -> Decimal:
+    """A quantity that matches QUANTITY, as a number (bytes for memory)."""
+    text = str(v)
+    digits = text.rstrip("kMGTPEmi")
+    return Decimal(digits) * QUANTITY_SUFFIXES[text[len(digits):]]
+
+
+def memory_quantity(v: Any) -> str | None:
+    problem = positive_quantity(v)
+    if problem is None and quantity_value(v) < quantity_value(MIN_MEMORY):
+        return MIN_MEMORY_MESSAGE
+    return problem
+
+
+# The rule of each pod resource, for the main slice, the head and every group alike (RESOURCE_RULES),
+# and its admission-time form (resource_schema): one place per rule.
+RESOURCE_RULES: dict[str, Callable[[Any], str | None]] = {"cpu": positive_quantity, "memory": memory_quantity}
+
+
+def resource_schema(resource: str, description: str, default: str) -> dict:
+    """The CRD schema of a pod's cpu or memory: the same rules as RESOURCE_RULES[resource]."""
+    rules = [{"rule": f"!string(self).matches('{ZERO_QUANTITY.pattern}')",
+              "message": "must be greater than zero (a pod with none could never run Ray)"}]
+    if resource == "memory":
+        rules.append({"rule": f"!isQuantity(string(self)) || quantity(string(self)).compareTo(quantity('{MIN_MEMORY}')) >= 0",
+                      "message": MIN_MEMORY_MESSAGE})
+    return {"description": description, "x-kubernetes-int-or-string": True, "pattern": QUANTITY.pattern,
+            "maxLength": 64, "default": default, "x-kubernetes-validations": rules}
 
 
 def ray_version_check(minimum: tuple[int, int, int], why: str) -> Callable[[str], str | None]:
@@ -494,8 +549,8 @@ def parse_runtime_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str])
 
 def parse_resources(r: Reader, spec: Mapping, key: str, allowed: set[str]) -> tuple[Resources, dict]:
     block = r.mapping(spec, key, f"spec.{key}", allowed)
-    cpu = r.value(block, "cpu", f"spec.{key}.cpu", (str, int), default=DEFAULTS[f"{key}.cpu"], check=positive_quantity)
-    memory = r.value(block, "memory", f"spec.{key}.memory", (str, int), default=DEFAULTS[f"{key}.memory"], check=positive_quantity)
+    cpu = r.value(block, "cpu", f"spec.{key}.cpu", (str, int), default=DEFAULTS[f"{key}.cpu"], check=RESOURCE_RULES["cpu"])
+    memory = r.value(block, "memory", f"spec.{key}.memory", (str, int), default=DEFAULTS[f"{key}.memory"], check=RESOURCE_RULES["memory"])
     disk = r.value(block, "ephemeralStorage", f"spec.{key}.ephemeralStorage", (str, int), check=quantity)
     return Resources(str(cpu), str(memory), None if disk is None else str(disk)), block
 

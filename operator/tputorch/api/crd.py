@@ -51,19 +51,6 @@ def _int(description: str, **schema) -> dict:
     return _s(description, type="integer", format="int32", **schema)
 
 
-def _quantity(description: str, default: str) -> dict:
-    return _s(
-        description,
-        **{"x-kubernetes-int-or-string": True},
-        pattern=spec.QUANTITY.pattern,
-        default=default,
-        **{"x-kubernetes-validations": [{
-            "rule": f"!string(self).matches('{common.ZERO_QUANTITY.pattern}')",
-            "message": "must be greater than zero (a pod with none could never run Ray)",
-        }]},
-    )
-
-
 def bounded(schema: dict) -> dict:
     """``schema`` with the generic bound (common.MAX_*) on every string, list and map that has none
     of its own: a field added later is bounded without anyone remembering to. Applied to the spec."""
@@ -184,8 +171,8 @@ def _resources_schema(role: str, extra: dict | None = None) -> dict:
         f"CPU, memory and ephemeral storage of each {role} pod (requests = limits).",
         type="object",
         properties={
-            "cpu": _quantity(f"CPU of each {role} pod.", spec.DEFAULTS[f"{role}.cpu"]),
-            "memory": _quantity(f"Memory of each {role} pod.", spec.DEFAULTS[f"{role}.memory"]),
+            "cpu": common.resource_schema("cpu", f"CPU of each {role} pod.", spec.DEFAULTS[f"{role}.cpu"]),
+            "memory": common.resource_schema("memory", f"Memory of each {role} pod.", spec.DEFAULTS[f"{role}.memory"]),
             "ephemeralStorage": _s(
                 f"Local ephemeral storage of each {role} pod (requests = limits): its writable layer, logs "
                 "and emptyDir volumes on the node's disk. Not set: no request.",

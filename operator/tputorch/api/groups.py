@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import topology
-from .common import DEFAULTS, DNS1035, LABEL_VALUE, MAX_STRING, Reader, between, label_key_ok, quantity, string, string_map
+from .common import (DEFAULTS, DNS1035, LABEL_VALUE, MAX_STRING, RESOURCE_RULES, Reader, between, label_key_ok, resource_schema,
+                     string, string_map)
 from .topology import Slice, TopologyError
 
 # Kueue v0.17 admits a RayJob as one Workload whose podSets are the head, one per worker group and,
@@ -132,8 +133,8 @@ def _parse_group(r: Reader, item: Any, path: str, job_image: str | None) -> Grou
     high = MAX_TPU_REPLICAS if kind == "tpu" else MAX_REPLICAS
     replicas = r.value(item, "replicas", f"{path}.replicas", int, default=1, check=between(1, high))
     image = r.value(item, "image", f"{path}.image", str, default=job_image, check=string(what="an image reference"))
-    cpu = r.value(item, "cpu", f"{path}.cpu", (str, int), default=DEFAULTS["worker.cpu"], check=quantity)
-    memory = r.value(item, "memory", f"{path}.memory", (str, int), default=DEFAULTS["worker.memory"], check=quantity)
+    cpu = r.value(item, "cpu", f"{path}.cpu", (str, int), default=DEFAULTS["worker.cpu"], check=RESOURCE_RULES["cpu"])
+    memory = r.value(item, "memory", f"{path}.memory", (str, int), default=DEFAULTS["worker.memory"], check=RESOURCE_RULES["memory"])
     selector = string_map(r, item, "nodeSelector", f"{path}.nodeSelector")
     for k, v in selector.items():
         if not label_key_ok(k):
@@ -188,7 +189,6 @@ def schema(tpu_topology_rule: dict) -> dict:
     (crd.py), reused for a group's tpu block."""
     gpu_counts = json.dumps({t: list(c) for t, c in GPU_TYPES.items()}, separators=(",", ":"))
     allowed_counts = json.dumps({t: ", ".join(map(str, c)) for t, c in GPU_TYPES.items()}, separators=(",", ":"))
-    quantity_schema = {"x-kubernetes-int-or-string": True, "pattern": r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"}
     accelerators = sorted(topology.ACCELERATOR_ALIASES)
     return {
         "description": (
@@ -245,8 +245,8 @@ def schema(tpu_topology_rule: dict) -> dict:
                              "description": "Slices (TPU group) or pods (GPU, CPU group)."},
                 "image": {"type": "string", "minLength": 1, "maxLength": MAX_STRING,
                           "description": "Image of the group's pods (e.g. CUDA for a GPU group); default: spec.image."},
-                "cpu": {**quantity_schema, "description": "CPU of each pod of the group.", "default": DEFAULTS["worker.cpu"]},
-                "memory": {**quantity_schema, "description": "Memory of each pod of the group.", "default": DEFAULTS["worker.memory"]},
+                "cpu": resource_schema("cpu", "CPU of each pod of the group.", DEFAULTS["worker.cpu"]),
+                "memory": resource_schema("memory", "Memory of each pod of the group.", DEFAULTS["worker.memory"]),
                 "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"},
                                  "description": "Extra node selector; the accelerator labels come from tpu / gpu."},
             },

@@ -9,8 +9,8 @@ from typing import Any
 
 from .groups import parse_groups
 from .common import (
-    DEFAULTS, INT32_MAX, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader, between,
-    common_fields, parse_common, string, strings_in,
+    DEFAULTS, INT32_MAX, COMMON_FIELDS, MAX_PODS_DEFAULT, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules,
+    Reader, between, check_pods, common_fields, parse_common, string, strings_in,
 )
 
 RAYJOB_NAME_MAX = 47  # KubeRay: the RayCluster name <rayjob>-<5 chars> must stay a valid label
@@ -74,8 +74,9 @@ class JobSpec(CommonSpec):
         return self.slice.workers(self.chips_per_worker)
 
 
-def parse(body: Any) -> JobSpec:
-    """Validate a TPUTorchJob object (as a dict) and return its JobSpec; InvalidSpec lists every error."""
+def parse(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> JobSpec:
+    """Validate a TPUTorchJob object (as a dict) and return its JobSpec; InvalidSpec lists every error.
+    ``max_pods``: the most pods the job may make (common.check_pods)."""
     r = Reader()
     if not isinstance(body, Mapping):
         raise InvalidSpec([FieldError("", body, "must be a TPUTorchJob object")])
@@ -109,6 +110,11 @@ def parse(body: Any) -> JobSpec:
     if fields.get("queue_name") and not shutdown:  # Kueue's RayJob webhook refuses it otherwise
         r.error("spec.shutdownAfterJobFinishes", shutdown, "must be true when spec.queueName is set: Kueue "
                 "admits a RayJob only with a cluster of its own that is deleted when the job ends")
+
+    if tpu.slice is not None:
+        pods = 2 + tpu.slice.hosts + sum(g.replicas * g.hosts for g in groups)
+        check_pods(r, "spec.groups" if groups else "spec.tpu.topology", pods, max_pods,
+                   "the head, the submitter, the slice's hosts and every group's pods")
 
     if r.errors:
         raise InvalidSpec(r.errors)

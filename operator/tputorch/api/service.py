@@ -11,8 +11,8 @@ from typing import Any
 from . import topology
 from .vllm_args import ENGINE_ARGS, VLLM_VERSION
 from .common import (
-    DNS1123_SUBDOMAIN, INT32_MAX, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
-    between, common_fields, freeform, parse_common, string,
+    DNS1123_SUBDOMAIN, INT32_MAX, MAX_PODS_DEFAULT, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
+    between, check_pods, common_fields, freeform, parse_common, string,
 )
 
 # KubeRay's limit for a RayService name (its RayCluster is <name>-<5 chars> too); the Serve
@@ -157,8 +157,9 @@ def _secret_key(v: str) -> str | None:
     return None
 
 
-def parse_service(body: Any) -> ServiceSpec:
-    """Validate a TPUTorchService object (as a dict) and return its ServiceSpec; InvalidSpec lists every error."""
+def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
+    """Validate a TPUTorchService object (as a dict) and return its ServiceSpec; InvalidSpec lists every error.
+    ``max_pods``: the most pods the service may make at spec.replicas.max (common.check_pods)."""
     r = Reader()
     if not isinstance(body, Mapping):
         raise InvalidSpec([FieldError("", body, "must be a TPUTorchService object")])
@@ -235,6 +236,10 @@ def parse_service(body: Any) -> ServiceSpec:
     elif fields.get("queue_name") and max_replicas != min_replicas:  # Kueue's RayService webhook refuses it
         r.error("spec.replicas.max", max_replicas, f"must equal spec.replicas.min ({min_replicas}) when "
                 "spec.queueName is set: Kueue admits a fixed number of slices, not an autoscaling range")
+
+    if tpu.slice is not None and max_replicas is not None:
+        check_pods(r, "spec.replicas.max", 1 + max_replicas * tpu.slice.hosts, max_pods,
+                   "the head and every host of spec.replicas.max slices")
 
     serve = r.mapping(spec, "serve", "spec.serve", SERVE_FIELDS)
     target = r.value(serve, "targetOngoingRequests", "spec.serve.targetOngoingRequests", int,

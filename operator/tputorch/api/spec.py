@@ -13,7 +13,7 @@ from typing import Any
 
 from .common import (  # noqa: F401  (re-exported)
     COMMON_FIELDS, DEFAULTS, DNS1035, DNS1123_SUBDOMAIN, ENV_SOURCES, FORBIDDEN_ENV, HEAD_FIELDS, INT32_MAX,
-    LABEL_VALUE, MAX_STRING, QUANTITY, RAY_VERSION, RESERVED_ENV_PREFIX, RESOURCE_FIELDS, TPU_FIELDS, CommonSpec, FieldError,
+    LABEL_VALUE, MAX_PODS_DEFAULT, MAX_PODS_ENV, MAX_STRING, QUANTITY, RAY_VERSION, RESERVED_ENV_PREFIX, RESOURCE_FIELDS, TPU_FIELDS, CommonSpec, FieldError,
     InvalidSpec, Resources,
 )
 from .job import (  # noqa: F401
@@ -29,9 +29,9 @@ from .service import (  # noqa: F401
 PARSERS: dict[str, Callable[[Any], Any]] = {JOB_KIND: parse, SERVICE_KIND: parse_service}
 
 
-def parse_any(body: Any) -> JobSpec | ServiceSpec:
-    """Parse a body of either kind, chosen by its ``kind``."""
+def parse_any(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> JobSpec | ServiceSpec:
+    """Parse a body of either kind, chosen by its ``kind``; ``max_pods`` bounds its pods."""
     kind = body.get("kind") if isinstance(body, Mapping) else None
     if not isinstance(kind, str) or kind not in PARSERS:
         raise InvalidSpec([FieldError("kind", kind, f"must be {' or '.join(PARSERS)}")])
-    return PARSERS[kind](body)
+    return PARSERS[kind](body, max_pods=max_pods)

@@ -24,7 +24,7 @@ def _load(path: str) -> list:
         return load_documents(stream, path)
 
 
-def _parse_all(path: str) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[str]]:
+def _parse_all(path: str, max_pods: int = spec.MAX_PODS_DEFAULT) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[str]]:
     """Every TPUTorchJob and TPUTorchService in a file, parsed, or every problem found."""
     jobs, problems = [], []
     try:
@@ -40,7 +40,7 @@ def _parse_all(path: str) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[s
             problems.append(f"{where}: kind must be {kinds}, got {doc.get('kind') if isinstance(doc, dict) else type(doc).__name__!r}")
             continue
         try:
-            parsed = spec.parse_any(doc)
+            parsed = spec.parse_any(doc, max_pods=max_pods)
             render.render_any(parsed)  # the child must fit what Kubernetes stores, as the operator checks
             jobs.append(parsed)
         except spec.InvalidSpec as err:
@@ -49,7 +49,7 @@ def _parse_all(path: str) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[s
 
 
 def cmd_render(args) -> int:
-    jobs, problems = _parse_all(args.file)
+    jobs, problems = _parse_all(args.file, args.max_pods_per_job)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
@@ -58,7 +58,7 @@ def cmd_render(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    jobs, problems = _parse_all(args.file)
+    jobs, problems = _parse_all(args.file, args.max_pods_per_job)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
@@ -179,11 +179,29 @@ def cmd_run(args) -> int:
     cfg.progress_interval = args.progress_interval
     cfg.ray_token_key_file = args.ray_token_key_file
     cfg.network_policy = args.network_policy
+    cfg.max_pods_per_job = args.max_pods_per_job
     cfg.peers = tuple(args.network_policy_peer or ())
     # kopf runs the process only; without peering: replicas are coordinated by the Lease.
     kopf.run(clusterwide=not args.namespace, namespaces=args.namespace or [], standalone=True,
              liveness_endpoint=args.liveness)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number of at least 1")
+    return value
+
+
+def _add_max_pods(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-pods-per-job", type=_positive_int, metavar="N",
+                   default=_positive_int(os.environ.get(spec.MAX_PODS_ENV, str(spec.MAX_PODS_DEFAULT))),
+                   help=f"the most pods one TPUTorchJob (head, submitter, slice, groups) or TPUTorchService (at "
+                        f"spec.replicas.max) may make; default ${spec.MAX_PODS_ENV} or {spec.MAX_PODS_DEFAULT}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--network-policy-peer", action="append", type=_peer, metavar="NAMESPACE[:KEY=VALUE,...]",
                      help="pods admitted to every Ray cluster's dashboard (and a service's Serve port): KubeRay's "
                           "and the operator's, by namespace and labels (repeatable)")
+    _add_max_pods(run)
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)
@@ -228,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                              ("validate", cmd_validate, "validate TPUTorchJob and TPUTorchService file(s)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("file", help="YAML file with TPUTorchJobs and/or TPUTorchServices ('-' for stdin)")
+        _add_max_pods(p)
         p.set_defaults(func=func)
 
     topo = sub.add_parser("topologies", help="list every supported TPU slice")

@@ -22,6 +22,7 @@ from .kube import Kube, load_config
 from .leader import Election, KubeLeaseApi
 from .metrics import METRICS, serve
 from ..status.progress import READ_INTERVAL
+from ..api.common import MAX_PODS_DEFAULT
 from .reconcile import STATUS_INTERVAL, WORKLOAD, WORKLOAD_PRIORITY_CLASS, Controller
 
 log = logging.getLogger("tputorch")
@@ -45,6 +46,7 @@ class Config:
     progress_interval: float = READ_INTERVAL  # seconds between reads of a running job's driver log (0: none)
     namespaces: list[str] | None = None  # None: all namespaces
     network_policy: bool = True  # a NetworkPolicy per Ray cluster (its own pods + peers)
+    max_pods_per_job: int = MAX_PODS_DEFAULT  # the most pods one object may make (api/common.check_pods)
     peers: tuple = ()  # render.Peer: pods admitted to every Ray cluster's dashboard (KubeRay, operator)
     ray_token_key_file: str | None = None  # the key Ray tokens are derived from (controller/raytoken.py)
     leader_election: bool = False
@@ -76,19 +78,21 @@ RUNTIME = Runtime()
 
 def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[str] | None,
           status_interval: float = STATUS_INTERVAL, extras: list | None = None, dashboard=None,
-          progress_interval: float = READ_INTERVAL, ray_tokens: RayTokens | None = None) -> Controller:
+          progress_interval: float = READ_INTERVAL, ray_tokens: RayTokens | None = None,
+          max_pods: int = MAX_PODS_DEFAULT) -> Controller:
     """The controller and its informers, wired: each informer's changes reach the controller on
     the event loop. ``source_for(path, label_selector)`` makes an informer's Source."""
     def on_loop(fn, *head):
         return lambda event, obj: loop.call_soon_threadsafe(fn, *head, event, obj)
 
-    controller = Controller(kinds_.KINDS, kube, {}, {}, None, status_interval=status_interval, extras=extras or [],
+    kinds = kinds_.bounded(kinds_.KINDS, max_pods)
+    controller = Controller(kinds, kube, {}, {}, None, status_interval=status_interval, extras=extras or [],
                             dashboard=dashboard, progress_interval=progress_interval, ray_tokens=ray_tokens)
     for extra in controller.extras:  # its owner's key is in its labels, as a pod's
         controller.extra_stores[extra.resource.plural] = Informer(
             extra.resource.plural, source_for(extra.resource.path, SELECTOR), namespaces,
             on_loop(controller.pod_changed), kinds_.slim_extra)
-    for kind in kinds_.KINDS:
+    for kind in kinds:
         name = kind.resource.kind
         controller.parents[name] = Informer(kind.resource.plural, source_for(kind.resource.path, None), namespaces,
                                             on_loop(controller.parent_changed, name), kinds_.slim_object)
@@ -145,7 +149,7 @@ def start_controller(loop: asyncio.AbstractEventLoop) -> None:
     controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
         CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers), Dashboard(), CONFIG.progress_interval,
-        RayTokens.from_file(CONFIG.ray_token_key_file))
+        RayTokens.from_file(CONFIG.ray_token_key_file), CONFIG.max_pods_per_job)
     RUNTIME.required, RUNTIME.optional = required_stores(controller), optional_stores(controller)
     RUNTIME.informers = [*RUNTIME.required, *RUNTIME.optional]
     RUNTIME.controller = controller  # from here on, a startup run again builds nothing

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 from ..api import crd, spec as specs
 from .. import render, status as statuses
 from ..status import kueue
@@ -56,6 +59,11 @@ SERVICE = Kind(
 )
 
 KINDS = [JOB, SERVICE]
+
+
+def bounded(kinds: list[Kind], max_pods: int) -> list[Kind]:
+    """``kinds`` whose parse refuses an object of more than ``max_pods`` pods (--max-pods-per-job)."""
+    return [replace(kind, parse=partial(kind.parse, max_pods=max_pods)) for kind in kinds]
 
 NETWORKPOLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 

@@ -89,3 +89,63 @@ def test_train_group_is_the_training_slices_kuberay_group():
 
     assert train.TRAIN_GROUP == render.WORKER_GROUP == groups_api.TRAIN_GROUP
     assert train.TRAIN_GROUP in groups_api.RESERVED_NAMES
+
+
+# --- a group's pods follow the main slice's resource rules; a job's pods are bounded ------------
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("cpu", "0", "must be greater than zero"),
+    ("cpu", 0, "must be greater than zero"),
+    ("cpu", "0.0m", "must be greater than zero"),
+    ("memory", "0", "must be greater than zero"),
+    ("memory", "1.5", "must be at least 256Mi (a number without a unit is bytes"),
+    ("memory", 8, "must be at least 256Mi"),
+    ("memory", "255Mi", "must be at least 256Mi"),
+    ("memory", "lots", "must be a Kubernetes quantity"),
+])
+def test_group_resources_follow_the_main_slices_rules(field, value, fragment):
+    found = errors([{"name": "reward", field: value}])
+    assert fragment in found[f"spec.groups[0].{field}"]
+    # the same rule, the same words, as the main slice's
+    with pytest.raises(spec.InvalidSpec) as info:
+        spec.parse(body(worker={field: value}))
+    assert {e.path: e.message for e in info.value.errors}[f"spec.worker.{field}"] == found[f"spec.groups[0].{field}"]
+
+
+def test_group_resources_at_the_floor_pass():
+    (group,) = parse([{"name": "reward", "cpu": "500m", "memory": "256Mi"}]).groups
+    assert (group.cpu, group.memory) == ("500m", "256Mi")
+
+
+def test_pods_per_job_are_bounded_and_the_bound_is_the_callers():
+    # the case: 5 groups x 16 slices of the largest v5p slice (1,536 hosts each)
+    big = [{"name": f"g{i}", "tpu": {"accelerator": "v5p", "topology": "16x16x24"}, "replicas": 16} for i in range(5)]
+    with pytest.raises(spec.InvalidSpec) as info:
+        parse(big)
+    (error,) = info.value.errors
+    assert error.path == "spec.groups" and error.value == f"{2 + 4 + 5 * 16 * 1536} pods"  # head, submitter, v6e 4x4: 4 hosts
+    assert f"must make at most {spec.MAX_PODS_DEFAULT} pods per job" in error.message
+    assert "--max-pods-per-job" in error.message and "maxPodsPerJob" in error.message
+    # 2 head/submitter + 4 slice hosts + 3 CPU pods = 9
+    three = [{"name": "reward", "replicas": 3}]
+    assert spec.parse(body(groups=three), max_pods=9).groups
+    with pytest.raises(spec.InvalidSpec) as info:
+        spec.parse(body(groups=three), max_pods=8)
+    assert [(e.path, e.value) for e in info.value.errors] == [("spec.groups", "9 pods")]
+    # no groups: the slice alone is counted, and the error names the topology
+    with pytest.raises(spec.InvalidSpec) as info:
+        spec.parse(body(), max_pods=5)
+    assert [(e.path, e.value) for e in info.value.errors] == [("spec.tpu.topology", "6 pods")]
+
+
+def test_the_largest_slice_alone_fits_the_default_bound():
+    job = spec.parse(body(tpu={"accelerator": "v5p", "topology": "16x16x24"}))
+    assert 2 + job.slice.hosts <= spec.MAX_PODS_DEFAULT
+
+
+@pytest.mark.parametrize("text", ["1.5", "256Mi", "500m", "8", "0.5Gi", "1E", "2Ei", "16Gi", "1k", "123456789"])
+def test_quantity_value_agrees_with_the_kubernetes_clients_parser(text):
+    from kubernetes.utils import parse_quantity
+
+    from tputorch.api.common import quantity_value
+    assert quantity_value(text) == parse_quantity(text)

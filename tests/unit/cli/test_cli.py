@@ -134,3 +134,14 @@ def test_validate_shows_rl_groups_and_names_every_group_error(capsys, tmp_path):
     assert code == 1
     assert "spec.groups[2].name: 'reward' must be unique within spec.groups" in err
     assert "spec.groups[2].gpu.count: 3 must be one of 1, 2, 4, 8" in err
+
+
+def test_validate_and_render_bound_the_pods_per_job(capsys, tmp_path, monkeypatch):
+    example = str(EXAMPLES / "v6e-4x4.yaml")  # head, submitter and 4 hosts: 6 pods
+    assert run(capsys, "validate", "--max-pods-per-job", "6", example)[0] == 0
+    for command in ("validate", "render"):
+        code, out, err = run(capsys, command, "--max-pods-per-job", "5", example)
+        assert code == 1 and out == ""
+        assert "spec.tpu.topology: '6 pods' must make at most 5 pods per job" in err
+    monkeypatch.setenv("TPUTORCH_MAX_PODS_PER_JOB", "5")  # the operator's setting, read by the CLI too
+    assert run(capsys, "validate", example)[0] == 1

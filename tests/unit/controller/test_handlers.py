@@ -278,3 +278,17 @@ def test_a_startup_that_failed_after_its_informers_started_builds_nothing_twice(
         asyncio.run(scenario())
     finally:
         taken.close()
+
+
+def test_the_operators_pod_bound_reaches_both_kinds_parse():
+    ctl = handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None, max_pods=5)
+    job = ctl.kinds["TPUTorchJob"]
+    with pytest.raises(spec.InvalidSpec, match="spec.tpu.topology: '6 pods' must make at most 5 pods per job"):
+        ctl._parse(job, body(), "ml")
+    service = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService", "metadata": {"name": "s", "namespace": "ml"},
+               "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "example.com/vllm:1",
+                        "model": {"source": "Qwen/Qwen3-8B"}, "replicas": {"min": 1, "max": 3}}}
+    with pytest.raises(spec.InvalidSpec, match=r"spec.replicas.max: '13 pods' must make at most 5"):
+        ctl._parse(ctl.kinds["TPUTorchService"], service, "ml")
+    default = handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None)
+    assert default._parse(default.kinds["TPUTorchJob"], body(), "ml").slice.hosts == 4

@@ -491,7 +491,7 @@ class Controller:
 
     def _terminal(self, kind: Kind, parent: dict) -> dict | None:
         """The terminal status this very object (uid) reached, as its status says or as this
-        operator saw it: kept in memory too, so that a status wiped or rolled back meanwhile does
+        operator read or wrote it: kept in memory too, so that a status wiped or rolled back meanwhile does
         not make a finished job run again."""
         uid = parent["metadata"].get("uid")
         previous = self._previous(parent)
@@ -755,6 +755,8 @@ class Controller:
             raise
         self.written[meta["uid"]] = (meta.get("resourceVersion"), current)
         self.last_write[meta["uid"]] = self.monotonic()
+        if kind.finished(current):  # not only from statuses read: the written cache is dropped by any rv bump
+            self.terminal[meta["uid"]] = current
         METRICS.status_patched()
         regarding = {"apiVersion": kind.resource.api_version, "kind": kind.resource.kind, "name": name,
                      "namespace": namespace, "uid": meta.get("uid")}

@@ -677,6 +677,23 @@ def test_a_terminal_status_seen_once_holds_for_that_uid_even_if_the_status_is_ro
     assert run(ctl.reconcile(KEY)) == "created"
 
 
+def test_a_terminal_status_this_process_wrote_holds_when_a_foreign_edit_drops_its_echo():
+    """Issue 34: the job's Succeeded is written by this process; before its echo, a label edit by
+    someone else bumps the resourceVersion (the written-status cache no longer applies) and
+    KubeRay deletes the RayJob. The job must not be created again."""
+    done = rayjob("uid-new", status={"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
+    ctl = setup(job(status={"phase": "Running"}), done)
+    run(ctl.reconcile(KEY))
+    assert last_status(ctl.kube)["phase"] == "Succeeded"  # written by us, not yet seen back
+    relabelled = job(rv="11", status={"phase": "Running"})
+    relabelled["metadata"]["labels"] = {"team": "a"}  # a foreign edit before our write's echo
+    ctl.parents[KIND]._put(relabelled)
+    ctl.children[KIND]._pop(("ml", "demo"))
+    assert run(ctl.reconcile(KEY)) == "finished" and ctl.kube.called("create") == []
+    # nor does its status go back to Running from the stale status the edit carried
+    assert all(c[4].get("phase") in (None, "Succeeded") for c in ctl.kube.called("patch_status"))
+
+
 def test_status_patches_carry_the_objects_uid_as_precondition():
     ctl = setup(job())
     run(ctl.reconcile(KEY))

@@ -469,8 +469,8 @@ class Controller:
     async def _read_progress(self, key: Key, uid: str, cluster: str, submission_id: str, secret_name: str | None) -> None:
         try:
             token = self.ray_tokens.token(key[1], secret_name) if secret_name else None
-            log_tail = await asyncio.wait_for(self.dashboard.driver_log(key[1], cluster, submission_id, token),
-                                              self.dashboard.timeout + 1)
+            # each request is bounded by the dashboard's own timeout (the wait for a slot is not)
+            log_tail = await self.dashboard.driver_log(key[1], cluster, submission_id, token)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # unreachable, refused, 5xx, a timeout: the next interval tries again
@@ -484,7 +484,12 @@ class Controller:
             if self.reading.get(uid) is asyncio.current_task():
                 del self.reading[uid]
         self.read_failures.pop(uid, None)
-        report = training.parse(log_tail)
+        try:
+            report = training.parse(log_tail)
+        except Exception as err:  # a bug here must not end the read task unlogged
+            log.error("%s %s/%s: the progress read from RayCluster %s could not be parsed: %s", key[0], key[1],
+                      key[2], cluster, _describe(err))
+            return
         if report is not None and report != self.reports.get(uid) and self.uids.get(key) == uid:
             self.reports[uid] = report
             self.enqueue(key)

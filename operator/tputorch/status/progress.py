@@ -68,7 +68,7 @@ def parse_line(line: str) -> Report | None:
         return None
     try:
         record, _ = json.JSONDecoder().raw_decode(rest.lstrip())
-    except ValueError:
+    except (ValueError, RecursionError):  # deeper than Python's decoder goes (a line of "[[[..."): no report
         return None
     if not isinstance(record, dict) or set(record) - {"step", "epoch", "metrics", "checkpoint"}:
         return None

@@ -88,3 +88,102 @@ def test_an_unknown_job_or_one_without_a_driver_yet_is_an_error_naming_it(proxy)
     proxy.answers["demo-wr0ng"] = ("abcdef0123456789", b"")  # the tail's own refusal
     with pytest.raises(DashboardError, match="HTTP 500: 500 Internal Server Error"):
         read(Dashboard(), "demo-wr0ng")
+
+
+# --- what a real (or a tenant's) head may answer (issue 34) ----------------------------------------
+
+class Heads(BaseHTTPRequestHandler):
+    """Ray heads behind the proxy, each named by its cluster: "big" sends a 40 KB job info in 500-byte
+    writes, "moved" redirects to "collector" (which records what it was sent), "slow-*" answer after
+    1.5 s, any other answers at once."""
+    protocol_version = "HTTP/1.1"
+    sent_to_collector: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def handle_one_request(self):
+        try:
+            super().handle_one_request()
+        except (BrokenPipeError, ConnectionResetError):  # a client that gave up on a slow head
+            self.close_connection = True
+
+    def do_GET(self):
+        import time
+        u = urllib.parse.urlsplit(self.path)
+        host = u.hostname or ""
+        if host.startswith("collector"):
+            type(self).sent_to_collector.append(dict(self.headers))
+        if host.startswith("slow-"):
+            time.sleep(1.5)
+        if host.startswith("moved-"):
+            self.send_response(302)
+            self.send_header("Location", "http://collector.example/api/jobs/demo-q8v2m")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if u.path.startswith("/api/jobs/"):
+            info = {"driver_node_id": NODE, "entrypoint": "python train.py " + "x" * (40 * 1024 if host.startswith("big-") else 0)}
+            body = json.dumps(info).encode()
+        else:
+            body = b"last line\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for at in range(0, len(body), 500):
+            self.wfile.write(body[at:at + 500])
+            self.wfile.flush()
+            if host.startswith("big-"):
+                time.sleep(0.002)
+
+
+@pytest.fixture
+def heads(monkeypatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Heads)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.delenv("http_proxy", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    Heads.sent_to_collector = []
+    yield Heads
+    server.shutdown()
+    server.server_close()
+
+
+def read_from(dashboard: Dashboard, cluster: str, token: str | None = None):
+    async def go():
+        try:
+            return await dashboard.driver_log("ml", cluster, "demo-q8v2m", token)
+        finally:
+            await dashboard.close()
+    return asyncio.run(go())
+
+
+def test_a_job_info_sent_in_many_small_writes_is_read_whole(heads):
+    assert read_from(Dashboard(), "big-x7k2p") == "last line\n"
+
+
+def test_a_redirect_is_not_followed_and_the_token_goes_nowhere_else(heads):
+    with pytest.raises(DashboardError, match="job info: HTTP 302: a redirect to 'http://collector.example/.*not followed"):
+        read_from(Dashboard(), "moved-x7k2p", token="secret-token")
+    assert heads.sent_to_collector == []
+
+
+def slow_and_fast(dashboard: Dashboard, slow_heads: int):
+    async def go():
+        try:
+            slow = [asyncio.create_task(dashboard.driver_log("ml", f"slow-{i}", "demo-q8v2m")) for i in range(slow_heads)]
+            await asyncio.sleep(0.1)  # the slow ones hold their connections
+            fast = await dashboard.driver_log("ml", "fast-x7k2p", "demo-q8v2m")
+            return fast, await asyncio.gather(*slow, return_exceptions=True)
+        finally:
+            await dashboard.close()
+    return asyncio.run(go())
+
+
+def test_the_wait_for_a_slot_is_not_part_of_a_reads_timeout(heads):
+    """Slow heads that held every connection made the wait for one count in the other reads'
+    timeouts (one pool of 8, a total timeout): a fast head's read behind them timed out."""
+    fast, results = slow_and_fast(Dashboard(timeout=0.5, slots=2), 4)  # two waves of slow ones ahead of it
+    assert fast == "last line\n" and all(isinstance(r, asyncio.TimeoutError) for r in results)

@@ -163,3 +163,17 @@ def test_an_interval_of_zero_reads_nothing(life):
     start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)
     job.at(100.0)
     assert job.dashboard.calls == [] and job.ctl.reading == {}
+
+
+def test_a_deeply_nested_report_line_is_no_report_and_the_reads_go_on(life, caplog):
+    """Issue 34: a report line nested deeper than Python's decoder goes raised RecursionError and
+    ended the read task unlogged; it is a malformed line, and later reports are read."""
+    from tputorch.train import PROGRESS_MARKER
+    job = life()
+    job.reconcile()
+    job.dashboard.log = f"(RayTrainWorker pid=7) {PROGRESS_MARKER}{'[' * 4000}\n"
+    start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)
+    assert len(job.dashboard.calls) == 1 and job.progress() == []
+    job.dashboard.report(5, 1.0)
+    job.at(31.6)
+    assert [p["step"] for p in job.progress()] == [5]

@@ -25,6 +25,9 @@ RAY_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# An image reference's characters ([registry[:port]/]path[:tag][@algorithm:digest]): no whitespace or
+# control character, which the Pod API (leading/trailing) or the kubelet (InvalidImageName) refuse later.
+IMAGE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9._/:@+]*$")
 ENV_SOURCES = ("configMapKeyRef", "secretKeyRef", "fieldRef", "resourceFieldRef")
 MAX_STRING = 4096
 INT32_MAX = 2**31 - 1  # KubeRay's int32 fields
@@ -219,15 +222,19 @@ def string(max_len: int = MAX_STRING, pattern: re.Pattern | None = None, what: s
             return "must not be empty"
         if len(v) > max_len:
             return f"must be at most {max_len} characters"
-        if pattern is not None and not pattern.match(v):
+        if pattern is not None and not pattern.fullmatch(v):
             return f"must be {what}"
         return None
 
     return check
 
 
+image_reference = string(MAX_STRING, IMAGE, "an image reference such as us-docker.pkg.dev/p/r/ray:2.60.0 or "
+                         "name@sha256:<digest> (letters, digits and . _ - / : @ +; no whitespace)")
+
+
 def quantity(v: Any) -> str | None:
-    return None if QUANTITY.match(str(v)) else "must be a Kubernetes quantity such as 4, 500m, 16Gi"
+    return None if QUANTITY.fullmatch(str(v)) else "must be a Kubernetes quantity such as 4, 500m, 16Gi"
 
 
 # [.] rather than an escaped dot: the same pattern goes into a CEL string literal (crd.py).
@@ -236,7 +243,7 @@ ZERO_QUANTITY = re.compile(r"^0+([.]0+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 def positive_quantity(v: Any) -> str | None:
     problem = quantity(v) if len(str(v)) <= 64 else "must be at most 64 characters"
-    if problem is None and ZERO_QUANTITY.match(str(v)):
+    if problem is None and ZERO_QUANTITY.fullmatch(str(v)):
         return "must be greater than zero (a pod with none could never run Ray)"
     return problem
 
@@ -283,7 +290,7 @@ def resource_schema(resource: str, description: str, default: str) -> dict:
 
 def ray_version_check(minimum: tuple[int, int, int], why: str) -> Callable[[str], str | None]:
     def check(v: str) -> str | None:
-        m = RAY_VERSION.match(v)
+        m = RAY_VERSION.fullmatch(v)
         if not m:
             return "must be a Ray release such as 2.60.0"
         if tuple(int(x) for x in m.groups()) < minimum:
@@ -375,6 +382,9 @@ SECURITY_CONTEXT_FIELDS = {
     "privileged": bool, "readOnlyRootFilesystem": bool, "capabilities": dict, "seccompProfile": dict,
 }
 SECCOMP_TYPES = ("RuntimeDefault", "Localhost", "Unconfined")
+# CAP_SYS_ADMIN implies privilege escalation: the Pod API refuses it with allowPrivilegeEscalation
+# false as "CAP_SYS_ADMIN"; the runtime grants the same capability for "SYS_ADMIN".
+SYS_ADMIN = {"SYS_ADMIN", "CAP_SYS_ADMIN"}
 
 
 def parse_security_context(r: Reader, spec: Mapping) -> dict:
@@ -393,7 +403,7 @@ def parse_security_context(r: Reader, spec: Mapping) -> dict:
         for part in ("add", "drop"):
             names = r.value(caps, part, f"{path}.capabilities.{part}", list, default=[])
             for i, name in enumerate(names):
-                if not isinstance(name, str) or not re.match(r"^[A-Z_]{1,64}$", name):
+                if not isinstance(name, str) or not re.fullmatch(r"^[A-Z_]{1,64}$", name):
                     r.error(f"{path}.capabilities.{part}[{i}]", name, "must be a capability name such as NET_ADMIN")
         user["capabilities"] = {k: list(caps[k]) for k in ("add", "drop") if caps.get(k)}
     if "seccompProfile" in user:
@@ -405,7 +415,7 @@ def parse_security_context(r: Reader, spec: Mapping) -> dict:
             r.error(f"{path}.seccompProfile.localhostProfile", local, "must be set exactly when type is Localhost")
         user["seccompProfile"] = dict(profile)
     merged = {**DEFAULT_SECURITY_CONTEXT, **user}
-    escalates = user.get("privileged") or "SYS_ADMIN" in (user.get("capabilities") or {}).get("add", [])
+    escalates = user.get("privileged") or bool(SYS_ADMIN & set((user.get("capabilities") or {}).get("add", [])))
     if escalates and user.get("allowPrivilegeEscalation") is False:
         r.error(f"{path}.allowPrivilegeEscalation", False, "must not be false with privileged or CAP_SYS_ADMIN")
     elif escalates and "allowPrivilegeEscalation" not in user:
@@ -572,7 +582,7 @@ def parse_tolerations(r: Reader, spec: Mapping) -> tuple:
         r.mapping({"t": tol}, "t", path, TOLERATION_FIELDS)
         key = r.value(tol, "key", f"{path}.key", str, check=lambda v: None if v == "" or label_key_ok(v)
                       else "must be a label name ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
-        value = r.value(tol, "value", f"{path}.value", str, check=lambda v: None if len(v) <= 63 and LABEL_VALUE.match(v)
+        value = r.value(tol, "value", f"{path}.value", str, check=lambda v: None if len(v) <= 63 and LABEL_VALUE.fullmatch(v)
                         else "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
         operator = r.value(tol, "operator", f"{path}.operator", str, default="Equal",
                            check=lambda v: None if v in TOLERATION_OPERATORS else "must be Exists or Equal")
@@ -590,9 +600,9 @@ def parse_tolerations(r: Reader, spec: Mapping) -> tuple:
 
 def label_key_ok(key: str) -> bool:
     prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.fullmatch(prefix)):
         return False
-    return 0 < len(name) <= 63 and bool(LABEL_NAME.match(name))
+    return 0 < len(name) <= 63 and bool(LABEL_NAME.fullmatch(name))
 
 
 def parse_node_selector(r: Reader, spec: Mapping, key: str, path: str) -> dict[str, str]:
@@ -603,7 +613,7 @@ def parse_node_selector(r: Reader, spec: Mapping, key: str, path: str) -> dict[s
         # Label syntax: the RayJob's schema does not check it, so the pods would be refused later.
         if not label_key_ok(k):
             r.error(f"{path}", k, "keys must be label names ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
-        if len(v) > 63 or not LABEL_VALUE.match(v):
+        if len(v) > 63 or not LABEL_VALUE.fullmatch(v):
             r.error(f"{path}.{k}", v, "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
     for label in (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL):
         if label in selector:
@@ -649,7 +659,7 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
     if body.get("spec") is None:
         r.error("spec", None, "is required")
     tpu = parse_tpu(r, spec, kind.tpu_fields, kind.slices_reason)
-    image = r.value(spec, "image", "spec.image", str, required=True, check=string(what="an image reference"))
+    image = r.value(spec, "image", "spec.image", str, required=True, check=image_reference)
     ray_version = r.value(spec, "rayVersion", "spec.rayVersion", str, default=DEFAULTS["rayVersion"], check=ray_version_check(kind.min_ray, kind.min_ray_why))
     runtime_env = parse_runtime_env(r, spec, operator_env)
     env = parse_env(r, spec, operator_env)

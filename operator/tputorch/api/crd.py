@@ -201,7 +201,10 @@ def _volumes_schema() -> dict:
             "required": ["name", "mountPath"],
             "properties": {
                 "name": _string("Volume name (DNS-1123 label), unique.", maxLength=63, pattern=storage.DNS1123_LABEL.pattern),
-                "mountPath": _string("Absolute path where the containers see it.", minLength=1, maxLength=1024),
+                "mountPath": _string("Absolute path where the containers see it.", minLength=1, maxLength=1024,
+                                     **{"x-kubernetes-validations": [{
+                                         "rule": f"!self.matches('{storage.RESERVED_MOUNT_PATTERN}')",
+                                         "message": "must not be " + ", ".join(storage.RESERVED_MOUNT_PATHS) + " or under them"}]}),
                 "readOnly": _s("Mount read-only.", type="boolean"),
                 "mountOn": _s(
                     "Containers that mount it: head, worker (default both).", type="array", maxItems=2,
@@ -259,6 +262,7 @@ def _common_properties(kind: str) -> dict:
             "TPU platform plugin (see docs/serving.md).",
             minLength=1,
             maxLength=spec.MAX_STRING,
+            pattern=common.IMAGE.pattern,
         ),
         "rayVersion": _string(
             "Ray version in the image.",
@@ -333,6 +337,13 @@ def _common_properties(kind: str) -> dict:
                     "localhostProfile": {"type": "string", "maxLength": 253},
                 }},
             },
+            **{"x-kubernetes-validations": [{
+                "rule": "!has(self.allowPrivilegeEscalation) || self.allowPrivilegeEscalation || !("
+                        "(has(self.privileged) && self.privileged) || (has(self.capabilities) && has(self.capabilities.add) && "
+                        f"self.capabilities.add.exists(c, c in {json.dumps(sorted(common.SYS_ADMIN))})))",
+                "message": "allowPrivilegeEscalation must not be false with privileged or CAP_SYS_ADMIN",
+                "fieldPath": ".allowPrivilegeEscalation",
+            }]},
         ),
         "automountServiceAccountToken": _s(
             "Mount the service account's token in the Ray pods (default false: Ray needs no API access; "

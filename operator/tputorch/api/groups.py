@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import topology
-from .common import (DEFAULTS, DNS1035, LABEL_VALUE, MAX_STRING, RESOURCE_RULES, Reader, between, label_key_ok, resource_schema,
-                     string, string_map)
+from .common import (DEFAULTS, DNS1035, IMAGE, LABEL_VALUE, MAX_STRING, RESOURCE_RULES, Reader, between, image_reference,
+                     label_key_ok, resource_schema, string, string_map)
 from .topology import Slice, TopologyError
 
 # Kueue v0.17 admits a RayJob as one Workload whose podSets are the head, one per worker group and,
@@ -115,7 +115,7 @@ def _parse_group(r: Reader, item: Any, path: str, job_image: str | None) -> Grou
     def name_check(v: str) -> str | None:
         if v in RESERVED_NAMES:
             return f"is reserved ({RESERVED_NAMES[v]}); choose another name"
-        if len(v) > NAME_MAX or not DNS1035.match(v):
+        if len(v) > NAME_MAX or not DNS1035.fullmatch(v):
             return f"must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most {NAME_MAX} characters"
         return None
 
@@ -132,14 +132,14 @@ def _parse_group(r: Reader, item: Any, path: str, job_image: str | None) -> Grou
         gpu_type, gpus = _parse_gpu(r, gpu_block, f"{path}.gpu")
     high = MAX_TPU_REPLICAS if kind == "tpu" else MAX_REPLICAS
     replicas = r.value(item, "replicas", f"{path}.replicas", int, default=1, check=between(1, high))
-    image = r.value(item, "image", f"{path}.image", str, default=job_image, check=string(what="an image reference"))
+    image = r.value(item, "image", f"{path}.image", str, default=job_image, check=image_reference)
     cpu = r.value(item, "cpu", f"{path}.cpu", (str, int), default=DEFAULTS["worker.cpu"], check=RESOURCE_RULES["cpu"])
     memory = r.value(item, "memory", f"{path}.memory", (str, int), default=DEFAULTS["worker.memory"], check=RESOURCE_RULES["memory"])
     selector = string_map(r, item, "nodeSelector", f"{path}.nodeSelector")
     for k, v in selector.items():
         if not label_key_ok(k):
             r.error(f"{path}.nodeSelector", k, "keys must be label names ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
-        if len(v) > 63 or not LABEL_VALUE.match(v):
+        if len(v) > 63 or not LABEL_VALUE.fullmatch(v):
             r.error(f"{path}.nodeSelector.{k}", v, "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
     for label in (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL, GKE_GPU_LABEL):
         if label in selector:
@@ -243,7 +243,7 @@ def schema(tpu_topology_rule: dict) -> dict:
                 },
                 "replicas": {"type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_REPLICAS, "default": 1,
                              "description": "Slices (TPU group) or pods (GPU, CPU group)."},
-                "image": {"type": "string", "minLength": 1, "maxLength": MAX_STRING,
+                "image": {"type": "string", "minLength": 1, "maxLength": MAX_STRING, "pattern": IMAGE.pattern,
                           "description": "Image of the group's pods (e.g. CUDA for a GPU group); default: spec.image."},
                 "cpu": resource_schema("cpu", "CPU of each pod of the group.", DEFAULTS["worker.cpu"]),
                 "memory": resource_schema("memory", "Memory of each pod of the group.", DEFAULTS["worker.memory"]),

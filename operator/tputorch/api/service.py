@@ -152,7 +152,7 @@ def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
 
 
 def _secret_key(v: str) -> str | None:
-    if not re.match(r"^[-._a-zA-Z0-9]+$", v) or len(v) > 253:
+    if not re.fullmatch(r"^[-._a-zA-Z0-9]+$", v) or len(v) > 253:
         return "must be a Secret key (at most 253 characters of [-._a-zA-Z0-9])"
     return None
 

@@ -40,7 +40,15 @@ EMPTY_DIR_FIELDS = {"sizeLimit", "medium"}
 EMPTY_DIR_MEDIA = ("", "Memory")
 # KubeRay adds /dev/shm (volume shared-mem) to every Ray container, and ray-logs with the autoscaler.
 RESERVED_VOLUME_NAMES = {"shared-mem": "KubeRay's /dev/shm volume", "ray-logs": "KubeRay's log volume with the autoscaler"}
-RESERVED_MOUNT_PATHS = {"/dev/shm": "KubeRay mounts shared memory there"}
+RESERVED_MOUNT_PATHS = {
+    "/dev/shm": "KubeRay mounts shared memory there",
+    "/proc": "the container runtime refuses a mount over /proc",
+    # /var/run is /run in the Ray images: both spellings are the same directory
+    "/var/run/secrets/kubernetes.io/serviceaccount": "Kubernetes mounts the ServiceAccount token there",
+    "/run/secrets/kubernetes.io/serviceaccount": "Kubernetes mounts the ServiceAccount token there (/var/run is /run)",
+}
+# The admission-time form of RESERVED_MOUNT_PATHS for the CRD ([.] for a dot: it goes into a CEL literal).
+RESERVED_MOUNT_PATTERN = "^/+(" + "|".join(p.strip("/").replace(".", "[.]") for p in RESERVED_MOUNT_PATHS) + ")(/.*)?$"
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Cloud Storage bucket names: 3-63 characters (up to 222 with dots) of lowercase letters, digits,
@@ -96,14 +104,15 @@ def _problem_path(v: str) -> str | None:
         return "must not contain '..'"
     if posixpath.normpath(v) == "/":
         return "must not be /"
+    normal = "/" + posixpath.normpath(v).lstrip("/")  # normpath keeps a leading //
     for reserved, why in RESERVED_MOUNT_PATHS.items():
-        if posixpath.normpath(v) == reserved or v.startswith(reserved + "/"):
+        if normal == reserved or normal.startswith(reserved + "/"):
             return f"must not be {reserved} or under it: {why}"
     return None
 
 
 def _check_name(v: str) -> str | None:
-    if len(v) > 63 or not DNS1123_LABEL.match(v):
+    if len(v) > 63 or not DNS1123_LABEL.fullmatch(v):
         return "must be a DNS-1123 label (at most 63 lowercase letters, digits and '-')"
     if v in RESERVED_VOLUME_NAMES:
         return f"must not be {v}: {RESERVED_VOLUME_NAMES[v]}"
@@ -111,7 +120,7 @@ def _check_name(v: str) -> str | None:
 
 
 def _check_bucket(v: str) -> str | None:
-    if not BUCKET.match(v) or (len(v) > 63 and "." not in v):
+    if not BUCKET.fullmatch(v) or (len(v) > 63 and "." not in v):
         return "must be a Cloud Storage bucket name (3-63 characters of a-z, 0-9, '-', '_', '.'), without gs://"
     return None
 
@@ -171,7 +180,7 @@ def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
             fields["mount_options"] = tuple(o for o in options if isinstance(o, str))
         elif source == "pvc":
             fields["claim_name"] = r.value(block, "claimName", f"{path}.pvc.claimName", str, required=True,
-                                           check=lambda v: None if len(v) <= 253 and CLAIM_NAME.match(v) else "must be a PersistentVolumeClaim name (a DNS subdomain)")
+                                           check=lambda v: None if len(v) <= 253 and CLAIM_NAME.fullmatch(v) else "must be a PersistentVolumeClaim name (a DNS subdomain)")
         else:
             size = r.value(block, "sizeLimit", f"{path}.emptyDir.sizeLimit", (str, int), check=quantity)
             fields["size_limit"] = None if size is None else str(size)

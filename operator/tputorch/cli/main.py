@@ -143,7 +143,7 @@ def _peer(text: str) -> render.Peer:
     """NAMESPACE[:KEY=VALUE,...] -> render.Peer."""
     namespace, _, labels = text.partition(":")
     pairs = [item.partition("=") for item in labels.split(",") if item]
-    if not spec.DNS1123_SUBDOMAIN.match(namespace) or any(not k or not eq for k, eq, _ in pairs):
+    if not spec.DNS1123_SUBDOMAIN.fullmatch(namespace) or any(not k or not eq for k, eq, _ in pairs):
         raise argparse.ArgumentTypeError(f"{text!r} must be NAMESPACE or NAMESPACE:KEY=VALUE[,KEY=VALUE...]")
     return render.Peer(namespace, tuple((k, v) for k, _, v in pairs))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -108,6 +109,35 @@ def cmd_topologies(args) -> int:
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     return 0
+
+
+def cmd_doctor(args) -> int:
+    from . import client, doctor, doctor_read
+
+    specs = None
+    if args.for_file:
+        specs, problems = _parse_all(args.for_file)
+        if problems:
+            print("\n".join(problems), file=sys.stderr)
+            return 2
+    try:
+        api = client.connect(context=args.context, namespace=args.namespace, kubeconfig=args.kubeconfig)
+    except client.ConnectError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if specs:
+        # an object without metadata.namespace (parsed as "default") goes to the context's namespace
+        specs = [dataclasses.replace(s, namespace=api.namespace) if s.namespace == "default" else s for s in specs]
+    facts = doctor_read.read_facts(api.api_client, api.namespace, specs, timeout=args.timeout)
+    results = doctor.run_checks(facts)
+    where = {"server": api.api_client.configuration.host, "namespace": api.namespace,
+             "user": facts.get("user")}
+    if args.output == "json":
+        sys.stdout.write(doctor.format_json(results, where))
+    else:
+        sys.stdout.write(doctor.format_text(
+            results, f"cluster {where['server']}, namespace {where['namespace']}, as {where['user'] or '?'}"))
+    return doctor.exit_code(results)
 
 
 def cmd_crd(args) -> int:
@@ -258,6 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     crd_cmd = sub.add_parser("crd", help="print the CRDs (TPUTorchJob and TPUTorchService)")
     crd_cmd.add_argument("--kind", choices=list(crd.BUILDERS), help="only this kind's CRD")
     crd_cmd.set_defaults(func=cmd_crd)
+    doc = sub.add_parser("doctor", help="check that the cluster can run jobs and services (read-only; exit 0/1)",
+                         description="Read-only checks of the cluster of the kubeconfig context: one line each, "
+                                     "ok, failed (with the fix and a doc link), warning (!) or unknown (?). "
+                                     "Exit code: 0 when nothing failed, 1 otherwise, 2 bad usage.")
+    doc.add_argument("--for", dest="for_file", metavar="FILE",
+                     help="also say which TPU node pool each job and service of FILE would land on, or why none fits")
+    doc.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="how long each check may wait for the API server (default 10)")
+    doc.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    submit.add_connection_flags(doc)
+    doc.set_defaults(func=cmd_doctor)
     submit.register(sub)  # submit, serve, get, describe, logs, delete, wait
     return parser
 

@@ -1,0 +1,369 @@
+"""`tputorch doctor`'s checks, over dicts shaped as the API returns them."""
+
+import copy
+import json
+import pathlib
+import re
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tputorch.api import crd, spec
+from tputorch.cli import doctor
+from tputorch.cli.doctor import FAIL, OK, UNKNOWN, WARN, Unread
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+NOW = datetime(2026, 12, 2, 5, 0, 0, tzinfo=timezone.utc)
+
+
+def statuses(results):
+    return {r.check: r.status for r in results}
+
+
+def ts(seconds_ago: float) -> str:
+    return (NOW - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# ---------------------------------------------------------------- fixtures as dicts
+
+def node(name, pool, accel="tpu-v6e-slice", topo="4x4", machine="ct6e-standard-4t", ready=True, **labels):
+    return {"metadata": {"name": name, "labels": {
+                "cloud.google.com/gke-nodepool": pool, "cloud.google.com/gke-tpu-accelerator": accel,
+                "cloud.google.com/gke-tpu-topology": topo, **({"node.kubernetes.io/instance-type": machine} if machine else {}),
+                **labels}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def pool(name, n, **kw):
+    return [node(f"{name}-{i}", name, **kw) for i in range(n)]
+
+
+def schema_for(body: dict, drop: str | None = None) -> dict:
+    """A structural schema that has exactly what body has (minus the dotted path `drop`)."""
+    def build(value, path):
+        if isinstance(value, dict):
+            return {"type": "object", "properties": {k: build(v, f"{path}.{k}".lstrip(".")) for k, v in value.items()
+                                                      if f"{path}.{k}".lstrip(".") != drop}}
+        if isinstance(value, list):
+            merged = {}
+            for item in value:
+                if isinstance(item, dict):
+                    merged = deep_merge(merged, item)
+            return {"type": "array", "items": build(merged if merged else (value[0] if value else ""), f"{path}[]")}
+        return {"type": "string"}
+    return build(body, "")
+
+
+def deep_merge(a, b):
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {**a, **{k: deep_merge(a.get(k), v) for k, v in b.items()}}
+    if isinstance(a, list) and isinstance(b, list):
+        return [deep_merge(x, y) for x, y in zip(a + b, b + a)][:max(len(a), len(b))] if a and b else a or b
+    return b
+
+
+def kuberay_crd(schema: dict) -> dict:
+    return {"spec": {"versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}]}}
+
+
+def healthy_facts() -> dict:
+    children = doctor.representative_children()
+    crds = {c["metadata"]["name"]: copy.deepcopy(c) for c in crd.crd()}
+    crds["rayjobs.ray.io"] = kuberay_crd(schema_for(children["RayJob"][0]))
+    crds["rayservices.ray.io"] = kuberay_crd(schema_for(children["RayService"][0]))
+    crds["rayclusters.ray.io"] = kuberay_crd({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+    crds[doctor.KUEUE_LOCALQUEUE_CRD] = None
+    return {
+        "namespace": "team-a", "user": "alice",
+        "version": {"major": "1", "minor": "33", "gitVersion": "v1.33.5-gke.1080000"},
+        "crds": crds,
+        "operator_deployments": [{"metadata": {"namespace": "tputorch-system", "name": "tputorch-operator"},
+                                  "spec": {"replicas": 2, "template": {"spec": {"containers": [{
+                                      "image": "op:1", "args": ["run", "--network-policy-peer",
+                                                                "kuberay-system:app.kubernetes.io/name=kuberay-operator"]}]}}},
+                                  "status": {"readyReplicas": 2}}],
+        "kuberay_deployments": [{"metadata": {"namespace": "kuberay-system", "name": "kuberay-operator"},
+                                 "spec": {"template": {"spec": {"containers": [{"image": "kuberay/operator:v1.6.2"}]}}}}],
+        "lease": {"metadata": {"namespace": "tputorch-system", "name": "tputorch-operator"},
+                  "spec": {"holderIdentity": "pod-a", "leaseDurationSeconds": 15, "renewTime": ts(3)}},
+        "mutating_webhooks": [{"metadata": {"name": "ray-tpu-webhook-mutation"},
+                               "webhooks": [{"rules": [{"resources": ["pods"]}]}]}],
+        "validating_webhooks": [{"metadata": {"name": "ray-tpu-webhook-validation"}}],
+        "nodes": pool("tpu-v6e-4x4", 4) + pool("v6e-2x2-spot", 1, topo="2x2", **{"cloud.google.com/gke-spot": "true"}),
+        "kube_system_pods": [{"metadata": {"name": "anetd-x7k2p"}}, {"metadata": {"name": "kube-dns-1"}}],
+        "kueue_installed": False, "kueue_config": None,
+        "local_queues": {"team-a": []}, "quotas": {"team-a": []},
+        "gcsfuse_driver": {"metadata": {"name": doctor.GCS_FUSE_DRIVER}},
+        "rights": {r: True for r in doctor.RIGHTS},
+        "specs": None,
+    }
+
+
+def test_a_healthy_cluster_fails_nothing():
+    results = doctor.run_checks(healthy_facts(), NOW)
+    assert doctor.exit_code(results) == 0, [r.message for r in results if r.status == FAIL]
+    got = statuses(results)
+    assert got["kubernetes"] == OK and got["operator"] == OK and got["operator-lease"] == OK
+    assert got["kuberay-crd/rayjobs.ray.io"] == OK and got["kuberay-crd/rayservices.ray.io"] == OK
+    assert got["tpu-webhook"] == OK and got["tpu-pools"] == OK and got["rights"] == OK
+    assert got["network-policy"] == UNKNOWN  # a heuristic never says ✓
+    assert got["operator-policy"] == OK
+
+
+def test_every_doc_link_names_a_heading_that_exists():
+    def anchor(heading):  # GitHub's: lower case, punctuation dropped, spaces to dashes
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    links = {v for k, v in vars(doctor).items() if k.startswith("DOC_")}
+    assert links
+    for link in links:
+        path, _, frag = link.partition("#")
+        text = (ROOT / path).read_text()
+        anchors = {anchor(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+        assert frag in anchors, f"{link}: no such heading in {path}"
+
+
+def test_the_minimum_kubernetes_is_the_one_compatibility_md_states():
+    text = (ROOT / "docs" / "compatibility.md").read_text()
+    m = re.search(r"^\| Kubernetes \(the chart, the CRDs' CEL rules\) \| (\d+)\.(\d+) or later", text, re.M)
+    assert m and (int(m.group(1)), int(m.group(2))) == doctor.MIN_KUBERNETES
+
+
+@pytest.mark.parametrize("git,status", [("v1.28.9", FAIL), ("v1.29.0", OK), ("v1.34.4-gke.1", OK), ("weird", UNKNOWN)])
+def test_kubernetes_version(git, status):
+    (result,) = doctor.check_kubernetes({"major": "", "minor": "", "gitVersion": git})
+    assert result.status == status
+    if status == FAIL:
+        assert "1.29" in result.fix and result.doc
+
+
+def test_an_unread_fact_is_unknown_never_ok():
+    (result,) = doctor.check_kubernetes(Unread("no answer within 10 s"))
+    assert result.status == UNKNOWN and "no answer within 10 s" in result.message
+    facts = healthy_facts()
+    for key in ("nodes", "mutating_webhooks", "operator_deployments", "kube_system_pods", "gcsfuse_driver"):
+        facts[key] = Unread("forbidden")
+    facts["rights"] = {r: Unread("x") for r in doctor.RIGHTS}
+    got = statuses(doctor.run_checks(facts, NOW))
+    for check in ("tpu-pools", "tpu-webhook", "operator", "network-policy", "gcsfuse", "rights"):
+        assert got[check] == UNKNOWN, check
+
+
+# ---------------------------------------------------------------- our CRDs
+
+def test_a_missing_or_different_tputorch_crd_fails_naming_where():
+    facts = healthy_facts()
+    facts["crds"][crd.NAME] = None
+    changed = copy.deepcopy(facts["crds"][crd.SERVICE_NAME])
+    del changed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["image"]
+    facts["crds"][crd.SERVICE_NAME] = changed
+    results = {r.check: r for r in doctor.run_checks(facts, NOW)}
+    assert results[f"crd/{crd.NAME}"].status == FAIL and "not installed" in results[f"crd/{crd.NAME}"].message
+    diff = results[f"crd/{crd.SERVICE_NAME}"]
+    assert diff.status == FAIL and "properties.spec.properties.image" in diff.message
+    assert "tputorch crd" in diff.fix
+
+
+# ---------------------------------------------------------------- the operator
+
+def test_operator_stopped_or_lease_stale_fails():
+    facts = healthy_facts()
+    facts["operator_deployments"][0]["spec"]["replicas"] = 0
+    facts["operator_deployments"][0]["status"] = {}
+    facts["lease"]["spec"]["renewTime"] = ts(120)
+    results = {r.check: r for r in doctor.run_checks(facts, NOW)}
+    assert results["operator"].status == FAIL and "0 of 0" in results["operator"].message
+    assert results["operator-lease"].status == FAIL and "120 s ago" in results["operator-lease"].message
+
+
+def test_an_operator_outside_a_deployment_is_a_warning_when_it_holds_the_lease():
+    facts = healthy_facts()
+    facts["operator_deployments"] = []
+    assert statuses(doctor.run_checks(facts, NOW))["operator"] == WARN
+    facts["lease"]["spec"]["renewTime"] = ts(60)
+    assert statuses(doctor.run_checks(facts, NOW))["operator"] == FAIL
+
+
+# ---------------------------------------------------------------- KubeRay
+
+def test_a_kuberay_crd_without_a_field_the_operator_writes_fails_naming_it():
+    facts = healthy_facts()
+    rayjob = doctor.representative_children()["RayJob"][0]
+    facts["crds"]["rayjobs.ray.io"] = kuberay_crd(schema_for(rayjob, drop="spec.rayClusterSpec.authOptions.secretName"))
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-crd/rayjobs.ray.io"]
+    assert result.status == FAIL and result.details == ["spec.rayClusterSpec.authOptions.secretName"]
+    assert "1.6.1" in result.fix and result.doc.endswith("#kuberay")
+
+
+def test_the_children_checked_carry_the_optional_fields_the_operator_writes():
+    children = doctor.representative_children()
+    cluster = children["RayJob"][0]["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"]["secretName"]
+    assert any("labels" in g for g in cluster["workerGroupSpecs"])
+    assert children["RayService"][0]["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+
+
+def test_unserved_fields_follow_lists_maps_and_preserved_subtrees():
+    schema = {"type": "object", "properties": {
+        "a": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "string"}}}},
+        "m": {"type": "object", "additionalProperties": {"type": "string"}},
+        "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}
+    body = {"a": [{"x": "1"}, {"x": "2", "y": 3}, {"y": 4}], "m": {"k": "v"}, "free": {"any": {"thing": 1}}, "z": 1}
+    assert doctor.unserved_fields(body, schema) == ["a[].y", "z"]
+
+
+def test_missing_kuberay_crd_and_known_bad_version():
+    facts = healthy_facts()
+    facts["crds"]["rayservices.ray.io"] = None
+    facts["kuberay_deployments"][0]["spec"]["template"]["spec"]["containers"][0]["image"] = "quay.io/kuberay/operator:v1.6.0"
+    got = statuses(doctor.run_checks(facts, NOW))
+    assert got["kuberay-crd/rayservices.ray.io"] == FAIL
+    assert got["kuberay-version"] == WARN  # without Kueue's RayService integration: only a warning
+    facts["kueue_installed"] = True
+    facts["kueue_config"] = {"data": {"controller_manager_config.yaml":
+                                      "integrations:\n  frameworks: [ray.io/rayjob, ray.io/rayservice]\n"}}
+    assert statuses(doctor.run_checks(facts, NOW))["kuberay-version"] == FAIL
+
+
+# ---------------------------------------------------------------- the TPU webhook
+
+def test_no_tpu_webhook_fails_and_no_validating_one_warns():
+    facts = healthy_facts()
+    facts["validating_webhooks"] = []
+    got = statuses(doctor.run_checks(facts, NOW))
+    assert got["tpu-webhook"] == OK and got["tpu-webhook-validation"] == WARN
+    facts["mutating_webhooks"] = [{"metadata": {"name": "kueue-mutating-webhook-configuration"},
+                                   "webhooks": [{"rules": [{"resources": ["pods"]}]}]}]
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["tpu-webhook"]
+    assert result.status == FAIL and "Ray Operator add-on" in result.fix
+
+
+# ---------------------------------------------------------------- TPU pools
+
+def test_the_pool_table_names_shape_hosts_and_capacity():
+    rows = {r["pool"]: r for r in doctor.check_pools(healthy_facts()["nodes"])[0].details}
+    want = {"accelerator": "v6e", "topology": "4x4", "hosts": 4, "nodes": 4, "slices": 1, "capacity": "on-demand",
+            "machineType": "ct6e-standard-4t"}
+    assert {k: rows["tpu-v6e-4x4"][k] for k in want} == want
+    assert rows["v6e-2x2-spot"]["capacity"] == "spot" and rows["v6e-2x2-spot"]["hosts"] == 1
+    text = "\n".join(doctor.pools_table(list(rows.values())))
+    assert re.search(r"^tpu-v6e-4x4 +v6e +4x4 +4 +ct6e-standard-4t +4 +1 +on-demand$", text, re.M), text
+
+
+def test_a_pool_one_node_short_fails_and_an_extra_node_warns():
+    short = doctor.check_pools(pool("p", 3))
+    assert {r.check: r.status for r in short}["tpu-pool/p"] == FAIL
+    assert "1 short" in short[-1].message and "multiple of 4" in short[-1].fix
+    assert short[0].status == FAIL  # no slice can run at all
+    extra = {r.check: r.status for r in doctor.check_pools(pool("p", 5))}
+    assert extra == {"tpu-pools": OK, "tpu-pool/p": WARN}
+    not_ready = pool("p", 3) + [node("p-3", "p", ready=False)]
+    assert "(1 not ready)" in doctor.check_pools(not_ready)[-1].message
+
+
+def test_ambiguous_and_impossible_pool_labels():
+    ambiguous = doctor.check_pools(pool("a", 2, topo="2x4", machine=None))
+    assert ambiguous[-1].status == WARN and "ambiguous" in ambiguous[-1].message
+    resolved = doctor.check_pools(pool("a", 2, topo="2x4", machine="ct6e-standard-4t"))
+    assert resolved[0].details[0]["hosts"] == 2 and resolved[0].details[0]["slices"] == 1
+    wrong = doctor.check_pools(pool("w", 1, topo="3x3"))
+    assert wrong[-1].status == FAIL and "'3x3'" in wrong[-1].message
+
+
+def test_flex_start_and_reservation_capacity():
+    rows = doctor.check_pools(pool("f", 4, **{"cloud.google.com/gke-flex-start": "true"})
+                              + pool("r", 4, **{"cloud.google.com/reservation-name": "res-1"}))[0].details
+    assert {r["pool"]: r["capacity"] for r in rows} == {"f": "flex-start", "r": "reservation res-1"}
+
+
+# ---------------------------------------------------------------- --for FILE
+
+def job(topo="4x4", **tpu_and_spec):
+    tpu = {"accelerator": "v6e", "topology": topo, **{k: v for k, v in tpu_and_spec.items() if k in ("spot", "reservation")}}
+    body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": "j", "namespace": "team-a"},
+            "spec": {"tpu": tpu, "image": "i", "entrypoint": "python x.py",
+                     **{k: v for k, v in tpu_and_spec.items() if k not in ("spot", "reservation")}}}
+    return spec.parse_any(body)
+
+
+def test_for_names_the_pool_or_why_none_fits():
+    facts = healthy_facts()
+    (ok,) = doctor.check_placement([job()], facts["nodes"], facts["quotas"], facts["local_queues"])
+    assert ok.status == OK and "tpu-v6e-4x4" in ok.message
+    (none,) = doctor.check_placement([job("8x8")], facts["nodes"], facts["quotas"], facts["local_queues"])
+    assert none.status == FAIL and "no node pool is a tpu-v6e-slice 8x8 slice" in none.message
+    assert "--tpu-topology=8x8 --num-nodes=16" in none.fix
+    (spot,) = doctor.check_placement([job(spot=True)], facts["nodes"], facts["quotas"], facts["local_queues"])
+    assert spot.status == FAIL and "not its capacity (spot)" in spot.message
+    (spot_ok,) = doctor.check_placement([job("2x2", spot=True)], facts["nodes"], facts["quotas"], facts["local_queues"])
+    assert spot_ok.status == OK and "v6e-2x2-spot" in spot_ok.message
+
+
+def test_for_counts_the_namespace_quota_and_the_local_queue():
+    facts = healthy_facts()
+    quota = {"metadata": {"name": "tpu"}, "status": {"hard": {"requests.google.com/tpu": "16"},
+                                                     "used": {"requests.google.com/tpu": "4"}}}
+    (q,) = doctor.check_placement([job()], facts["nodes"], {"team-a": [quota]}, facts["local_queues"])
+    assert q.status == FAIL and "leaves 12 chips, 16 needed" in q.message
+    (lq,) = doctor.check_placement([job(queueName="research")], facts["nodes"], facts["quotas"], {"team-a": []})
+    assert lq.status == FAIL and "no Kueue LocalQueue 'research'" in lq.message
+    (fine,) = doctor.check_placement([job(queueName="research")], facts["nodes"], facts["quotas"],
+                                     {"team-a": [{"metadata": {"name": "research"}}]})
+    assert fine.status == OK
+
+
+# ---------------------------------------------------------------- network, Kueue, GCS FUSE, rights
+
+def test_network_policy_heuristic_and_the_operators_peers():
+    facts = healthy_facts()
+    facts["kube_system_pods"] = [{"metadata": {"name": "kube-proxy-1"}}]
+    got = statuses(doctor.run_checks(facts, NOW))
+    assert got["network-policy"] == WARN and got["operator-policy"] == OK
+    facts = healthy_facts()
+    facts["operator_deployments"][0]["spec"]["template"]["spec"]["containers"][0]["args"] = [
+        "run", "--network-policy-peer", "tputorch-system"]
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["operator-policy"]
+    assert result.status == FAIL and "KubeRay could not reach the Ray dashboard" in result.message
+    facts["operator_deployments"][0]["spec"]["template"]["spec"]["containers"][0]["args"] = ["run", "--no-network-policy"]
+    assert statuses(doctor.run_checks(facts, NOW))["operator-policy"] == WARN
+
+
+def test_kueue_integrations_and_local_queues():
+    config = {"data": {"controller_manager_config.yaml": "integrations:\n  frameworks: [batch/job, ray.io/rayjob]\n"}}
+    frameworks = doctor.kueue_frameworks(config)
+    results = {r.check: r for r in doctor.check_kueue(True, frameworks, [], "team-a")}
+    assert results["kueue-integrations"].status == FAIL and "ray.io/rayservice" in results["kueue-integrations"].message
+    assert results["kueue-localqueues"].status == WARN
+    ok = statuses(doctor.check_kueue(True, ["ray.io/rayjob", "ray.io/rayservice"], [{"metadata": {"name": "q"}}], "a"))
+    assert ok == {"kueue-integrations": OK, "kueue-localqueues": OK}
+    assert statuses(doctor.check_kueue(True, None, [], "a"))["kueue-integrations"] == UNKNOWN
+    assert statuses(doctor.check_kueue(False, None, [], "a")) == {"kueue": OK}
+
+
+def test_gcsfuse_and_rights():
+    assert doctor.check_gcsfuse(None)[0].status == WARN
+    rights = {r: r[2] != "pods" for r in doctor.RIGHTS}
+    (result,) = doctor.check_rights(rights, "team-a", "system:serviceaccount:team-a:bot")
+    assert result.status == FAIL and "list pods" in result.message and "get pods/log" in result.message
+    assert "rolebinding" in result.fix
+
+
+def test_text_and_json_output():
+    facts = healthy_facts()
+    facts["mutating_webhooks"] = []
+    results = doctor.run_checks(facts, NOW)
+    text = doctor.format_text(results, "cluster X")
+    assert "✗ no Ray TPU webhook" in text and "    fix: enable GKE's Ray Operator add-on" in text
+    assert "    see: docs/compatibility.md#the-ray-tpu-webhook" in text
+    out = json.loads(doctor.format_json(results, {"server": "X"}))
+    assert out["ok"] is False and {"check": "tpu-webhook", "status": "fail"}.items() <= out["checks"][
+        [c["check"] for c in out["checks"]].index("tpu-webhook")].items()
+    assert doctor.exit_code(results) == 1
+
+
+def test_the_lease_is_the_one_the_deployment_names():
+    d = {"metadata": {"namespace": "ops"}, "spec": {"template": {"spec": {"containers": [{"args": [
+        "run", "--leader-elect", "--lease-name", "prod-tputorch-operator"]}]}}}}
+    assert doctor.lease_names([d]) == [("ops", "prod-tputorch-operator")]
+    d["spec"]["template"]["spec"]["containers"][0]["args"] = ["run"]
+    assert doctor.lease_names([d]) == []

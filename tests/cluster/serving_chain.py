@@ -68,7 +68,7 @@ def start_serving_ray(workdir: Path, python: str) -> RealRay:
     # vLLM's CPU sampler is compiled by torch's inductor (C++ built with the system compiler) at a
     # new engine's first requests, into /tmp/torchinductor_<user> unless told otherwise: kept in the
     # shared cache per serving venv instead, as a TPU service keeps its XLA compile cache on its
-    # volume (VLLM_XLA_CACHE_PATH), so that a run does not compile what the last one did.
+    # volume (VLLM_CACHE_ROOT), so that a run does not compile what the last one did.
     inductor = _cache() / "inductor" / Path(python).parents[1].name
     ray = RealRay(workdir, python=python, env={**SERVING_RAY_ENV, "TORCHINDUCTOR_CACHE_DIR": str(inductor)})
     try:

@@ -533,7 +533,8 @@ def _service_spec_schema() -> dict:
                     ),
                     "cacheVolume": _string(
                         "Name of a spec.volumes entry (gcs or pvc, writable, mounted on the workers) for the Hugging Face "
-                        "cache (HF_HOME) and vLLM's XLA compile cache (VLLM_XLA_CACHE_PATH), under its mountPath.",
+                        "cache (HF_HOME, <mountPath>/huggingface) and vLLM's compile cache (VLLM_CACHE_ROOT, "
+                        "<mountPath>/vllm/<generation>-<topology>: one directory per slice shape).",
                         minLength=1, maxLength=63),
                     "hfTokenSecret": _s(
                         "Secret holding a Hugging Face token: HF_TOKEN on the head and every worker.",

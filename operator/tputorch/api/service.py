@@ -31,10 +31,20 @@ SERVICE_TPU_FIELDS = TPU_FIELDS - {"chipsPerWorker"}
 SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas", "serve", "upgradeStrategy"}
 MODEL_FIELDS = {"source", "name", "hfTokenSecret", "cacheVolume"}
 # spec.model.cacheVolume: the spec.volumes entry (a GCS FUSE bucket or a PVC) that holds the
-# Hugging Face download cache and vLLM's XLA compile cache, as Google's TPU serving samples keep
-# them, so that a restart, an upgrade or a new replica reads the weights and compiled graphs
-# instead of downloading and compiling again. Subdirectories of its mountPath:
-CACHE_ENV = {"HF_HOME": "huggingface", "VLLM_XLA_CACHE_PATH": "vllm-xla-cache"}
+# Hugging Face download cache and vLLM's compile cache, so that a restart, an upgrade or a new
+# replica reads the weights and compiled graphs instead of downloading and compiling again.
+# vllm-torchtpu 0.29 keeps its compile artefacts under VLLM_CACHE_ROOT (VLLM_XLA_CACHE_PATH is the
+# JAX tpu-inference variable: nothing in vllm-torchtpu reads it).
+CACHE_ENV = ("HF_HOME", "VLLM_CACHE_ROOT")
+
+
+def cache_env(cache_path: str, s: topology.Slice) -> dict[str, str]:
+    """CACHE_ENV under spec.model.cacheVolume's mountPath. The weights are the same on every slice;
+    compiled graphs belong to one mesh, so each generation and topology has its own compile
+    directory: two services of different shapes on one volume never read each other's graphs."""
+    return {"HF_HOME": f"{cache_path}/huggingface",
+            "VLLM_CACHE_ROOT": f"{cache_path}/vllm/{s.generation.name}-{s.topology}"}
+
 SECRET_REF_FIELDS = {"name", "key"}
 ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
 REPLICA_FIELDS = {"min", "max"}

@@ -16,7 +16,7 @@ import yaml
 
 from ..api import storage, topology
 from .. import train
-from ..api.service import CACHE_ENV
+from ..api.service import cache_env
 from ..api.spec import HF_TOKEN_ENV, FieldError, InvalidSpec, JobSpec, ServiceSpec
 from . import groups as _groups
 
@@ -152,7 +152,7 @@ def serving_env(svc: ServiceSpec) -> list[dict]:
         name, key = svc.hf_token_secret
         env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
     if svc.cache_path:
-        env += [{"name": k, "value": f"{svc.cache_path}/{sub}"} for k, sub in CACHE_ENV.items()]
+        env += [{"name": k, "value": v} for k, v in cache_env(svc.cache_path, svc.slice).items()]
     return env
 
 

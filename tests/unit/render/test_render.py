@@ -209,9 +209,9 @@ SERVICE_CASES = {
     "service-v6e-4x4-spot": {"tpu": {"spot": True}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "serve", "effect": "NoSchedule"}]},
     "service-v6e-4x4-weights-gcs": {
         "volumes": [{"name": "weights", "mountPath": "/models", "readOnly": True, "gcs": {"bucket": "my-models", "mountOptions": ["implicit-dirs"]}},
-                    {"name": "xla-cache", "mountPath": "/xla-cache", "gcs": {"bucket": "my-xla-cache"}}],
+                    {"name": "cache", "mountPath": "/cache", "gcs": {"bucket": "my-serving-cache"}}],
         "gcsFuseSidecar": {"cpuLimit": "0", "memoryLimit": "0", "ephemeralStorageLimit": "0"},
-        "model": {"source": "/models/Qwen3-30B-A3B", "name": "qwen3"},
+        "model": {"source": "/models/Qwen3-30B-A3B", "name": "qwen3", "cacheVolume": "cache"},
     },
     "service-v6e-4x4-hf-token": {
         "model": {"source": "meta-llama/Llama-3.1-8B-Instruct", "hfTokenSecret": {"name": "hf-token", "key": "token"}},
@@ -526,13 +526,20 @@ def test_the_network_policy_admits_own_pods_the_peers_dashboard_and_a_services_s
     assert render.network_policy(spec.parse(body()), ())["spec"]["ingress"] == [own | {"from": [{"podSelector": {"matchLabels": {render.JOB_LABEL: "demo"}}}]}]
 
 
-def test_the_cache_volume_holds_the_hugging_face_and_xla_caches_on_every_node():
-    rs = rendered_service({"model": {"source": "Qwen/Qwen3-0.6B", "cacheVolume": "models"},
-                           "volumes": [{"name": "models", "mountPath": "/models", "pvc": {"claimName": "weights"}}]})
-    cluster = rs["spec"]["rayClusterConfig"]
-    for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
-        env = env_of(container(template))
-        assert (env["HF_HOME"], env["VLLM_XLA_CACHE_PATH"]) == ("/models/huggingface", "/models/vllm-xla-cache")
+def test_the_cache_volume_holds_the_weights_and_a_compile_cache_per_slice_shape_on_every_node():
+    """Issue 35: vllm-torchtpu 0.29 compiles into VLLM_CACHE_ROOT (nothing reads VLLM_XLA_CACHE_PATH);
+    the weights are shared, the compiled graphs are one slice shape's."""
+    cache = {"model": {"source": "Qwen/Qwen3-0.6B", "cacheVolume": "models"},
+             "volumes": [{"name": "models", "mountPath": "/models/", "pvc": {"claimName": "weights"}}]}
+    roots = set()
+    for tpu in ({"accelerator": "v6e", "topology": "4x4"}, {"accelerator": "v6e", "topology": "2x4"},
+                {"accelerator": "v5p", "topology": "2x2x2"}):
+        cluster = rendered_service({**cache, "tpu": tpu})["spec"]["rayClusterConfig"]
+        for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
+            env = env_of(container(template))
+            assert env["HF_HOME"] == "/models/huggingface" and "VLLM_XLA_CACHE_PATH" not in env
+            roots.add(env["VLLM_CACHE_ROOT"])
+    assert roots == {"/models/vllm/v6e-4x4", "/models/vllm/v6e-2x4", "/models/vllm/v5p-2x2x2"}
     assert "HF_HOME" not in env_of(container(rendered_service({})["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]))
 
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the local-cluster binaries into
 #   ${TPUTORCH_CACHE:-$HOME/.cache/tputorch}/bin/<versionkey>/
-# Usage: hack/build.sh [cluster|helm|kueue|all|key|dir|kueue-dir]   (default: all: cluster, helm, kueue)
+# Usage: hack/build.sh [cluster|helm|kueue|cyclonus|all|key|dir|kueue-dir|cyclonus-dir]
+#        (default: all: cluster, helm, kueue, cyclonus)
 #   cluster  etcd, kube-apiserver/-controller-manager/-scheduler, kwok, kuberay-operator
 #   helm     helm only
 #   kueue    Kueue's controller only, into its own directory ${CACHE}/bin/<kueue key>/ under its own
 #            lock: adding or bumping Kueue never invalidates (or waits for) the binaries above
-#   key|dir  print the version key / the bin directory and exit (kueue-dir: Kueue's)
+#   cyclonus the NetworkPolicy engine the local chain asks whether a connection to a Ray pod is
+#            admitted (hack/netpolicy.py), into ${CACHE}/bin/<cyclonus key>/ under its own lock
+#   key|dir  print the version key / the bin directory and exit (kueue-dir, cyclonus-dir: theirs)
 # Everything is built from Go modules through the Go module proxy; nothing is downloaded otherwise.
 set -euo pipefail
 
@@ -16,6 +19,7 @@ KUBERAY_VERSION=${KUBERAY_VERSION:-v1.6.2}
 KUBERAY_FALLBACKS=${KUBERAY_FALLBACKS:-}   # versions to try if the one above does not build
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 KUEUE_VERSION=${KUEUE_VERSION:-v0.19.1}
+CYCLONUS_VERSION=${CYCLONUS_VERSION:-v0.5.6}
 
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${TPUTORCH_CACHE:-$HOME/.cache/tputorch}
@@ -24,6 +28,7 @@ GOV=$(go env GOVERSION)
 KEY="k8s-${K8S_VERSION}_kwok-${KWOK_VERSION}_kuberay-${KUBERAY_VERSION}_helm-${HELM_VERSION}_${GOV}"
 BIN="$CACHE/bin/$KEY"
 KUEUE_BIN="$CACHE/bin/kueue-${KUEUE_VERSION}_${GOV}"
+CYCLONUS_BIN="$CACHE/bin/cyclonus-${CYCLONUS_VERSION}_${GOV}"
 LOGS="$CACHE/logs"
 
 what=${1:-all}
@@ -31,32 +36,42 @@ case "$what" in
   key) echo "$KEY"; exit 0 ;;
   dir) echo "$BIN"; exit 0 ;;
   kueue-dir) echo "$KUEUE_BIN"; exit 0 ;;
-  cluster|helm|kueue|all) ;;
-  *) echo "usage: $0 [cluster|helm|kueue|all|key|dir|kueue-dir]" >&2; exit 2 ;;
+  cyclonus-dir) echo "$CYCLONUS_BIN"; exit 0 ;;
+  cluster|helm|kueue|cyclonus|all) ;;
+  *) echo "usage: $0 [cluster|helm|kueue|cyclonus|all|key|dir|kueue-dir|cyclonus-dir]" >&2; exit 2 ;;
 esac
 
 log() { echo "[build $(date +%H:%M:%S)] $*" >&2; }
 timed() { local t0=$SECONDS; "$@"; log "$1 ${2:-}: $((SECONDS - t0))s"; }
 
-# Kueue's controller (cmd/kueue; its go.mod has no replace lines, so `go install` works). Its own
-# lock, so a cluster build in progress does not hold it up and it does not hold that one up.
-build_kueue() {
-  [[ -x "$KUEUE_BIN/kueue" ]] && return 0
-  mkdir -p "$KUEUE_BIN"
-  log "go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION (cold: ~7 min on 2 busy cores)"
-  (cd /tmp && GOBIN="$KUEUE_BIN/.tmp" go install -trimpath \
-      -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
-      "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION")
-  mv "$KUEUE_BIN/.tmp/kueue" "$KUEUE_BIN/kueue"; rmdir "$KUEUE_BIN/.tmp"
-}
-with_kueue_lock() {
+# A binary in a directory of its own (its own version key) under a lock of its own, so that a
+# cluster build in progress does not hold it up and it does not hold that one up.
+own_install() {  # own_install <dir> <binary> <lock name> <ldflags> <module/cmd path>@<version>
+  local dir=$1 name=$2 lock=$3 ld=$4 spec=$5
   mkdir -p "$CACHE"
-  ( exec 7>"$CACHE/build-kueue.lock"; flock 7; t0=$SECONDS; build_kueue; log "kueue: $((SECONDS - t0))s" )
+  ( exec 7>"$CACHE/$lock.lock"; flock 7; t0=$SECONDS
+    if [[ ! -x "$dir/$name" ]]; then
+      mkdir -p "$dir"
+      log "go install $spec"
+      (cd /tmp && GOBIN="$dir/.tmp" go install -trimpath -ldflags "$ld" "$spec")
+      mv "$dir/.tmp/$name" "$dir/$name"; rmdir "$dir/.tmp"
+    fi
+    log "$name: $((SECONDS - t0))s" )
 }
-if [[ $what == kueue ]]; then
-  with_kueue_lock
-  echo "$KUEUE_BIN"; exit 0
-fi
+# Kueue's controller (cmd/kueue; its go.mod has no replace lines, so `go install` works; cold:
+# ~7 min on 2 busy cores).
+with_kueue_lock() {
+  own_install "$KUEUE_BIN" kueue build-kueue "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+}
+# cyclonus: a NetworkPolicy engine (`cyclonus analyze --mode query-traffic`; ~2 min cold).
+with_cyclonus_lock() {
+  own_install "$CYCLONUS_BIN" cyclonus build-cyclonus "-s -w" "github.com/mattfenwick/cyclonus/cmd/cyclonus@$CYCLONUS_VERSION"
+}
+case "$what" in
+  kueue) with_kueue_lock; echo "$KUEUE_BIN"; exit 0 ;;
+  cyclonus) with_cyclonus_lock; echo "$CYCLONUS_BIN"; exit 0 ;;
+esac
 
 mkdir -p "$BIN" "$LOGS"
 exec 9>"$CACHE/build.lock"
@@ -117,6 +132,7 @@ fi
 if [[ $what == all ]]; then
   exec 9>&-   # the cluster binaries are done: others may use that lock while Kueue builds
   with_kueue_lock
+  with_cyclonus_lock
 fi
 log "done in $((SECONDS - t0))s: $BIN"
 echo "$BIN"

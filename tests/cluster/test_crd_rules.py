@@ -151,6 +151,13 @@ def test_service_defaults_and_the_reference_example(crds, namespace):
     ({"tpu": {"accelerator": "v6e", "topology": "4x5"}}, ["topology 4x5 is not a v6e slice on GKE"]),
     ({"model": {"source": ""}}, ["spec.model.source"]),
     ({"model": {"name": "x"}}, ["spec.model.source"]),
+    ({"exposure": {"clients": "Listed"}}, ["spec.exposure.from lists the clients exactly when"]),
+    ({"exposure": {"clients": "InNamespace", "from": [{"namespace": "web"}]}}, ["spec.exposure.from lists the clients"]),
+    ({"exposure": {"clients": "Everyone"}}, ["spec.exposure.clients"]),
+    ({"exposure": {"clients": "Listed", "from": [{"cidr": "10.0.0.0/8", "namespace": "web"}]}},
+     ["a client sets cidr, or namespace and/or podLabels"]),
+    ({"exposure": {"clients": "Listed", "from": [{}]}}, ["a client sets cidr, or namespace and/or podLabels"]),
+    ({"exposure": {"clients": "Listed", "from": [{"cidr": "10.0.0/8"}]}}, ["cidr must be a CIDR block"]),
 ])
 def test_service_admission_refusals(crds, namespace, spec_extra, fragments):
     refused(crds, namespace, service(**spec_extra), *fragments)
@@ -168,6 +175,15 @@ def test_engine_args_are_the_operators_to_refuse(crds, namespace, args):
     with pytest.raises(spec.InvalidSpec) as err:
         spec.parse_service(body)
     assert [e.path for e in err.value.errors] == [f"spec.engine.args.{next(iter(args))}"]
+
+
+def test_a_services_exposure_is_admitted_as_the_parser_takes_it(crds, namespace):
+    listed = {"clients": "Listed", "from": [{"namespace": "web", "podLabels": {"app": "front"}}, {"cidr": "10.8.0.0/16"}]}
+    for i, exposure in enumerate(({"clients": "InNamespace"}, listed)):
+        assert create(crds, namespace, service(f"exposed{i}", exposure=exposure)).returncode == 0
+        assert spec.parse_service({**service(f"exposed{i}", exposure=exposure),
+                                   "metadata": {"name": f"exposed{i}", "namespace": namespace}}).exposure.clients == exposure["clients"]
+    assert get(crds, namespace, crd.SERVICE_PLURAL, "exposed1")["spec"]["exposure"] == listed
 
 
 def test_service_edits_are_admitted_but_not_of_the_slice(crds, namespace):

@@ -216,6 +216,7 @@ def test_deployment_shape():
     assert "command" not in c  # the image's ENTRYPOINT is `tputorch`
     assert c["args"] == ["run", "--leader-elect", "--lease-name", FULLNAME, "--liveness", "http://0.0.0.0:8080/healthz",
                          "--readiness", "http://0.0.0.0:8081/readyz",
+                         "--network-policy-mode", "open",
                          "--network-policy-peer", f"{NS}:app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=tputorch-operator",
                          "--max-pods-per-job", str(MAX_PODS_DEFAULT),
                          "--ray-token-key-file", "/etc/tputorch/ray-token-key/key", "--log-format", "json"]
@@ -228,6 +229,23 @@ def test_deployment_shape():
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "ready": 8081, "metrics": 9090}
     assert c["args"][c["args"].index("--metrics-port") + 1] == "9090"
     assert "ray-system:app.kubernetes.io/name=kuberay-operator" in c["args"]
+    gke = one(render("networkPolicy.mode=strict", "networkPolicy.kuberay.cidrs={10.128.0.0/20}",
+                     "networkPolicy.metrics.peers[0].namespace=gmp-system",
+                     "networkPolicy.metrics.peers[1].namespace=monitoring",
+                     "networkPolicy.metrics.peers[1].podLabels.app=prometheus",
+                     "networkPolicy.metrics.peers[2].cidr=10.0.0.0/8"), "Deployment")
+    args = gke["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--network-policy-mode") + 1] == "strict"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--network-policy-peer"][1:] == ["10.128.0.0/20"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--network-policy-metrics-peer"] == \
+        ["gmp-system", "monitoring:app=prometheus", "10.0.0.0/8"]
+    # and the operator takes every one of them
+    from tputorch.cli.main import build_parser
+    parsed = build_parser().parse_args(args)
+    assert [str(p) for p in parsed.network_policy_metrics_peer] == ["gmp-system", "monitoring:app=prometheus", "10.0.0.0/8"]
+    for bad in ("networkPolicy.mode=closed", "networkPolicy.kuberay.cidrs={10.0.0.0}",
+                "networkPolicy.metrics.peers[0].cidr=10.0.0.0/8,networkPolicy.metrics.peers[0].namespace=x"):
+        assert helm("template", RELEASE, str(CHART), "--set", bad, check=False).returncode != 0, bad
     off = one(render("networkPolicy.enabled=false"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "--no-network-policy" in off["args"] and "--network-policy-peer" not in off["args"]
     for probe in ("startupProbe", "livenessProbe"):

@@ -140,3 +140,18 @@ KubeRay's pod labels (networkPolicy.kuberay.podLabels) as KEY=VALUE,... for --ne
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{/*
+A peer ({namespace, podLabels} or {cidr}) as --network-policy-metrics-peer takes it.
+*/}}
+{{- define "tputorch.peerArg" -}}
+{{- if .cidr -}}
+{{- .cidr -}}
+{{- else -}}
+{{- $pairs := list -}}
+{{- range $k, $v := .podLabels -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- .namespace -}}{{- if $pairs -}}:{{- join "," $pairs -}}{{- end -}}
+{{- end -}}
+{{- end -}}

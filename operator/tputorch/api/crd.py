@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from . import common, groups, job as job_spec, spec, storage, topology
+from . import common, groups, job as job_spec, network, spec, storage, topology
 from .. import status, train
 
 GROUP = "tputorch.io"
@@ -504,6 +504,39 @@ def _job_spec_schema() -> dict:
     )
 
 
+def _exposure_schema() -> dict:
+    peer = _s(
+        "A client: pods by namespace and/or labels (namespace omitted: the service's own), or an address range.",
+        type="object",
+        properties={
+            "namespace": _string("The clients' namespace.", maxLength=63, pattern=network.NAMESPACE_NAME.pattern),
+            "podLabels": _string_map("Labels the clients' pods carry (omitted: every pod of the namespace)."),
+            "cidr": _string("An address range (CIDR block), for clients outside the pod network.", maxLength=43),
+        },
+        **{"x-kubernetes-validations": [
+            # namespace is a CEL keyword: escaped as __namespace__
+            {"rule": "has(self.cidr) != (has(self.__namespace__) || has(self.podLabels))",
+             "message": "a client sets cidr, or namespace and/or podLabels (not both)"},
+            {"rule": "!has(self.cidr) || isCIDR(self.cidr)", "message": "cidr must be a CIDR block, e.g. 10.0.0.0/8"},
+        ]},
+    )
+    return _s(
+        "Who may call the Serve port (the NetworkPolicy of the service's pods; the Serve port checks no token). "
+        "Anywhere: any source; InNamespace: pods of the service's namespace; Listed: the clients in from.",
+        type="object",
+        default={},
+        properties={
+            "clients": _string("Anywhere, InNamespace or Listed.", enum=list(network.EXPOSURES), default="Anywhere"),
+            "from": _s("The clients admitted when clients is Listed.", type="array", items=peer,
+                       maxItems=network.MAX_PEERS),
+        },
+        **{"x-kubernetes-validations": [{
+            "rule": "(has(self.clients) && self.clients == 'Listed') == (has(self.from) && size(self.from) > 0)",
+            "message": "spec.exposure.from lists the clients exactly when spec.exposure.clients is Listed",
+        }]},
+    )
+
+
 def _chips_table() -> dict[str, int]:
     return {t: topology.chip_count(t) for g in topology.GENERATIONS.values() for t in g.topologies}
 
@@ -621,6 +654,7 @@ def _service_spec_schema() -> dict:
                     "message": "spec.serve.maxOngoingRequests must be at least spec.serve.targetOngoingRequests",
                 }]},
             ),
+            "exposure": _exposure_schema(),
             "upgradeStrategy": _string(
                 "KubeRay's RayService upgrade strategy. NewCluster: an edit of the cluster (image, env, resources, "
                 "engine placement) starts a second RayCluster, i.e. a second set of slices, and switches over once it "

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import topology
+from .network import Exposure, parse_exposure
 from .vllm_args import ENGINE_ARGS, VLLM_VERSION
 from .common import (
     DNS1123_SUBDOMAIN, INT32_MAX, MAX_PODS_DEFAULT, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
@@ -28,7 +29,7 @@ SERVICE_SINGLE_SLICE_REASON = (
 # TPUTorchService: vLLM picks its own device split from tensor/pipeline parallelism, so there is no
 # chipsPerWorker.
 SERVICE_TPU_FIELDS = TPU_FIELDS - {"chipsPerWorker"}
-SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas", "serve", "upgradeStrategy"}
+SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas", "serve", "upgradeStrategy", "exposure"}
 MODEL_FIELDS = {"source", "name", "hfTokenSecret", "cacheVolume"}
 # spec.model.cacheVolume: the spec.volumes entry (a GCS FUSE bucket or a PVC) that holds the
 # Hugging Face download cache and vLLM's compile cache, so that a restart, an upgrade or a new
@@ -117,6 +118,7 @@ class ServiceSpec(CommonSpec):
     initializing_timeout_s: int = SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"]
     cache_path: str | None = None  # spec.model.cacheVolume's mountPath
     upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
+    exposure: Exposure = Exposure()  # who may call the Serve port (its NetworkPolicy)
 
     @property
     def autoscaling(self) -> bool:
@@ -268,6 +270,7 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     strategy = r.value(spec, "upgradeStrategy", "spec.upgradeStrategy", str, default=SERVICE_DEFAULTS["upgradeStrategy"],
                        check=lambda v: None if v in UPGRADE_STRATEGIES else
                        f"must be one of {', '.join(UPGRADE_STRATEGIES)} (KubeRay's RayService upgrade strategies)")
+    exposure = parse_exposure(r, spec)
 
     if r.errors:
         raise InvalidSpec(r.errors)
@@ -290,5 +293,6 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         initializing_timeout_s=init_timeout,
         upgrade_strategy=strategy,
         cache_path=cache_path,
+        exposure=exposure,
     )
 

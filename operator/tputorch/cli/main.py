@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 
-from ..api import crd, spec, topology
+from ..api import crd, network, spec, topology
 from ..api.groups import describe
 from .. import render
 from . import submit
@@ -170,12 +170,11 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
 
 
 def _peer(text: str) -> render.Peer:
-    """NAMESPACE[:KEY=VALUE,...] -> render.Peer."""
-    namespace, _, labels = text.partition(":")
-    pairs = [item.partition("=") for item in labels.split(",") if item]
-    if not spec.DNS1123_SUBDOMAIN.fullmatch(namespace) or any(not k or not eq for k, eq, _ in pairs):
-        raise argparse.ArgumentTypeError(f"{text!r} must be NAMESPACE or NAMESPACE:KEY=VALUE[,KEY=VALUE...]")
-    return render.Peer(namespace, tuple((k, v) for k, _, v in pairs))
+    """CIDR or NAMESPACE[:KEY=VALUE,...] -> render.Peer."""
+    try:
+        return network.parse_peer_text(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _endpoint(text: str) -> tuple[str, int, str]:
@@ -208,9 +207,10 @@ def cmd_run(args) -> int:
         cfg.status_interval = args.status_interval
     cfg.progress_interval = args.progress_interval
     cfg.ray_token_key_file = args.ray_token_key_file
-    cfg.network_policy = args.network_policy
     cfg.max_pods_per_job = args.max_pods_per_job
-    cfg.peers = tuple(args.network_policy_peer or ())
+    cfg.network_policy = render.NetworkPolicyConfig(
+        args.network_policy_mode, tuple(args.network_policy_peer or ()),
+        tuple(args.network_policy_metrics_peer or ())) if args.network_policy else None
     # kopf runs the process only; without peering: replicas are coordinated by the Lease.
     kopf.run(clusterwide=not args.namespace, namespaces=args.namespace or [], standalone=True,
              liveness_endpoint=args.liveness)
@@ -264,10 +264,20 @@ def build_parser() -> argparse.ArgumentParser:
                           "needs the same one (the chart mounts it); default $TPUTORCH_RAY_TOKEN_KEY_FILE, else a "
                           "key of this process only")
     run.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,
-                     help="give every Ray cluster a NetworkPolicy admitting only its own pods and the peers (default on)")
-    run.add_argument("--network-policy-peer", action="append", type=_peer, metavar="NAMESPACE[:KEY=VALUE,...]",
-                     help="pods admitted to every Ray cluster's dashboard (and a service's Serve port): KubeRay's "
-                          "and the operator's, by namespace and labels (repeatable)")
+                     help="give every Ray cluster a NetworkPolicy: its own pods reach every port, the dashboard "
+                          "per --network-policy-mode, the peers below theirs (default on)")
+    run.add_argument("--network-policy-mode", choices=network.POLICY_MODES, default="open",
+                     help="open: the dashboard port (8265) from any source, Ray token auth guarding it (where GKE's "
+                          "hosted KubeRay calls from is not documented); strict: only from --network-policy-peer "
+                          "(default open)")
+    peer_form = "CIDR|NAMESPACE[:KEY=VALUE,...]"
+    run.add_argument("--network-policy-peer", action="append", type=_peer, metavar=peer_form,
+                     help="KubeRay's and the operator's pods (by namespace, '*' for every one, and labels) or "
+                          "address range: admitted to the dashboard in strict mode and to a service's Serve port "
+                          "(repeatable)")
+    run.add_argument("--network-policy-metrics-peer", action="append", type=_peer, metavar=peer_form,
+                     help="metric scrapers admitted to Ray's metrics port (8080), e.g. gmp-system for Google Cloud "
+                          "Managed Service for Prometheus (repeatable)")
     _add_max_pods(run)
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("-v", "--verbose", action="store_true")

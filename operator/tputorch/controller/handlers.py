@@ -45,9 +45,9 @@ class Config:
     status_interval: float = STATUS_INTERVAL  # seconds between progress-only status writes of one object
     progress_interval: float = READ_INTERVAL  # seconds between reads of a running job's driver log (0: none)
     namespaces: list[str] | None = None  # None: all namespaces
-    network_policy: bool = True  # a NetworkPolicy per Ray cluster (its own pods + peers)
     max_pods_per_job: int = MAX_PODS_DEFAULT  # the most pods one object may make (api/common.check_pods)
-    peers: tuple = ()  # render.Peer: pods admitted to every Ray cluster's dashboard (KubeRay, operator)
+    # A NetworkPolicy per Ray cluster (its own pods, the dashboard, the peers); None: none.
+    network_policy: kinds_.render.NetworkPolicyConfig | None = kinds_.render.NetworkPolicyConfig()
     ray_token_key_file: str | None = None  # the key Ray tokens are derived from (controller/raytoken.py)
     leader_election: bool = False
     lease_name: str = "tputorch-operator"
@@ -148,7 +148,7 @@ def start_controller(loop: asyncio.AbstractEventLoop) -> None:
     kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers, watches=watches)
     controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
-        CONFIG.status_interval, kinds_.extras(CONFIG.network_policy, CONFIG.peers), Dashboard(), CONFIG.progress_interval,
+        CONFIG.status_interval, kinds_.extras(CONFIG.network_policy), Dashboard(), CONFIG.progress_interval,
         RayTokens.from_file(CONFIG.ray_token_key_file), CONFIG.max_pods_per_job)
     RUNTIME.required, RUNTIME.optional = required_stores(controller), optional_stores(controller)
     RUNTIME.informers = [*RUNTIME.required, *RUNTIME.optional]

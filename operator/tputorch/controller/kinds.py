@@ -9,6 +9,7 @@ from ..api import crd, spec as specs
 from .. import render, status as statuses
 from ..status import kueue
 from ..status import job as job_status
+from ..status import network as network_status
 from .kube import Resource
 from .reconcile import Extra, Kind
 
@@ -68,11 +69,15 @@ def bounded(kinds: list[Kind], max_pods: int) -> list[Kind]:
 NETWORKPOLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 
 
-def extras(network_policy: bool, peers: tuple[render.Peer, ...]) -> list[Extra]:
-    """The further children of every object: its NetworkPolicy, unless switched off."""
-    if not network_policy:
+def extras(policy: render.NetworkPolicyConfig | None) -> list[Extra]:
+    """The further children of every object: its NetworkPolicy, unless switched off (None)."""
+    if policy is None:
         return []
-    return [Extra(NETWORKPOLICY, lambda spec: render.network_policy(spec, peers))]
+    def state(spec, problem):
+        return network_status.NetworkPolicyState(spec.namespace, render.network_policy_name(spec),
+                                                 policy.admits_everyone_to_dashboard(),
+                                                 tuple(str(p) for p in policy.peers), problem)
+    return [Extra(NETWORKPOLICY, lambda spec: render.network_policy(spec, policy), state)]
 
 
 def slim_extra(obj: dict) -> dict:

@@ -109,6 +109,8 @@ class Extra:
 
     resource: Resource
     render: Callable[[Any], dict]  # spec -> object (without ownerReferences)
+    # (spec, problem or None) -> what the status derivation is given as ``network``
+    status: Callable[[Any, tuple[str, str] | None], Any] | None = None
 
 
 def now() -> str:
@@ -191,6 +193,7 @@ class Controller:
         self.written: dict[str, tuple[str, dict]] = {}  # uid -> (resourceVersion it was derived from, status)
         self.last_write: dict[str, float] = {}  # uid -> when its status was last written (monotonic)
         self.problems: dict[Key, tuple[str, str]] = {}  # why a child could not be created
+        self.extra_problems: dict[Key, tuple[str, str]] = {}  # why an extra child could not be written
         self.deleted_pods: dict[Key, list[dict]] = {}  # pods seen deleted (status/attempts.py reads them)
         self.uids: dict[Key, str] = {}  # key -> uid, to drop its state when the object is gone
         self.expected: dict[Key, tuple[dict, float]] = {}  # key -> (child just created, monotonic time)
@@ -329,6 +332,7 @@ class Controller:
             if reading is not None:
                 reading.cancel()
         self.problems.pop(key, None)
+        self.extra_problems.pop(key, None)
         self.expected.pop(key, None)
         self.deleted_pods.pop(key, None)
         self.tokens_made.pop(key, None)
@@ -421,8 +425,10 @@ class Controller:
         previous = self._previous(parent)
         refused = self.pods.forbidden_in(namespace) if self.pods is not None else None
         pods_problem = statuses.pods_forbidden(namespace, refused) if refused else None
+        network = next((e.status(spec, self.extra_problems.get(key)) for e in self.extras if e.status), None)
         current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
-                              self.problems.get(key), queue=queue, deleted=deleted, pods_problem=pods_problem)
+                              self.problems.get(key), queue=queue, deleted=deleted, pods_problem=pods_problem,
+                              network=network)
         if ours is not None and kind.child_must_go is not None and kind.child_must_go(current, ours):
             # About to end the attempt, maybe on pod events alone: the pod and RayJob watches are
             # not ordered, and a job that just succeeded also loses its pods (KubeRay deletes its
@@ -432,7 +438,8 @@ class Controller:
                 self.children[key[0]].remember(fresh)
                 ours = self.children[key[0]].slim(fresh)
                 current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
-                                      self.problems.get(key), queue=queue, deleted=deleted, pods_problem=pods_problem)
+                                      self.problems.get(key), queue=queue, deleted=deleted, pods_problem=pods_problem,
+                                      network=network)
         current = self.never_back_from_terminal(kind, parent, current)
         if kind.reads_progress and self.dashboard is not None:
             current = self._progress(key, meta.get("uid"), current,
@@ -674,13 +681,18 @@ class Controller:
         log.info("%s %s/%s: its labels %s put back", kind.child.kind, key[1], key[2], sorted(wanted))
 
     async def _ensure_extras(self, kind: Kind, key: Key, parent: dict, spec) -> None:
-        """Each Extra exists, is ours and says what the spec renders. A failure is logged and left to
-        the next reconcile: the main child never waits for an extra."""
+        """Each Extra exists, is ours and says what the spec renders. A failure is said in the status
+        (extra_problems) and left to the next reconcile: the main child never waits for an extra."""
         namespace = key[1]
         for extra in self.extras:
             store = self.extra_stores[extra.resource.plural]
-            if store.forbidden_in(namespace) is not None or store.served is False:
-                continue  # the informer reports it (RBAC missing, the kind not served)
+            refused = store.forbidden_in(namespace)
+            if refused is not None:
+                self.extra_problems[key] = ("Forbidden", f"the operator may not {refused[0]} "
+                                            f"{extra.resource.kind}s: {refused[1]}")
+                continue
+            if store.served is False:
+                continue  # the informer reports it (the kind not served)
             desired = extra.render(spec)
             name = desired["metadata"]["name"]
             existing = store.get((namespace, name))
@@ -700,16 +712,33 @@ class Controller:
                     self.extras_made[made] = time.monotonic()
                     log.info("%s %s/%s created", extra.resource.kind, namespace, name)
                 elif ownership(kind, parent, existing) != "ours":
-                    log.warning("%s %s/%s exists and is not %s's: left alone", extra.resource.kind, namespace, name,
-                                key[2])
+                    self._extra_taken(kind, extra, key, name)
+                    continue
                 elif existing.get("spec") != desired["spec"]:
                     await self.kube.patch(extra.resource, namespace, name, {"spec": desired["spec"]})
                     log.info("%s %s/%s patched", extra.resource.kind, namespace, name)
+                self.extra_problems.pop(key, None)
             except ApiException as err:
-                # 409: there already; ours arrives through the watch, someone else's (without our
-                # labels) never does and is only logged.
-                level = logging.DEBUG if err.status == 409 else logging.WARNING
-                log.log(level, "%s %s/%s not written: %s", extra.resource.kind, namespace, name, _describe(err))
+                if err.status == 409:
+                    # There already: ours arrives through the watch; someone else's (maybe without
+                    # our labels, so never in the store) is read to be told apart.
+                    found = await self.kube.get(extra.resource, namespace, name)
+                    if ownership(kind, parent, found) != "ours":
+                        self._extra_taken(kind, extra, key, name)
+                    else:
+                        self.extras_made[made] = time.monotonic()
+                    continue
+                log.warning("%s %s/%s not written: %s", extra.resource.kind, namespace, name, _describe(err))
+                self.extra_problems[key] = (f"{extra.resource.kind}NotWritten",
+                                            f"the {extra.resource.kind} {name} could not be written: "
+                                            f"{_api_message(err) or _describe(err)}")
+
+    def _extra_taken(self, kind: Kind, extra: Extra, key: Key, name: str) -> None:
+        self.extra_problems[key] = (
+            f"{extra.resource.kind}NameTaken",
+            f"a {extra.resource.kind} named {name} already exists in {key[1]} and does not belong to this "
+            f"{kind.resource.kind}: it is left alone and the operator's is not made; delete that {extra.resource.kind}")
+        log.warning("%s %s/%s exists and is not %s's: left alone", extra.resource.kind, key[1], name, key[2])
 
     def _parse(self, kind: Kind, parent: dict, namespace: str):
         """The spec, parsed once per version of it: every status write and child change reconciles

@@ -15,6 +15,7 @@ import jinja2
 import yaml
 
 from ..api import storage, topology
+from ..api.network import Peer
 from .. import train
 from ..api.service import cache_env
 from ..api.spec import HF_TOKEN_ENV, FieldError, InvalidSpec, JobSpec, ServiceSpec
@@ -370,47 +371,70 @@ def rayservice(svc: ServiceSpec) -> dict:
     return obj
 
 
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
 DASHBOARD_PORT = 8265
-NETWORK_POLICY_SUFFIX = "-ray"
+METRICS_PORT = 8080  # Ray's metrics export port (KubeRay's "metrics" port; vLLM's series are there too)
+# The NetworkPolicy of a job and of a service: names that never meet (neither suffix ends the other),
+# so that a job and a service of the same name each keep their own.
+JOB_NETWORK_POLICY_SUFFIX = "-rayjob"
+SERVICE_NETWORK_POLICY_SUFFIX = "-ray"
 
 
 @dataclass(frozen=True)
-class Peer:
-    """Pods (by namespace and labels) that a Ray cluster admits besides its own: KubeRay, which
-    calls the head's dashboard (and a service's Serve health), and the operator."""
+class NetworkPolicyConfig:
+    """The operator's choice of sources for every Ray cluster's NetworkPolicy (tputorch run's
+    --network-policy-* flags, the chart's networkPolicy values)."""
 
-    namespace: str
-    labels: tuple[tuple[str, str], ...] = ()
+    mode: str = "open"  # network.POLICY_MODES
+    peers: tuple[Peer, ...] = ()  # KubeRay's and the operator's: the dashboard (strict) and a service's Serve port
+    metrics: tuple[Peer, ...] = ()  # metric scrapers: Ray's metrics port
 
-    def selector(self) -> dict:
-        peer = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}}}
-        peer["podSelector"] = {"matchLabels": dict(self.labels)} if self.labels else {}
-        return peer
-
-
-def network_policy_name(name: str) -> str:
-    return name + NETWORK_POLICY_SUFFIX
+    def admits_everyone_to_dashboard(self) -> bool:
+        return self.mode != "strict"
 
 
-def network_policy(spec: Spec, peers: tuple[Peer, ...]) -> dict:
-    """The NetworkPolicy that closes a Ray cluster to everyone but its own pods (head, TPU hosts,
-    KubeRay's submitter: every port), ``peers`` (the dashboard, and a service's Serve port) and, for
-    a service, clients of the Serve port. Ray's ports (GCS, client, dashboard, object transfer)
-    would otherwise take work from any pod of the cluster, in any namespace."""
-    owner = SERVICE_LABEL if isinstance(spec, ServiceSpec) else JOB_LABEL
-    own = {"podSelector": {"matchLabels": {owner: spec.name}}}
+def network_policy_name(spec: Spec) -> str:
+    suffix = SERVICE_NETWORK_POLICY_SUFFIX if isinstance(spec, ServiceSpec) else JOB_NETWORK_POLICY_SUFFIX
+    return spec.name + suffix
+
+
+def _port_rule(ports: list[int], peers: tuple[Peer, ...] | None) -> dict:
+    """Ingress on ``ports`` from ``peers`` (None: from any source)."""
+    rule = {"ports": [{"protocol": "TCP", "port": n} for n in ports]}
+    return rule if peers is None else {"from": [p.selector() for p in peers], **rule}
+
+
+def network_policy(spec: Spec, config: NetworkPolicyConfig) -> dict:
+    """The NetworkPolicy of a Ray cluster. Its own pods (head, TPU hosts, KubeRay's submitter) reach
+    every port: Ray's GCS, client, dashboard agent, raylet, object-manager and multi-slice ports take
+    work from whoever reaches them, so nobody else does. The dashboard (8265) from any source in open
+    mode (Ray token auth refuses every call without the cluster's token, and where GKE's hosted
+    KubeRay calls from is not documented), else from ``config.peers`` only; a service's Serve port
+    per its spec.exposure and from the peers (KubeRay reads Serve's health); the metrics port from
+    ``config.metrics``."""
     serving = isinstance(spec, ServiceSpec)
+    owner = SERVICE_LABEL if serving else JOB_LABEL
+    own = {"podSelector": {"matchLabels": {owner: spec.name}}}
     ingress = [{"from": [own]}]
-    if peers:
-        ports = [DASHBOARD_PORT] + ([SERVE_PORT] if serving else [])
-        ingress.append({"from": [p.selector() for p in peers], "ports": [{"protocol": "TCP", "port": n} for n in ports]})
+    if config.admits_everyone_to_dashboard():
+        ingress.append(_port_rule([DASHBOARD_PORT], None))
+    if config.peers:
+        ports = ([] if config.admits_everyone_to_dashboard() else [DASHBOARD_PORT]) + ([SERVE_PORT] if serving else [])
+        if ports:
+            ingress.append(_port_rule(ports, config.peers))
+    if config.metrics:
+        ingress.append(_port_rule([METRICS_PORT], config.metrics))
     if serving:
-        ingress.append({"ports": [{"protocol": "TCP", "port": SERVE_PORT}]})  # the model's clients, from anywhere
+        exposure = spec.exposure
+        if exposure.clients == "Anywhere":
+            ingress.append(_port_rule([SERVE_PORT], None))
+        elif exposure.clients == "InNamespace":
+            ingress.append(_port_rule([SERVE_PORT], (Peer(),)))  # every pod of the service's namespace
+        else:
+            ingress.append(_port_rule([SERVE_PORT], exposure.peers))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": network_policy_name(spec.name), "namespace": spec.namespace,
+        "metadata": {"name": network_policy_name(spec), "namespace": spec.namespace,
                      "labels": pod_labels(spec)},
         "spec": {"podSelector": {"matchLabels": {owner: spec.name}}, "policyTypes": ["Ingress"], "ingress": ingress},
     }

@@ -11,6 +11,7 @@ from .. import render
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
+from . import network as net
 from . import progress as training
 from .conditions import (
     FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
@@ -85,6 +86,7 @@ def derive(
     queue: Admission | None = None,
     deleted: Iterable[dict] = (),
     pods_problem: tuple[str, str] | None = None,
+    network: net.NetworkPolicyState | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 
@@ -93,7 +95,7 @@ def derive(
     deletionTimestamp, status.phase/reason/conditions as the API returns them), ``deleted`` those of
     its pods seen deleted while it ran; ``queue`` is where Kueue has the RayJob (spec.queueName set
     and the RayJob exists); ``pods_problem`` is (reason, message) while the operator may not read
-    the namespace's pods.
+    the namespace's pods; ``network`` its NetworkPolicy (None: the operator makes none).
 
     ``rayjob`` is the current attempt's when its attempt label says so; one of an ended attempt
     is going (the reconcile deletes it) and shows the job Retrying.
@@ -121,6 +123,9 @@ def derive(
     watching = rayjob is not None and not suspended and deployment in ("", "Initializing", "Running", "Complete", "Failed")
     if watching and not settled and previous.get("phase") not in TERMINAL_PHASES:
         ending = tries.classify(rj_status, pods, deleted)
+    cause = net.dashboard_cause(network) if ending is not None and ending.reason == net.GRACE_PERIOD_EXCEEDED else None
+    if cause:  # another attempt behind the same NetworkPolicy would end the same way
+        ending = tries.Ending(tries.FINAL, net.DASHBOARD_UNREACHABLE, f"{cause}; KubeRay: {ending.message}")
     retry_note = ""
     if ending is not None and ending.result != tries.SUCCEEDED:
         history.append(_record(number, ending, now))
@@ -151,6 +156,8 @@ def derive(
                   child_created(RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, generation)]
     if queue is not None:
         conditions.append(admitted_condition(queue, generation))
+    if network is not None:
+        conditions.append(net.ready_condition(network, generation))
 
     unschedulable = scheduling_problem(pods)
     blocked = quota_problem(cluster_status) or container_problem(pods) or \

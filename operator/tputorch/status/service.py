@@ -12,6 +12,7 @@ from .conditions import (
     child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
     ready_slices, running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing,
 )
+from . import network as net
 from .kueue import Admission
 
 # Ray Serve LLM's build_openai_app names the deployment that runs the engine LLMServer:<model id>
@@ -113,10 +114,11 @@ def derive_service(
     queue: Admission | None = None,
     deleted: Iterable[dict] = (),  # noqa: ARG001  (a service has no attempts: lost pods are KubeRay's to replace)
     pods_problem: tuple[str, str] | None = None,
+    network: net.NetworkPolicyState | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchService from its RayService (KubeRay v1.5's status:
     conditions Ready/UpgradeInProgress, serviceStatus, active/pendingServiceStatus with the Serve
-    application's status) and its pods; ``problem`` and ``queue`` as for derive."""
+    application's status) and its pods; ``problem``, ``queue`` and ``network`` as for derive."""
     s = svc.slice
     shape = (
         f"{s.generation.name} {s.topology} slice per replica: {s.hosts} host(s) x {s.chips_per_host} chips, "
@@ -153,6 +155,8 @@ def derive_service(
                   child_created(RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem, generation)]
     if queue is not None:
         conditions.append(admitted_condition(queue, generation))
+    if network is not None:
+        conditions.append(net.ready_condition(network, generation))
 
     unschedulable = scheduling_problem(pods)
     stuck = quota_problem(cluster_status) or container_problem(pods)
@@ -188,6 +192,12 @@ def derive_service(
     else:
         serving, reason, why = _serving(_application(active))
         ready_cond = condition(READY, serving, reason, why, generation)
+    # The slice is up and KubeRay reports no Serve application: it may not reach the dashboard
+    # to PUT the Serve config (it fails the service at the initializing timeout).
+    unreached = net.dashboard_cause(network) if rayservice is not None and slice_up and not app_status else None
+    if unreached and ready_cond["status"] != "True":
+        ready_cond = condition(READY, False, net.DASHBOARD_UNREACHABLE,
+                               f"the slice is up but no Serve application is reported: {unreached}", generation)
     conditions.append(ready_cond)
 
     phase = queue_phase(_service_phase(rayservice, rs_status, up_to_date, slice_up, app,
@@ -195,7 +205,7 @@ def derive_service(
     if phase == "Failed":
         if kuberay_ready.get("reason") == "InitializingTimeout":
             reason = "InitializingTimeout"
-            text = "; ".join(x for x in (_failure(app), kuberay_ready.get("message"), "KubeRay deleted its RayClusters "
+            text = "; ".join(x for x in (_failure(app), unreached, kuberay_ready.get("message"), "KubeRay deleted its RayClusters "
                                          "(the slices are released); delete and re-create the TPUTorchService to try again") if x)
         elif app_status == "DEPLOY_FAILED":
             reason = "DeployFailed"
@@ -227,6 +237,8 @@ def derive_service(
         message = queue_message(svc, queue)
     elif phase == "Deploying":
         message = f"deploying {svc.model_name}" + (f": {app_status}" if app_status else "") + (f" {app_message}" if app_message else "")
+        if ready_cond["reason"] == net.DASHBOARD_UNREACHABLE:
+            message += f"; {ready_cond['message']}"
         if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
             message += f"; {slice_ready['message']}"
     else:

@@ -221,3 +221,29 @@ def test_cache_volume_names_a_writable_gcs_or_pvc_volume_on_the_workers():
     err = only_error(service_body(model={"source": "q", "cacheVolume": "models"}, volumes=[CACHE],
                                   env=[{"name": "HF_HOME", "value": "/tmp"}]))
     assert err.path == "spec.env[0].name" and "cacheVolume" in str(err)
+
+
+def test_exposure_defaults_to_any_source_and_takes_namespaces_pods_and_cidrs():
+    assert spec.parse_service(service_body()).exposure.clients == "Anywhere"
+    assert spec.parse_service(service_body(exposure={"clients": "InNamespace"})).exposure.clients == "InNamespace"
+    listed = spec.parse_service(service_body(exposure={"clients": "Listed", "from": [
+        {"namespace": "web"}, {"podLabels": {"app": "front"}}, {"cidr": "10.8.0.0/16"}]})).exposure
+    assert [str(p) for p in listed.peers] == ["web", ":app=front", "10.8.0.0/16"]
+
+
+@pytest.mark.parametrize("exposure,path,fragment", [
+    ({"clients": "Everyone"}, "spec.exposure.clients", "must be one of Anywhere, InNamespace, Listed"),
+    ({"clients": "Listed"}, "spec.exposure.from", "must list at least one client"),
+    ({"from": [{"namespace": "web"}]}, "spec.exposure.from", "only when spec.exposure.clients is Listed"),
+    ({"clients": "Listed", "from": [{"cidr": "10.0.0.1/8"}]}, "spec.exposure.from[0].cidr", "no host bits"),
+    ({"clients": "Listed", "from": [{"cidr": "10.0.0.0/8", "namespace": "web"}]}, "spec.exposure.from[0]", "cidr excludes"),
+    ({"clients": "Listed", "from": [{}]}, "spec.exposure.from[0]", "must set namespace and/or podLabels, or cidr"),
+    ({"clients": "Listed", "from": [{"namespace": "Web_1"}]}, "spec.exposure.from[0].namespace", "a namespace name"),
+    ({"clients": "Listed", "from": [{"podLabels": {"app": "a b"}}]}, "spec.exposure.from[0].podLabels", "not a label value"),
+    ({"clients": "Listed", "from": [{"ports": [80]}]}, "spec.exposure.from[0]", "unknown field"),
+    ({"clients": "Listed", "from": "web"}, "spec.exposure.from", "must be a list"),
+    ({"level": 1}, "spec.exposure.level", "is not a known field"),
+])
+def test_exposure_errors_name_the_field(exposure, path, fragment):
+    err = only_error(service_body(exposure=exposure))
+    assert err.path == path and fragment in str(err), str(err)

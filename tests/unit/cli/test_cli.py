@@ -5,6 +5,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tputorch.cli import main as cli
@@ -145,3 +146,22 @@ def test_validate_and_render_bound_the_pods_per_job(capsys, tmp_path, monkeypatc
         assert "spec.tpu.topology: '6 pods' must make at most 5 pods per job" in err
     monkeypatch.setenv("TPUTORCH_MAX_PODS_PER_JOB", "5")  # the operator's setting, read by the CLI too
     assert run(capsys, "validate", example)[0] == 1
+
+
+def test_network_policy_flags_take_namespaces_labels_and_cidrs_and_refuse_the_rest():
+    build_parser = cli.build_parser
+    args = build_parser().parse_args(["run", "--network-policy-mode", "strict",
+                                      "--network-policy-peer", "ray-system:app.kubernetes.io/name=kuberay-operator",
+                                      "--network-policy-peer", "10.128.0.0/20", "--network-policy-peer", "*:app=kuberay",
+                                      "--network-policy-metrics-peer", "gmp-system"])
+    assert args.network_policy_mode == "strict"
+    assert [p.selector() for p in args.network_policy_peer] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ray-system"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}},
+        {"ipBlock": {"cidr": "10.128.0.0/20"}},
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "kuberay"}}}]
+    for bad in ("10.128.0.1/20", "Ray_System", "ray-system:app", "ray-system:app=a b", "10.0.0/8"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--network-policy-peer", bad])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--network-policy-mode", "closed"])

@@ -731,40 +731,65 @@ def test_a_job_whose_rayjob_would_be_too_large_fails_alone_without_a_create():
 # --- extra children: the NetworkPolicy ---------------------------------------------------------------
 
 PEERS = (render.Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),)),)
+POLICY = render.NetworkPolicyConfig(peers=PEERS)
 
 
 def test_every_job_gets_its_network_policy_owned_by_its_uid_and_kept_as_rendered():
-    ctl = controller(extras=kinds.extras(True, PEERS))
+    ctl = controller(extras=kinds.extras(POLICY))
     ctl.parents[KIND].remember(job())
     assert run(ctl.reconcile(KEY)) == "created"
-    policy = ctl.kube.objects[("networkpolicies", "ml", "demo-ray")]
+    policy = ctl.kube.objects[("networkpolicies", "ml", "demo-rayjob")]
     (owner,) = policy["metadata"]["ownerReferences"]
     assert (owner["uid"], owner["controller"]) == ("uid-new", True)
     assert policy["spec"]["podSelector"] == {"matchLabels": {"tputorch.io/job": "demo"}}
     run(ctl.reconcile(KEY))
     assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets", "networkpolicies"]  # not again
     # edited by someone: put back; deleted: made again
-    ctl.extra_stores["networkpolicies"].store[("ml", "demo-ray")] = {**policy, "spec": {"podSelector": {}}}
+    ctl.extra_stores["networkpolicies"].store[("ml", "demo-rayjob")] = {**policy, "spec": {"podSelector": {}}}
     run(ctl.reconcile(KEY))
     (patch,) = ctl.kube.called("patch")
-    assert patch[1:4] == ("networkpolicies", "ml", "demo-ray") and patch[4]["spec"] == policy["spec"]
+    assert patch[1:4] == ("networkpolicies", "ml", "demo-rayjob") and patch[4]["spec"] == policy["spec"]
     ctl.extra_stores["networkpolicies"].store.clear()
-    del ctl.kube.objects[("networkpolicies", "ml", "demo-ray")]
+    del ctl.kube.objects[("networkpolicies", "ml", "demo-rayjob")]
     run(ctl.reconcile(KEY))
     assert [c[1] for c in ctl.kube.called("create")].count("networkpolicies") == 2
 
 
 def test_a_foreign_network_policy_of_that_name_is_left_alone_and_the_job_still_runs():
-    ctl = controller(extras=kinds.extras(True, PEERS))
+    ctl = controller(extras=kinds.extras(POLICY), status_interval=0)  # every status change written at once
     ctl.parents[KIND].remember(job())
-    foreign = {"metadata": {"name": "demo-ray", "namespace": "ml", "uid": "np", "resourceVersion": "3"}, "spec": {"podSelector": {}}}
+    foreign = {"metadata": {"name": "demo-rayjob", "namespace": "ml", "uid": "np", "resourceVersion": "3"}, "spec": {"podSelector": {}}}
     ctl.extra_stores["networkpolicies"].remember(foreign)
     assert run(ctl.reconcile(KEY)) == "created"
     assert ctl.kube.called("patch") == [] and [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets"]
+    taken = condition(last_status(ctl.kube), "NetworkPolicyReady")
+    assert (taken["status"], taken["reason"]) == ("False", "NetworkPolicyNameTaken") and "demo-rayjob" in taken["message"]
+    # gone: the operator's own is made, and the status says so
+    ctl.extra_stores["networkpolicies"].store.clear()
+    run(ctl.reconcile(KEY))
+    assert ("networkpolicies", "ml", "demo-rayjob") in ctl.kube.objects
+    assert condition(last_status(ctl.kube), "NetworkPolicyReady")["status"] == "True"
+
+
+def test_a_foreign_network_policy_without_our_labels_is_found_by_its_409():
+    ctl = controller(extras=kinds.extras(POLICY))
+    ctl.parents[KIND].remember(job())
+    ctl.kube.objects[("networkpolicies", "ml", "demo-rayjob")] = {  # invisible to the labelled watch
+        "metadata": {"name": "demo-rayjob", "namespace": "ml", "uid": "np"}, "spec": {"podSelector": {}}}
+    original = ctl.kube.create
+
+    async def create(res, namespace, body):
+        if res.plural == "networkpolicies":
+            raise api_error(409)
+        return await original(res, namespace, body)
+    ctl.kube.create = create
+    assert run(ctl.reconcile(KEY)) == "created"
+    assert ("get", "networkpolicies", "ml", "demo-rayjob") in ctl.kube.calls
+    assert condition(last_status(ctl.kube), "NetworkPolicyReady")["reason"] == "NetworkPolicyNameTaken"
 
 
 def test_a_failed_network_policy_write_never_holds_the_job():
-    ctl = controller(extras=kinds.extras(True, PEERS))
+    ctl = controller(extras=kinds.extras(POLICY))
     ctl.parents[KIND].remember(job())
     original = ctl.kube.create
 
@@ -775,10 +800,13 @@ def test_a_failed_network_policy_write_never_holds_the_job():
     ctl.kube.create = create
     assert run(ctl.reconcile(KEY)) == "created"
     assert ("rayjobs", "ml", "demo") in ctl.kube.objects
+    refused = condition(last_status(ctl.kube), "NetworkPolicyReady")
+    assert (refused["status"], refused["reason"]) == ("False", "NetworkPolicyNotWritten")
+    assert "networkpolicies is forbidden" in refused["message"]
 
 
 def test_no_network_policy_when_switched_off():
-    assert kinds.extras(False, PEERS) == []
+    assert kinds.extras(None) == []
 
 
 def test_a_child_of_an_earlier_object_stays_previous_across_a_crd_version_bump():

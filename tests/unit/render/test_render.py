@@ -504,26 +504,64 @@ def test_the_submitter_pod_is_kuberays_default_with_our_security_and_no_ray_node
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
-def test_the_network_policy_admits_own_pods_the_peers_dashboard_and_a_services_serve_port():
-    peers = (render.Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),)), render.Peer("tputorch-system"))
-    job = render.network_policy(spec.parse(body(name="demo")), peers)
-    assert (job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]) == ("NetworkPolicy", "demo-ray", "ml")
+KUBERAY = render.Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),))
+OPERATOR = render.Peer("tputorch-system")
+TCP = lambda *ports: [{"protocol": "TCP", "port": n} for n in ports]  # noqa: E731
+
+
+def test_the_default_network_policy_admits_own_pods_everywhere_and_the_dashboard_from_any_source():
+    job = render.network_policy(spec.parse(body(name="demo")), render.NetworkPolicyConfig(peers=(KUBERAY, OPERATOR)))
+    assert (job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]) == ("NetworkPolicy", "demo-rayjob", "ml")
     assert job["spec"]["podSelector"] == {"matchLabels": {render.JOB_LABEL: "demo"}}
     assert job["spec"]["policyTypes"] == ["Ingress"]
-    own, peer = job["spec"]["ingress"]
-    assert own == {"from": [{"podSelector": {"matchLabels": {render.JOB_LABEL: "demo"}}}]}  # same namespace only
-    assert peer["from"] == [
+    own, dashboard = job["spec"]["ingress"]  # the peers add nothing to a job in open mode
+    assert own == {"from": [{"podSelector": {"matchLabels": {render.JOB_LABEL: "demo"}}}]}  # same namespace, every port
+    assert dashboard == {"ports": TCP(8265)}  # no "from": any source (Ray token auth guards it)
+    svc = render.network_policy(spec.parse_service(service_body(name="chat")), render.NetworkPolicyConfig(peers=(KUBERAY,)))
+    assert svc["metadata"]["name"] == "chat-ray"
+    assert svc["spec"]["podSelector"] == {"matchLabels": {render.SERVICE_LABEL: "chat"}}
+    _, dashboard, peers, clients = svc["spec"]["ingress"]
+    assert dashboard == {"ports": TCP(8265)}
+    assert peers == {"from": [KUBERAY.selector()], "ports": TCP(8000)}  # KubeRay reads Serve's health
+    assert clients == {"ports": TCP(8000)}  # spec.exposure's default: any source
+
+
+def test_strict_mode_admits_the_dashboard_only_from_the_peers_and_metrics_only_from_the_scrapers():
+    config = render.NetworkPolicyConfig("strict", (KUBERAY, OPERATOR, render.Peer(cidr="10.128.0.0/20")),
+                                        (render.Peer("gmp-system"),))
+    own, peers, metrics = render.network_policy(spec.parse(body(name="demo")), config)["spec"]["ingress"]
+    assert peers["ports"] == TCP(8265)
+    assert peers["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ray-system"}},
          "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}},
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tputorch-system"}}, "podSelector": {}}]
-    assert peer["ports"] == [{"protocol": "TCP", "port": 8265}]
-    svc = render.network_policy(spec.parse_service(service_body(name="chat")), peers)
-    assert svc["spec"]["podSelector"] == {"matchLabels": {render.SERVICE_LABEL: "chat"}}
-    _, peer, clients = svc["spec"]["ingress"]
-    assert peer["ports"] == [{"protocol": "TCP", "port": 8265}, {"protocol": "TCP", "port": 8000}]
-    assert clients == {"ports": [{"protocol": "TCP", "port": 8000}]}  # the model's endpoint, from anywhere
-    # no peers: own pods only (and a service's clients)
-    assert render.network_policy(spec.parse(body()), ())["spec"]["ingress"] == [own | {"from": [{"podSelector": {"matchLabels": {render.JOB_LABEL: "demo"}}}]}]
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tputorch-system"}}, "podSelector": {}},
+        {"ipBlock": {"cidr": "10.128.0.0/20"}}]
+    assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}},
+                                 "podSelector": {}}], "ports": TCP(8080)}
+    # strict and no peer: the cluster's own pods only
+    assert render.network_policy(spec.parse(body(name="demo")), render.NetworkPolicyConfig("strict"))["spec"]["ingress"] == [own]
+
+
+def test_a_services_exposure_decides_who_reaches_the_serve_port():
+    def clients(exposure):
+        svc = spec.parse_service(service_body(name="chat", exposure=exposure))
+        return render.network_policy(svc, render.NetworkPolicyConfig("strict"))["spec"]["ingress"][-1]
+    assert clients({"clients": "Anywhere"}) == {"ports": TCP(8000)}
+    assert clients({"clients": "InNamespace"}) == {"from": [{"podSelector": {}}], "ports": TCP(8000)}
+    listed = clients({"clients": "Listed", "from": [{"namespace": "web", "podLabels": {"app": "front"}},
+                                                    {"podLabels": {"role": "client"}}, {"cidr": "10.8.0.0/16"}]})
+    assert listed == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "web"}},
+                                "podSelector": {"matchLabels": {"app": "front"}}},
+                               {"podSelector": {"matchLabels": {"role": "client"}}},
+                               {"ipBlock": {"cidr": "10.8.0.0/16"}}], "ports": TCP(8000)}
+
+
+def test_a_job_and_a_service_of_one_name_never_share_a_network_policy_name():
+    names = set()
+    for name in ("chat", "chat-ray", "chat-rayjob", "x-ray"):
+        names.add(render.network_policy_name(spec.parse(body(name=name))))
+        names.add(render.network_policy_name(spec.parse_service(service_body(name=name))))
+    assert len(names) == 8
 
 
 def test_the_cache_volume_holds_the_weights_and_a_compile_cache_per_slice_shape_on_every_node():

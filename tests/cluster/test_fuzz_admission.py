@@ -93,7 +93,9 @@ def _check(kube, namespace: str, body: dict) -> None:
     child["metadata"]["namespace"] = namespace
     is_service = child["kind"] == "RayService"
     assert _dry_run(kube, "ray.io", "v1", "rayservices" if is_service else "rayjobs", namespace, child) is None, child
-    policy = render.network_policy(parsed, (render.Peer("kuberay", (("app", "kuberay"),)),))
+    policy = render.network_policy(parsed, render.NetworkPolicyConfig(
+        "strict", (render.Peer("kuberay", (("app", "kuberay"),)), render.Peer(cidr="10.128.0.0/20")),
+        (render.Peer("gmp-system"),)))
     assert _dry_run(kube, "networking.k8s.io", "v1", "networkpolicies", namespace, policy) is None
     cluster = child["spec"]["rayClusterConfig" if is_service else "rayClusterSpec"]
     templates = {"head": cluster["headGroupSpec"]["template"], "worker": cluster["workerGroupSpecs"][0]["template"]}

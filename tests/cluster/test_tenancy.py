@@ -102,11 +102,12 @@ def test_each_ray_cluster_is_closed_to_other_tenants(kube, tputorch_crd, namespa
     peers = [f"{kuberay_ns}:" + ",".join(f"{k}={v}" for k, v in KUBERAY_LABELS.items()),
              f"{operator_ns}:" + ",".join(f"{k}={v}" for k, v in OPERATOR_LABELS.items())]
     op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [namespace],
-                         extra_args=[a for p in peers for a in ("--network-policy-peer", p)]).start()
+                         extra_args=["--network-policy-mode", "strict",
+                                     *(a for p in peers for a in ("--network-policy-peer", p))]).start()
     try:
         apply(kube, namespace, yaml.safe_dump(job("closed", suspend=False)))
         policy = kube.wait(lambda: kube.custom.get_namespaced_custom_object(
-            "networking.k8s.io", "v1", namespace, "networkpolicies", "closed-ray"), 60, "the NetworkPolicy")
+            "networking.k8s.io", "v1", namespace, "networkpolicies", "closed-rayjob"), 60, "the NetworkPolicy")
         ttj = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "tputorchjobs", "closed")
         (owner,) = policy["metadata"]["ownerReferences"]
         assert (owner["uid"], owner["controller"]) == (ttj["metadata"]["uid"], True)

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 
+from tputorch import render
 from tputorch.controller import handlers, kinds
 from tputorch.api import spec
 
@@ -159,7 +160,7 @@ def _built(failing_path):
     loop = asyncio.new_event_loop()
     failing = {"workloads": WORKLOAD, "rayjobs": kinds.JOB.child}[failing_path].path(None)
     ctl = handlers.build(FakeKube(), lambda path, selector: _FailsForEver() if path(None) == failing else FakeSource(),
-                         loop, None, extras=kinds.extras(True, ()))
+                         loop, None, extras=kinds.extras(render.NetworkPolicyConfig()))
     required, optional = handlers.required_stores(ctl), handlers.optional_stores(ctl)
     for informer in required + optional:
         informer.cycle(None)

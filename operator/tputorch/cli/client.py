@@ -7,6 +7,7 @@ imports this module.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -219,6 +220,9 @@ def connect(context: str | None = None, namespace: str | None = None, kubeconfig
             raise ConnectError(f"no kubeconfig found ({err}); set KUBECONFIG or use --context") from err
         api_client = client.ApiClient()
         ns = namespace or _incluster_namespace()
+        # the pod's own ServiceAccount acts from here on: say so, not silently
+        print(f"tputorch: no kubeconfig found ({err}); using this pod's ServiceAccount (in-cluster config), "
+              f"namespace {ns}", file=sys.stderr)
     return Api(api_client, ns)
 
 

@@ -15,21 +15,14 @@ from ..api import crd, network, spec, topology
 from ..api.groups import describe
 from .. import render
 from . import submit
-from .yamlfile import YAMLFileError, load_documents
-
-
-def _load(path: str) -> list:
-    """Every YAML document in a file ('-' for stdin), skipping empty ones."""
-    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
-    with stream:
-        return load_documents(stream, path)
+from .yamlfile import YAMLFileError, read_documents
 
 
 def _parse_all(path: str, max_pods: int = spec.MAX_PODS_DEFAULT) -> tuple[list[spec.JobSpec | spec.ServiceSpec], list[str]]:
     """Every TPUTorchJob and TPUTorchService in a file, parsed, or every problem found."""
     jobs, problems = [], []
     try:
-        docs = _load(path)
+        docs = read_documents(path)
     except YAMLFileError as err:
         return [], [str(err)]
     except OSError as err:

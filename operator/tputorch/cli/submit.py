@@ -25,7 +25,7 @@ from . import client, progress
 from ..api import crd, spec
 from .. import render
 from .progress import FAILED, INTERRUPTED, INVALID, OK
-from .yamlfile import YAMLFileError, load_documents
+from .yamlfile import YAMLFileError, read_documents
 
 SERVICE_API_VERSION = f"{crd.GROUP}/{crd.VERSION}"
 # Ray fetches these working_dir URIs itself (on the head); a local path would have to be uploaded.
@@ -147,9 +147,7 @@ def validate_job(body: dict, flag_errors: list | None = None) -> spec.JobSpec:
 def job_from_file(path: str, name: str | None, namespace: str | None) -> dict:
     """The one TPUTorchJob in a YAML file ('-' for stdin); --name / --namespace override its metadata."""
     try:
-        stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
-        with stream:
-            docs = load_documents(stream, path)
+        docs = read_documents(path)
     except (OSError, YAMLFileError) as err:
         raise InvalidFlags([FlagError("-f", path, f"cannot be read: {err}")]) from err
     if len(docs) != 1 or not isinstance(docs[0], dict) or docs[0].get("kind") != crd.KIND:

@@ -186,3 +186,22 @@ def test_the_operator_never_imports_rich():
 def test_submit_parses_the_example_like_validate_does():
     body = submit.job_from_file(str(EXAMPLES / "v6e-4x4.yaml"), None, None)
     assert submit.validate_job(body) == spec.parse(yaml.safe_load((EXAMPLES / "v6e-4x4.yaml").read_text()))
+
+
+def test_the_in_cluster_fallback_says_so(monkeypatch, capsys):
+    from kubernetes import config
+
+    from tputorch.cli import client as client_mod
+
+    def no_kubeconfig(*_, **__):
+        raise config.ConfigException("Invalid kube-config file. No configuration found.")
+
+    monkeypatch.setattr(config, "list_kube_config_contexts", no_kubeconfig)  # what ~/.kube/config missing does
+    monkeypatch.setattr(config, "new_client_from_config", no_kubeconfig)
+    monkeypatch.setattr(config, "load_incluster_config", lambda: None)
+    monkeypatch.setattr(client_mod, "_incluster_namespace", lambda: "team-a")
+    api = client_mod.connect()
+    assert api.namespace == "team-a"
+    err = capsys.readouterr().err
+    assert "no kubeconfig found (Invalid kube-config file. No configuration found.)" in err
+    assert "using this pod's ServiceAccount (in-cluster config), namespace team-a" in err

@@ -85,3 +85,46 @@ def test_validate_refuses_a_job_whose_rayjob_would_not_fit(tmp_path, capsys):
         code = cli.main([command, str(path)])
         out, err = capsys.readouterr()
         assert code == 1 and out == "" and "spec: renders a RayJob of" in err, err[-500:]
+
+
+# --- the file itself: its size, its encoding, something in it -------------------------------
+
+@pytest.mark.parametrize("content,fragment", [
+    (b"\xff\xfe" + JOB.encode("utf-16-le"), "not UTF-8 text (byte 0 is b'\\xff'); save it as UTF-8"),
+    (JOB.encode().replace(b"demo", b"d\xe9mo"), f"not UTF-8 text (byte {JOB.index('demo') + 1} is b'\\xe9')"),
+    (b"", "holds no YAML document (the file is empty or only comments)"),
+    (b"# nothing here\n---\n", "holds no YAML document"),
+    (JOB.encode() + b"# " + b"x" * (1024 * 1024) + b"\n", "larger than 1024 KiB (1 MiB)"),
+])
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_unreadable_files_are_a_clear_error_and_exit_1(command, content, fragment, tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(content)
+    assert cli.main([command, str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"{path}: ") and fragment in err and "Traceback" not in err
+
+
+def test_a_file_at_the_size_cap_is_read(tmp_path, capsys):
+    from tputorch.cli.yamlfile import MAX_FILE_BYTES
+    body = JOB + "# "
+    path = tmp_path / "spec.yaml"
+    path.write_text(body + "x" * (MAX_FILE_BYTES - len(body) - 1) + "\n")
+    assert path.stat().st_size == MAX_FILE_BYTES
+    assert cli.main(["validate", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_submit_f_refuses_a_non_utf8_file_naming_the_flag(tmp_path):
+    from tputorch.cli.submit import InvalidFlags, job_from_file
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(b"\xff")
+    with pytest.raises(InvalidFlags) as info:
+        job_from_file(str(path), None, None)
+    assert "-f" in str(info.value) and "not UTF-8 text" in str(info.value)
+
+
+def test_stdin_is_read_under_the_same_rules(monkeypatch, capsys):
+    import io
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xc3\x28")))
+    assert cli.main(["validate", "-"]) == 1
+    assert "-: not UTF-8 text (byte 0" in capsys.readouterr().err

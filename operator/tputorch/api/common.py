@@ -101,6 +101,12 @@ class InvalidSpec(ValueError):
         self.errors = errors
         super().__init__("; ".join(str(e) for e in errors))
 
+    def compact(self) -> "InvalidSpec":
+        """The same refusal (the same text) without the refused values: what the operator keeps of
+        a refused object, which may be 1.4 MB of them."""
+        return InvalidSpec([FieldError(e.path, None, f"{_show(e.value)} {e.message}" if e.value is not None else e.message)
+                            for e in self.errors])
+
 
 @dataclass(frozen=True)
 class Resources:

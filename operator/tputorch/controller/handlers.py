@@ -91,15 +91,15 @@ def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[st
     for extra in controller.extras:  # its owner's key is in its labels, as a pod's
         controller.extra_stores[extra.resource.plural] = Informer(
             extra.resource.plural, source_for(extra.resource.path, SELECTOR), namespaces,
-            on_loop(controller.pod_changed), kinds_.slim_extra)
+            on_loop(controller.pod_changed), kinds_.slim_extra, keep=kinds_.keep_extra)
     for kind in kinds:
         name = kind.resource.kind
         controller.parents[name] = Informer(kind.resource.plural, source_for(kind.resource.path, None), namespaces,
-                                            on_loop(controller.parent_changed, name), kinds_.slim_object)
+                                            on_loop(controller.parent_changed, name), kinds_.parent_slimmer(kind))
         controller.children[name] = Informer(kind.child.plural, source_for(kind.child.path, SELECTOR), namespaces,
                                              on_loop(controller.child_changed, name), kinds_.child_slimmer(kind))
     controller.pods = Informer("pods", source_for(pods_path, SELECTOR), namespaces, on_loop(controller.pod_changed),
-                               kinds_.slim_pod, index=kinds_.pod_index)
+                               kinds_.slim_pod, index=kinds_.pod_index, keep=kinds_.keep_pod)
     # Kueue's: Workloads carry none of our labels (watched whole, kept slim); priority classes are
     # cluster-scoped. Both are "not served" until Kueue is installed, which is fine.
     controller.workloads = Informer("Kueue Workloads", source_for(WORKLOAD.path, None), namespaces,

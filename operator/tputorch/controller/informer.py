@@ -114,8 +114,12 @@ class Informer:
     def __init__(self, what: str, source: Source, namespaces: list[str] | None,
                  on_change: Callable[[str, dict], None], slim: Callable[[dict], dict],
                  index: Callable[[dict], Hashable | None] | None = None,
-                 backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic,
+                 keep: Callable[[dict], bool] | None = None) -> None:
         self.what = what  # for logs: "RayJobs", "pods", ...
+        # Whether an object is ours to keep (its controller ownerReference): what a label anyone may
+        # set selects costs nothing beyond discarding it. None: every object.
+        self.keep = keep
         self.source = source
         self.scopes = scopes_for(namespaces)
         self.patterns = (namespaces or []) if self.scopes == [None] else []
@@ -192,6 +196,14 @@ class Informer:
             self._reindex(key, old, obj)
         return True
 
+    def reslim(self, key: Key, version: str | None) -> None:
+        """Slim the stored object again, if it is still that version: what the slim keeps may shrink
+        once the controller knows more of it (a refused spec). Never changes the version stored."""
+        with self._lock:
+            old = self.store.get(key)
+            if old is not None and version_of(old) == version:
+                self.store[key] = self.slim(old)
+
     def _pop(self, key: Key) -> dict | None:
         with self._lock:
             old = self.store.pop(key, None)
@@ -244,7 +256,7 @@ class Informer:
         self._relist_due[scope] = self.clock() + RELIST_PERIOD * (1 + 0.5 * random.random())
         fresh = {}
         for item in listing.get("items") or []:
-            if self._wanted(item):
+            if self._wanted(item) and (self.keep is None or self.keep(item)):
                 obj = self.slim(item)
                 fresh[key_of(obj)] = obj
         in_scope = [k for k in self.keys() if scope is None or k[0] == scope]
@@ -275,6 +287,11 @@ class Informer:
         if etype == "BOOKMARK":
             return version_of(raw)
         if not self._wanted(raw):
+            return version_of(raw)
+        if self.keep is not None and not self.keep(raw):  # not (or no longer) ours: never stored
+            gone = self._pop(key_of(raw)) if etype != "DELETED" else None
+            if gone is not None:
+                self.on_change("DELETED", gone)
             return version_of(raw)
         obj = self.slim(raw)
         if etype == "DELETED":
@@ -394,7 +411,16 @@ class _Relist(Exception):
 
 # Objects per page of a list, as client-go's informers page theirs: parsed whole, the lists of a
 # restart over thousands of jobs were most of the operator's memory (bench/RESULTS.md, run 6).
-LIST_PAGE = 500
+LIST_PAGE = 500  # at most
+# Pages are bounded in bytes too: the first asks for FIRST_PAGE objects, each next one for as many as
+# would make PAGE_BYTES at the size the last page's objects had (100 labelled 1.4 MB pods in one
+# page of 500 took a 512 Mi replica down).
+FIRST_PAGE = 50
+PAGE_BYTES = 8 * 1024 * 1024
+
+
+def next_page_limit(limit: int, page_bytes: int) -> int:
+    return max(1, min(LIST_PAGE, limit * PAGE_BYTES // max(page_bytes, 1)))
 # The API server sends a bookmark about once a minute on a watch that asked for them: a watch
 # silent for longer is taken as a half-open connection and resumed (from its resourceVersion).
 WATCH_SILENCE = 150
@@ -428,16 +454,26 @@ class RestSource:
         """The list in pages of LIST_PAGE objects (one consistent snapshot: the first page's
         resourceVersion); items are parsed a page at a time as the caller consumes them, so a
         re-list of thousands never holds every full object at once."""
-        first = decode(self._get(scope, [("limit", LIST_PAGE)], 60).read())
-        return {"items": self._pages(scope, first), "metadata": first.get("metadata") or {}}
+        raw = self._get(scope, [("limit", FIRST_PAGE)], 60).read()
+        limit = next_page_limit(FIRST_PAGE, len(raw))
+        first = decode(raw)
+        del raw
+        return {"items": self._pages(scope, first, limit), "metadata": first.get("metadata") or {}}
 
-    def _pages(self, scope, page: dict) -> Iterator[dict]:
+    def _pages(self, scope, page: dict, limit: int) -> Iterator[dict]:
         while True:
-            yield from page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")
+            items = page.get("items") or []
+            del page
+            items.reverse()
+            while items:  # each item dropped once consumed: a page is held only while it is read
+                yield items.pop()
             if not token:
                 return
-            page = decode(self._get(scope, [("limit", LIST_PAGE), ("continue", token)], 60).read())
+            raw = self._get(scope, [("limit", limit), ("continue", token)], 60).read()
+            limit = next_page_limit(limit, len(raw))
+            page = decode(raw)
+            del raw
 
     def watch(self, scope, resource_version) -> Iterator[dict]:
         """The watch stream; it ends (as at the server's timeout) when nothing, not even a bookmark,

@@ -11,7 +11,7 @@ from ..status import kueue
 from ..status import job as job_status
 from ..status import network as network_status
 from .kube import Resource
-from .reconcile import Extra, Kind
+from .reconcile import REFUSED, Extra, Kind
 
 RAYJOB = Resource("ray.io", "v1", "rayjobs", "RayJob")
 RAYSERVICE = Resource("ray.io", "v1", "rayservices", "RayService")
@@ -87,6 +87,66 @@ def slim_extra(obj: dict) -> dict:
 
 
 # --- what the stores keep: what the reconcile reads, nothing else ---------------------------------
+
+# A spec larger than this is parsed as it is stored: a refused one keeps only its refusal (300
+# CRD-valid 1.4 MB TPUTorchJobs that the parser refuses were 410 MB kept whole).
+SPEC_KEPT_UNPARSED = 64 * 1024
+
+
+def parent_slimmer(kind: Kind):
+    """An object of ours as its store keeps it (slim_object); a large spec the parser refuses is
+    replaced by the refusal, which is all its status needs (Controller._parse reads it)."""
+    def slim(obj: dict) -> dict:
+        kept = slim_object(obj)
+        if _larger_than(kept["spec"], SPEC_KEPT_UNPARSED):
+            try:
+                kind.parse(kept)
+            except specs.InvalidSpec as err:
+                kept["spec"], kept[REFUSED] = {}, err.compact()
+        return kept
+    return slim
+
+
+def _larger_than(value, limit: int) -> bool:
+    """Whether ``value`` as JSON would be over about ``limit`` characters, walked only until it is."""
+    budget, stack = limit, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            budget -= len(item) + 2
+        elif isinstance(item, dict):
+            budget -= 2 + sum(len(str(k)) + 4 for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            budget -= 2 + len(item)
+            stack.extend(item)
+        else:
+            budget -= 8
+        if budget < 0:
+            return True
+    return False
+
+
+RAYCLUSTER = Resource("ray.io", "v1", "rayclusters", "RayCluster")
+
+
+def controlled_by(*resources: Resource):
+    """A store's ``keep``: the object's controller ownerReference is of one of these kinds. What is
+    selected by our managed-by label, which any tenant can set, is otherwise dropped unstored.
+    Checking the kind needs no state; a forged owner uid is collected by Kubernetes' garbage
+    collector, and an ownerReference only names an owner in the object's own namespace."""
+    wanted = {(r.group, r.kind) for r in resources}
+
+    def keep(obj: dict) -> bool:
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+            if isinstance(ref, dict) and ref.get("controller"):
+                return (str(ref.get("apiVersion") or "").split("/")[0], ref.get("kind")) in wanted
+        return False
+    return keep
+
+
+keep_pod = controlled_by(RAYCLUSTER)  # KubeRay's RayCluster controls every Ray pod
+keep_extra = controlled_by(TPUTORCHJOB, TPUTORCHSERVICE)  # ours directly
 
 def slim_object(obj: dict) -> dict:
     """An object of ours: metadata without managedFields and annotations (kubectl's copy of the

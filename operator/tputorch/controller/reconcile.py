@@ -51,6 +51,7 @@ STATUS_INTERVAL = 2.0
 # the informer alone, so a watch that never brings the child (it lost our label) cannot freeze it.
 EXPECT_FOR = 120.0
 TOMBSTONES_KEPT = 1000  # uids of children whose deletion was seen, so that no expectation revives one
+REFUSED = "refused"  # the key of a stored object's refusal (kinds.parent_slimmer); no API field
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,9 @@ class Controller:
     def parent_changed(self, kind: str, event: str, obj: dict) -> None:
         if event == "LISTED":
             self.sweep()
+        elif event == "DELETED" and obj:
+            self.deleted_pods.pop((kind, *key_of(obj)), None)  # at once: a standby reconciles nothing
+            self.enqueue((kind, *key_of(obj)))
         elif obj:
             self.enqueue((kind, *key_of(obj)))
 
@@ -284,12 +288,19 @@ class Controller:
         for kind in self.kinds.values():
             if kind.label in labels:
                 key = (kind.resource.kind, key_of(obj)[0], labels[kind.label])
-                if event == "DELETED" and kind.attempt is not None:
+                if event == "DELETED" and kind.attempt is not None and self._may_lose_hosts(key):
                     # A pod that vanished is no longer in any store: what the reconcile needs to
                     # tell a lost host from a healthy slice is kept here until it has looked.
                     gone = self.deleted_pods.setdefault(key, [])
                     gone[:] = gone[-(MAX_DELETED_PODS - 1):] + [obj]
                 self.enqueue(key)
+
+    def _may_lose_hosts(self, key: Key) -> bool:
+        """Whether a deleted pod can still matter to this object: it exists and has not finished
+        (a finished or deleted job's pods all go; keeping them cost 62 MB per 1,000 jobs)."""
+        parent = self.parents[key[0]].get(key[1:])
+        return parent is not None and not self.kinds[key[0]].finished(parent.get("status") or {}) \
+            and parent["metadata"].get("uid") not in self.terminal
 
     def workload_changed(self, event: str, obj: dict) -> None:
         if event in ("SERVED", "FORBIDDEN"):  # Kueue installed (or refused): every queued object reads anew
@@ -314,7 +325,7 @@ class Controller:
     def sweep(self) -> None:
         """Drop what is kept for objects that no longer exist (a deletion missed while not watching)."""
         existing = {(kind, *k) for kind, informer in self.parents.items() for k in informer.keys()}
-        for key in (set(self.uids) | set(self.problems) | self.queue.known()) - existing:
+        for key in (set(self.uids) | set(self.problems) | set(self.deleted_pods) | self.queue.known()) - existing:
             self.forget(key)
 
     def forget(self, key: Key) -> None:
@@ -404,7 +415,7 @@ class Controller:
             if result != "finished":
                 await self._ensure_extras(kind, key, parent, spec)
         except InvalidSpec as err:  # the spec, or the child it renders (too large to be created)
-            self.parsed[meta.get("uid")] = (self._version(meta), err)
+            self.parsed[meta.get("uid")] = (self._version(meta), err.compact())
             previous = self._previous(parent)
             current = statuses.invalid(err.errors, meta.get("generation", 0), previous, self.clock())
             if await self._write(kind, parent, previous, current):
@@ -413,6 +424,7 @@ class Controller:
             return "invalid"
 
         if result == "finished":
+            self.deleted_pods.pop(key, None)
             return result  # its status already tells the end; nothing observed would add to it
         ours = child if child is not None and ownership(kind, parent, child) == "ours" else None
         pods, deleted = [], []
@@ -749,9 +761,11 @@ class Controller:
         cached = self.parsed.get(meta.get("uid"))
         if cached is None or cached[0] != version:
             try:
+                if isinstance(parent.get(REFUSED), InvalidSpec):  # refused as stored (kinds.parent_slimmer)
+                    raise parent[REFUSED]
                 cached = (version, kind.parse({**parent, "metadata": {**meta, "namespace": namespace}}))
             except InvalidSpec as err:
-                cached = (version, err)
+                cached = (version, err.compact())  # kept without the refused values
             self.parsed[meta.get("uid")] = cached
         if isinstance(cached[1], InvalidSpec):
             raise cached[1]

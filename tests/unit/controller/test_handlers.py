@@ -293,3 +293,30 @@ def test_the_operators_pod_bound_reaches_both_kinds_parse():
         ctl._parse(ctl.kinds["TPUTorchService"], service, "ml")
     default = handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None)
     assert default._parse(default.kinds["TPUTorchJob"], body(), "ml").slice.hosts == 4
+
+
+# --- memory against hostile objects (issue 34) -----------------------------------------------------
+
+def test_a_large_refused_job_is_stored_as_its_refusal_and_still_gets_its_status():
+    """300 CRD-valid 1.4 MB TPUTorchJobs that the parser refuses were kept whole (410 MB)."""
+    from tputorch.controller.reconcile import REFUSED
+    big = body(entrypoint="python " + "x" * (1024 * 1024))
+    big["metadata"].update(uid="u-big", resourceVersion="3")
+    loop = asyncio.new_event_loop()
+    ctl = handlers.build(FakeKube(), lambda path, selector: FakeSource(), loop, None)
+    parents = ctl.parents["TPUTorchJob"]
+    parents.source.listing = {"items": [big], "metadata": {"resourceVersion": "9"}}
+    parents.relist(None)
+    stored = parents.get(("ml", "demo"))
+    assert stored["spec"] == {} and "spec.entrypoint" in str(stored[REFUSED])
+    assert len(str(stored)) < 2000  # nothing of the megabyte is kept
+    assert loop.run_until_complete(ctl.reconcile(("TPUTorchJob", "ml", "demo"))) == "invalid"
+    status = ctl.kube.called("patch_status")[-1][4]
+    assert status["phase"] == "Failed" and "spec.entrypoint" in status["message"]
+    assert all(e.value is None for e in ctl.parsed["u-big"][1].errors)  # nor in the parse cache
+    small = body()  # a valid job is stored as it is
+    small["metadata"].update(uid="u-small", resourceVersion="4", name="small")
+    parents.source.listing = {"items": [small], "metadata": {"resourceVersion": "10"}}
+    parents.relist(None)
+    assert parents.get(("ml", "small"))["spec"] == small["spec"]
+    loop.close()

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from tputorch.controller import informer as informer_module
-from tputorch.controller.informer import RestSource, _Relist
+from tputorch.controller import kinds
+from tputorch.controller.informer import Informer, RestSource, _Relist, key_of
 from tputorch.controller.workqueue import Backoff, Bucket, WorkQueue
 
 from ..fakekube import FakeSource, StopWatching, api_error, informer
@@ -322,8 +323,7 @@ class _PagingApi:
         path, query = url
         self.queries.append(query)
         start = int(query.get("continue", 0))
-        assert int(query["limit"]) == self.page
-        end = start + self.page
+        end = start + min(int(query["limit"]), self.page)
         meta = {"resourceVersion": "77" if start == 0 else "99"}
         if end < len(self.items):
             meta["continue"] = str(end)
@@ -332,6 +332,7 @@ class _PagingApi:
 
 def test_a_list_is_read_in_pages_as_it_is_consumed_and_keeps_the_first_pages_version(monkeypatch):
     monkeypatch.setattr(informer_module, "LIST_PAGE", 3)
+    monkeypatch.setattr(informer_module, "FIRST_PAGE", 3)
     items = [{"metadata": {"namespace": "ml", "name": f"job-{i}", "resourceVersion": str(i)}} for i in range(7)]
     api = _PagingApi(items, page=3)
     listing = RestSource(api, lambda scope: f"/apis/x/v1/namespaces/{scope}/things", "app=ours").list("ml")
@@ -340,6 +341,49 @@ def test_a_list_is_read_in_pages_as_it_is_consumed_and_keeps_the_first_pages_ver
     assert listing["metadata"]["resourceVersion"] == "77"  # the snapshot every page belongs to
     assert [q.get("continue") for q in api.queries] == [None, "3", "6"]
     assert all(q["labelSelector"] == "app=ours" for q in api.queries)
+
+
+def test_list_pages_are_bounded_in_bytes_not_only_in_objects():
+    """Issue 34: pages of 500 labelled 1.4 MB pods were parsed whole (464 MB for 100 of them)."""
+    big = "x" * (1024 * 1024)
+    items = [{"metadata": {"namespace": "ml", "name": f"pod-{i}", "resourceVersion": str(i),
+                           "annotations": {"a": big}}} for i in range(120)]
+    api = _PagingApi(items, page=500)
+    listing = RestSource(api, lambda scope: "/api/v1/pods", "app=ours").list(None)
+    assert sum(1 for _ in listing["items"]) == 120
+    limits = [int(q["limit"]) for q in api.queries]
+    assert limits[0] <= informer_module.FIRST_PAGE
+    # after the first page, as many objects as make PAGE_BYTES at their size (1 MB each: 8)
+    assert max(limits[1:]) * len(big) <= informer_module.PAGE_BYTES
+    small = [{"metadata": {"namespace": "ml", "name": f"p-{i}", "resourceVersion": str(i)}} for i in range(2000)]
+    api = _PagingApi(small, page=500)
+    assert sum(1 for _ in RestSource(api, lambda scope: "/api/v1/pods", None).list(None)["items"]) == 2000
+    assert int(api.queries[1]["limit"]) == informer_module.LIST_PAGE  # small objects: full pages
+
+
+def test_objects_a_store_does_not_keep_are_dropped_unstored_and_one_that_stops_being_ours_leaves():
+    """Pods and NetworkPolicies are selected by a label any tenant can set: only those whose
+    controller is a RayCluster (pods) or one of our objects (NetworkPolicies) are stored."""
+    def pod(name, owner_kind, rv="1"):
+        refs = [{"apiVersion": "ray.io/v1", "kind": owner_kind, "name": "c", "uid": "u", "controller": True}] if owner_kind else []
+        return {"metadata": {"namespace": "ml", "name": name, "resourceVersion": rv, "ownerReferences": refs,
+                             "labels": {"tputorch.io/job": "demo"}}}
+    source = FakeSource()
+    source.listing = {"items": [pod("ours", "RayCluster"), pod("bare", None), pod("other", "ReplicaSet")],
+                      "metadata": {"resourceVersion": "5"}}
+    changes = []
+    inf = Informer("pods", source, None, lambda e, o: changes.append((e, key_of(o) if o else None)), kinds.slim_pod,
+                   keep=kinds.keep_pod)
+    inf.relist(None)
+    assert inf.keys() == {("ml", "ours")}
+    assert ("SYNCED", ("ml", "bare")) not in changes  # never even reported
+    inf._apply({"type": "ADDED", "object": pod("late", None)})
+    assert inf.keys() == {("ml", "ours")}
+    inf._apply({"type": "MODIFIED", "object": pod("ours", None, rv="2")})  # its owner removed
+    assert inf.keys() == set() and changes[-1] == ("DELETED", ("ml", "ours"))
+    policy = {"metadata": {"namespace": "ml", "name": "np", "resourceVersion": "1", "ownerReferences": [
+        {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchJob", "name": "demo", "uid": "u", "controller": True}]}}
+    assert kinds.keep_extra(policy) and not kinds.keep_pod(policy)
 
 
 def test_an_informer_relists_a_paged_listing_into_its_store():

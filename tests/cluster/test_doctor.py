@@ -1,0 +1,199 @@
+"""`tputorch doctor` against the local cluster: the healthy cluster fails nothing, and each seeded
+fault gives its own ✗ with its fix and exit 1. Every fault is undone in the test that made it.
+
+One operator (leader-elected, as the chart runs it) serves the module; the operator-stopped test
+runs last and stops it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+
+import pytest
+import yaml
+
+from namespaces import delete_namespace, make_namespace
+from operator_process import OperatorProcess, install_crd
+
+from tputorch.cli import main as cli
+
+TPU_WEBHOOK = "tputorch-local-tpu-webhook"  # hack/cluster.sh's stand-in's configuration
+# Not ✓ on the local cluster, and why (each is the honest answer there, not a fault):
+LOCAL_NOT_OK = {
+    "operator": "warn",  # the operator runs as a process, outside a Deployment (it holds the Lease)
+    "kuberay-version": "unknown",  # KubeRay runs out of cluster: no Deployment to read a version from
+    "tpu-webhook-validation": "warn",  # the stand-in mutates pods only
+    "gcsfuse": "warn",  # no GCS FUSE CSI driver here
+}
+
+
+@pytest.fixture(scope="module")
+def doctor_ns(kube):
+    name = make_namespace(kube, f"doctor-{uuid.uuid4().hex[:5]}")
+    yield name
+    delete_namespace(kube, name)
+
+
+@pytest.fixture(scope="module")
+def leader(kube, kube_env, doctor_ns, tmp_path_factory):
+    install_crd(kube.kubeconfig)
+    op = OperatorProcess(kube.kubeconfig, tmp_path_factory.mktemp("doctor") / "operator.log", [doctor_ns],
+                         dashboard_url=kube_env["dashboard_url"],
+                         extra_args=["--leader-elect", "--lease-namespace", doctor_ns]).start()
+    kube.wait(lambda: (kube_lease(kube, doctor_ns).get("spec") or {}).get("holderIdentity"), 30, "the operator to lead")
+    yield op
+    op.stop()
+
+
+def kube_lease(kube, ns) -> dict:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        lease = client.CoordinationV1Api(kube.api_client).read_namespaced_lease("tputorch-operator", ns)
+    except ApiException:
+        return {}
+    return kube.api_client.sanitize_for_serialization(lease)
+
+
+def doctor(capsys, kubeconfig, namespace, *extra) -> tuple[int, dict]:
+    code = cli.main(["doctor", "--kubeconfig", str(kubeconfig), "-n", namespace, "-o", "json", "--timeout", "5", *extra])
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    return code, report
+
+
+def by_check(report) -> dict:
+    return {c["check"]: c for c in report["checks"]}
+
+
+def failed(report) -> dict:
+    return {c["check"]: c for c in report["checks"] if c["status"] == "fail"}
+
+
+def test_healthy_cluster_fails_nothing(kube, leader, doctor_ns, capsys):
+    code, report = doctor(capsys, kube.kubeconfig, doctor_ns)
+    assert code == 0 and report["ok"], failed(report)
+    checks = by_check(report)
+    not_ok = {k: c["status"] for k, c in checks.items() if c["status"] != "ok"}
+    network = not_ok.pop("network-policy", None)  # a heuristic: never ✓
+    assert network in ("warn", "unknown")
+    assert not_ok == LOCAL_NOT_OK, {k: checks[k]["message"] for k in not_ok}
+    assert "holds the leader Lease" in checks["operator"]["message"]
+    assert f"Lease {doctor_ns}/tputorch-operator" in checks["operator-lease"]["message"]
+    pools = {row["pool"]: row for row in checks["tpu-pools"]["details"]}
+    assert pools["tpu-v6e-4x4"]["hosts"] == 4 and pools["tpu-v6e-4x4"]["slices"] == 1
+    assert pools["tpu-v5p-2x2x2"]["machineType"] == "ct5p-hightpu-4t"
+
+
+def test_tpu_webhook_removed(kube, leader, doctor_ns, capsys):
+    from kubernetes import client
+
+    adm = client.AdmissionregistrationV1Api(kube.api_client)
+    saved = kube.api_client.sanitize_for_serialization(adm.read_mutating_webhook_configuration(TPU_WEBHOOK))
+    adm.delete_mutating_webhook_configuration(TPU_WEBHOOK)
+    try:
+        code, report = doctor(capsys, kube.kubeconfig, doctor_ns)
+    finally:
+        saved["metadata"] = {"name": TPU_WEBHOOK}
+        adm.create_mutating_webhook_configuration(saved)
+    assert code == 1
+    assert set(failed(report)) == {"tpu-webhook"}
+    assert "Ray Operator add-on" in failed(report)["tpu-webhook"]["fix"]
+    assert failed(report)["tpu-webhook"]["doc"] == "docs/compatibility.md#the-ray-tpu-webhook"
+
+
+def test_kuberay_crd_without_a_field_the_operator_writes(kube, leader, doctor_ns, capsys):
+    """As an older KubeRay's CRD: RayJob without authOptions.secretName (KubeRay < 1.6)."""
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(kube.api_client)
+    original = kube.api_client.sanitize_for_serialization(ext.read_custom_resource_definition("rayjobs.ray.io"))
+    stripped = copy.deepcopy(original)
+    v1 = next(v for v in stripped["spec"]["versions"] if v["name"] == "v1")
+    auth = v1["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["rayClusterSpec"]["properties"]["authOptions"]
+    del auth["properties"]["secretName"]
+    ext.replace_custom_resource_definition("rayjobs.ray.io", stripped)
+    try:
+        code, report = doctor(capsys, kube.kubeconfig, doctor_ns)
+    finally:
+        current = ext.read_custom_resource_definition("rayjobs.ray.io")
+        original["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition("rayjobs.ray.io", original)
+    assert code == 1
+    assert set(failed(report)) == {"kuberay-crd/rayjobs.ray.io"}
+    fail = failed(report)["kuberay-crd/rayjobs.ray.io"]
+    assert fail["details"] == ["spec.rayClusterSpec.authOptions.secretName"]
+    assert "upgrade KubeRay" in fail["fix"]
+
+
+def test_for_a_shape_no_pool_has(kube, leader, doctor_ns, capsys, tmp_path):
+    jobs = tmp_path / "jobs.yaml"
+    base = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchJob",
+            "spec": {"image": "i", "entrypoint": "python x.py"}}
+    docs = [{**base, "metadata": {"name": "fits"}, "spec": {**base["spec"], "tpu": {"accelerator": "v6e", "topology": "4x4"}}},
+            {**base, "metadata": {"name": "big"}, "spec": {**base["spec"], "tpu": {"accelerator": "v6e", "topology": "8x8"}}}]
+    jobs.write_text(yaml.safe_dump_all(docs))
+    code, report = doctor(capsys, kube.kubeconfig, doctor_ns, "--for", str(jobs))
+    assert code == 1
+    checks = by_check(report)
+    assert checks[f"for/{doctor_ns}/fits"]["status"] == "ok" and "tpu-v6e-4x4" in checks[f"for/{doctor_ns}/fits"]["message"]
+    assert set(failed(report)) == {f"for/{doctor_ns}/big"}
+    assert "--tpu-topology=8x8 --num-nodes=16" in failed(report)[f"for/{doctor_ns}/big"]["fix"]
+
+
+def test_pool_one_node_short(kube, leader, doctor_ns, capsys):
+    """A v6e 4x4 pool with one node of the four: a copy of a fake TPU node, labelled as its own pool."""
+    node = kube.api_client.sanitize_for_serialization(kube.core.read_node("gke-tpu-v6e-4x4-0"))
+    name = f"gke-doctor-short-{uuid.uuid4().hex[:4]}"
+    labels = {**node["metadata"]["labels"], "kubernetes.io/hostname": name, "cloud.google.com/gke-nodepool": "doctor-short"}
+    node["metadata"] = {"name": name, "labels": labels, "annotations": node["metadata"].get("annotations") or {}}
+    kube.core.create_node(node)
+    try:
+        code, report = doctor(capsys, kube.kubeconfig, doctor_ns)
+    finally:
+        kube.core.delete_node(name)
+    assert code == 1
+    assert set(failed(report)) == {"tpu-pool/doctor-short"}
+    fail = failed(report)["tpu-pool/doctor-short"]
+    assert "1 ready node(s) of a 4-host v6e 4x4 slice, 3 short" in fail["message"]
+    assert "multiple of 4" in fail["fix"]
+
+
+def test_service_account_without_rights(kube, leader, doctor_ns, capsys, tmp_path):
+    """The caller's rights, as a ServiceAccount with no RoleBinding (its own token's kubeconfig)."""
+    from kubernetes import client
+
+    kube.core.create_namespaced_service_account(doctor_ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="nobody")))
+    token = kube.core.create_namespaced_service_account_token(
+        "nobody", doctor_ns, client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+            audiences=[], expiration_seconds=600))).status.token
+    config = yaml.safe_load(open(kube.kubeconfig))
+    cluster = config["clusters"][0]
+    kubeconfig = tmp_path / "nobody.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+        "users": [{"name": "nobody", "user": {"token": token}}],
+        "contexts": [{"name": "nobody", "context": {"cluster": cluster["name"], "user": "nobody", "namespace": doctor_ns}}],
+        "current-context": "nobody"}))
+    code, report = doctor(capsys, kubeconfig, doctor_ns)
+    assert code == 1
+    assert report["user"] == f"system:serviceaccount:{doctor_ns}:nobody"
+    fail = failed(report)
+    assert set(fail) == {"rights"}, fail
+    assert "create tputorchjobs" in fail["rights"]["message"] and "get pods/log" in fail["rights"]["message"]
+    assert "rolebinding" in fail["rights"]["fix"]
+    # what it may not read is a ? (never a ✓, never a ✗ it cannot know)
+    assert by_check(report)["tpu-pools"]["status"] == "unknown"
+
+
+def test_zz_operator_stopped(kube, leader, doctor_ns, capsys):
+    leader.stop()  # SIGTERM: it releases the Lease, as a pod that is deleted does
+    code, report = doctor(capsys, kube.kubeconfig, doctor_ns)
+    assert code == 1
+    fail = failed(report)
+    assert set(fail) == {"operator", "operator-lease"}, fail
+    assert "held by no one" in fail["operator-lease"]["message"]
+    assert "no operator Deployment" in fail["operator"]["message"]

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
 
+import doccmds
 from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, install_crd
 
 from tputorch.cli import main as cli
 
+REPO = Path(__file__).resolve().parents[2]
 TPU_WEBHOOK = "tputorch-local-tpu-webhook"  # hack/cluster.sh's stand-in's configuration
 # Not ✓ on the local cluster, and why (each is the honest answer there, not a fault):
 LOCAL_NOT_OK = {
@@ -187,6 +191,21 @@ def test_service_account_without_rights(kube, leader, doctor_ns, capsys, tmp_pat
     assert "rolebinding" in fail["rights"]["fix"]
     # what it may not read is a ? (never a ✓, never a ✗ it cannot know)
     assert by_check(report)["tpu-pools"]["status"] == "unknown"
+
+
+def test_the_docs_doctor_commands_pass_on_the_healthy_cluster(kube, leader, doctor_ns, capsys, monkeypatch):
+    """install-gke.md's and troubleshooting.md's `tputorch doctor` lines, as written, from the
+    repository's root (the examples' paths are relative to it), in the test's namespace."""
+    cmds = {c.text for c in doccmds.tested_by("tests/cluster/test_doctor.py")}
+    assert "tputorch doctor" in cmds and "tputorch doctor --for examples/v6e-4x4.yaml" in cmds, cmds
+    monkeypatch.chdir(REPO)
+    for text in sorted(cmds):
+        words = shlex.split(text)
+        assert words[:2] == ["tputorch", "doctor"], text
+        code, report = doctor(capsys, kube.kubeconfig, doctor_ns, *words[2:])
+        assert code == 0, (text, failed(report))
+        if "--for" in words:
+            assert by_check(report)[f"for/{doctor_ns}/llama-v6e-4x4"]["status"] == "ok"
 
 
 def test_zz_operator_stopped(kube, leader, doctor_ns, capsys):

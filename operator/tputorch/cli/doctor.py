@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from ..api import crd, spec, topology
+from ..api import crd, network, spec, topology
 from .. import render
 
 OK, FAIL, WARN, UNKNOWN = "ok", "fail", "warn", "unknown"
@@ -655,30 +655,47 @@ def check_network(kube_system_pods: list[dict] | Unread, operator_deployments: l
                                   "probably not enforced; Ray token auth still guards the heads", doc=DOC_NETWORK))
     if isinstance(operator_deployments, Unread) or not operator_deployments:
         return results
-    args = operator_args(operator_deployments[0])
+    results.append(check_policy_mode(operator_args(operator_deployments[0]), kuberay_deployments, enforced))
+    return results
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    return ([args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+            + [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")])
+
+
+def check_policy_mode(args: list[str], kuberay_deployments: list[dict] | Unread, enforced: bool | None) -> Result:
+    """What the operator's NetworkPolicy mode (its Deployment's flags) admits to the Ray dashboard,
+    which KubeRay must reach (it polls jobs and deploys Serve applications through it)."""
     if "--no-network-policy" in args:
-        results.append(Result("operator-policy", WARN, "the operator runs with --no-network-policy: its Ray "
-                              "clusters get no NetworkPolicy (any pod may reach their ports)", doc=DOC_NETWORK))
-        return results
-    peers = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--network-policy-peer"]
-    peers += [a.split("=", 1)[1] for a in args if a.startswith("--network-policy-peer=")]
+        return Result("operator-policy", WARN, "the operator runs with --no-network-policy: its Ray clusters get no "
+                      "NetworkPolicy (any pod may reach their ports; Ray token auth still guards the dashboard)",
+                      doc=DOC_NETWORK)
+    mode = (_flag_values(args, "--network-policy-mode") or ["open"])[-1]
+    if mode != "strict":
+        return Result("operator-policy", OK, f"the operator's NetworkPolicy mode is {mode}: the Ray dashboard (8265) "
+                      "admits any source (KubeRay included), Ray token auth guards it")
+    try:
+        peers = [network.parse_peer_text(p) for p in _flag_values(args, "--network-policy-peer")]
+    except ValueError as err:
+        return Result("operator-policy", UNKNOWN, f"the operator's --network-policy-peer: {err}")
+    shown = ", ".join(_flag_values(args, "--network-policy-peer")) or "no peer"
     kuberay_ns = None
     if not isinstance(kuberay_deployments, Unread) and kuberay_deployments:
         kuberay_ns = kuberay_deployments[0]["metadata"]["namespace"]
-    peer_ns = {p.partition(":")[0] for p in peers}
-    if kuberay_ns and kuberay_ns not in peer_ns:
-        status = FAIL if enforced else WARN
-        results.append(Result("operator-policy", status, f"the operator's NetworkPolicy admits {sorted(peer_ns) or 'no peer'}, "
-                              f"not KubeRay's namespace {kuberay_ns}: KubeRay could not reach the Ray dashboard",
-                              "set the chart's networkPolicy.kuberay.namespace (and podLabels) to KubeRay's",
-                              DOC_NETWORK))
-    elif not peers:
-        results.append(Result("operator-policy", FAIL if enforced else WARN, "the operator's NetworkPolicy admits no "
-                              "peer: neither KubeRay nor the operator can reach the Ray dashboards",
-                              "set the chart's networkPolicy.kuberay and networkPolicy.operator values", DOC_NETWORK))
-    else:
-        results.append(Result("operator-policy", OK, f"the operator's NetworkPolicy admits {', '.join(peers)}"))
-    return results
+    admits = any(p.cidr is not None or p.namespace in (network.ANY_NAMESPACE, kuberay_ns) for p in peers)
+    fix = ("list KubeRay's pods (chart: networkPolicy.kuberay.namespace, podLabels, or kuberay.cidrs for a hosted "
+           "KubeRay), or use networkPolicy.mode=open")
+    if kuberay_ns is None:
+        return Result("operator-policy", WARN if peers else (FAIL if enforced else WARN),
+                      f"strict NetworkPolicy mode admits {shown} to the Ray dashboard; no KubeRay Deployment found to "
+                      "tell whether that admits KubeRay (GKE's add-on runs it where it is not documented)",
+                      fix, DOC_NETWORK)
+    if not admits:
+        return Result("operator-policy", FAIL if enforced else WARN,
+                      f"strict NetworkPolicy mode admits {shown}, not KubeRay's namespace {kuberay_ns}: "
+                      "KubeRay could not reach the Ray dashboard", fix, DOC_NETWORK)
+    return Result("operator-policy", OK, f"strict NetworkPolicy mode admits {shown} (KubeRay runs in {kuberay_ns})")
 
 
 # ---------------------------------------------------------------- Kueue

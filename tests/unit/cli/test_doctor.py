@@ -79,8 +79,7 @@ def healthy_facts() -> dict:
         "crds": crds,
         "operator_deployments": [{"metadata": {"namespace": "tputorch-system", "name": "tputorch-operator"},
                                   "spec": {"replicas": 2, "template": {"spec": {"containers": [{
-                                      "image": "op:1", "args": ["run", "--network-policy-peer",
-                                                                "kuberay-system:app.kubernetes.io/name=kuberay-operator"]}]}}},
+                                      "image": "op:1", "args": ["run", "--leader-elect"]}]}}},
                                   "status": {"readyReplicas": 2}}],
         "kuberay_deployments": [{"metadata": {"namespace": "kuberay-system", "name": "kuberay-operator"},
                                  "spec": {"template": {"spec": {"containers": [{"image": "kuberay/operator:v1.6.2"}]}}}}],
@@ -314,17 +313,28 @@ def test_for_counts_the_namespace_quota_and_the_local_queue():
 
 # ---------------------------------------------------------------- network, Kueue, GCS FUSE, rights
 
-def test_network_policy_heuristic_and_the_operators_peers():
+def set_args(facts, *args):
+    facts["operator_deployments"][0]["spec"]["template"]["spec"]["containers"][0]["args"] = ["run", *args]
+
+
+def test_network_policy_heuristic_and_the_operators_mode():
     facts = healthy_facts()
     facts["kube_system_pods"] = [{"metadata": {"name": "kube-proxy-1"}}]
     got = statuses(doctor.run_checks(facts, NOW))
-    assert got["network-policy"] == WARN and got["operator-policy"] == OK
-    facts = healthy_facts()
-    facts["operator_deployments"][0]["spec"]["template"]["spec"]["containers"][0]["args"] = [
-        "run", "--network-policy-peer", "tputorch-system"]
+    assert got["network-policy"] == WARN and got["operator-policy"] == OK  # open mode, the default
+    facts = healthy_facts()  # Dataplane V2 seen
+    set_args(facts, "--network-policy-mode", "strict", "--network-policy-peer", "tputorch-system")
     result = {r.check: r for r in doctor.run_checks(facts, NOW)}["operator-policy"]
     assert result.status == FAIL and "KubeRay could not reach the Ray dashboard" in result.message
-    facts["operator_deployments"][0]["spec"]["template"]["spec"]["containers"][0]["args"] = ["run", "--no-network-policy"]
+    assert "networkPolicy.kuberay.namespace" in result.fix
+    set_args(facts, "--network-policy-mode=strict", "--network-policy-peer", "kuberay-system:app=kuberay")
+    assert statuses(doctor.run_checks(facts, NOW))["operator-policy"] == OK
+    set_args(facts, "--network-policy-mode", "strict", "--network-policy-peer", "10.0.0.0/8")
+    assert statuses(doctor.run_checks(facts, NOW))["operator-policy"] == OK
+    set_args(facts, "--no-network-policy")
+    assert statuses(doctor.run_checks(facts, NOW))["operator-policy"] == WARN
+    facts["kuberay_deployments"] = []  # a hosted KubeRay: where it calls from is unknown
+    set_args(facts, "--network-policy-mode", "strict", "--network-policy-peer", "tputorch-system")
     assert statuses(doctor.run_checks(facts, NOW))["operator-policy"] == WARN
 
 

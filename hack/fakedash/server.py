@@ -18,6 +18,7 @@ from . import auth, cpu_serving, jobs_api, logs_api, serve_api
 from .forwarder import Reaper, forward, with_driver_env
 from .kube import Kube, head_env
 from .kubelet import Kubelet
+from .network import Network, caller_of
 from .state import State, owner_name, parse_host
 
 SERVE_PORT = 8000  # Serve's HTTP port in KubeRay's pods and services
@@ -25,8 +26,9 @@ from .prober import Prober
 from .submitters import Runner, Signaller
 
 
-def make_handler(state: State, log, kube: Kube | None):
+def make_handler(state: State, log, kube: Kube | None, network: Network | None = None):
     tokens = auth.Tokens(kube)
+    network = network or Network(kube, log)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -69,11 +71,15 @@ def make_handler(state: State, log, kube: Kube | None):
                 return self.control(method, path, urllib.parse.parse_qs(query))
             parts = [p for p in path.split("/") if p]
             if not proxied and parts[:1] == ["_ray"] and len(parts) >= 3:
+                # the submitter runner: a pod of the job's own (its policy admits it on every port)
                 ns, cluster, path = parts[1], parts[2], "/" + "/".join(parts[3:]) + ("/" if path.endswith("/") else "")
             elif path == "/-/healthz":
                 return self.serve_proxy_health(host)
             else:
                 ns, cluster = parse_host(host)
+                port = int(host.rsplit(":", 1)[1]) if host.rsplit(":", 1)[-1].isdigit() else 80
+                if proxied and not network.admits(caller_of(self.headers), lambda: network.head_pod(ns, cluster), port):
+                    return self.drop(method, host, path, ns, cluster)
                 if proxied and host.endswith(f":{SERVE_PORT}"):
                     return self.to_serve(method, host, ns, cluster, path, query)
             try:
@@ -100,10 +106,26 @@ def make_handler(state: State, log, kube: Kube | None):
                 return self.reply(code, obj["_text"].encode(), (obj.get("_headers") or {}).get("Content-Type", "text/plain"))
             self.reply(code, obj)
 
-        def record(self, method, host, path, ns, cluster, body, code, rayjob, backend=None, query="") -> None:
+        def drop(self, method, host, path, ns, cluster) -> None:
+            """A connection the NetworkPolicies deny: no answer at all, until the caller gives up
+            (Dataplane V2 drops the packets; nothing refuses the connection)."""
+            with state.lock:
+                self.record(method, host, path, ns, cluster, None, None, None, query="", dropped=True)
+            self.close_connection = True
+            end = time.monotonic() + 600
+            try:
+                while time.monotonic() < end:
+                    readable, _, _ = select.select([self.connection], [], [], 1.0)
+                    if readable and not self.connection.recv(65536):
+                        return  # the caller timed out and closed
+            except OSError:
+                return
+
+        def record(self, method, host, path, ns, cluster, body, code, rayjob, backend=None, query="",
+                   dropped=False) -> None:
             state.requests.append({"time": time.time(), "method": method, "host": host, "path": path, "query": query,
                                    "namespace": ns, "cluster": cluster, "body": body, "rayjob": rayjob,
-                                   "status_code": code, "backend": backend})
+                                   "status_code": code, "backend": backend, **({"dropped": True} if dropped else {})})
             del state.requests[:-5000]
 
         # -- a real Ray dashboard behind -------------------------------------------------------
@@ -191,13 +213,15 @@ def make_handler(state: State, log, kube: Kube | None):
         # -- the Serve proxy's health check ----------------------------------------------------
         def serve_proxy_health(self, host: str) -> None:
             ip = host.rsplit(":", 1)[0]
-            where = None
+            where, pod = None, None
             if kube is not None:
                 sel = urllib.parse.quote(f"status.podIP={ip}")
-                for pod in kube.call("GET", f"/api/v1/pods?fieldSelector={sel}")["items"]:
-                    cluster = (pod["metadata"].get("labels") or {}).get("ray.io/cluster")
+                for found in kube.call("GET", f"/api/v1/pods?fieldSelector={sel}")["items"]:
+                    cluster = (found["metadata"].get("labels") or {}).get("ray.io/cluster")
                     if cluster:
-                        where = (pod["metadata"]["namespace"], cluster)
+                        where, pod = (found["metadata"]["namespace"], cluster), found
+            if where is not None and not network.admits(caller_of(self.headers), pod, SERVE_PORT):
+                return self.drop("GET", host, "/-/healthz", where[0], where[1])
             with state.lock:
                 serve = state.serve_backend(*where) if where else None
             if serve is not None:  # a real head: its Serve proxy answers
@@ -233,6 +257,8 @@ def make_handler(state: State, log, kube: Kube | None):
         def control(self, method: str, path: str, query: dict) -> None:
             parts = [p for p in path.split("/") if p][1:]
             body = self.as_json(self.raw_body()) if method in ("POST", "PUT") else None
+            if parts == ["network"]:
+                return self.reply(*network.control(method, body or {}))
             if parts[:1] == ["submitters"] and len(parts) == 4 and parts[3] == "log" and method == "GET":
                 with state.lock:
                     run = state.runs.get((parts[1], parts[2]))

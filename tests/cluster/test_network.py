@@ -1,0 +1,92 @@
+"""The pod network as GKE Dataplane V2 enforces it (issue 41): the stand-in dashboard asks cyclonus,
+a real NetworkPolicy engine, whether the NetworkPolicies in force admit each connection it carries
+to a Ray pod, and drops the denied ones (hack/fakedash/network.py). KubeRay is "hosted": it calls
+from an address outside the pod network, as GKE's Ray Operator add-on may. What KubeRay then does is
+the real binary's.
+
+- the chart's defaults (open mode): a job reaches Succeeded through KubeRay's own status path;
+- strict mode with no KubeRay peer: KubeRay's GetJobInfo calls are dropped, the run succeeds and
+  its submitter ends, and KubeRay 1.6 marks the RayJob Failed 30 s later (grace period exceeded);
+  the TPUTorchJob's condition names its NetworkPolicy and the values that admit KubeRay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
+
+GROUP, VERSION = "tputorch.io", "v1alpha1"
+
+
+def job(name: str) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchJob", "metadata": {"name": name},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/ray-torch-tpu:2.60.0",
+                     "entrypoint": "python train.py", "head": {"cpu": "1", "memory": "2Gi"},
+                     "worker": {"cpu": "4", "memory": "16Gi"}}}
+
+
+def status_of(kube, ns, name) -> dict:
+    return kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "tputorchjobs", name).get("status") or {}
+
+
+def wait_phase(kube, ns, name, phase, timeout):
+    return kube.wait(lambda: (lambda s: s if s.get("phase") == phase else None)(status_of(kube, ns, name)),
+                     timeout, f"{ns}/{name} {phase}")
+
+
+def condition(st, ctype) -> dict:
+    return next((c for c in st.get("conditions") or [] if c["type"] == ctype), {})
+
+
+@pytest.fixture
+def enforced(dashboard):
+    """Policies enforced, KubeRay hosted (the stand-in dashboard's defaults, said here)."""
+    net = dashboard._call("PUT", "/network", {"enforce": True, "reset": True})
+    if not net["enforce"]:
+        pytest.fail(f"NetworkPolicies are not enforced by the stand-in dashboard: {net}")
+    assert "hosted" in net["identities"]["kuberay"]
+    return net
+
+
+def run_operator(kube, kube_env, namespace, tmp_path, *args):
+    return OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [namespace], extra_args=list(args),
+                           dashboard_url=kube_env["dashboard_url"]).start()
+
+
+def test_with_the_default_policy_a_job_succeeds_through_kuberays_status_path(
+        kube, kube_env, tputorch_crd, namespace, dashboard, enforced, tmp_path):
+    op = run_operator(kube, kube_env, namespace, tmp_path)  # open mode: the chart's default
+    try:
+        kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job("open")))
+        wait_phase(kube, namespace, "open", "Running", 120)
+        assert condition(status_of(kube, namespace, "open"), "NetworkPolicyReady")["status"] == "True"
+        dashboard.set_job_status(namespace, "open", "SUCCEEDED")
+        st = wait_phase(kube, namespace, "open", "Succeeded", 120)
+        assert st["jobStatus"] == "SUCCEEDED"
+        reads = [r for r in dashboard.requests(namespace=namespace) if r["path"].startswith("/api/jobs/")]
+        assert reads and all(r.get("status_code") == 200 and not r.get("dropped") for r in reads), reads[-3:]
+        assert dashboard._call("GET", "/network")["verdicts_cached"] >= 1  # cyclonus decided
+    finally:
+        op.stop()
+
+
+def test_strict_mode_without_a_kuberay_peer_fails_the_job_as_kuberay_does_and_says_why(
+        kube, kube_env, tputorch_crd, namespace, dashboard, enforced, tmp_path):
+    op = run_operator(kube, kube_env, namespace, tmp_path, "--network-policy-mode", "strict")
+    try:
+        kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job("strict")))
+        wait_phase(kube, namespace, "strict", "Running", 120)  # Initializing -> Running needs no dashboard call
+        dashboard.set_job_status(namespace, "strict", "SUCCEEDED")  # the run succeeds; its submitter ends
+        st = wait_phase(kube, namespace, "strict", "Failed", 150)  # KubeRay: 30 s after the submitter ended
+        rayjob = kube.custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", "strict")
+        assert rayjob["status"]["reason"] == "JobDeploymentStatusTransitionGracePeriodExceeded"
+        failed = condition(st, "Failed")
+        assert failed["reason"] == "DashboardUnreachable"
+        assert f"NetworkPolicy {namespace}/strict-rayjob" in failed["message"]
+        assert "networkPolicy.kuberay" in failed["message"]
+        dropped = [r for r in dashboard.requests(namespace=namespace) if r.get("dropped")]
+        assert dropped and all(r["path"].startswith("/api/") for r in dropped)
+    finally:
+        op.stop()

@@ -219,7 +219,8 @@ def test_deployment_shape():
                          "--network-policy-mode", "open",
                          "--network-policy-peer", f"{NS}:app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=tputorch-operator",
                          "--max-pods-per-job", str(MAX_PODS_DEFAULT),
-                         "--ray-token-key-file", "/etc/tputorch/ray-token-key/key", "--log-format", "json"]
+                         "--ray-token-key-file", "/etc/tputorch/ray-token-key/key",
+                         "--ray-token-previous-key-file", "/etc/tputorch/ray-token-key/previousKey", "--log-format", "json"]
     limited = one(render("maxPodsPerJob=64"), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert limited[limited.index("--max-pods-per-job") + 1] == "64"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -353,6 +354,16 @@ def test_the_ray_token_key_is_random_kept_on_uninstall_and_long_enough():
 
 
 @needs_helm
+def test_an_existing_ray_token_key_secret_renders_the_same_manifests_every_time():
+    # GitOps renders with `helm template`, where lookup finds nothing: a chart-made key changed per sync
+    first, second = (render("rayTokenKey.existingSecret=tputorch-key") for _ in range(2))
+    assert first == second
+    assert not by_kind(first, "Secret")
+    (key,) = [v for v in one(first, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "ray-token-key"]
+    assert key["secret"] == {"secretName": "tputorch-key", "defaultMode": 0o400}
+
+
+@needs_helm
 def test_rbac_create_false_renders_no_rbac():
     docs = render("rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=existing")
     assert sorted(d["kind"] for d in docs) == ["Deployment", "PodDisruptionBudget", "Secret"]
@@ -479,6 +490,7 @@ BAD_VALUES = {
     "pull-policy": ["--set", "image.pullPolicy=Sometimes"],
     "no-pods": ["--set", "maxPodsPerJob=0"],
     "pods-as-string": ["--set-string", "maxPodsPerJob=many"],
+    "key-secret-name": ["--set", "rayTokenKey.existingSecret=Not_A_Name"],
 }
 
 

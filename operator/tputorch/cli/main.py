@@ -200,6 +200,7 @@ def cmd_run(args) -> int:
         cfg.status_interval = args.status_interval
     cfg.progress_interval = args.progress_interval
     cfg.ray_token_key_file = args.ray_token_key_file
+    cfg.ray_token_previous_key_file = args.ray_token_previous_key_file
     cfg.max_pods_per_job = args.max_pods_per_job
     cfg.network_policy = render.NetworkPolicyConfig(
         args.network_policy_mode, tuple(args.network_policy_peer or ()),
@@ -256,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the key (at least 32 bytes) every Ray cluster's auth token is derived from; every replica "
                           "needs the same one (the chart mounts it); default $TPUTORCH_RAY_TOKEN_KEY_FILE, else a "
                           "key of this process only")
+    run.add_argument("--ray-token-previous-key-file", metavar="PATH",
+                     default=os.environ.get("TPUTORCH_RAY_TOKEN_PREVIOUS_KEY_FILE"),
+                     help="the key before the last rotation: its tokens are tried where a Ray cluster refuses the "
+                          "current key's (clusters made before the rotation); new tokens come from the current "
+                          "key; a path with no file is no previous key")
     run.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,
                      help="give every Ray cluster a NetworkPolicy: its own pods reach every port, the dashboard "
                           "per --network-policy-mode, the peers below theirs (default on)")

@@ -35,8 +35,20 @@ MAX_JOB_INFO = 256 * 1024  # bytes of a job's info (its entrypoint and runtime e
 _NODE_ID = re.compile(r"^[0-9a-f]{8,128}$")
 
 
+# Ray 2.60 with token auth: 401 without a token, 403 with a wrong one (hack/fakedash/recorded/auth.json).
+TOKEN_REFUSED = (401, 403)
+
+
 class DashboardError(Exception):
     """The dashboard did not answer with the log (its status and the start of its answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status, where the dashboard answered with one
+
+    @property
+    def token_refused(self) -> bool:
+        return self.status in TOKEN_REFUSED
 
 
 def head_url(namespace: str, cluster: str) -> str:
@@ -46,8 +58,9 @@ def head_url(namespace: str, cluster: str) -> str:
 async def _refused(what: str, resp: aiohttp.ClientResponse) -> DashboardError:
     if 300 <= resp.status < 400:  # never followed: the token would go wherever a tenant's head points
         return DashboardError(f"{what}: HTTP {resp.status}: a redirect to {resp.headers.get('Location', '')[:200]!r}, "
-                              f"not followed")
-    return DashboardError(f"{what}: HTTP {resp.status}: {(await resp.content.read(300)).decode(errors='replace')}")
+                              f"not followed", resp.status)
+    return DashboardError(f"{what}: HTTP {resp.status}: {(await resp.content.read(300)).decode(errors='replace')}",
+                          resp.status)
 
 
 class Dashboard:

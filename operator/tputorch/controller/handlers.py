@@ -49,6 +49,7 @@ class Config:
     # A NetworkPolicy per Ray cluster (its own pods, the dashboard, the peers); None: none.
     network_policy: kinds_.render.NetworkPolicyConfig | None = kinds_.render.NetworkPolicyConfig()
     ray_token_key_file: str | None = None  # the key Ray tokens are derived from (controller/raytoken.py)
+    ray_token_previous_key_file: str | None = None  # the key before a rotation, still tried on a refusal
     leader_election: bool = False
     lease_name: str = "tputorch-operator"
     lease_namespace: str | None = None  # default: the pod's namespace
@@ -149,7 +150,7 @@ def start_controller(loop: asyncio.AbstractEventLoop) -> None:
     controller = build(
         kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
         CONFIG.status_interval, kinds_.extras(CONFIG.network_policy), Dashboard(), CONFIG.progress_interval,
-        RayTokens.from_file(CONFIG.ray_token_key_file), CONFIG.max_pods_per_job)
+        RayTokens.from_file(CONFIG.ray_token_key_file, CONFIG.ray_token_previous_key_file), CONFIG.max_pods_per_job)
     RUNTIME.required, RUNTIME.optional = required_stores(controller), optional_stores(controller)
     RUNTIME.informers = [*RUNTIME.required, *RUNTIME.optional]
     RUNTIME.controller = controller  # from here on, a startup run again builds nothing

@@ -26,6 +26,7 @@ from kubernetes.client.rest import ApiException
 
 from .. import render, status as statuses
 from ..status import kueue, progress as training
+from .dashboard import DashboardError
 from .raytoken import RayTokens
 from .events import EventRecorder
 from .informer import Informer, key_of
@@ -485,11 +486,22 @@ class Controller:
         self.queue.add_after(key, delay)  # level-based: the next read needs no event
         return current
 
+    async def _driver_log(self, namespace: str, cluster: str, submission_id: str, secret_name: str | None) -> str:
+        """The driver's log tail, with the cluster's token: the current key's, then, where the cluster
+        refuses it (made before a key rotation), the previous key's. Each request is bounded by the
+        dashboard's own timeout (the wait for a slot is not)."""
+        *first, last = self.ray_tokens.candidates(namespace, secret_name) if secret_name else [None]
+        for token in first:
+            try:
+                return await self.dashboard.driver_log(namespace, cluster, submission_id, token)
+            except DashboardError as err:
+                if not err.token_refused:
+                    raise
+        return await self.dashboard.driver_log(namespace, cluster, submission_id, last)
+
     async def _read_progress(self, key: Key, uid: str, cluster: str, submission_id: str, secret_name: str | None) -> None:
         try:
-            token = self.ray_tokens.token(key[1], secret_name) if secret_name else None
-            # each request is bounded by the dashboard's own timeout (the wait for a slot is not)
-            log_tail = await self.dashboard.driver_log(key[1], cluster, submission_id, token)
+            log_tail = await self._driver_log(key[1], cluster, submission_id, secret_name)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # unreachable, refused, 5xx, a timeout: the next interval tries again

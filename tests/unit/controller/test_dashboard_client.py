@@ -80,8 +80,9 @@ def test_the_tail_is_asked_of_the_head_services_dashboard_for_the_drivers_node_a
 
 
 def test_an_unknown_job_or_one_without_a_driver_yet_is_an_error_naming_it(proxy):
-    with pytest.raises(DashboardError, match="job info: HTTP 404: Job nobody does not exist"):
+    with pytest.raises(DashboardError, match="job info: HTTP 404: Job nobody does not exist") as info:
         read(Dashboard(), "nobody")
+    assert info.value.status == 404 and not info.value.token_refused  # only 401/403 try another token
     proxy.answers["demo-p3n4d"] = (None, b"")
     with pytest.raises(DashboardError, match="no driver node yet"):
         read(Dashboard(), "demo-p3n4d")

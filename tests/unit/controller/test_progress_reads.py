@@ -177,3 +177,66 @@ def test_a_deeply_nested_report_line_is_no_report_and_the_reads_go_on(life, capl
     job.dashboard.report(5, 1.0)
     job.at(31.6)
     assert [p["step"] for p in job.progress()] == [5]
+
+
+# --- a key rotation: the previous key's tokens are still tried ------------------------------------
+
+class Head:
+    """A Ray head with token auth that holds ``token``: 401 without one, 403 with another (Ray 2.60,
+    hack/fakedash/recorded/auth.json), and ``status`` instead where set (a head that fails otherwise)."""
+
+    def __init__(self, token: str, status: int | None = None) -> None:
+        self.token, self.status, self.tried = token, status, []
+
+    async def driver_log(self, namespace, cluster, submission_id, token=None):
+        from tputorch.controller.dashboard import DashboardError
+        self.tried.append(token)
+        if self.status:
+            raise DashboardError(f"job info: HTTP {self.status}: Internal Server Error", self.status)
+        if token != self.token:
+            status = 401 if token is None else 403
+            raise DashboardError(f"job info: HTTP {status}: Unauthorized", status)
+        return "the log"
+
+
+SECRET = "demo-ray-token-abc123"
+
+
+def read(tokens, head: Head) -> str:
+    return asyncio.run(controller(dashboard=head, ray_tokens=tokens)._driver_log("ml", CLUSTER, "demo-abc", SECRET))
+
+
+def test_clusters_made_before_a_rotation_are_read_with_the_previous_key_new_ones_with_the_current():
+    from tputorch.controller.dashboard import DashboardError
+    from tputorch.controller.raytoken import RayTokens
+    old, new = b"o" * 32, b"n" * 32
+    rotated = RayTokens(new, previous=old)
+    assert rotated.token("ml", SECRET) == RayTokens(new).token("ml", SECRET)  # new tokens: the current key's
+    made_before = Head(RayTokens(old).token("ml", SECRET))
+    assert read(rotated, made_before) == "the log"
+    assert made_before.tried == rotated.candidates("ml", SECRET)  # the current key's first, then the previous
+    made_after = Head(rotated.token("ml", SECRET))
+    assert read(rotated, made_after) == "the log" and len(made_after.tried) == 1
+    # a head that fails otherwise is not asked again with another token
+    failing = Head(RayTokens(old).token("ml", SECRET), status=500)
+    with pytest.raises(DashboardError, match="HTTP 500"):
+        read(rotated, failing)
+    assert len(failing.tried) == 1
+    # the previous key removed: what was made under the new key still reads; an old cluster is refused
+    assert read(RayTokens(new), Head(rotated.token("ml", SECRET))) == "the log"
+    with pytest.raises(DashboardError, match="HTTP 403"):
+        read(RayTokens(new), Head(RayTokens(old).token("ml", SECRET)))
+
+
+def test_the_previous_key_file_is_optional_and_checked_like_the_key(tmp_path):
+    from tputorch.controller.raytoken import RayTokens
+    key, previous = tmp_path / "key", tmp_path / "previousKey"
+    key.write_bytes(b"n" * 32 + b"\n")
+    alone = RayTokens.from_file(str(key), str(previous))  # no such file: no previous key (a Secret without it)
+    assert alone.candidates("ml", SECRET) == [RayTokens(b"n" * 32).token("ml", SECRET)]
+    previous.write_bytes(b"o" * 32)
+    both = RayTokens.from_file(str(key), str(previous))
+    assert both.candidates("ml", SECRET) == [RayTokens(b"n" * 32).token("ml", SECRET), RayTokens(b"o" * 32).token("ml", SECRET)]
+    previous.write_bytes(b"short")
+    with pytest.raises(ValueError, match="the previous Ray token key must hold at least 32 bytes, it holds 5"):
+        RayTokens.from_file(str(key), str(previous))

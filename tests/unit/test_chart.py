@@ -93,6 +93,13 @@ CRD_DISCOVERY = [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customre
 NAMESPACE_DISCOVERY = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
 
 
+# What would let a thief of the operator's token change the cluster (docs/install-gke.md's table).
+WRITE_GRANTS = [("", "secrets", "create"), ("networking.k8s.io", "networkpolicies", "create"),
+                ("networking.k8s.io", "networkpolicies", "patch"), ("kueue.x-k8s.io", "workloads", "patch"),
+                ("ray.io", "rayjobs", "create"), ("ray.io", "rayservices", "patch"), ("ray.io", "rayjobs", "delete"),
+                ("tputorch.io", "tputorchjobs/status", "patch")]
+
+
 def allowed(rules: list[dict], group: str, resource: str, verb: str) -> bool:
     return any((group in r["apiGroups"] or "*" in r["apiGroups"])
                and (resource in r["resources"] or "*" in r["resources"])
@@ -341,6 +348,14 @@ def test_namespaced_mode():
     assert cluster_role["metadata"]["name"] == f"{FULLNAME}-discovery"
     assert cluster_role["rules"] == [*CRD_DISCOVERY, NAMESPACE_DISCOVERY]
     assert_least_privilege(cluster_role["rules"])
+    # every write grant is in the listed namespaces' Roles alone, none cluster-wide
+    for group, resource, verb in WRITE_GRANTS:
+        assert all(allowed(role["rules"], group, resource, verb) for role in roles), (group, resource, verb)
+        assert not any(allowed(r["rules"], group, resource, verb) for r in by_kind(docs, "ClusterRole")), (group, resource, verb)
+    assert {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")} == {f"{FULLNAME}-discovery"}
+    # no Role beyond the listed namespaces and the release namespace's leader election
+    assert {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in by_kind(docs, "Role")} == {
+        ("team-a", FULLNAME), ("team-b", FULLNAME), (NS, f"{FULLNAME}-leader-election")}
     assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == f"{FULLNAME}-discovery"
 
 

@@ -5,6 +5,9 @@ from an address outside the pod network, as GKE's Ray Operator add-on may. What 
 the real binary's.
 
 - the chart's defaults (open mode): a job reaches Succeeded through KubeRay's own status path;
+- from another namespace a pod is denied GCS, the client port and a raylet port of the job's
+  cluster; a call to 8265 without the token is refused by Ray auth; a service's Serve port follows
+  its spec.exposure (cyclonus's verdicts on the policies the operator writes);
 - strict mode with no KubeRay peer: KubeRay's GetJobInfo calls are dropped, the run succeeds and
   its submitter ends, and KubeRay 1.6 marks the RayJob Failed 30 s later (grace period exceeded);
   the TPUTorchJob's condition names its NetworkPolicy and the values that admit KubeRay.
@@ -12,10 +15,21 @@ the real binary's.
 
 from __future__ import annotations
 
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
 import pytest
 import yaml
 
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
+
+from tputorch import render
+from tputorch.api import spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+from fakedash import network  # noqa: E402
 
 GROUP, VERSION = "tputorch.io", "v1alpha1"
 
@@ -38,6 +52,40 @@ def wait_phase(kube, ns, name, phase, timeout):
 
 def condition(st, ctype) -> dict:
     return next((c for c in st.get("conditions") or [] if c["type"] == ctype), {})
+
+
+def verdicts(policies, flows) -> list[bool]:
+    """cyclonus's verdict per (source pod, destination pod, port) under ``policies``."""
+    def end(pod):
+        ns = pod["metadata"]["namespace"]
+        return {"Internal": {"PodLabels": pod["metadata"]["labels"], "Namespace": ns,
+                             "NamespaceLabels": {"kubernetes.io/metadata.name": ns}}, "IP": "10.8.0.9"}
+    clean = [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+              "metadata": {"name": p["metadata"]["name"], "namespace": p["metadata"]["namespace"]}, "spec": p["spec"]}
+             for p in policies]
+    return network.query(network.cyclonus_binary(), clean,
+                         [{"Source": end(a), "Destination": end(b), "Protocol": "TCP", "ResolvedPort": n} for a, b, n in flows])
+
+
+@pytest.mark.parametrize("exposure,admitted", [
+    ({}, {"same", "web-front", "web-other", "elsewhere"}),
+    ({"clients": "InNamespace"}, {"same"}),
+    ({"clients": "Listed", "from": [{"namespace": "web", "podLabels": {"app": "front"}}]}, {"web-front"}),
+])
+def test_a_services_serve_port_follows_its_exposure(exposure, admitted):
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": "chat", "namespace": "ml"},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/vllm:1",
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, **({"exposure": exposure} if exposure else {})}}
+    policy = render.network_policy(spec.parse_service(body), render.NetworkPolicyConfig())
+    head = {"metadata": {"namespace": "ml", "labels": {render.SERVICE_LABEL: "chat"}}}
+    clients = {"same": ("ml", {"app": "x"}), "web-front": ("web", {"app": "front"}), "web-other": ("web", {"app": "y"}),
+               "elsewhere": ("other", {})}
+    got = verdicts([policy], [({"metadata": {"namespace": ns, "labels": labels}}, head, 8000)
+                              for ns, labels in clients.values()])
+    assert {name for name, ok in zip(clients, got) if ok} == admitted
+    # GCS stays closed to every one of them, whatever the exposure
+    assert not any(verdicts([policy], [({"metadata": {"namespace": ns, "labels": labels}}, head, 6379)
+                                       for ns, labels in clients.values()]))
 
 
 @pytest.fixture
@@ -68,6 +116,18 @@ def test_with_the_default_policy_a_job_succeeds_through_kuberays_status_path(
         reads = [r for r in dashboard.requests(namespace=namespace) if r["path"].startswith("/api/jobs/")]
         assert reads and all(r.get("status_code") == 200 and not r.get("dropped") for r in reads), reads[-3:]
         assert dashboard._call("GET", "/network")["verdicts_cached"] >= 1  # cyclonus decided
+        # From another namespace: Ray's ports are closed, the dashboard open but Ray auth refuses a call
+        # without the cluster's token (the stand-in answers as a Ray 2.60 head, recorded).
+        policy = kube.custom.get_namespaced_custom_object("networking.k8s.io", "v1", namespace, "networkpolicies",
+                                                          "open-rayjob")
+        head = {"metadata": {"namespace": namespace, "labels": {render.JOB_LABEL: "open", "ray.io/node-type": "head"}}}
+        other = {"metadata": {"namespace": "elsewhere", "labels": {"app": "notebook"}}}
+        ports = (6379, 10001, 43215, 8265)
+        assert verdicts([policy], [(other, head, port) for port in ports]) == [False, False, False, True]
+        proxy = urllib.request.build_opener(urllib.request.ProxyHandler({"http": kube_env["dashboard_url"]}))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            proxy.open(f"http://{st['rayClusterName']}-head-svc.{namespace}.svc.cluster.local:8265/api/jobs/", timeout=10)
+        assert refused.value.code in (401, 403)
     finally:
         op.stop()
 

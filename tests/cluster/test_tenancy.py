@@ -1,9 +1,10 @@
 """One operator, many teams (issue 21), on the local cluster:
 
-- every Ray cluster gets its NetworkPolicy; nothing enforces it here (no CNI), so its selectors are
-  evaluated against the cluster's real pods: the cluster's own pods, KubeRay's and the operator's
-  admitted (the latter two on the dashboard port only), pods of another namespace (even labelled
-  like the job's) and unlabelled pods of the same namespace not;
+- every Ray cluster gets its NetworkPolicy; cyclonus (a real NetworkPolicy engine) decides, for
+  the cluster's real pods, what it admits in strict mode: the cluster's own pods on every port,
+  KubeRay's and the operator's on the dashboard port only, the metric scraper on 8080 only, pods
+  of another namespace (even labelled like the job's) and unlabelled pods of the same namespace on
+  none of GCS, client, dashboard, raylet or metrics ports;
 - a namespace enforcing the `restricted` Pod Security profile runs a job: the API server admits
   the head, the TPU host and KubeRay's submitter pod;
 - a 1,000-deep object is marked Failed alone, a 1 MiB env value and a service asking for 10^6
@@ -12,7 +13,9 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,6 +25,9 @@ from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F40
 
 from tputorch import render
 from tputorch.controller.informer import decode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+from fakedash import network  # noqa: E402  (cyclonus, the NetworkPolicy engine of the local chain)
 
 GROUP, VERSION = "tputorch.io", "v1alpha1"
 NS_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -40,43 +46,28 @@ def apply(kube, namespace: str, text: str, check: bool = True):
     return kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", "-", input=text, check=check)
 
 
-# --- NetworkPolicy semantics (networking.k8s.io/v1), enough for the policies the operator writes ----
+# --- NetworkPolicy verdicts: cyclonus, the engine the stand-in dashboard asks (hack/fakedash/network.py) --
 
-def _selects(selector: dict | None, labels: dict) -> bool:
-    if selector is None:
-        return True
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
-        return False
-    for e in selector.get("matchExpressions") or []:
-        have = e["key"] in labels
-        if e["operator"] == "In" and labels.get(e["key"]) not in e["values"]:
-            return False
-        if e["operator"] == "NotIn" and labels.get(e["key"]) in e["values"]:
-            return False
-        if (e["operator"], have) in (("Exists", False), ("DoesNotExist", True)):
-            return False
-    return True
+def _selects(selector: dict, labels: dict) -> bool:
+    """A matchLabels selector (the operator's policies use no other form) selects ``labels``."""
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
 
 
-def admits(policy: dict, policy_ns: str, pod: dict, pod_ns_labels: dict, port: int) -> bool:
-    """Whether ``policy`` lets ``pod`` (in a namespace labelled ``pod_ns_labels``) connect to ``port``
-    of a pod it selects."""
-    for rule in policy["spec"].get("ingress") or []:
-        ports = rule.get("ports")
-        if ports and not any(p.get("port") == port for p in ports):
-            continue
-        peers = rule.get("from")
-        if not peers:
-            return True
-        labels = pod["metadata"].get("labels") or {}
-        for peer in peers:
-            if "ipBlock" in peer:
-                continue
-            ns_ok = (_selects(peer["namespaceSelector"], pod_ns_labels) if "namespaceSelector" in peer
-                     else pod["metadata"]["namespace"] == policy_ns)
-            if ns_ok and _selects(peer.get("podSelector"), labels):
-                return True
-    return False
+def verdicts(policy: dict, flows: list[tuple[dict, dict, dict, int]]) -> list[bool]:
+    """Whether ``policy`` admits each (source pod, its namespace's labels, destination pod, port), as
+    cyclonus decides."""
+    binary = network.cyclonus_binary()
+    assert binary, "no cyclonus binary: hack/build.sh cyclonus"
+    dst_ns = policy["metadata"]["namespace"]
+
+    def end(pod, ns_labels):
+        return {"Internal": {"PodLabels": pod["metadata"].get("labels") or {}, "NamespaceLabels": ns_labels,
+                             "Namespace": pod["metadata"]["namespace"]}, "IP": "10.8.0.9"}
+    traffic = [{"Source": end(src, src_ns), "Destination": end(dst, {NS_NAME_LABEL: dst_ns}), "Protocol": "TCP",
+                "ResolvedPort": port} for src, src_ns, dst, port in flows]
+    clean = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+             "metadata": {"name": policy["metadata"]["name"], "namespace": dst_ns}, "spec": policy["spec"]}
+    return network.query(binary, [clean], traffic)
 
 
 def stand_in_pod(kube, namespace: str, name: str, labels: dict) -> dict:
@@ -91,7 +82,8 @@ def stand_in_pod(kube, namespace: str, name: str, labels: dict) -> dict:
 
 @pytest.fixture
 def peer_namespaces(kube):
-    names = {role: make_namespace(kube, f"{role}-{uuid.uuid4().hex[:5]}") for role in ("kuberay", "operator", "other")}
+    names = {role: make_namespace(kube, f"{role}-{uuid.uuid4().hex[:5]}")
+             for role in ("kuberay", "operator", "other", "scraper")}
     yield names
     for name in names.values():
         delete_namespace(kube, name, wait=False)
@@ -99,10 +91,11 @@ def peer_namespaces(kube):
 
 def test_each_ray_cluster_is_closed_to_other_tenants(kube, tputorch_crd, namespace, peer_namespaces, tmp_path):
     kuberay_ns, operator_ns, other_ns = peer_namespaces["kuberay"], peer_namespaces["operator"], peer_namespaces["other"]
+    scraper_ns = peer_namespaces["scraper"]
     peers = [f"{kuberay_ns}:" + ",".join(f"{k}={v}" for k, v in KUBERAY_LABELS.items()),
              f"{operator_ns}:" + ",".join(f"{k}={v}" for k, v in OPERATOR_LABELS.items())]
     op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [namespace],
-                         extra_args=["--network-policy-mode", "strict",
+                         extra_args=["--network-policy-mode", "strict", "--network-policy-metrics-peer", scraper_ns,
                                      *(a for p in peers for a in ("--network-policy-peer", p))]).start()
     try:
         apply(kube, namespace, yaml.safe_dump(job("closed", suspend=False)))
@@ -118,20 +111,26 @@ def test_each_ray_cluster_is_closed_to_other_tenants(kube, tputorch_crd, namespa
         operator_pod = stand_in_pod(kube, operator_ns, "tputorch-operator", OPERATOR_LABELS)
         intruder = stand_in_pod(kube, other_ns, "intruder", {render.JOB_LABEL: "closed", **KUBERAY_LABELS})
         neighbour = stand_in_pod(kube, namespace, "neighbour", {"app": "notebook"})
-        ns_labels = {n: kube.core.read_namespace(n).metadata.labels for n in (namespace, kuberay_ns, operator_ns, other_ns)}
+        scraper = stand_in_pod(kube, scraper_ns, "collector", {"app.kubernetes.io/name": "collector"})
+        ns_labels = {n: kube.core.read_namespace(n).metadata.labels
+                     for n in (namespace, kuberay_ns, operator_ns, other_ns, scraper_ns)}
 
         selector = policy["spec"]["podSelector"]
         assert all(_selects(selector, p["metadata"]["labels"]) for p in ray_pods)  # every Ray pod is covered
         assert not _selects(selector, neighbour["metadata"]["labels"])
 
-        def ok(pod, port):
-            return admits(policy, namespace, pod, ns_labels[pod["metadata"]["namespace"]], port)
-
-        for port in (6379, 8265, 10001):
-            assert all(ok(p, port) for p in ray_pods), port  # its own pods: every port
-            assert not ok(intruder, port) and not ok(neighbour, port), port
-        for peer in (kuberay, operator_pod):
-            assert ok(peer, 8265) and not ok(peer, 6379) and not ok(peer, 10001)
+        head = next(p for p in ray_pods if p["metadata"]["labels"].get("ray.io/node-type") == "head")
+        raylet = 43215  # a raylet / object-manager port (Ray picks them at random)
+        cases = [(p, 6379, True) for p in ray_pods] + [(p, 8265, True) for p in ray_pods] + \
+            [(p, 10001, True) for p in ray_pods] + [(p, raylet, True) for p in ray_pods]
+        cases += [(x, port, False) for x in (intruder, neighbour) for port in (6379, 8265, 10001, raylet, 8080)]
+        cases += [(peer, 8265, True) for peer in (kuberay, operator_pod)]
+        cases += [(peer, port, False) for peer in (kuberay, operator_pod) for port in (6379, 10001, raylet, 8080)]
+        cases += [(scraper, 8080, True), (scraper, 8265, False), (scraper, 6379, False)]
+        got = verdicts(policy, [(src, ns_labels[src["metadata"]["namespace"]], head, port) for src, port, _ in cases])
+        wrong = [(src["metadata"]["namespace"], src["metadata"]["name"], port, want)
+                 for (src, port, want), have in zip(cases, got) if have != want]
+        assert not wrong, wrong  # (source namespace, pod, port, expected verdict)
         assert "Traceback" not in op.log()
     finally:
         op.stop()

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -28,6 +29,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """(HTTP status, body) of a GET on loopback, an error status included."""
+    try:
+        with _no_proxy.open(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
 
 def kubectl(kubeconfig: str, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -9,14 +9,11 @@ stand-in for the one an uninstall leaves, and is deleted at the end.
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
-from operator_process import OperatorProcess, free_port, kubectl, tputorch_crd  # noqa: F401 (fixtures)
+from operator_process import OperatorProcess, free_port, http_get, kubectl, tputorch_crd  # noqa: F401 (fixtures)
 from test_operator_e2e import apply, get_rayjob, job_body
 
 GROUP = "kueue.x-k8s.io"
@@ -62,15 +59,6 @@ def workloads_fail(kube, namespace):
         kubectl(kube.kubeconfig, "delete", "crd", CRD, "--ignore-not-found", "--wait=true", check=False)
 
 
-def _get(url: str) -> tuple[int, str]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
 def test_a_workloads_list_that_fails_for_ever_holds_no_job_and_readiness_names_it(kube, namespace, tputorch_crd,
                                                                                   workloads_fail, tmp_path):
     ready_port = free_port()
@@ -80,7 +68,7 @@ def test_a_workloads_list_that_fails_for_ever_holds_no_job_and_readiness_names_i
         apply(kube, namespace, job_body("despite-kueue", topo="2x2"))
         # the optional store is waited for 30 s at most (handlers.OPTIONAL_SYNC_WAIT)
         kube.wait(lambda: get_rayjob(kube, namespace, "despite-kueue"), 90, "the RayJob, without Kueue's store")
-        code, text = _get(f"http://127.0.0.1:{ready_port}/readyz")
+        code, text = http_get(f"http://127.0.0.1:{ready_port}/readyz")
         assert code == 200, text
         assert "not listed (optional, running without): Kueue Workloads (HTTP " in text
         assert 'tputorch_informer_listed{resource="Kueue Workloads"} 0.0' in op.metrics()

@@ -10,7 +10,8 @@ the real binary's.
   its spec.exposure (cyclonus's verdicts on the policies the operator writes);
 - strict mode with no KubeRay peer: KubeRay's GetJobInfo calls are dropped, the run succeeds and
   its submitter ends, and KubeRay 1.6 marks the RayJob Failed 30 s later (grace period exceeded);
-  the TPUTorchJob's condition names its NetworkPolicy and the values that admit KubeRay.
+  the TPUTorchJob's condition names its NetworkPolicy and the values that admit KubeRay; a
+  service's slice comes up, KubeRay's Serve calls are dropped, and it says why while Deploying.
 """
 
 from __future__ import annotations
@@ -148,5 +149,26 @@ def test_strict_mode_without_a_kuberay_peer_fails_the_job_as_kuberay_does_and_sa
         assert "networkPolicy.kuberay" in failed["message"]
         dropped = [r for r in dashboard.requests(namespace=namespace) if r.get("dropped")]
         assert dropped and all(r["path"].startswith("/api/") for r in dropped)
+    finally:
+        op.stop()
+
+
+def test_strict_mode_without_a_kuberay_peer_a_service_says_why_while_deploying(
+        kube, kube_env, tputorch_crd, namespace, dashboard, enforced, tmp_path):
+    op = run_operator(kube, kube_env, namespace, tmp_path, "--network-policy-mode", "strict")
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": "chat"},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/ray-vllm-torchtpu:2.60.0",
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, "head": {"cpu": "1", "memory": "2Gi"},
+                     "worker": {"cpu": "4", "memory": "16Gi"}}}
+    try:
+        kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+        # KubeRay's PUT of the Serve config is dropped: the slice comes up, no application is reported
+        st = kube.wait(lambda: (lambda s: s if condition(s, "Ready").get("reason") == "DashboardUnreachable" else None)(
+            kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "tputorchservices", "chat").get("status") or {}),
+            120, "the service's Ready condition naming the network")
+        assert st["phase"] == "Deploying" and f"NetworkPolicy {namespace}/chat-ray" in st["message"]
+        serve_api = kube.wait(lambda: [r for r in dashboard.requests(namespace=namespace)
+                                       if r["path"].startswith("/api/serve/")], 60, "KubeRay's Serve API calls")
+        assert all(r.get("dropped") for r in serve_api), serve_api[-3:]  # every one dropped
     finally:
         op.stop()

@@ -18,7 +18,7 @@ import yaml
 
 import doccmds
 from namespaces import delete_namespace, make_namespace
-from operator_process import OperatorProcess, install_crd
+from operator_process import OperatorProcess, install_crd, kubectl
 
 from tputorch.cli import main as cli
 
@@ -206,6 +206,81 @@ def test_the_docs_doctor_commands_pass_on_the_healthy_cluster(kube, leader, doct
         assert code == 0, (text, failed(report))
         if "--for" in words:
             assert by_check(report)[f"for/{doctor_ns}/llama-v6e-4x4"]["status"] == "ok"
+
+
+# ---------------------------------------------------------------- --smoke
+
+SMOKE_KINDS = ("rayjobs.ray.io", "rayclusters.ray.io", "pods", "secrets", "networkpolicies", "jobs", "services")
+
+
+def objects(kubeconfig, ns) -> set[str]:
+    out = kubectl(kubeconfig, "get", ",".join(SMOKE_KINDS), "-n", ns, "-o", "name").stdout
+    return set(out.split())
+
+
+def controlling_terminal() -> None:
+    """In the child: a session of its own whose controlling terminal is the pty on stdin, as a shell
+    gives a command it runs in the foreground."""
+    import fcntl
+    import os
+    import termios
+
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@pytest.mark.realray
+def test_smoke_runs_a_real_ray_job_that_kuberay_sees_succeed(kube, leader, real_ray_namespace, capsys):
+    """The probe's submitter runs `ray job submit` against a real Ray head (the stand-in dashboard
+    forwards this namespace's calls to it), and KubeRay reads the job's end from it."""
+    ns = real_ray_namespace
+    before = objects(kube.kubeconfig, ns)
+    code, report = doctor(capsys, kube.kubeconfig, ns, "--smoke", "--smoke-timeout", "120")
+    smoke = by_check(report)["smoke"]
+    assert smoke["status"] == "ok", smoke
+    assert code == 0, failed(report)
+    kube.wait(lambda: objects(kube.kubeconfig, ns) == before, 30, "the namespace to hold what it held before")
+
+
+def test_smoke_interrupted_leaves_nothing_behind(kube, leader, namespace):
+    """Ctrl-C typed at a terminal (the pty's line discipline sends SIGINT) while KubeRay waits for the
+    job (the stand-in dashboard says RUNNING by default): exit 130 and the namespace as before."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    before = objects(kube.kubeconfig, namespace)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "tputorch", "doctor", "--kubeconfig", kube.kubeconfig, "-n", namespace,
+                             "--smoke", "--smoke-timeout", "120"], stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=controlling_terminal, env={**os.environ, "PYTHONPATH": str(REPO / "operator")})
+    os.close(slave)
+    output = b""
+    try:
+        end = time.monotonic() + 60
+        while b"waiting for KubeRay" not in output and time.monotonic() < end and proc.poll() is None:
+            if select.select([master], [], [], 0.5)[0]:
+                output += os.read(master, 4096)
+        assert b"waiting for KubeRay" in output, output.decode(errors="replace")
+        kube.wait(lambda: any(o.startswith("raycluster") for o in objects(kube.kubeconfig, namespace)), 30,
+                  "KubeRay to make the probe's RayCluster")
+        os.write(master, b"\x03")  # Ctrl-C
+        while proc.poll() is None and time.monotonic() < end + 60:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    output += os.read(master, 4096)
+                except OSError:
+                    break
+        assert proc.wait(30) == 130, output.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert b"interrupted: the smoke probe's objects are deleted" in output
+    kube.wait(lambda: objects(kube.kubeconfig, namespace) == before, 30, "the namespace to hold what it held before")
 
 
 def test_zz_operator_stopped(kube, leader, doctor_ns, capsys):

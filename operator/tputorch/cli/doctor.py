@@ -664,6 +664,16 @@ def _flag_values(args: list[str], flag: str) -> list[str]:
             + [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")])
 
 
+def policy_config(args: list[str]) -> "render.NetworkPolicyConfig | None":
+    """The NetworkPolicy the operator with these flags gives a Ray cluster (None: --no-network-policy),
+    for --smoke to give its probe the same; ValueError on a peer the operator would refuse too."""
+    if "--no-network-policy" in args:
+        return None
+    mode = (_flag_values(args, "--network-policy-mode") or ["open"])[-1]
+    return render.NetworkPolicyConfig(mode, tuple(network.parse_peer_text(p) for p in _flag_values(args, "--network-policy-peer")),
+                                      tuple(network.parse_peer_text(p) for p in _flag_values(args, "--network-policy-metrics-peer")))
+
+
 def check_policy_mode(args: list[str], kuberay_deployments: list[dict] | Unread, enforced: bool | None) -> Result:
     """What the operator's NetworkPolicy mode (its Deployment's flags) admits to the Ray dashboard,
     which KubeRay must reach (it polls jobs and deploys Serve applications through it)."""

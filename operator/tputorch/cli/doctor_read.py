@@ -18,6 +18,7 @@ from ..api import crd, topology
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
 OPERATOR_SELECTOR = "app.kubernetes.io/part-of=tputorch,app.kubernetes.io/component=operator"
 KUBERAY_SELECTOR = "app.kubernetes.io/name=kuberay-operator"
+MAX_CONNECTIONS = 10  # the Kubernetes client's connection pool: more threads would each open their own
 
 
 class Reader:
@@ -123,9 +124,11 @@ def _local_queues(r: Reader, lq_crd, namespaces: list[str], timeout: float) -> d
 
 
 def _run(reads: dict[str, Callable[[], object]], timeout: float) -> dict:
-    """Every read at once; one not done by the deadline (timeout plus a second's grace) is an Unread."""
-    pool = ThreadPoolExecutor(max_workers=len(reads) or 1)
-    deadline = time.monotonic() + timeout + 1.0
+    """The reads side by side; one not done by the deadline (its own timeout after the reads queued
+    before it, plus a second's grace) is an Unread."""
+    workers = min(len(reads), MAX_CONNECTIONS) or 1
+    pool = ThreadPoolExecutor(max_workers=workers)
+    deadline = time.monotonic() + timeout * -(-len(reads) // workers) + 1.0  # each read its own timeout
     try:
         futures = {key: pool.submit(fn) for key, fn in reads.items()}
         out = {}

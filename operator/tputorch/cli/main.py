@@ -123,6 +123,28 @@ def cmd_doctor(args) -> int:
         specs = [dataclasses.replace(s, namespace=api.namespace) if s.namespace == "default" else s for s in specs]
     facts = doctor_read.read_facts(api.api_client, api.namespace, specs, timeout=args.timeout)
     results = doctor.run_checks(facts)
+    if args.smoke:
+        from . import smoke
+
+        deployments = facts["operator_deployments"]
+        operator_args = doctor.operator_args(deployments[0]) if isinstance(deployments, list) and deployments else []
+        try:
+            if args.smoke_policy_mode == "none":
+                operator_args = ["--no-network-policy"]
+            elif args.smoke_policy_mode:
+                operator_args = ["--network-policy-mode", args.smoke_policy_mode]
+                operator_args += [a for p in args.smoke_policy_peer for a in ("--network-policy-peer", p)]
+            policy = doctor.policy_config(operator_args)
+        except ValueError as err:
+            print(f"--smoke-policy-peer: {err}", file=sys.stderr)
+            return 2
+        say = (lambda text: print(text, file=sys.stderr)) if args.output == "json" else print
+        try:
+            results += smoke.run(api.api_client, api.namespace, args.smoke_image or smoke.DEFAULT_IMAGE, policy, args.smoke_timeout,
+                                 args.service_account, say=say)
+        except KeyboardInterrupt:
+            print("interrupted: the smoke probe's objects are deleted", file=sys.stderr)
+            return 130
     where = {"server": api.api_client.configuration.host, "namespace": api.namespace,
              "user": facts.get("user")}
     if args.output == "json":
@@ -305,6 +327,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also say which TPU node pool each job and service of FILE would land on, or why none fits")
     doc.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                      help="how long each check may wait for the API server (default 10)")
+    doc.add_argument("--smoke", action="store_true",
+                     help="also run a CPU-only Ray job made as the operator makes one (token auth, its NetworkPolicy, "
+                          "KubeRay's submitter) and wait for KubeRay to see it succeed; deletes what it made")
+    doc.add_argument("--smoke-image", default=None, metavar="IMAGE",
+                     help="the probe's Ray image (default rayproject/ray of the operator's default Ray version)")
+    doc.add_argument("--smoke-timeout", type=float, default=300.0, metavar="SECONDS",
+                     help="how long the probe may take (default 300: a head's image pull)")
+    doc.add_argument("--smoke-policy-mode", choices=["open", "strict", "none"], default=None,
+                     help="the probe's NetworkPolicy mode, as the operator's --network-policy-mode (none: no policy); "
+                          "default: what the operator's Deployment runs with")
+    doc.add_argument("--smoke-policy-peer", action="append", default=[], metavar="CIDR|NAMESPACE[:KEY=VALUE,...]",
+                     help="with --smoke-policy-mode: as the operator's --network-policy-peer (repeatable)")
+    doc.add_argument("--service-account", help="the probe's Ray pods' ServiceAccount")
     doc.add_argument("-o", "--output", choices=["text", "json"], default="text")
     submit.add_connection_flags(doc)
     doc.set_defaults(func=cmd_doctor)

@@ -1,0 +1,165 @@
+"""`tputorch doctor --smoke`: one CPU-only Ray job, made the way the operator makes a TPUTorchJob's
+RayJob (its render, Ray token auth with the token in an owned Secret, the operator's NetworkPolicy
+mode, KubeRay's submitter Job), which KubeRay must see succeed through the Ray dashboard. No TPU:
+the slice's worker group asks for no host. Everything it made is deleted at the end, also when
+interrupted (Ctrl-C, SIGTERM).
+
+`smoke_objects` and `verdict` are pure; `run` is the I/O.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import time
+
+from kubernetes.client.rest import ApiException
+
+from ..api import crd, spec
+from ..api.common import DEFAULTS
+from .. import render
+from .doctor import DOC_NETWORK, DOCS, FAIL, OK, Result
+
+PROBE_ENTRYPOINT = "python -c \"import ray; ray.init(); print('tputorch doctor smoke: ok')\""
+DEFAULT_IMAGE = f"rayproject/ray:{DEFAULTS['rayVersion']}"  # Ray's own CPU image, of the Ray the operator writes
+DOC_SMOKE = DOCS + "troubleshooting.md#troubleshooting"
+# KubeRay's words when it cannot read the job from the dashboard (1.6's grace period for a job
+# whose status it cannot get), and the transport errors of its dashboard client.
+UNREACHABLE_MARKS = ("JobDeploymentStatusTransitionGracePeriodExceeded", "dial tcp", "connection refused",
+                     "i/o timeout", "context deadline exceeded", "no route to host", "DashboardUnreachable")
+
+
+def smoke_objects(namespace: str, name: str, image: str, token: str, policy: render.NetworkPolicyConfig | None,
+                  service_account: str | None = None) -> tuple[dict, dict, dict | None]:
+    """(RayJob, its token Secret, its NetworkPolicy or None): a v6e 2x2 job's, with the TPU group
+    at zero hosts, so only the CPU head runs the probe."""
+    body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name, "namespace": namespace},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": image, "entrypoint": PROBE_ENTRYPOINT,
+                     **({"serviceAccountName": service_account} if service_account else {})}}
+    job = spec.parse_any(body)
+    rayjob = render.rayjob(job)
+    for group in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        group["replicas"] = group["minReplicas"] = group["maxReplicas"] = 0
+    render.with_ray_token_secret(rayjob, render.new_ray_token_secret_name(name, secrets.token_hex(3)))
+    secret_meta = {"name": render.ray_token_secret_name(rayjob), "namespace": namespace,
+                   "labels": {render.JOB_LABEL: name}}
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": secret_meta,
+              "stringData": {render.RAY_AUTH_TOKEN_KEY: token}}
+    policy_obj = render.network_policy(job, policy) if policy is not None else None
+    return rayjob, secret, policy_obj
+
+
+def verdict(rayjob: dict | None, elapsed: float, timeout: float) -> Result | None:
+    """The probe's outcome from the RayJob's status, or None while it is still on its way."""
+    st = (rayjob or {}).get("status") or {}
+    deployment, job_status = st.get("jobDeploymentStatus"), st.get("jobStatus")
+    said = " ".join(str(st.get(k) or "") for k in ("reason", "message"))
+    if deployment == "Complete" and job_status == "SUCCEEDED":
+        return Result("smoke", OK, "smoke: a CPU-only Ray job, made as the operator makes one, succeeded as KubeRay "
+                      "saw it through the Ray dashboard")
+    if deployment == "Failed" or job_status in ("FAILED", "STOPPED"):
+        if any(mark in said for mark in UNREACHABLE_MARKS):
+            return unreachable(said)
+        return Result("smoke", FAIL, f"smoke: the Ray job failed (jobDeploymentStatus {deployment}, jobStatus "
+                      f"{job_status}): {said.strip() or 'no reason given'}",
+                      "read the RayJob's events (`kubectl describe rayjob`) and its submitter's log", DOC_SMOKE)
+    if elapsed > timeout:
+        if deployment in (None, "", "Initializing") and st.get("rayClusterStatus", {}).get("state") == "ready":
+            return unreachable(f"the Ray cluster is ready but the job never started within {timeout:g} s")
+        return Result("smoke", FAIL, f"smoke: no outcome within {timeout:g} s (jobDeploymentStatus {deployment or '-'}, "
+                      f"jobStatus {job_status or '-'}{': ' + said.strip() if said.strip() else ''})",
+                      "look at the probe's pods (`kubectl get pods -l tputorch.io/job=...`): a head that cannot "
+                      "be scheduled or pulled, or KubeRay not running", DOC_SMOKE)
+    return None
+
+
+def unreachable(said: str) -> Result:
+    return Result("smoke", FAIL, f"smoke: KubeRay could not reach the Ray dashboard ({said.strip()})",
+                  "admit KubeRay to the dashboard port (8265): the chart's networkPolicy.mode=open, or list KubeRay "
+                  "in networkPolicy.kuberay (namespace and podLabels, or cidrs)", DOC_NETWORK)
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def _raise_interrupted(signum, frame):
+    raise _Interrupted()
+
+
+def run(api_client, namespace: str, image: str, policy: render.NetworkPolicyConfig | None, timeout: float,
+        service_account: str | None = None, say=print) -> list[Result]:
+    """Create the probe, wait for KubeRay's verdict, delete what was made (also on Ctrl-C / SIGTERM)."""
+    from kubernetes import client
+
+    custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    net = client.NetworkingV1Api(api_client)
+    name = f"tputorch-smoke-{secrets.token_hex(3)}"
+    rayjob, secret, policy_obj = smoke_objects(namespace, name, image, secrets.token_urlsafe(32), policy, service_account)
+    made: list[tuple[str, str]] = []
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    results: list[Result] = []
+    try:
+        created = custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
+        made.append(("rayjob", name))
+        owner = [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": name, "uid": created["metadata"]["uid"]}]
+        secret["metadata"]["ownerReferences"] = owner
+        core.create_namespaced_secret(namespace, secret)
+        made.append(("secret", secret["metadata"]["name"]))
+        if policy_obj is not None:
+            policy_obj["metadata"]["ownerReferences"] = owner
+            net.create_namespaced_network_policy(namespace, policy_obj)
+            made.append(("networkpolicy", policy_obj["metadata"]["name"]))
+        say(f"smoke: RayJob {namespace}/{name} created; waiting for KubeRay (at most {timeout:g} s)")
+        start = time.monotonic()
+        while True:
+            current = custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
+            outcome = verdict(current, time.monotonic() - start, timeout)
+            if outcome is not None:
+                results.append(outcome)
+                break
+            time.sleep(1.0)
+    except (KeyboardInterrupt, _Interrupted):
+        results.append(Result("smoke", FAIL, "smoke: interrupted; what it made is deleted"))
+        raise KeyboardInterrupt from None
+    except ApiException as err:
+        from .client import api_error_message
+        results.append(Result("smoke", FAIL, f"smoke: the API server refused the probe: {api_error_message(err)}",
+                              "run it as someone who may create RayJobs, Secrets and NetworkPolicies in the namespace",
+                              DOC_SMOKE))
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        try:
+            _delete(custom, core, net, namespace, made)
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, previous)
+    return results
+
+
+def _delete(custom, core, net, namespace: str, made: list[tuple[str, str]], wait: float = 60.0) -> None:
+    """Delete what the probe made, the RayJob last-but-waited-for (KubeRay's finalizer removes its
+    RayCluster and submitter Job first)."""
+    calls = {
+        "networkpolicy": lambda n: net.delete_namespaced_network_policy(n, namespace),
+        "secret": lambda n: core.delete_namespaced_secret(n, namespace),
+        "rayjob": lambda n: custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", n,
+                                                                     propagation_policy="Foreground"),
+    }
+    for kind, name in reversed(made):
+        try:
+            calls[kind](name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+    if any(kind == "rayjob" for kind, _ in made):
+        end = time.monotonic() + wait
+        name = next(n for k, n in made if k == "rayjob")
+        while time.monotonic() < end:
+            try:
+                custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
+            except ApiException as err:
+                if err.status == 404:
+                    return
+                raise
+            time.sleep(0.5)

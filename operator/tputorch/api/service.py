@@ -10,7 +10,7 @@ from typing import Any
 
 from . import topology
 from .network import Exposure, parse_exposure
-from .vllm_args import ENGINE_ARGS, VLLM_VERSION
+from .vllm_args import ENGINE_ARGS, FRONTEND_APP_ARGS, FRONTEND_SERVER_ARGS, VLLM_VERSION
 from .common import (
     DNS1123_SUBDOMAIN, INT32_MAX, MAX_PODS_DEFAULT, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
     between, check_pods, common_fields, freeform, parse_common, string,
@@ -71,6 +71,27 @@ ENGINE_OWNED_ARGS = {
     "served_model_name": "Ray Serve LLM sets it from spec.model.name; use that",
     "distributed_executor_backend": "Ray forces the ray executor on TPU",
 }
+# FrontendArgs' own fields configure vLLM's HTTP server, which never runs under Ray Serve: Serve's
+# proxy answers on the head's port 8000 (<name>-serve-svc). Set, they would do nothing, and an API
+# key or TLS would seem to protect a service that is open; so each is refused with the reason.
+_SERVE_ANSWERS_HTTP = ("Ray Serve's proxy answers HTTP on the head's serve port 8000 (the <name>-serve-svc Service); "
+                       "vLLM's own HTTP server, which this configures, does not run under Ray Serve")
+_AUTH_AT_THE_EDGE = ("put a Gateway with IAP or an API gateway in front of <name>-serve-svc (docs/serving.md, "
+                     "Exposing the endpoint)")
+_SERVER_ARG_REASONS = {
+    "host": _SERVE_ANSWERS_HTTP, "port": _SERVE_ANSWERS_HTTP, "uds": _SERVE_ANSWERS_HTTP,
+    "api_key": f"{_SERVE_ANSWERS_HTTP}, so no key would be checked: {_AUTH_AT_THE_EDGE}",
+    **{k: f"{_SERVE_ANSWERS_HTTP}: terminate TLS at a Gateway or Ingress in front of <name>-serve-svc"
+       for k in FRONTEND_SERVER_ARGS if k.startswith("ssl_") or k == "enable_ssl_refresh"},
+    **{k: ("vLLM's data-parallel supervisor of its own multi-port server, which does not run under Ray Serve; "
+           "serve more with spec.replicas") for k in FRONTEND_SERVER_ARGS if k.startswith(("dp_supervisor_", "data_parallel_supervisor"))},
+}
+# The one FrontendArgs field the frontend's app state reads (the pooling score endpoint's MaxSim).
+_SERVER_ARGS_READ = {"enable_flash_late_interaction"}
+REFUSED_FRONTEND_ARGS = {k: _SERVER_ARG_REASONS.get(k, _SERVE_ANSWERS_HTTP)
+                         for k in FRONTEND_SERVER_ARGS - _SERVER_ARGS_READ}
+# What Ray Serve LLM takes in engine_kwargs (vllm_models.py: FrontendArgs fields, else AsyncEngineArgs).
+SERVE_ENGINE_ARGS = ENGINE_ARGS | FRONTEND_APP_ARGS | (FRONTEND_SERVER_ARGS & _SERVER_ARGS_READ)
 SERVICE_DEFAULTS: dict[str, Any] = {
     "engine.pipelineParallelSize": 1,
     "engine.enableExpertParallel": False,
@@ -135,7 +156,7 @@ _FIELD_ARG_KEYS = {_arg_key(k): (k, where) for k, where in ENGINE_FIELD_ARGS.ite
 _OWNED_ARG_KEYS = {_arg_key(k): (k, why) for k, why in ENGINE_OWNED_ARGS.items()}
 
 
-_ENGINE_ARG_SPELLINGS = {_arg_key(k): k for k in ENGINE_ARGS}
+_ENGINE_ARG_SPELLINGS = {_arg_key(k): k for k in SERVE_ENGINE_ARGS | set(REFUSED_FRONTEND_ARGS)}
 
 
 def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
@@ -154,12 +175,15 @@ def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
         elif normal in _OWNED_ARG_KEYS:
             name, why = _OWNED_ARG_KEYS[normal]
             r.error(path, value, f"must not be set: {why}")
-        elif key not in ENGINE_ARGS:
-            # Ray Serve LLM passes engine_kwargs to vLLM's AsyncEngineArgs(**kwargs) in the replica:
-            # any other spelling fails there, after the slice was provisioned.
+        elif _ENGINE_ARG_SPELLINGS.get(normal) in REFUSED_FRONTEND_ARGS:
+            r.error(path, value, f"must not be set: {REFUSED_FRONTEND_ARGS[_ENGINE_ARG_SPELLINGS[normal]]}")
+        elif key not in SERVE_ENGINE_ARGS:
+            # Ray Serve LLM passes engine_kwargs to vLLM's FrontendArgs or AsyncEngineArgs in the
+            # replica: any other spelling fails there, after the slice was provisioned.
             known = _ENGINE_ARG_SPELLINGS.get(normal)
-            r.error(path, value, f"must be written {known} (vLLM's engine argument name, snake_case)" if known
-                    else f"is not an engine argument of vLLM {VLLM_VERSION} (names as in vllm.engine.arg_utils.EngineArgs, snake_case)")
+            r.error(path, value, f"must be written {known} (vLLM's argument name, snake_case)" if known
+                    else f"is not an argument of vLLM {VLLM_VERSION} that Ray Serve LLM takes (names as in "
+                    "vllm.engine.arg_utils.EngineArgs or vllm.entrypoints.launchers.cli_args.BaseFrontendArgs, snake_case)")
     return args
 
 

@@ -2,6 +2,9 @@
 
 import pytest
 
+import yaml
+
+from tputorch import render
 from tputorch.api import spec
 
 from ..jobs import body
@@ -100,13 +103,25 @@ def test_both_kinds_expose_the_same_reconcile_attributes():
          "spec.runtimeEnv.env_vars.RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS", "chip isolation off"),
         ({"entrypoint": "python serve.py"}, "spec.entrypoint", "is not a known field"),
         ({"image": ""}, "spec.image", "must not be empty"),
-        # engine.args are vLLM 0.29's AsyncEngineArgs names, as Ray Serve LLM passes them on.
+        # engine.args are vLLM 0.29's AsyncEngineArgs and frontend names, as Ray Serve LLM passes them on.
         ({"engine": {"args": {"gpuMemoryUtilization": 0.9}}}, "spec.engine.args.gpuMemoryUtilization",
-         "must be written gpu_memory_utilization (vLLM's engine argument name, snake_case)"),
+         "must be written gpu_memory_utilization (vLLM's argument name, snake_case)"),
         ({"engine": {"args": {"enable-prefix-caching": True}}}, "spec.engine.args.enable-prefix-caching",
          "must be written enable_prefix_caching"),
-        ({"engine": {"args": {"gpu_mem_util": 0.9}}}, "spec.engine.args.gpu_mem_util", "is not an engine argument of vLLM 0.29.0"),
-        ({"engine": {"args": {"_api_process_rank": 1}}}, "spec.engine.args._api_process_rank", "is not an engine argument"),
+        ({"engine": {"args": {"toolCallParser": "hermes"}}}, "spec.engine.args.toolCallParser", "must be written tool_call_parser"),
+        ({"engine": {"args": {"gpu_mem_util": 0.9}}}, "spec.engine.args.gpu_mem_util",
+         "is not an argument of vLLM 0.29.0 that Ray Serve LLM takes"),
+        ({"engine": {"args": {"_api_process_rank": 1}}}, "spec.engine.args._api_process_rank", "is not an argument"),
+        # vLLM's own HTTP server's options: refused by name with the reason, in any spelling.
+        ({"engine": {"args": {"port": 8080}}}, "spec.engine.args.port", "does not run under Ray Serve"),
+        ({"engine": {"args": {"host": "0.0.0.0"}}}, "spec.engine.args.host", "Ray Serve's proxy answers HTTP on the head's serve port 8000"),
+        ({"engine": {"args": {"api_key": ["k"]}}}, "spec.engine.args.api_key", "no key would be checked"),
+        ({"engine": {"args": {"apiKey": ["k"]}}}, "spec.engine.args.apiKey", "no key would be checked"),
+        ({"engine": {"args": {"ssl_certfile": "/c.pem"}}}, "spec.engine.args.ssl_certfile", "terminate TLS at a Gateway"),
+        ({"engine": {"args": {"ssl-keyfile": "/k.pem"}}}, "spec.engine.args.ssl-keyfile", "terminate TLS at a Gateway"),
+        ({"engine": {"args": {"allowed_origins": ["*"]}}}, "spec.engine.args.allowed_origins", "does not run under Ray Serve"),
+        ({"engine": {"args": {"dp_supervisor_probe_interval_s": 1.0}}}, "spec.engine.args.dp_supervisor_probe_interval_s",
+         "serve more with spec.replicas"),
         ({"serve": {"targetOngoingRequests": 0}}, "spec.serve.targetOngoingRequests", "must be between 1 and 1000000"),
         ({"serve": {"targetOngoingRequests": 64, "maxOngoingRequests": 16}}, "spec.serve.maxOngoingRequests",
          "must be at least spec.serve.targetOngoingRequests (64)"),
@@ -201,6 +216,27 @@ def test_engine_args_in_vllms_spelling_pass():
     svc = spec.parse_service(service_body(engine={"args": {"gpu_memory_utilization": 0.9, "enable_prefix_caching": True,
                                                            "max_num_seqs": 64, "kv_cache_dtype": "auto"}}))
     assert svc.engine_args["max_num_seqs"] == 64
+
+
+def test_frontend_args_ray_serve_llm_takes_pass_tool_calling_and_chat_templates():
+    """Issue 35: Ray Serve LLM hands engine_kwargs that are FrontendArgs fields to vLLM's OpenAI app
+    state (vllm_models.py), so tool calling and chat templates are set here."""
+    args = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes", "chat_template": "{{ messages }}",
+            "response_role": "assistant", "default_chat_template_kwargs": {"enable_thinking": False},
+            "enable_flash_late_interaction": False}
+    svc = spec.parse_service(service_body(engine={"args": args}))
+    assert svc.engine_args == args
+    cfg = yaml.safe_load(render.rayservice(svc)["spec"]["serveConfigV2"])["applications"][0]["args"]["llm_configs"][0]
+    assert {k: cfg["engine_kwargs"][k] for k in args} == args
+
+
+def test_every_refused_frontend_arg_is_a_vllm_server_field_and_every_server_field_is_decided():
+    from tputorch.api import service, vllm_args
+    assert set(service.REFUSED_FRONTEND_ARGS) < vllm_args.FRONTEND_SERVER_ARGS
+    # A server field is either refused with a reason or one the app state reads: none passes unexamined.
+    assert vllm_args.FRONTEND_SERVER_ARGS - set(service.REFUSED_FRONTEND_ARGS) == {"enable_flash_late_interaction"}
+    assert {"host", "port", "api_key", "ssl_keyfile", "ssl_certfile", "root_path", "middleware"} <= set(service.REFUSED_FRONTEND_ARGS)
+    assert not vllm_args.FRONTEND_APP_ARGS & set(service.REFUSED_FRONTEND_ARGS)
 
 
 CACHE = {"name": "models", "mountPath": "/models/", "gcs": {"bucket": "my-models"}}

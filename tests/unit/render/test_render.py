@@ -201,7 +201,8 @@ from ..services import merge_patch as merge, service_body  # noqa: E402
 SERVICE_CASES = {
     "service-v6e-4x4-qwen3-moe": {
         "model": {"name": "qwen3-30b-a3b"},
-        "engine": {"tensorParallelSize": 16, "enableExpertParallel": True, "maxModelLen": 8192},
+        "engine": {"tensorParallelSize": 16, "enableExpertParallel": True, "maxModelLen": 8192,
+                   "args": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}},
     },
     "service-v6e-2x2-single-host": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"}},
     "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
@@ -257,7 +258,8 @@ def test_reference_service_serve_config():
     assert cfg["model_loading_config"] == {"model_id": "qwen3-30b-a3b", "model_source": "Qwen/Qwen3-30B-A3B"}
     assert cfg["accelerator_type"] == "TPU-V6E"
     assert cfg["accelerator_config"] == {"kind": "tpu", "topology": "4x4"}
-    assert cfg["engine_kwargs"] == {"tensor_parallel_size": 16, "pipeline_parallel_size": 1, "enable_expert_parallel": True, "max_model_len": 8192}
+    assert cfg["engine_kwargs"] == {"tensor_parallel_size": 16, "pipeline_parallel_size": 1, "enable_expert_parallel": True, "max_model_len": 8192,
+                                    "enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
     assert cfg["deployment_config"] == {
         # Ray Serve LLM's defaults for the two request limits are 1e9: never left to them.
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 32},

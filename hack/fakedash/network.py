@@ -160,6 +160,14 @@ class Network:
                     for p in (self._get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies") or {}).get("items") or []]
         if not policies:
             return True  # no policy selects any pod of the namespace: everything is admitted
+        # Only the policies that may select the pod decide its ingress; one whose matchLabels the pod
+        # lacks cannot (anything else is left to cyclonus). Without this, every new job's policy in
+        # a namespace would make every verdict there new.
+        labels = meta.get("labels") or {}
+        policies = [p for p in policies if all(labels.get(k) == v for k, v in
+                                               ((p["spec"].get("podSelector") or {}).get("matchLabels") or {}).items())]
+        if not policies:
+            return True  # none selects this pod: it is not isolated
         with self.lock:
             identity = dict(self.identities.get(caller) or self.identities["client"])
         source = _endpoint(identity, self._namespace_labels(identity["namespace"]) if "namespace" in identity else {})

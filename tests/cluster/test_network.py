@@ -172,3 +172,35 @@ def test_strict_mode_without_a_kuberay_peer_a_service_says_why_while_deploying(
         assert all(r.get("dropped") for r in serve_api), serve_api[-3:]  # every one dropped
     finally:
         op.stop()
+
+
+class _Kube:
+    """The API server as network.Network reads it: a namespace's policies, namespaces."""
+
+    def __init__(self, policies):
+        self.policies, self.reads = policies, 0
+
+    def get(self, path):
+        self.reads += 1
+        if path.endswith("/networkpolicies"):
+            return {"items": self.policies}
+        return {"metadata": {"labels": {}}}
+
+
+def test_the_stand_in_asks_cyclonus_once_per_policy_set_and_flow():
+    strict = render.network_policy(spec.parse({**job("a"), "metadata": {"name": "a", "namespace": "ml"}}),
+                                   render.NetworkPolicyConfig("strict"))
+    other = render.network_policy(spec.parse({**job("b"), "metadata": {"name": "b", "namespace": "ml"}}),
+                                  render.NetworkPolicyConfig())
+    net = network.Network(_Kube([strict, other]), log=lambda _: None)
+    head = {"metadata": {"name": "a-head", "namespace": "ml", "labels": {render.JOB_LABEL: "a", "ray.io/cluster": "a-x"}}}
+    assert net.enforce
+    assert net.admits("kuberay", head, 8265) is False  # strict, KubeRay hosted: dropped
+    assert net.admits("kuberay", head, 8265) is False and net.asked == 1  # the cache answered
+    net.control("PUT", {"identities": {"kuberay": {"namespace": "ml", "labels": {render.JOB_LABEL: "a"}}}})
+    assert net.admits("kuberay", head, 8265) is True and net.asked == 2  # as one of the cluster's own pods
+    # b's (open) policy does not select a's pods: it neither admits nor changes a's verdicts
+    unselected = {"metadata": {"name": "c", "namespace": "ml", "labels": {"app": "c"}}}
+    assert net.admits("client", unselected, 6379) is True and net.asked == 2
+    net.control("PUT", {"enforce": False})
+    assert net.admits("client", head, 6379) is True

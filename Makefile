@@ -24,8 +24,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-index --find-links $(WHEELS) -e '.[$(EXTRAS)]'
 	touch $@
 
-# The local cluster's binaries, helm and Kueue's controller (its own cache key: tests/cluster/test_kueue.py
-# runs it): built once into ~/.cache/tputorch, or waited for while another build holds the lock.
+# The local cluster's binaries, helm, Kueue's controller (its own cache key: tests/cluster/test_kueue.py
+# runs it) and cyclonus (its own key: the stand-in dashboard's NetworkPolicy engine): built once into ~/.cache/tputorch, or waited for while another build holds the lock.
 binaries:
 	hack/build.sh
 

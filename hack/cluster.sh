@@ -284,6 +284,8 @@ cmd_up() {
   local fresh=0 t0=$SECONDS
   [[ ${1:-} == --fresh ]] && fresh=1
   BIN=$("$HACK/build.sh" cluster | tail -1)
+  # the stand-in dashboard's NetworkPolicy engine (hack/fakedash/network.py; warm: at once)
+  "$HACK/build.sh" cyclonus >/dev/null || log "cyclonus did not build: NetworkPolicies are not enforced"
   mkdir -p "$DIR/logs" "$DIR/pids" "$DIR/etcd" "$DIR/run"
   if ((fresh)); then
     cmd_down

@@ -202,7 +202,8 @@ def test_unschedulable_slice_shows_the_schedulers_message_and_sigint_leaves_the_
         if "waiting: no node pool " in line and UNSCHEDULABLE_TEXT in line:
             break
     assert any("Pending  0/8 TPU hosts  waiting: no node pool has the node labels this slice needs: "
-               "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=4x8;" in s
+               "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=4x8, "
+               "node.kubernetes.io/instance-type=ct6e-standard-4t;" in s
                and "Unschedulable" in s for s in seen), "".join(seen)
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=30)
@@ -282,7 +283,7 @@ def test_ctrl_c_on_a_terminal_exits_130_and_says_how_to_follow(kube, namespace, 
     waiting = term.wait_for(r"Waiting +no node pool [\s\S]*Unschedulable")
     assert re.search(r"Pending +TPUTorchJob", waiting) and re.search(r"^TPU hosts ━+ 0/8$", waiting, re.M), waiting
     unwrapped = re.sub(r"\s*\n\s*", " ", waiting)  # the message wraps in the table's second column
-    assert re.search(r"Waiting +no node pool has the node labels this slice needs: .*gke-tpu-topology=4x8;", unwrapped), waiting
+    assert re.search(r"Waiting +no node pool has the node labels this slice needs: .*gke-tpu-topology=4x8, node.kubernetes.io/instance-type=ct6e-standard-4t;", unwrapped), waiting
     assert re.search(rf"pod {name}-\S+: Unschedulable: .*nodes are available: .*{re.escape(UNSCHEDULABLE_TEXT)}",
                      unwrapped), waiting
     term.child.sendintr()  # Ctrl-C from the terminal: SIGINT to the foreground process

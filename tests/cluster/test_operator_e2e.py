@@ -154,7 +154,8 @@ def test_slice_missing_from_the_cluster_says_why(kube, namespace, operator):
     assert st["phase"] == "Pending"
     msg = condition(st, "SliceReady")["message"]
     assert msg.startswith("no node pool has the node labels this slice needs: cloud.google.com/gke-tpu-accelerator="
-                          "tpu-v6e-slice, cloud.google.com/gke-tpu-topology=8x8;"), msg
+                          "tpu-v6e-slice, cloud.google.com/gke-tpu-topology=8x8, "
+                          "node.kubernetes.io/instance-type=ct6e-standard-4t;"), msg
     assert "Unschedulable: no nodes are available: " in msg and "didn't match Pod's node affinity/selector" in msg, msg
     assert st["message"] == msg
     wait_events(kube, namespace, "no-pool", ("Warning", "NoMatchingNodePool"))

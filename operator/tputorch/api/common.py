@@ -621,7 +621,7 @@ def parse_node_selector(r: Reader, spec: Mapping, key: str, path: str) -> dict[s
             r.error(f"{path}", k, "keys must be label names ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
         if len(v) > 63 or not LABEL_VALUE.fullmatch(v):
             r.error(f"{path}.{k}", v, "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
-    for label in (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL):
+    for label in topology.SLICE_LABELS:
         if label in selector:
             r.error(f"{path}.{label}", selector[label], "must not be set: the operator derives it from spec.tpu")
     return selector

@@ -141,7 +141,7 @@ def _parse_group(r: Reader, item: Any, path: str, job_image: str | None) -> Grou
             r.error(f"{path}.nodeSelector", k, "keys must be label names ([prefix/]name, name at most 63 characters of [-A-Za-z0-9_.])")
         if len(v) > 63 or not LABEL_VALUE.fullmatch(v):
             r.error(f"{path}.nodeSelector.{k}", v, "must be a label value (at most 63 characters of [-A-Za-z0-9_.])")
-    for label in (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL, GKE_GPU_LABEL):
+    for label in (*topology.SLICE_LABELS, GKE_GPU_LABEL):
         if label in selector:
             r.error(f"{path}.nodeSelector.{label}", selector[label], f"must not be set: the operator derives it from {path}.tpu / {path}.gpu")
     if name is None or replicas is None or (kind == "tpu" and tpu_slice is None) or (kind == "gpu" and gpu_type is None):

@@ -2,13 +2,16 @@
 
 Facts come from GKE's TPU node-pool documentation, KubeRay's TPU samples and Ray 2.60 (see
 shared/tpu-facts.md). A shape is listed only if both GKE offers it as a node pool and Ray 2.60's
-own topology table accepts it (tests/raysim checks the latter against the installed Ray). A slice is one TPU node pool: ``chips`` = product of the topology's
-dimensions, ``hosts`` = VMs in the pool, ``chips_per_host`` = ``google.com/tpu`` per pod.
+own topology table accepts it (tests/unit/api/test_topology_ray.py checks every row against the installed
+Ray's functions); a shape only one of them offers is refused with the reason. A slice is one TPU node pool:
+``chips`` = product of the topology's dimensions, ``hosts`` = VMs in the pool, ``chips_per_host`` =
+``google.com/tpu`` per pod, ``machine_type`` = the pool's VMs (node label node.kubernetes.io/instance-type).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from math import prod
 
 # Multi-host slices always use 4-chip VMs; single-host slices put every chip on one VM.
@@ -24,6 +27,15 @@ GKE_RESERVATION_LABEL = "cloud.google.com/reservation-name"
 TPU_RESOURCE = "google.com/tpu"
 
 
+GKE_INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# The node labels the operator derives from a slice (Slice.node_selector); a user's nodeSelector must not set them.
+SLICE_LABELS = (GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, GKE_INSTANCE_TYPE_LABEL)
+
+# Ray resource/label spelling of a TPU type (ray._private.accelerators.tpu.normalize_tpu_accelerator_type):
+# "tpu7x-8" -> "v7x-8".
+RAY_TPU_PREFIX = re.compile(r"^tpu-?v?")
+
+
 @dataclass(frozen=True)
 class Generation:
     name: str  # the short name users write: v6e
@@ -35,6 +47,8 @@ class Generation:
     # topology -> chips per host; the first entry of a tuple is the default layout.
     single_host: dict[str, tuple[int, ...]]
     multi_host: tuple[str, ...]
+    # Shapes one of GKE and Ray 2.60 offers and the other does not: topology -> why it is refused.
+    refused: dict[str, str] = field(default_factory=dict)
 
     @property
     def dimensions(self) -> int:
@@ -45,8 +59,18 @@ class Generation:
         return tuple(self.single_host) + tuple(t for t in self.multi_host if t not in self.single_host)
 
 
-_CUBES = ("2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")
+def _cuboids(max_ab: int, max_c: int) -> tuple[str, ...]:
+    """GKE's 3D slices beyond 2x4x4: AxBxC with A <= B <= C, each a multiple of 4 (GKE's and Cloud TPU's
+    rule for v4 and v5p), bounded by the largest dimensions Ray 2.60's table holds for the generation."""
+    sizes = range(4, max(max_ab, max_c) + 1, 4)
+    return tuple(f"{a}x{b}x{c}" for a in sizes for b in sizes for c in sizes
+                 if a <= b <= c and b <= max_ab and c <= max_c)
+
+
+_SMALL_3D_MULTI = ("2x2x2", "2x2x4", "2x4x4")
 _2D_MULTI = ("4x4", "4x8", "8x8", "8x16", "16x16")
+_NOT_A_GKE_POOL = "Ray 2.60 lists it, but GKE offers no node pool of this shape"
+_NOT_IN_RAY = "GKE offers this node pool, but Ray 2.60's topology table lacks it, so Ray cannot reserve the slice"
 
 GENERATIONS: dict[str, Generation] = {
     g.name: g
@@ -59,7 +83,8 @@ GENERATIONS: dict[str, Generation] = {
             cores_per_chip=2,
             machine_type="ct4p-hightpu-{chips}t",
             single_host={"2x2x1": (4,)},
-            multi_host=_CUBES + ("8x8x12", "8x8x16"),  # Ray 2.60 has no v4 8x16x16
+            multi_host=_SMALL_3D_MULTI + _cuboids(12, 16),
+            refused={"8x16x16": _NOT_IN_RAY},
         ),
         Generation(
             name="v5e",
@@ -71,6 +96,7 @@ GENERATIONS: dict[str, Generation] = {
             # 2x4 is one 8-chip VM by default, or two 4-chip VMs when chipsPerHost is 4.
             single_host={"1x1": (1,), "2x2": (4,), "2x4": (8, 4)},
             multi_host=_2D_MULTI,
+            refused={"2x8": _NOT_A_GKE_POOL},
         ),
         Generation(
             name="v5p",
@@ -80,7 +106,7 @@ GENERATIONS: dict[str, Generation] = {
             cores_per_chip=2,
             machine_type="ct5p-hightpu-{chips}t",
             single_host={"2x2x1": (4,)},
-            multi_host=_CUBES + ("8x8x16", "8x16x16", "16x16x16", "16x16x24"),
+            multi_host=_SMALL_3D_MULTI + _cuboids(16, 24),
         ),
         Generation(
             name="v6e",
@@ -91,6 +117,7 @@ GENERATIONS: dict[str, Generation] = {
             machine_type="ct6e-standard-{chips}t",
             single_host={"1x1": (1,), "2x2": (4,), "2x4": (8, 4)},
             multi_host=_2D_MULTI,
+            refused={"2x8": _NOT_A_GKE_POOL},
         ),
         Generation(
             name="tpu7x",
@@ -100,7 +127,10 @@ GENERATIONS: dict[str, Generation] = {
             cores_per_chip=2,
             machine_type="tpu7x-standard-{chips}t",
             single_host={"2x2x1": (4,)},
-            multi_host=_CUBES + ("8x8x16", "8x16x16"),  # Ray 2.60's v7x table ends at 8x16x16
+            # Ray 2.60's v7x table is exactly these: it ends at 8x16x16 and has no 1x1x1.
+            multi_host=_SMALL_3D_MULTI + ("4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"),
+            refused={"1x1x1": f"{_NOT_IN_RAY} (the one-chip tpu7x-standard-1t pool)",
+                     "16x16x16": _NOT_IN_RAY},
         ),
     )
 }
@@ -143,8 +173,24 @@ class Slice:
         return f"{self.generation.pod_type_prefix}-{self.chips * self.generation.cores_per_chip}"
 
     @property
+    def ray_pod_type(self) -> str:
+        """The pod type as Ray spells it in resources and labels (TPU-v7x-8-head, not tpu7x-8)."""
+        return RAY_TPU_PREFIX.sub("v", self.pod_type)
+
+    @property
     def machine_type(self) -> str:
         return self.generation.machine_type.format(chips=self.chips_per_host)
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        """The node labels of this slice's node pool. The machine type tells a pool of two 4-chip VMs
+        from one 8-chip VM of the same topology (v5e/v6e 2x4): without it both pods could land on one
+        8-chip node."""
+        return {
+            GKE_ACCELERATOR_LABEL: self.generation.gke_accelerator,
+            GKE_TOPOLOGY_LABEL: self.topology,
+            GKE_INSTANCE_TYPE_LABEL: self.machine_type,
+        }
 
     def workers(self, chips_per_worker: int) -> int:
         return self.chips // chips_per_worker
@@ -175,6 +221,13 @@ def host_layouts(generation: Generation, topology: str) -> tuple[int, ...]:
 def resolve(accelerator: str, topology: str, chips_per_host: int | None = None) -> Slice:
     """The slice for an accelerator and topology (and, for ambiguous shapes, chips per host)."""
     generation = GENERATIONS[normalize_accelerator(accelerator)]
+    if topology in generation.refused:
+        raise TopologyError(
+            "topology",
+            topology,
+            f"{generation.name} {topology} is refused: {generation.refused[topology]}; "
+            f"allowed: {', '.join(generation.topologies)}",
+        )
     if topology not in generation.topologies:
         raise TopologyError(
             "topology",

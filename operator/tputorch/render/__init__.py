@@ -159,8 +159,7 @@ def serving_env(svc: ServiceSpec) -> list[dict]:
 
 def worker_node_selector(spec: Spec) -> dict[str, str]:
     selector = dict(spec.node_selector)
-    selector[topology.GKE_ACCELERATOR_LABEL] = spec.slice.generation.gke_accelerator
-    selector[topology.GKE_TOPOLOGY_LABEL] = spec.slice.topology
+    selector.update(spec.slice.node_selector)
     if spec.spot:
         selector[topology.GKE_SPOT_LABEL] = "true"
     if spec.reservation:

@@ -41,7 +41,7 @@ def shape(group: Group) -> dict:
     if group.slice is not None:
         s = group.slice
         entry.update(acceleratorType=s.generation.ray_accelerator_type, topology=s.topology, chips=s.chips,
-                     chipsPerHost=s.chips_per_host, podType=s.pod_type)
+                     chipsPerHost=s.chips_per_host, podType=s.ray_pod_type)
     if group.gpu_type is not None:
         entry.update(gpuType=group.gpu_type, gpusPerHost=group.gpus)
     return entry
@@ -61,8 +61,7 @@ def _node_selector_and_tolerations(job, group: Group) -> tuple[dict, list]:
     if group.kind == "tpu":
         from . import SPOT_TOLERATION, TPU_TOLERATION  # the job's own slice tolerations
 
-        selector[topology.GKE_ACCELERATOR_LABEL] = group.slice.generation.gke_accelerator
-        selector[topology.GKE_TOPOLOGY_LABEL] = group.slice.topology
+        selector.update(group.slice.node_selector)
         if group.spot:
             selector[topology.GKE_SPOT_LABEL] = "true"
         if group.reservation:

@@ -178,7 +178,7 @@ def no_node_pool(pods: Iterable[dict], selector: dict[str, str]) -> tuple[str, s
         if not any(NODE_SELECTOR_MISMATCH in r for r in reasons) or \
                 not all(any(s in r for s in _SAYS_NOTHING_OF_LABELS) for r in reasons):
             continue
-        first = (topology.GKE_ACCELERATOR_LABEL, topology.GKE_TOPOLOGY_LABEL)
+        first = topology.SLICE_LABELS
         labels = ", ".join(f"{k}={selector[k]}" for k in (*first, *sorted(set(selector) - set(first))) if k in selector)
         return "NoMatchingNodePool", (
             f"no node pool has the node labels this slice needs: {labels}; create a node pool of this shape or "

@@ -49,7 +49,7 @@ def test_tpu_group_is_a_whole_slice_per_replica_on_its_own_pool():
     assert (rollout["replicas"], rollout["minReplicas"], rollout["maxReplicas"], rollout["numOfHosts"]) == (1, 1, 1, 4)
     pod = rollout["template"]["spec"]
     assert pod["nodeSelector"] == {topology.GKE_ACCELERATOR_LABEL: "tpu-v6e-slice", topology.GKE_TOPOLOGY_LABEL: "4x4",
-                                   topology.GKE_RESERVATION_LABEL: "rl-res"}
+                                   topology.GKE_INSTANCE_TYPE_LABEL: "ct6e-standard-4t", topology.GKE_RESERVATION_LABEL: "rl-res"}
     assert render.TPU_TOLERATION in pod["tolerations"]
     res = container(rollout["template"])["resources"]
     assert res["requests"] == res["limits"] and res["limits"][topology.TPU_RESOURCE] == "4"

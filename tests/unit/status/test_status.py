@@ -113,7 +113,7 @@ def test_no_node_with_the_slices_labels_names_them(message):
     c = cond(st, "SliceReady")
     assert (c["status"], c["reason"]) == ("False", "NoMatchingNodePool")
     assert ("no node pool has the node labels this slice needs: cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, "
-            "cloud.google.com/gke-tpu-topology=4x4;") in c["message"]
+            "cloud.google.com/gke-tpu-topology=4x4, node.kubernetes.io/instance-type=ct6e-standard-4t;") in c["message"]
     assert "pod demo-x7k2p-tpu-slice-worker-abc: Unschedulable: no nodes are available: " in c["message"]
     assert st["phase"] == "Pending" and st["message"] == c["message"]
     assert ("Warning", "NoMatchingNodePool") in [(e.type, e.reason) for e in status.events({}, st)]
@@ -123,10 +123,11 @@ def test_the_named_labels_are_the_rendered_selector_spot_and_reservation_include
     job = spec.parse(body(tpu={"topology": "2x2", "spot": True}, nodeSelector={"team": "ml"}))
     st = status.derive(job, 1, rayjob("initializing"), [unschedulable_pod(NO_POOL)], {}, T0)
     assert ("cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=2x2, "
-            "cloud.google.com/gke-spot=true, team=ml;") in cond(st, "SliceReady")["message"]
+            "node.kubernetes.io/instance-type=ct6e-standard-4t, cloud.google.com/gke-spot=true, team=ml;") in cond(st, "SliceReady")["message"]
     job = spec.parse(body(tpu={"reservation": "res-a"}))
     st = status.derive(job, 1, rayjob("initializing"), [unschedulable_pod(NO_POOL)], {}, T0)
-    assert "cloud.google.com/gke-tpu-topology=4x4, cloud.google.com/reservation-name=res-a;" in cond(st, "SliceReady")["message"]
+    assert ("cloud.google.com/gke-tpu-topology=4x4, node.kubernetes.io/instance-type=ct6e-standard-4t, "
+            "cloud.google.com/reservation-name=res-a;") in cond(st, "SliceReady")["message"]
 
 
 @pytest.mark.parametrize("message", [

@@ -155,7 +155,8 @@ def test_a_service_without_a_node_pool_of_its_shape_names_the_labels():
     c = cond(derive("initializing", [pod]), "SliceReady")
     assert c["reason"] == "NoMatchingNodePool"
     assert c["message"].startswith("no node pool has the node labels this slice needs: "
-                                   "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=4x4;")
+                                   "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice, cloud.google.com/gke-tpu-topology=4x4, "
+                                   "node.kubernetes.io/instance-type=ct6e-standard-4t;")
 
 
 def test_a_service_slice_without_the_tpu_webhooks_variables_is_not_ready():

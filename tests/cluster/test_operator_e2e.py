@@ -145,6 +145,37 @@ def test_single_host_job(kube, namespace, operator, dashboard):
     wait_phase(kube, namespace, name, "Succeeded", 180)
 
 
+def test_a_2x4_on_two_4_chip_hosts_never_lands_on_the_8_chip_node(kube, namespace, operator):
+    """v6e 2x4 with chipsPerHost 4 beside an 8-chip v6e 2x4 node (hack/nodes.yaml): by topology label and
+    chips both 4-chip pods fit on the 8-chip node; the machine type in the node selector keeps them off it.
+    With the two 4-chip nodes cordoned the hosts wait; uncordoned, they land one on each."""
+    four_chip = ["gke-tpu-v6e-2x4-0", "gke-tpu-v6e-2x4-1"]
+    body = job_body("two-vms", topo="2x4")
+    body["spec"]["tpu"]["chipsPerHost"] = 4
+
+    def cordon(flag: bool) -> None:
+        for node in four_chip:
+            kube.core.patch_node(node, {"spec": {"unschedulable": flag}})
+
+    def workers():
+        return [p for p in pods_of(kube, namespace, "two-vms") if p.metadata.labels.get("ray.io/node-type") == "worker"]
+
+    def unschedulable(pod) -> bool:
+        return any(c.type == "PodScheduled" and c.status == "False" for c in pod.status.conditions or [])
+
+    cordon(True)
+    try:
+        apply(kube, namespace, body)
+        waiting = kube.wait(lambda: (lambda ws: ws if len(ws) == 2 and all(map(unschedulable, ws)) else None)(workers()),
+                            120, "both 2x4 hosts unschedulable while the 4-chip nodes are cordoned")
+        assert not any(w.spec.node_name for w in waiting), [w.spec.node_name for w in waiting]
+    finally:
+        cordon(False)
+    placed = kube.wait(lambda: (lambda ws: ws if len(ws) == 2 and all(w.spec.node_name for w in ws) else None)(workers()),
+                       120, "both 2x4 hosts scheduled")
+    assert sorted(w.spec.node_name for w in placed) == four_chip
+
+
 def test_slice_missing_from_the_cluster_says_why(kube, namespace, operator):
     """No v6e 8x8 node pool exists: the real scheduler's message on a TPU host pod is read as such,
     and the status names the node labels the slice needs."""

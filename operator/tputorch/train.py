@@ -178,12 +178,23 @@ def cpu_scaling_config(environ: Mapping[str, str] | None = None, **overrides: An
     return ScalingConfig(**kwargs)
 
 
-def run_config(environ: Mapping[str, str] | None = None, **overrides: Any):
+def run_config(environ: Mapping[str, str] | None = None, *, max_preemption_failures: int | None = None,
+               relax_collectives_on_preemption: bool | None = None, preemption_grace_s: float | None = None,
+               **overrides: Any):
     """``ray.train.RunConfig`` for this job: the run name that every attempt of the TPUTorchJob
     shares, its checkpoint storage (spec.checkpoint.storagePath) and a ``FailureConfig`` with the
     worker-level retries of one attempt (spec.checkpoint.workerRetries). Because the name and the
     storage stay the same, ``ray.train.get_checkpoint()`` in the training function returns the last
-    checkpoint of an earlier attempt. ``overrides`` are passed through to RunConfig."""
+    checkpoint of an earlier attempt.
+
+    Ray 2.60's preemption options of ``FailureConfig`` are passed through when given:
+    ``max_preemption_failures`` (node preemptions Ray Train recovers from inside one attempt, counted
+    apart from workerRetries; Ray's default -1 is unlimited), ``relax_collectives_on_preemption``
+    and ``preemption_grace_s`` (let the surviving workers commit a just-in-time checkpoint; the
+    training function learns of a preemption from ``ray.train.get_preemption_info()``). A spot slice
+    that GKE reclaims takes every host of the slice, so that is an attempt's end and spec.retries'
+    business; these options matter when part of a slice is drained. ``overrides`` are passed through
+    to RunConfig (a ``failure_config`` there replaces the one built here)."""
     from ray.train import FailureConfig, RunConfig  # lazy: only training scripts have Ray
 
     env = os.environ if environ is None else environ
@@ -192,11 +203,18 @@ def run_config(environ: Mapping[str, str] | None = None, **overrides: Any):
         kwargs["name"] = env[ENV_RUN_NAME]
     if env.get(ENV_STORAGE_PATH):
         kwargs["storage_path"] = env[ENV_STORAGE_PATH]
+    failure: dict[str, Any] = {}
     if env.get(ENV_WORKER_RETRIES):
         try:
-            kwargs["failure_config"] = FailureConfig(max_failures=int(env[ENV_WORKER_RETRIES]))
+            failure["max_failures"] = int(env[ENV_WORKER_RETRIES])
         except ValueError:
             raise MissingSliceEnvironment(f"{ENV_WORKER_RETRIES} is not an integer: {env[ENV_WORKER_RETRIES]!r}") from None
+    preemption = {"max_preemption_failures": max_preemption_failures,
+                  "relax_collectives_on_preemption": relax_collectives_on_preemption,
+                  "preemption_grace_s": preemption_grace_s}
+    failure.update({k: v for k, v in preemption.items() if v is not None})
+    if failure:
+        kwargs["failure_config"] = FailureConfig(**failure)
     kwargs.update(overrides)
     return RunConfig(**kwargs)
 

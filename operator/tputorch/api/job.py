@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
+from . import topology
 from .groups import parse_groups
 from .common import (
     DEFAULTS, INT32_MAX, COMMON_FIELDS, MAX_PODS_DEFAULT, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules,
@@ -80,7 +81,7 @@ def parse(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> JobSpec:
     r = Reader()
     if not isinstance(body, Mapping):
         raise InvalidSpec([FieldError("", body, "must be a TPUTorchJob object")])
-    fields, spec, tpu = parse_common(r, body, JOB, {})
+    fields, spec, tpu = parse_common(r, body, JOB, {topology.RAY_TPU_RESOURCE_PER_CHIP: topology.JOB_RESOURCE_PER_CHIP_REASON})
     groups = parse_groups(r, spec, fields.get("image"))
     entrypoint = r.value(spec, "entrypoint", "spec.entrypoint", str, required=True, check=_entrypoint)
     # KubeRay writes runtimeEnv into the submitter's `bash -c` line inside double quotes: $ and `

@@ -49,6 +49,7 @@ class Generation:
     multi_host: tuple[str, ...]
     # Shapes one of GKE and Ray 2.60 offers and the other does not: topology -> why it is refused.
     refused: dict[str, str] = field(default_factory=dict)
+    devices_per_chip: int = 1  # XLA devices per chip: 2 on TPU7x (v4/v5p megacore chips are one device)
 
     @property
     def dimensions(self) -> int:
@@ -131,6 +132,7 @@ GENERATIONS: dict[str, Generation] = {
             multi_host=_SMALL_3D_MULTI + ("4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"),
             refused={"1x1x1": f"{_NOT_IN_RAY} (the one-chip tpu7x-standard-1t pool)",
                      "16x16x16": _NOT_IN_RAY},
+            devices_per_chip=2,
         ),
     )
 }
@@ -194,6 +196,26 @@ class Slice:
 
     def workers(self, chips_per_worker: int) -> int:
         return self.chips // chips_per_worker
+
+
+RAY_TPU_RESOURCE_PER_CHIP = "RAY_TPU_RESOURCE_PER_CHIP"
+# Why a job's pods never get it: the one place that says so (spec.env refuses it with this reason).
+JOB_RESOURCE_PER_CHIP_REASON = (
+    "a TPUTorchJob counts its Ray Train workers in chips (chipsPerWorker; workers = chips / chipsPerWorker) and "
+    "Ray isolates each worker's chips with TPU_VISIBLE_CHIPS; with more than 1 Ray TPU resource per chip a "
+    "1-resource worker gets part of a chip under a whole-chip mask and two workers share one chip")
+
+
+def ray_tpu_resource_per_chip(generation: Generation, serving: bool) -> int | None:
+    """RAY_TPU_RESOURCE_PER_CHIP on a kind's Ray nodes, None for Ray's default of 1 TPU resource per chip.
+
+    Services on TPU7x: one resource per device (2 per chip), as Google's TPU7x serving samples set it,
+    so Ray Serve LLM's slice reservation and vLLM's engine count TPU7x's devices. Jobs: never (see
+    JOB_RESOURCE_PER_CHIP_REASON); Google's TorchTPU training sample sets 2 with one process per
+    device, which this project has not verified on TPU7x."""
+    if serving and generation.devices_per_chip > 1:
+        return generation.devices_per_chip
+    return None
 
 
 def normalize_accelerator(value: str) -> str:

@@ -146,9 +146,9 @@ def serving_env(svc: ServiceSpec) -> list[dict]:
     # vllm-torchtpu 0.29 picks its executor from this on every slice, one host or many: "ray" runs
     # the engine on the slice's per-host bundles; unset, it runs inside the Serve replica's process.
     env = [{"name": "TPU_MULTIHOST_BACKEND", "value": "ray"}]
-    if svc.slice.generation.name == "tpu7x":
-        # Google's TPU7x samples: Ray counts each TPU7x chip as 2 TPU resources (2 TensorCores).
-        env.append({"name": "RAY_TPU_RESOURCE_PER_CHIP", "value": "2"})
+    per_chip = topology.ray_tpu_resource_per_chip(svc.slice.generation, serving=True)
+    if per_chip is not None:
+        env.append({"name": topology.RAY_TPU_RESOURCE_PER_CHIP, "value": str(per_chip)})
     if svc.hf_token_secret:
         name, key = svc.hf_token_secret
         env.append({"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})

@@ -61,3 +61,17 @@ def test_run_config_is_built_from_that_environment():
     assert train.run_config(env, name="other").name == "other"
     with pytest.raises(train.MissingSliceEnvironment, match="TPUTORCH_WORKER_RETRIES"):
         train.run_config({train.ENV_WORKER_RETRIES: "many"})
+
+
+def test_run_config_passes_ray_2_60s_preemption_options_beside_the_worker_retries():
+    pytest.importorskip("ray.train")
+    env = {train.ENV_WORKER_RETRIES: "2"}
+    failure = train.run_config(env, max_preemption_failures=5, relax_collectives_on_preemption=True,
+                               preemption_grace_s=30.0).failure_config
+    assert (failure.max_failures, failure.max_preemption_failures, failure.relax_collectives_on_preemption,
+            failure.preemption_grace_s) == (2, 5, True, 30.0)
+    # Not given: Ray's own defaults stay (unlimited preemption retries, strict collectives, no grace).
+    default = train.run_config(env).failure_config
+    assert (default.max_preemption_failures, default.relax_collectives_on_preemption, default.preemption_grace_s) == \
+        (-1, False, 0.0)
+    assert train.run_config({}, preemption_grace_s=10).failure_config.max_failures == 0

@@ -53,6 +53,8 @@ def test_gke_label_form_of_the_accelerator_is_normalised():
         ({"rayVersion": "latest"}, "spec.rayVersion", "must be a Ray release such as 2.60.0"),
         ({"env": [{"name": "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS", "value": "1"}]}, "spec.env[0].name", "switches Ray's per-worker chip isolation off"),
         ({"env": [{"name": "TPU_VISIBLE_CHIPS", "value": "0"}]}, "spec.env[0].name", "Ray sets it per worker"),
+        ({"env": [{"name": "RAY_TPU_RESOURCE_PER_CHIP", "value": "2"}]}, "spec.env[0].name", "two workers share one chip"),
+        ({"runtimeEnv": {"env_vars": {"RAY_TPU_RESOURCE_PER_CHIP": "2"}}}, "spec.runtimeEnv.env_vars.RAY_TPU_RESOURCE_PER_CHIP", "counts its Ray Train workers in chips"),
         ({"env": [{"name": "TPUTORCH_NUM_WORKERS", "value": "3"}]}, "spec.env[0].name", "must not start with TPUTORCH_"),
         ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "spec.env[1].name", "must be unique"),
         ({"env": [{"name": "1BAD", "value": "1"}]}, "spec.env[0].name", "C-style identifier"),

@@ -108,6 +108,16 @@ def env_of(c):
 ALL = [(s.generation.name, s.topology, s.chips_per_host) for s in topology.all_slices()]
 
 
+@pytest.mark.parametrize("acc,topo", [("tpu7x", "2x2x2"), ("tpu7x", "2x2x1"), ("v6e", "4x4")])
+def test_a_jobs_ray_nodes_count_one_tpu_resource_per_chip(acc, topo):
+    # Ray's default of 1 per chip, TPU7x included: the job's workers are counted in chips
+    # (topology.ray_tpu_resource_per_chip decides it for both kinds).
+    rj = rendered({"tpu": {"accelerator": acc, "topology": topo}})
+    head = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    for c in (container(head), container(worker_group(rj)["template"])):
+        assert topology.RAY_TPU_RESOURCE_PER_CHIP not in env_of(c)
+
+
 @pytest.mark.parametrize("acc,topo,cph", ALL, ids=[f"{a}-{t}-{c}" for a, t, c in ALL])
 def test_every_slice_passes_the_gke_webhook_rule(acc, topo, cph):
     job = rendered({"tpu": {"accelerator": acc, "topology": topo, "chipsPerHost": cph}})

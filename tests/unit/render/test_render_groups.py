@@ -91,7 +91,7 @@ def test_script_reads_every_groups_shape_and_the_fenced_training_shape(case):
         assert s.hosts == g.replicas * g.hosts
         if g.kind == "tpu":
             assert (s.topology, s.chips_per_host, s.accelerator_type, s.pod_type) == (
-                g.slice.topology, g.slice.chips_per_host, g.slice.generation.ray_accelerator_type, g.slice.pod_type)
+                g.slice.topology, g.slice.chips_per_host, g.slice.generation.ray_accelerator_type, g.slice.ray_pod_type)
         if g.kind == "gpu":
             assert (s.gpu_type, s.gpus_per_host) == (g.gpu_type, g.gpus)
     kwargs = train.slice_shape(head_env).scaling_config_kwargs()
@@ -112,3 +112,11 @@ def test_group_pods_share_the_workers_security_token_and_volumes(case):
         assert pod["spec"].get("volumes") == trainer["spec"].get("volumes"), name
         assert container(pod).get("volumeMounts") == container(trainer).get("volumeMounts"), name
         assert pod["metadata"].get("annotations") == trainer["metadata"].get("annotations"), name
+
+
+def test_a_tpu7x_groups_pod_type_is_rays_v7x_spelling():
+    # The device plugin says tpu7x-16; Ray's resources and labels say v7x-16 (TPU-v7x-16-head), and
+    # the script matches on Ray's.
+    group = {"name": "rollout", "tpu": {"accelerator": "tpu7x", "topology": "2x2x2"}}
+    (g,) = spec.parse(body(groups=[group])).groups
+    assert render.groups.shape(g)["podType"] == "v7x-16" and g.slice.pod_type == "tpu7x-16"

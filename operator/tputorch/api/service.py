@@ -193,6 +193,18 @@ def _secret_key(v: str) -> str | None:
     return None
 
 
+def serving_problem(s: topology.Slice) -> str | None:
+    """Why a TPUTorchService cannot run on this slice (about spec.tpu.chipsPerHost), None if it can: the one
+    predicate for which table rows serve (the parser and ``tputorch topologies`` ask it)."""
+    default_layout = topology.host_layouts(s.generation, s.topology)[0]
+    if s.chips_per_host != default_layout:
+        # Ray Serve LLM reserves the slice from its topology alone (slice_placement_group), and
+        # Ray maps this topology to hosts of default_layout chips: other hosts never match.
+        return (f"must be {default_layout} for a TPUTorchService on a {s.generation.name} {s.topology} slice: "
+                f"Ray Serve LLM reserves the slice by its topology, which Ray maps to {default_layout}-chip hosts")
+    return None
+
+
 def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     """Validate a TPUTorchService object (as a dict) and return its ServiceSpec; InvalidSpec lists every error.
     ``max_pods``: the most pods the service may make at spec.replicas.max (common.check_pods)."""
@@ -254,15 +266,8 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         r.error("spec.engine.tensorParallelSize", tp,
                 f"x spec.engine.pipelineParallelSize {pp} = {tp * pp} chips, but one replica is one whole "
                 f"{s.generation.name} {s.topology} slice: tensorParallelSize x pipelineParallelSize must be {chips}")
-    if tpu.slice is not None:
-        s = tpu.slice
-        default_layout = topology.host_layouts(s.generation, s.topology)[0]
-        if s.chips_per_host != default_layout:
-            # Ray Serve LLM reserves the slice from its topology alone (slice_placement_group), and
-            # Ray maps this topology to hosts of default_layout chips: other hosts never match.
-            r.error("spec.tpu.chipsPerHost", s.chips_per_host,
-                    f"must be {default_layout} for a TPUTorchService on a {s.generation.name} {s.topology} slice: "
-                    f"Ray Serve LLM reserves the slice by its topology, which Ray maps to {default_layout}-chip hosts")
+    if tpu.slice is not None and (problem := serving_problem(tpu.slice)) is not None:
+        r.error("spec.tpu.chipsPerHost", tpu.slice.chips_per_host, problem)
 
     replicas = r.mapping(spec, "replicas", "spec.replicas", REPLICA_FIELDS)
     min_replicas = r.value(replicas, "min", "spec.replicas.min", int, default=SERVICE_DEFAULTS["replicas.min"], check=between(1, MAX_REPLICAS))

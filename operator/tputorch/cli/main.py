@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 
-from ..api import crd, network, spec, topology
+from ..api import crd, network, service, spec, topology
 from ..api.groups import describe
 from .. import render
 from . import submit
@@ -70,6 +70,8 @@ def cmd_validate(args) -> int:
 
 
 def topology_rows(accelerator: str | None) -> list[dict]:
+    # Every row trains: the table holds only slices Ray Train can reserve. Which serve, the service
+    # parser's own predicate says.
     return [
         {
             "accelerator": s.generation.name,
@@ -79,8 +81,10 @@ def topology_rows(accelerator: str | None) -> list[dict]:
             "hosts": s.hosts,
             "chipsPerHost": s.chips_per_host,
             "machineType": s.machine_type,
-            "podType": s.pod_type,
+            "podType": s.ray_pod_type,
             "workers": s.workers(1),
+            "trains": True,
+            "serves": service.serving_problem(s) is None,
         }
         for s in topology.all_slices(accelerator)
     ]
@@ -95,9 +99,11 @@ def cmd_topologies(args) -> int:
     if args.output == "json":
         print(json.dumps(rows, indent=2))
         return 0
-    headers = ["ACCELERATOR", "TOPOLOGY", "CHIPS", "HOSTS", "CHIPS/HOST", "MACHINE TYPE", "POD TYPE", "WORKERS (1 chip each)"]
-    keys = ["accelerator", "topology", "chips", "hosts", "chipsPerHost", "machineType", "podType", "workers"]
-    table = [headers] + [[str(r[k]) for k in keys] for r in rows]
+    headers = ["ACCELERATOR", "TOPOLOGY", "CHIPS", "HOSTS", "CHIPS/HOST", "MACHINE TYPE", "POD TYPE", "WORKERS (1 chip each)",
+               "TRAINS", "SERVES"]
+    keys = ["accelerator", "topology", "chips", "hosts", "chipsPerHost", "machineType", "podType", "workers", "trains", "serves"]
+    cell = {True: "yes", False: "no"}
+    table = [headers] + [[cell.get(r[k], str(r[k])) if isinstance(r[k], bool) else str(r[k]) for k in keys] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

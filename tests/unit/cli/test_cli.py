@@ -8,6 +8,7 @@ import sys
 import pytest
 import yaml
 
+from tputorch.api import topology
 from tputorch.cli import main as cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -67,8 +68,15 @@ def test_topologies_table_and_json(capsys):
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["ACCELERATOR", "TOPOLOGY", "CHIPS", "HOSTS"]
     assert any(line.split()[:4] == ["v6e", "4x4", "16", "4"] for line in lines)
+    assert lines[0].split()[-2:] == ["TRAINS", "SERVES"]
+    # The two 2x4 layouts: one 8-chip VM serves; two 4-chip VMs train only (Ray Serve LLM maps 2x4 to 8-chip hosts).
+    assert ["v6e", "2x4", "8", "1", "8", "ct6e-standard-8t", "v6e-8", "8", "yes", "yes"] in [line.split() for line in lines]
+    assert ["v6e", "2x4", "8", "2", "4", "ct6e-standard-4t", "v6e-8", "8", "yes", "no"] in [line.split() for line in lines]
     code, out, _ = run(capsys, "topologies", "-o", "json")
     rows = json.loads(out)
+    tpu7x = next(r for r in rows if (r["accelerator"], r["topology"]) == ("tpu7x", "2x2x2"))
+    assert (tpu7x["machineType"], tpu7x["podType"], tpu7x["trains"], tpu7x["serves"]) == ("tpu7x-standard-4t", "v7x-16", True, True)
+    assert len(rows) == len(topology.all_slices())
     assert {"accelerator": "v5p", "topology": "2x2x2", "hosts": 2} .items() <= next(r for r in rows if r["topology"] == "2x2x2" and r["accelerator"] == "v5p").items()
     code, _, err = run(capsys, "topologies", "--accelerator", "v99")
     assert code == 2 and "must be one of" in err

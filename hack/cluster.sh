@@ -170,8 +170,10 @@ kuberay_dir() {
     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
 }
 
+# The module of the Kueue that hack/build.sh built: its CRDs and webhooks must be that version's.
 kueue_dir() {
-  (cd /tmp && go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION:-v0.17.0}" |
+  local v; v=$(basename "$1"); v=${v#kueue-}; v=${v%%_*}
+  (cd /tmp && go mod download -json "sigs.k8s.io/kueue@$v" |
     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
 }
 
@@ -221,7 +223,7 @@ kueue_ready() { curl -sf --noproxy '*' --max-time 2 "http://127.0.0.1:$KUEUE_PRO
 kueue_up() {
   local kbin mod p=$DIR/pki run=$DIR/run/kueue
   kbin=$("$HACK/build.sh" kueue | tail -1)
-  mod=$(kueue_dir)
+  mod=$(kueue_dir "$kbin")
   mkdir -p "$run/certs" "$run/ns"
   if [[ ! -f $run/certs/tls.crt ]]; then
     openssl req -newkey rsa:2048 -nodes -subj "/CN=kueue-webhook" -keyout "$run/certs/tls.key" \

@@ -2,7 +2,7 @@
 fault gives its own ✗ with its fix and exit 1. Every fault is undone in the test that made it.
 
 One operator (leader-elected, as the chart runs it) serves the module; the operator-stopped test
-runs last and stops it.
+runs last and stops it. `--smoke` against a real Ray head is in test_real_ray.py (its Ray head).
 """
 
 from __future__ import annotations
@@ -214,6 +214,7 @@ SMOKE_KINDS = ("rayjobs.ray.io", "rayclusters.ray.io", "pods", "secrets", "netwo
 
 
 def objects(kubeconfig, ns) -> set[str]:
+    """What a namespace holds of the kinds the probe makes (and KubeRay makes for it)."""
     out = kubectl(kubeconfig, "get", ",".join(SMOKE_KINDS), "-n", ns, "-o", "name").stdout
     return set(out.split())
 
@@ -227,19 +228,6 @@ def controlling_terminal() -> None:
 
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-@pytest.mark.realray
-def test_smoke_runs_a_real_ray_job_that_kuberay_sees_succeed(kube, leader, real_ray_namespace, capsys):
-    """The probe's submitter runs `ray job submit` against a real Ray head (the stand-in dashboard
-    forwards this namespace's calls to it), and KubeRay reads the job's end from it."""
-    ns = real_ray_namespace
-    before = objects(kube.kubeconfig, ns)
-    code, report = doctor(capsys, kube.kubeconfig, ns, "--smoke", "--smoke-timeout", "120")
-    smoke = by_check(report)["smoke"]
-    assert smoke["status"] == "ok", smoke
-    assert code == 0, failed(report)
-    kube.wait(lambda: objects(kube.kubeconfig, ns) == before, 30, "the namespace to hold what it held before")
 
 
 def test_smoke_interrupted_leaves_nothing_behind(kube, leader, namespace):

@@ -384,3 +384,15 @@ def test_the_head_runs_with_token_auth_and_refuses_a_submit_without_the_token(ku
     release.touch()
     st = wait_phase(kube, ns, name, "Succeeded", 180)  # KubeRay's status calls and the operator's path
     assert st["jobStatus"] == "SUCCEEDED"
+
+
+def test_doctor_smoke_runs_a_real_ray_job_that_kuberay_sees_succeed(kube, real_ray_namespace, capsys):
+    """`tputorch doctor --smoke`: its probe's submitter runs `ray job submit` against the real head,
+    KubeRay reads the job's end from it, and the namespace holds what it held before."""
+    from test_doctor import by_check, doctor, objects
+
+    ns = real_ray_namespace
+    before = objects(kube.kubeconfig, ns)
+    _, report = doctor(capsys, kube.kubeconfig, ns, "--smoke", "--smoke-timeout", "120")
+    assert by_check(report)["smoke"]["status"] == "ok", by_check(report)["smoke"]
+    kube.wait(lambda: objects(kube.kubeconfig, ns) == before, 30, "the namespace to hold what it held before")

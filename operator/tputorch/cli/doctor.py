@@ -840,7 +840,7 @@ def format_text(results: list[Result], header: str) -> str:
         lines.append(f"{SYMBOLS[r.status]} {r.message}")
         if r.check == "tpu-pools" and r.details:
             lines += ["    " + row for row in pools_table(r.details)]
-        if r.status == FAIL:
+        if r.status in (FAIL, WARN):
             if r.fix:
                 lines.append(f"    fix: {r.fix}")
             if r.doc:

@@ -177,8 +177,6 @@ def _age(timestamp: str | None, now: datetime) -> float | None:
 def check_operator(deployments: list[dict] | Unread, lease: dict | None | Unread, now: datetime) -> list[Result]:
     """The operator's Deployment(s) (the chart's labels) and its leader Lease."""
     results = []
-    fix_stopped = ("start the operator: `kubectl -n NAMESPACE rollout status deployment/tputorch-operator`, "
-                   "then its pods' logs and events say why it does not run")
     if isinstance(deployments, Unread):
         results.append(_unknown("operator", "the operator's Deployment", deployments))
     elif not deployments:
@@ -187,7 +185,8 @@ def check_operator(deployments: list[dict] | Unread, lease: dict | None | Unread
             "operator", WARN if leading else FAIL,
             "no operator Deployment (labels app.kubernetes.io/part-of=tputorch, component=operator) in any namespace"
             + ("; an operator holds the leader Lease (it runs outside a Deployment)" if leading else ""),
-            "install the operator: `helm install tputorch-operator charts/tputorch-operator ...`", DOC_OPERATOR))
+            "" if leading else "install the operator: `helm install tputorch charts/tputorch-operator ...`",
+            "" if leading else DOC_OPERATOR))
     else:
         for d in deployments:
             meta, st = d.get("metadata") or {}, d.get("status") or {}
@@ -197,6 +196,9 @@ def check_operator(deployments: list[dict] | Unread, lease: dict | None | Unread
             where = f"{meta.get('namespace')}/{meta.get('name')}"
             version = (meta.get("labels") or {}).get("app.kubernetes.io/version")
             shown = f"operator {where} ({image}{', version ' + version if version else ''})"
+            fix_stopped = (f"start the operator: `kubectl -n {meta.get('namespace')} scale deployment/{meta.get('name')} "
+                           f"--replicas=2`, then `kubectl -n {meta.get('namespace')} describe deployment/{meta.get('name')}` "
+                           "and its pods' logs say why it does not run")
             if want == 0 or ready == 0:
                 results.append(Result("operator", FAIL, f"{shown}: {ready} of {want} replica(s) ready", fix_stopped,
                                       DOC_OPERATOR_TROUBLE))
@@ -241,8 +243,8 @@ def check_lease(lease: dict | None | Unread, now: datetime) -> Result:
     if age > duration:
         return Result("operator-lease", FAIL, f"{where}: leader {holder} last renewed {age:.0f} s ago (lease "
                       f"{duration} s): the operator is stopped or cannot reach the API server",
-                      "look at the operator's pods: `kubectl -n NAMESPACE get pods -l app.kubernetes.io/component=operator`"
-                      " and their logs", DOC_OPERATOR_TROUBLE)
+                      f"look at the operator's pods: `kubectl -n {meta.get('namespace')} get pods -l "
+                      "app.kubernetes.io/component=operator` and their logs", DOC_OPERATOR_TROUBLE)
     return Result("operator-lease", OK, f"{where}: held by {holder}, renewed {max(age, 0):.0f} s ago")
 
 

@@ -347,7 +347,7 @@ def _common_properties(kind: str) -> dict:
         ),
         "automountServiceAccountToken": _s(
             "Mount the service account's token in the Ray pods (default false: Ray needs no API access; "
-            "an autoscaling service's head gets it for KubeRay's autoscaler).",
+            "where KubeRay's autoscaler runs, its container alone gets one).",
             type="boolean",
         ),
         "queueName": _string(

@@ -39,7 +39,8 @@ PVC_FIELDS = {"claimName"}
 EMPTY_DIR_FIELDS = {"sizeLimit", "medium"}
 EMPTY_DIR_MEDIA = ("", "Memory")
 # KubeRay adds /dev/shm (volume shared-mem) to every Ray container, and ray-logs with the autoscaler.
-RESERVED_VOLUME_NAMES = {"shared-mem": "KubeRay's /dev/shm volume", "ray-logs": "KubeRay's log volume with the autoscaler"}
+RESERVED_VOLUME_NAMES = {"shared-mem": "KubeRay's /dev/shm volume", "ray-logs": "KubeRay's log volume with the autoscaler",
+                         "autoscaler-api-token": "the operator's API token volume of KubeRay's autoscaler"}
 RESERVED_MOUNT_PATHS = {
     "/dev/shm": "KubeRay mounts shared memory there",
     "/proc": "the container runtime refuses a mount over /proc",

@@ -201,18 +201,41 @@ def _resources(r, extra: dict | None = None) -> dict:
     return {**resources, **(extra or {})}
 
 
+# The API token of KubeRay's autoscaler: the volume the ServiceAccount admission plugin would inject
+# into every container of the head pod (token, the cluster's CA, the namespace), mounted into the
+# autoscaler container alone. The Ray container beside it runs whatever a holder of the cluster's
+# Ray token submits, and needs no Kubernetes API.
+AUTOSCALER_TOKEN_VOLUME = "autoscaler-api-token"
+AUTOSCALER_TOKEN_MOUNT = {"name": AUTOSCALER_TOKEN_VOLUME, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                          "readOnly": True}
+
+
+def autoscaler_token_volume() -> dict:
+    return {"name": AUTOSCALER_TOKEN_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}}
+
+
 def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1,
                     autoscaling: bool | None = None, head_start_params: dict | None = None) -> dict:
     """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
     autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
+    token_in_autoscaler = autoscaling and not spec.automount_service_account_token  # else pod-wide, or none
+    head_storage = storage.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "head")
     return {
         "ray_version": spec.ray_version,
         "auth_options": RAY_AUTH,
         "autoscaling": autoscaling,
         "head_start_params": {"dashboard-host": "0.0.0.0", **(head_start_params or {})},
         "security_context": spec.security_context,
-        # KubeRay's autoscaler runs in the head pod and scales the RayCluster through the API.
-        "head_automount": spec.automount_service_account_token or autoscaling,
+        # KubeRay's autoscaler runs in the head pod and scales the RayCluster through the API: it
+        # alone gets the API token (autoscaler_token), not the Ray container beside it.
+        "head_automount": spec.automount_service_account_token,
+        "autoscaler_options": {"securityContext": spec.security_context,
+                               **({"volumeMounts": [AUTOSCALER_TOKEN_MOUNT]} if token_in_autoscaler else {})},
+        "head_volumes": head_storage["volumes"] + ([autoscaler_token_volume()] if token_in_autoscaler else []),
         "worker_automount": spec.automount_service_account_token,
         "pod_labels": pod_labels(spec),
         "service_account_name": spec.service_account_name,
@@ -223,7 +246,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "env": env + list(spec.env),
         "head_ports": head_ports,
         "head_resources": _resources(spec.head),
-        "head_storage": storage.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "head"),
+        "head_storage": head_storage,
         "worker_storage": storage.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "worker"),
         "group_name": WORKER_GROUP,
         "min_replicas": min_replicas,

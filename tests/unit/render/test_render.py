@@ -496,10 +496,28 @@ def test_every_ray_container_meets_restricted_and_no_pod_mounts_a_token_unless_a
         for role, pod in _pods(child):
             (c,) = pod["containers"]
             assert RESTRICTED.items() <= c["securityContext"].items(), (role, c["securityContext"])
-            # KubeRay's autoscaler runs in the head and scales the RayCluster through the API
-            assert pod["automountServiceAccountToken"] is (role == "head" and autoscaling)
+            # no pod-wide token: KubeRay's autoscaler gets its own (below), the Ray containers none
+            assert pod["automountServiceAccountToken"] is False, role
+            assert not [m for m in c.get("volumeMounts", []) if m["name"] == render.AUTOSCALER_TOKEN_VOLUME], role
+            token_volumes = [v for v in pod.get("volumes", []) if v["name"] == render.AUTOSCALER_TOKEN_VOLUME]
+            assert len(token_volumes) == (role == "head" and autoscaling), role
         if autoscaling:
-            assert RESTRICTED.items() <= child["spec"]["rayClusterConfig"]["autoscalerOptions"]["securityContext"].items()
+            options = child["spec"]["rayClusterConfig"]["autoscalerOptions"]
+            assert RESTRICTED.items() <= options["securityContext"].items()
+            # the autoscaler alone mounts the API token, where in-cluster clients look for it
+            assert options["volumeMounts"] == [{"name": render.AUTOSCALER_TOKEN_VOLUME, "readOnly": True,
+                                                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+            (head,) = [pod for role, pod in _pods(child) if role == "head"]
+            (volume,) = [v for v in head["volumes"] if v["name"] == render.AUTOSCALER_TOKEN_VOLUME]
+            sources = volume["projected"]["sources"]
+            assert [next(iter(s)) for s in sources] == ["serviceAccountToken", "configMap", "downwardAPI"]
+            assert [i["path"] for i in sources[1]["configMap"]["items"] + sources[2]["downwardAPI"]["items"]] == ["ca.crt", "namespace"]
+    queued = rendered_service({"queueName": "q"})  # no autoscaler under Kueue: no token at all
+    assert "autoscalerOptions" not in queued["spec"]["rayClusterConfig"]
+    assert not any(v["name"] == render.AUTOSCALER_TOKEN_VOLUME for _, pod in _pods(queued) for v in pod.get("volumes", []))
+    asked = rendered_service({"automountServiceAccountToken": True})  # the pod-wide token, asked for: no second one
+    assert "volumeMounts" not in asked["spec"]["rayClusterConfig"]["autoscalerOptions"]
+    assert all(pod["automountServiceAccountToken"] for _, pod in _pods(asked))
     job = rendered({"securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": True}, "automountServiceAccountToken": True})
     for role, pod in _pods(job):
         sc = pod["containers"][0]["securityContext"]

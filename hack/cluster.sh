@@ -280,6 +280,10 @@ EOF
   wait_for kueue 120 kueue_ready
   # The webhooks go in once Kueue serves them (failurePolicy Fail).
   k apply --server-side --force-conflicts -f "$run/webhooks.yaml" >/dev/null
+  # The config it runs with, where Kueue's own install keeps it (its manager mounts this ConfigMap),
+  # for what reads it there (tputorch doctor's integrations check).
+  k create configmap kueue-manager-config -n kueue-system --from-file=controller_manager_config.yaml="$run/config.yaml" \
+    --dry-run=client -o yaml | k apply --server-side --force-conflicts -f - >/dev/null
 }
 
 cmd_up() {

@@ -262,3 +262,29 @@ def test_a_queued_service_is_admitted_by_kueue(kueue, queue_ns, operator):
     w = next(w for w in kube.custom.list_namespaced_custom_object(*KUEUE, ns, "workloads")["items"]
              if any(r["kind"] == "RayService" for r in w["metadata"]["ownerReferences"]))
     assert any(c["type"] == "Admitted" and c["status"] == "True" for c in w["status"]["conditions"])
+
+
+def test_doctor_sees_the_ray_integrations_and_the_local_queue_and_a_config_without_rayservice(kueue, queue_ns, capsys):
+    """`tputorch doctor` reads Kueue's integrations from kueue-system/kueue-manager-config (what
+    Kueue's manager mounts; the local cluster publishes there the file its Kueue runs with). With
+    ray.io/rayservice dropped from that config (Kueue reads it at its next start): its own ✗."""
+    from test_doctor import by_check, doctor, failed
+
+    code, report = doctor(capsys, kueue.kubeconfig, queue_ns)
+    checks = by_check(report)
+    assert checks["kueue-integrations"]["status"] == "ok", checks["kueue-integrations"]
+    assert checks["kueue-localqueues"]["status"] == "ok" and "tpu" in checks["kueue-localqueues"]["message"]
+    saved = kueue.core.read_namespaced_config_map("kueue-manager-config", "kueue-system")
+    text = saved.data["controller_manager_config.yaml"]
+    config = yaml.safe_load(text)
+    config["integrations"]["frameworks"] = [f for f in config["integrations"]["frameworks"] if f != "ray.io/rayservice"]
+    kueue.core.patch_namespaced_config_map("kueue-manager-config", "kueue-system",
+                                           {"data": {"controller_manager_config.yaml": yaml.safe_dump(config)}})
+    try:
+        code, report = doctor(capsys, kueue.kubeconfig, queue_ns)
+    finally:
+        kueue.core.patch_namespaced_config_map("kueue-manager-config", "kueue-system",
+                                               {"data": {"controller_manager_config.yaml": text}})
+    fail = failed(report).get("kueue-integrations")
+    assert code == 1 and fail and "ray.io/rayservice" in fail["message"]
+    assert "integrations.frameworks" in fail["fix"]

@@ -127,6 +127,10 @@ class Kube:
 
         # the informers' watches hold a connection each, for as long as they run
         configuration.connection_pool_maxsize = workers + report_workers + 1 + watches
+        # One attempt per call: urllib3's own retries (3 by default) each got the whole fenced
+        # timeout, so a write outlived the Lease it was fenced by; a failure goes back to the
+        # reconcile (or the informer), which retries with backoff and fences again.
+        configuration.retries = 0
         # With leader election: the total time a write may take now, None when it may not write.
         self.fence = fence
         self._inflight: set[concurrent.futures.Future] = set()

@@ -23,3 +23,45 @@ def test_no_hook_no_throttle():
     cfg = SimpleNamespace(refresh_api_key_hook=None)
     throttle_credential_refresh(cfg)
     assert cfg.refresh_api_key_hook is None
+
+
+def test_a_call_is_sent_once_not_again_by_urllib3_within_its_fence():
+    """Issue 34: the write fence bounded each urllib3 attempt, and urllib3 retried: a fenced DELETE
+    to an API server that dropped the connection ran 4x its budget. One attempt; the reconcile
+    retries with backoff, and a new attempt is fenced anew."""
+    import asyncio
+    import socket
+    import threading
+
+    from kubernetes import client
+
+    from tputorch.controller.kinds import RAYJOB
+    from tputorch.controller.kube import Kube
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted = []
+
+    def drop_every_connection():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.close()
+    threading.Thread(target=drop_every_connection, daemon=True).start()
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.getsockname()[1]}"
+    configuration.proxy = None
+    kube = Kube(configuration, 1, 1, fence=lambda: 5.0)
+    try:
+        try:
+            asyncio.run(kube.delete(RAYJOB, "ml", "demo", "uid-1"))
+        except Exception:  # noqa: BLE001 - the dropped connection, however urllib3 names it
+            pass
+        assert len(accepted) == 1
+    finally:
+        server.close()
+        kube.pool.shutdown()

@@ -228,10 +228,15 @@ class Informer:
             self.by_index.setdefault(after, set()).add(key)
 
     def _wanted(self, obj: dict) -> bool:
+        """In the namespaces asked for: matching a pattern (none: any), and no ``!pattern`` (kopf's
+        exclusions)."""
         if not self.patterns:
             return True
         ns = key_of(obj)[0]
-        return any(fnmatch.fnmatchcase(ns, p) for p in self.patterns)
+        included = [p for p in self.patterns if not p.startswith("!")]
+        if included and not any(fnmatch.fnmatchcase(ns, p) for p in included):
+            return False
+        return not any(fnmatch.fnmatchcase(ns, p[1:]) for p in self.patterns if p.startswith("!"))
 
     # --- the scope threads -----------------------------------------------------------------------
 
@@ -351,6 +356,7 @@ class Informer:
         except Exception as err:  # connection refused/reset, timeouts: the API server restarting
             if self._step[scope] == "list":
                 self.list_error = f"{type(err).__name__}: {str(err)[:200]}"
+                self._not_found_since.pop(scope, None)  # no answer: a 404 after it starts a new streak
             self._after_watch_failed(scope)
             delay = self._backoff.next(scope)
             log.warning("%s %s interrupted (%s: %s); re-listing in %.1fs", self.what, self._step[scope],

@@ -176,6 +176,36 @@ def test_one_404_of_a_served_child_kind_does_not_empty_its_store():
     assert inf.keys() == {("ml", "a")} and "DELETED" not in [e for e, _ in changes]
 
 
+def test_a_404_streak_interrupted_by_refused_connections_starts_again():
+    """Issue 34: a 404, then an API server refusing connections for longer than NOT_SERVED_AFTER,
+    then one 404 emptied the child store (every running job lost its RayJob to the reconcile)."""
+    src = FakeSource()
+    inf, changes = informer(source=src)
+    src.listing = {"items": [obj("a", "1")], "metadata": {"resourceVersion": "2"}}
+    inf.clock = Clock()
+    inf.cycle(None)
+    src.list_error = [api_error(404)]
+    inf.cycle(None)
+    for _ in range(3):
+        inf.clock.now += informer_module.NOT_SERVED_AFTER
+        src.list_error = [ConnectionRefusedError("refused")]
+        inf.cycle(None)
+    src.list_error = [api_error(404)]
+    inf.cycle(None)
+    assert inf.served is True and inf.keys() == {("ml", "a")}, "one 404 after the outage is not a streak"
+
+
+def test_a_namespace_pattern_with_an_exclusion_excludes_it():
+    """Issue 34: `!ns` patterns (kopf's exclusions) matched nothing, so nothing was reconciled."""
+    from tputorch.controller.informer import Informer as Inf
+    inf = Inf("things", FakeSource(), ["!kube-system", "!team-b-*"], lambda e, o: None, kinds.slim_object)
+    assert inf.scopes == [None]
+    wanted = [ns for ns in ("ml", "kube-system", "team-b-1", "team-a") if inf._wanted({"metadata": {"namespace": ns}})]
+    assert wanted == ["ml", "team-a"]
+    both = Inf("things", FakeSource(), ["team-*", "!team-b-*"], lambda e, o: None, kinds.slim_object)
+    assert [ns for ns in ("ml", "team-a", "team-b-1") if both._wanted({"metadata": {"namespace": ns}})] == ["team-a"]
+
+
 def test_a_kind_missing_at_start_counts_as_listed_at_once():
     src = FakeSource()
     inf, _ = informer(source=src)

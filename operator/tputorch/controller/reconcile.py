@@ -239,7 +239,7 @@ class Controller:
             self.enqueue((kind, *key_of(obj)))
 
     def child_changed(self, kind: str, event: str, obj: dict) -> None:
-        if event in ("SERVED", "FORBIDDEN"):  # every object of the kind may now read differently
+        if event in ("SERVED", "FORBIDDEN", "ALLOWED"):  # every object of the kind may now read differently
             for key in self.parents[kind].keys():
                 self.enqueue((kind, *key))
         elif obj:  # the child's name is the object's
@@ -304,7 +304,7 @@ class Controller:
             and parent["metadata"].get("uid") not in self.terminal
 
     def workload_changed(self, event: str, obj: dict) -> None:
-        if event in ("SERVED", "FORBIDDEN"):  # Kueue installed (or refused): every queued object reads anew
+        if event in ("SERVED", "FORBIDDEN", "ALLOWED"):  # Kueue installed, refused or granted: every queued object reads anew
             self._queued_objects(lambda spec: True)
             return
         owner = kueue.owner_of(obj) if obj else None

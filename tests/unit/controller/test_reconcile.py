@@ -915,3 +915,14 @@ def test_deleted_pods_of_finished_or_deleted_jobs_are_not_kept():
     ctl.deleted_pods[KEY] = [_ray_pod()]  # whatever was left: the sweep after a re-list takes it
     ctl.sweep()
     assert ctl.deleted_pods == {}
+
+
+def test_rbac_granted_again_brings_back_every_object_that_read_the_refusal():
+    """Issue 34: a FORBIDDEN re-enqueued the objects, the ALLOWED that follows a fix did not: their
+    statuses kept saying Forbidden until something else changed."""
+    ctl = kueue_setup(job(queueName="tpu"), rayjob("uid-new", labels=QUEUED_LABELS))
+    ctl.child_changed(KIND, "ALLOWED", {})
+    assert list(ctl.queue._queue) == [KEY]
+    ctl.queue._queue.clear(), ctl.queue._dirty.clear()  # taken by a worker
+    ctl.workload_changed("ALLOWED", {})
+    assert list(ctl.queue._queue) == [KEY]

@@ -80,13 +80,30 @@ class Event:
     message: str
 
 
+# metav1.Condition's reason: what the API server validates it against (where a CRD declares it)
+# and what every tool expects; a reason copied from KubeRay, Kueue or a pod is made to fit.
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+MAX_REASON = 1024
+
+
+def reason_of(text: object) -> str:
+    """``text`` as a condition reason: as it is when it is one, else its words joined in CamelCase
+    ("back-off 5m" -> "BackOff5m"); "Unknown" when nothing of it is left."""
+    text = str(text or "")
+    if _REASON.match(text) and len(text) <= MAX_REASON:
+        return text
+    words = re.findall(r"[A-Za-z0-9]+", text)
+    joined = "".join(w[:1].upper() + w[1:] for w in words).lstrip("0123456789")[:MAX_REASON]
+    return joined[:1].upper() + joined[1:] or "Unknown"
+
+
 def condition(ctype: str, status: bool | None, reason: str, message: str, generation: int) -> dict:
     if len(message) > MAX_CONDITION_MESSAGE:
         message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
     return {
         "type": ctype,
         "status": {True: "True", False: "False", None: "Unknown"}[status],
-        "reason": reason,
+        "reason": reason_of(reason),
         "message": message,
         "observedGeneration": generation,
     }

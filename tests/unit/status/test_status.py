@@ -75,6 +75,19 @@ def test_failed_carries_kuberays_reason_and_message():
     assert st["completionTime"] == "2026-11-29T10:05:00Z"
 
 
+def test_a_foreign_reason_that_is_no_condition_reason_is_made_one():
+    """Issue 34: KubeRay's (or a pod's) reason was copied as it was; a reason with spaces or dashes
+    breaks metav1.Condition's rule and the tools that read it."""
+    import copy
+    rj = copy.deepcopy(rayjob("failed"))
+    rj["status"]["reason"] = "back-off 5m: deadline exceeded!"
+    st = status.derive(JOB, 1, rj, [], {}, T0)
+    assert cond(st, "Failed")["reason"] == "BackOff5mDeadlineExceeded"
+    assert status.conditions.reason_of("AppFailed") == "AppFailed"
+    assert status.conditions.reason_of("  ") == status.conditions.reason_of(None) == "Unknown"
+    assert status.conditions.reason_of("5xx error") == "XxError"
+
+
 def test_no_rayjob_yet_and_kuberay_missing():
     st = derive(None)
     assert st["phase"] == "Pending" and cond(st, "RayJobCreated")["reason"] == "Creating"

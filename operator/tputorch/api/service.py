@@ -113,6 +113,7 @@ SERVICE_DEFAULTS: dict[str, Any] = {
 SERVICE_ENV = {
     "TPU_MULTIHOST_BACKEND": "the operator sets it to ray on every slice: vllm-torchtpu then runs its engine on the slice's hosts through Ray",
     topology.RAY_TPU_RESOURCE_PER_CHIP: "the operator sets it for TPU7x, whose chips Ray counts as 2 TPU resources each",
+    "TORCH_TPU_TOPOLOGY": "the operator sets it from spec.tpu (the slice's mesh for vllm-torchtpu)",
 }
 HF_TOKEN_ENV = "HF_TOKEN"
 
@@ -193,14 +194,20 @@ def _secret_key(v: str) -> str | None:
     return None
 
 
-def serving_problem(s: topology.Slice) -> str | None:
-    """Why a TPUTorchService cannot run on this slice (about spec.tpu.chipsPerHost), None if it can: the one
-    predicate for which table rows serve (the parser and ``tputorch topologies`` ask it)."""
+def serving_problem(s: topology.Slice) -> tuple[str, str] | None:
+    """Why a TPUTorchService cannot run on this slice, as (the spec.tpu field at fault, why), None if
+    it can: the one predicate for which table rows serve (the parser and ``tputorch topologies`` ask it)."""
+    if s.generation.name == "tpu7x":
+        # vllm-torchtpu's tables and executor count TPU7x's two cores per chip as two devices (one
+        # engine worker each), while a service's tensorParallelSize x pipelineParallelSize is its chips.
+        return ("accelerator", "cannot serve a TPUTorchService: vllm-torchtpu 0.29 runs one engine worker per TPU7x "
+                "core (2 per chip) and has no mesh for tensorParallelSize x pipelineParallelSize = chips; "
+                "serving on TPU7x is not verified and not offered")
     default_layout = topology.host_layouts(s.generation, s.topology)[0]
     if s.chips_per_host != default_layout:
         # Ray Serve LLM reserves the slice from its topology alone (slice_placement_group), and
         # Ray maps this topology to hosts of default_layout chips: other hosts never match.
-        return (f"must be {default_layout} for a TPUTorchService on a {s.generation.name} {s.topology} slice: "
+        return ("chipsPerHost", f"must be {default_layout} for a TPUTorchService on a {s.generation.name} {s.topology} slice: "
                 f"Ray Serve LLM reserves the slice by its topology, which Ray maps to {default_layout}-chip hosts")
     return None
 
@@ -267,7 +274,8 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
                 f"x spec.engine.pipelineParallelSize {pp} = {tp * pp} chips, but one replica is one whole "
                 f"{s.generation.name} {s.topology} slice: tensorParallelSize x pipelineParallelSize must be {chips}")
     if tpu.slice is not None and (problem := serving_problem(tpu.slice)) is not None:
-        r.error("spec.tpu.chipsPerHost", tpu.slice.chips_per_host, problem)
+        field, message = problem
+        r.error(f"spec.tpu.{field}", tpu.slice.chips_per_host if field == "chipsPerHost" else tpu.slice.generation.name, message)
 
     replicas = r.mapping(spec, "replicas", "spec.replicas", REPLICA_FIELDS)
     min_replicas = r.value(replicas, "min", "spec.replicas.min", int, default=SERVICE_DEFAULTS["replicas.min"], check=between(1, MAX_REPLICAS))

@@ -278,3 +278,13 @@ def all_slices(accelerator: str | None = None) -> list[Slice]:
             for chips_per_host in host_layouts(generation, topology):
                 slices.append(resolve(name, topology, chips_per_host))
     return slices
+
+
+def torch_tpu_topology(s: Slice) -> str:
+    """The slice's mesh as vllm-torchtpu 0.29 reads it from TORCH_TPU_TOPOLOGY: the topology and a
+    last dimension of cores per chip (1 on v5e/v6e; 2 on v4/v5p, whose megacore pair is one
+    device). Unset, its Ray executor looks the mesh up by device count in a fixed table that has
+    the same meshes for 4 to 256 devices and none for a v5e/v6e 1x1, a v4/v5p 2x2x1 or 8x8x8 and
+    larger: set, every one of these slices starts."""
+    return f"{s.topology}x{s.generation.cores_per_chip}"
+

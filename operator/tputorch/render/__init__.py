@@ -145,7 +145,9 @@ def serving_env(svc: ServiceSpec) -> list[dict]:
     """What vLLM on a TPU slice needs in the environment of every Ray node."""
     # vllm-torchtpu 0.29 picks its executor from this on every slice, one host or many: "ray" runs
     # the engine on the slice's per-host bundles; unset, it runs inside the Serve replica's process.
-    env = [{"name": "TPU_MULTIHOST_BACKEND", "value": "ray"}]
+    env = [{"name": "TPU_MULTIHOST_BACKEND", "value": "ray"},
+           # and builds its mesh from this (the Ray executor's own table lacks some slices).
+           {"name": "TORCH_TPU_TOPOLOGY", "value": topology.torch_tpu_topology(svc.slice)}]
     per_chip = topology.ray_tpu_resource_per_chip(svc.slice.generation, serving=True)
     if per_chip is not None:
         env.append({"name": topology.RAY_TPU_RESOURCE_PER_CHIP, "value": str(per_chip)})

@@ -112,6 +112,9 @@ def test_both_kinds_expose_the_same_reconcile_attributes():
         ({"engine": {"args": {"gpu_mem_util": 0.9}}}, "spec.engine.args.gpu_mem_util",
          "is not an argument of vLLM 0.29.0 that Ray Serve LLM takes"),
         ({"engine": {"args": {"_api_process_rank": 1}}}, "spec.engine.args._api_process_rank", "is not an argument"),
+        ({"tpu": {"accelerator": "tpu7x", "topology": "2x2x2"}}, "spec.tpu.accelerator",
+         "vllm-torchtpu 0.29 runs one engine worker per TPU7x core"),
+        ({"env": [{"name": "TORCH_TPU_TOPOLOGY", "value": "4x4x1"}]}, "spec.env[0].name", "the operator sets it from spec.tpu"),
         # vLLM's own HTTP server's options: refused by name with the reason, in any spelling.
         ({"engine": {"args": {"port": 8080}}}, "spec.engine.args.port", "does not run under Ray Serve"),
         ({"engine": {"args": {"host": "0.0.0.0"}}}, "spec.engine.args.host", "Ray Serve's proxy answers HTTP on the head's serve port 8000"),

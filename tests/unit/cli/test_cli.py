@@ -75,7 +75,7 @@ def test_topologies_table_and_json(capsys):
     code, out, _ = run(capsys, "topologies", "-o", "json")
     rows = json.loads(out)
     tpu7x = next(r for r in rows if (r["accelerator"], r["topology"]) == ("tpu7x", "2x2x2"))
-    assert (tpu7x["machineType"], tpu7x["podType"], tpu7x["trains"], tpu7x["serves"]) == ("tpu7x-standard-4t", "v7x-16", True, True)
+    assert (tpu7x["machineType"], tpu7x["podType"], tpu7x["trains"], tpu7x["serves"]) == ("tpu7x-standard-4t", "v7x-16", True, False)
     assert len(rows) == len(topology.all_slices())
     assert {"accelerator": "v5p", "topology": "2x2x2", "hosts": 2} .items() <= next(r for r in rows if r["topology"] == "2x2x2" and r["accelerator"] == "v5p").items()
     code, _, err = run(capsys, "topologies", "--accelerator", "v99")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tputorch import render
-from tputorch.api import spec, topology
+from tputorch.api import service, spec, topology
 
 from ..jobs import body
 
@@ -282,7 +282,13 @@ def test_reference_service_serve_config():
     assert "runtime_env" not in cfg
 
 
-ALL_SERVICE_SLICES = [s for s in topology.all_slices() if s.chips_per_host == topology.host_layouts(s.generation, s.topology)[0]]
+ALL_SERVICE_SLICES = [s for s in topology.all_slices() if service.serving_problem(s) is None]
+# vllm-torchtpu 0.29.0's Ray executor's meshes by device count when TORCH_TPU_TOPOLOGY is unset
+# (platforms/tpu_platform.py, read in the wheel): what the rendered variable must agree with.
+VLLM_TORCHTPU_MESHES = {
+    1: {4: "2,2,1", 8: "2,4,1", 16: "4,4,1", 32: "4,8,1", 64: "8,8,1", 128: "8,16,1", 256: "16,16,1"},
+    2: {8: "2,2,2,2", 16: "2,2,4,2", 32: "2,4,4,2", 64: "4,4,4,2", 128: "4,4,8,2", 256: "4,8,8,2"},
+}
 
 
 @pytest.mark.parametrize("s", ALL_SERVICE_SLICES, ids=lambda s: f"{s.generation.name}-{s.topology}")
@@ -297,10 +303,34 @@ def test_every_service_slice_is_one_worker_replica_that_passes_the_gke_webhook_r
     assert llm_config(rs)["accelerator_type"] == s.generation.ray_accelerator_type
     env = env_of(container(group["template"]))
     assert env.get("TPU_MULTIHOST_BACKEND") == "ray"  # one host or many: vllm-torchtpu's executor choice
-    assert env.get("RAY_TPU_RESOURCE_PER_CHIP") == ("2" if s.generation.name == "tpu7x" else None)
+    assert env.get("RAY_TPU_RESOURCE_PER_CHIP") is None
+    # Issue 35: the slice's own mesh is named (vllm-torchtpu turns x into ,), so slices the
+    # executor's table lacks (1x1, 2x2x1, 8x8x8...) start, and one that shares a device count with
+    # another (v5p 4x4x16 and 4x8x8) does not get the other's mesh.
+    mesh = env["TORCH_TPU_TOPOLOGY"].replace("x", ",")
+    assert mesh == f"{s.topology.replace('x', ',')},{s.generation.cores_per_chip}"
     assert llm_config(rs)["deployment_config"]["ray_actor_options"] == {
         "resources": {f"accelerator_type:{s.generation.ray_accelerator_type}": 0.001}}
     assert not any(k.startswith("TPUTORCH_") for k in env)  # the training env is the job's
+
+
+def test_the_rendered_mesh_is_vllm_torchtpus_own_for_the_shapes_of_its_table():
+    by_shape = {(s.generation.cores_per_chip, s.topology): s for s in ALL_SERVICE_SLICES}
+    for cores, table in VLLM_TORCHTPU_MESHES.items():
+        for devices, mesh in table.items():
+            s = by_shape[(cores, "x".join(mesh.split(",")[:-1]))]
+            assert s.chips == devices
+            rendered = env_of(container(rendered_service({"tpu": {"accelerator": s.generation.name, "topology": s.topology}})
+                                        ["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]))
+            assert rendered["TORCH_TPU_TOPOLOGY"].replace("x", ",") == mesh
+
+
+def test_the_rendered_mesh_covers_slices_vllm_torchtpus_table_has_not():
+    shapes = {(s.generation.name, s.topology) for s in ALL_SERVICE_SLICES}
+    assert {("v6e", "1x1"), ("v5e", "1x1"), ("v4", "2x2x1"), ("v5p", "2x2x1"), ("v5p", "8x8x8"), ("v4", "8x8x8")} <= shapes
+    assert {s.chips for s in ALL_SERVICE_SLICES if s.generation.cores_per_chip == 2} - set(VLLM_TORCHTPU_MESHES[2])
+    assert env_of(container(rendered_service({"tpu": {"accelerator": "v6e", "topology": "1x1"}})["spec"]["rayClusterConfig"]
+                            ["workerGroupSpecs"][0]["template"]))["TORCH_TPU_TOPOLOGY"] == "1x1x1"
 
 
 def test_service_head_serves_port_8000_and_stays_cpu_only():

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image lock
+.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image example-images lock
 
 # pip's HTTP cache stores nothing here (the index's responses carry no caching headers), so the
 # large wheels (torch with its CUDA libraries, Ray) are kept in a wheelhouse of our own that every
@@ -44,6 +44,13 @@ demo: install
 # daemon answers, else buildah; BASE_IMAGE=... picks the base). Reused while its sources are unchanged.
 image:
 	hack/image.sh build
+
+# The images the docs build besides the operator's, with buildah on a stand-in of Ray's image
+# (hack/README.md "The example images"); tests/image/test_example_images.py builds them in make test.
+example-images:
+	BUILDER=buildah hack/image.sh example examples/Dockerfile . tputorch-examples
+	BUILDER=buildah hack/image.sh example examples/serve/Dockerfile examples/serve tputorch-examples-serve
+	BUILDER=buildah hack/image.sh example examples/rl/Dockerfile . tputorch-examples-rl
 
 # Every test: unit, integration (packaging), image, Ray and cluster; the cluster tests bring the local
 # cluster up (and down) themselves. Nothing else needs to run before it on a fresh clone.

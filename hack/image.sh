@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Builds the operator image from the Dockerfile, or reuses a cached build of the same sources.
-# Usage: hack/image.sh [build|key|tools]   (default: build)
+# Usage: hack/image.sh [build|key|tools|example DOCKERFILE CONTEXT NAME]   (default: build)
 #   build  writes dist/tputorch-operator.oci.tar (OCI archive), dist/tputorch-operator.docker.tar
 #          (for `docker load` / `kind load image-archive`) and dist/image.json (name, tag, layers)
 #   key    print the cache key: a hash of the Dockerfile, .dockerignore, pyproject.toml, operator/,
 #          this script and the base image
 #   tools  install what building and the image tests need (buildah, umoci) from Debian's packages
+#   example  build an example image (examples/Dockerfile, examples/serve/Dockerfile, ...) with buildah
+#          from the stand-in of Ray's image (hack/ray-base.Containerfile), the RUN steps that only
+#          download what cannot be fetched here skipped (hack/standin_dockerfile.py), or reuse the
+#          cached build of the same inputs; writes dist/NAME.oci.tar and dist/NAME.json
 # Environment:
 #   BASE_IMAGE   base image (the Dockerfile's PYTHON_IMAGE), e.g.
 #                docker.io/library/python:3.11.11-slim-bookworm. Unset: with docker the Dockerfile's
@@ -183,9 +187,77 @@ build() {
   log "$DIST/$NAME.oci.tar ($(du -h "$DIST/$NAME.oci.tar" | cut -f1)), $DIST/$NAME.docker.tar ($(du -h "$DIST/$NAME.docker.tar" | cut -f1)): $NAME:$tag"
 }
 
+# The stand-in of Ray's image: hack/ray-base.Containerfile on the stand-in base.
+RAY_KEY=$( (echo "$BASE_KEY"; cat "$REPO/hack/ray-base.Containerfile") | sha256sum | cut -c1-16)
+RAY_STANDIN=localhost/tputorch-ray-base:py3.11-$RAY_KEY
+
+ensure_ray_base() {
+  bah inspect --type image "$RAY_STANDIN" >/dev/null 2>&1 && return 0
+  local archive=$CACHE/ray-base-$RAY_KEY.oci.tar
+  if [[ -s $archive ]]; then
+    log "loading the cached stand-in of Ray's image $archive"
+    bah tag "$(bah pull --quiet "oci-archive:$archive")" "$RAY_STANDIN"
+    return 0
+  fi
+  ensure_standin_base
+  local t0=$SECONDS
+  bah build --quiet --isolation chroot --layers=false --build-arg "BASE=$BASE_STANDIN" \
+    -f "$REPO/hack/ray-base.Containerfile" -t "$RAY_STANDIN" "$REPO/hack" >&2
+  bah push --quiet "$RAY_STANDIN" "oci-archive:$archive.tmp" && mv "$archive.tmp" "$archive"
+  log "stand-in of Ray's image built and cached in $((SECONDS - t0))s: $archive"
+}
+
+example() {  # example <Dockerfile> <context> <name>
+  local dockerfile=$1 context=$2 name=$3
+  [[ $(builder) == buildah ]] || { echo "example images: buildah only (BUILDER=buildah)" >&2; exit 2; }
+  tools
+  mkdir -p "$CACHE" "$DIST" "$STORE/tmp"
+  export TMPDIR=$STORE/tmp
+  exec 9>"$CACHE/lock"
+  flock 9
+  ensure_ray_base
+  local tmp summary key hit
+  tmp=$(mktemp -d "$STORE/tmp/example.XXXXXX")
+  trap "rm -rf '$tmp'" EXIT
+  summary=$(python3 "$REPO/hack/standin_dockerfile.py" "$dockerfile" "$context" "$RAY_STANDIN" "$tmp/Dockerfile")
+  key=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["key"])' "$summary")
+  hit=$CACHE/example-$name-$key
+  if [[ ! -s $hit/image.json ]]; then
+    local ca t0=$SECONDS args=(--quiet --isolation chroot --layers=false -f "$tmp/Dockerfile")
+    ca=$(ca_bundle)
+    # pip in the RUN steps that reach PyPI needs the build host's CA: a site pip.conf naming it,
+    # both mounted for the build only (never in a layer)
+    if [[ -n $ca ]]; then
+      printf '[global]\ncert = /run/host-ca.pem\n' >"$tmp/pip.conf"
+      args+=(--volume "$ca:/run/host-ca.pem:ro" --volume "$tmp/pip.conf:/etc/pip.conf:ro")
+    fi
+    rm -rf "$hit.tmp" && mkdir -p "$hit.tmp"
+    bah build "${args[@]}" -t "localhost/$name:$key" "$context" >&2
+    bah push --quiet "localhost/$name:$key" "oci-archive:$hit.tmp/$name.oci.tar:$key"
+    bah rmi "localhost/$name:$key" >/dev/null
+    python3 - "$hit.tmp/image.json" "$name" "$key" "$summary" "$RAY_STANDIN" "$((SECONDS - t0))" "$dockerfile" <<'EOF'
+import json, sys
+path, name, tag, summary, standin, secs, dockerfile = sys.argv[1:]
+s = json.loads(summary)
+json.dump({"name": f"{name}:{tag}", "tag": tag, "dockerfile": dockerfile, "bases": s["bases"],
+           "stand_in": standin, "skipped": s["skipped"], "build_seconds": int(secs)}, open(path, "w"), indent=1)
+EOF
+    rm -rf "$hit" && mv "$hit.tmp" "$hit"
+    log "built $name:$key in $((SECONDS - t0))s"
+    # Keep the newest two builds of each example (branches of this machine share the cache).
+    find "$CACHE" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended -regex ".*/example-$name-[0-9a-f]{16}" -printf '%T@ %p\n' \
+      | sort -rn | tail -n +3 | cut -d' ' -f2- | xargs -r rm -rf
+  else
+    log "cached: $hit"
+  fi
+  cp --reflink=auto "$hit/$name.oci.tar" "$DIST/$name.oci.tar.tmp" && mv "$DIST/$name.oci.tar.tmp" "$DIST/$name.oci.tar"
+  cp "$hit/image.json" "$DIST/$name.json"
+}
+
 case ${1:-build} in
   build) build ;;
+  example) [[ $# == 4 ]] || { echo "usage: $0 example DOCKERFILE CONTEXT NAME" >&2; exit 2; }; example "$2" "$3" "$4" ;;
   key) cache_key ;;
   tools) tools ;;
-  *) echo "usage: $0 [build|key|tools]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|key|tools|example DOCKERFILE CONTEXT NAME]" >&2; exit 2 ;;
 esac

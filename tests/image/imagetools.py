@@ -125,9 +125,11 @@ def chroot_command(bundle: Bundle, args: list[str], files: dict[str, Path] | Non
                    f"mount --bind {shlex.quote(str(host))} {target}", f"mount -o remount,bind,ro {target}"]
     script.append(f"mount -o remount,bind,ro {root}")  # readOnlyRootFilesystem, as in the chart
     environment = [*bundle.process.get("env", []), *(f"{k}={v}" for k, v in (env or {}).items())]
-    assert bundle.process.get("cwd", "/") == "/", "chroot starts in /; the image sets another WORKDIR"
+    # chroot starts in /: the image's WORKDIR through env's --chdir (coreutils in the image)
+    cwd = bundle.process.get("cwd", "/")
     script.append(" ".join(["exec", "chroot", f"--userspec={user['uid']}:{user['gid']}", root,
-                            "env", "-i", *map(shlex.quote, environment), *map(shlex.quote, args)]))
+                            "env", "-i", *([f"--chdir={shlex.quote(cwd)}"] if cwd != "/" else []),
+                            *map(shlex.quote, environment), *map(shlex.quote, args)]))
     return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
             "sh", "-c", "\n".join(script)]
 

@@ -1,7 +1,7 @@
 """GRPO-style reinforcement learning on a TPU slice, with rollouts and rewards on spec.groups.
 
-Runs as the entrypoint of a TPUTorchJob with groups (rl-tpu-tpu.yaml: rollouts on a second TPU
-slice; rl-tpu-gpu.yaml: rollouts on GPUs). One Ray cluster holds them all:
+Runs as the entrypoint of a TPUTorchJob with groups (tpu-tpu.yaml: rollouts on a second TPU
+slice; tpu-gpu.yaml: rollouts on GPUs). One Ray cluster holds them all:
 
 - the policy trains with Ray Train's TorchTrainer on the job's own slice (``scaling_config()``
   keeps its workers there, never on a rollout slice of the same shape);

@@ -197,6 +197,13 @@ def test_the_example_images_pin_what_the_project_runs():
     for pin in ("torch-tpu==0.2.0", "libtpu==0.0.50", "smart_open[gcs]==", "google-cloud-storage=="):
         assert pin in train, pin
     assert f'"ray[serve]=={ray}"' in serve and '"vllm-torchtpu==0.29.0"' in serve
+    # the CUDA rollout image (examples/rl/Dockerfile): the training image's Ray and Python (Ray
+    # refuses a node whose versions differ from the head's) and the same GCS clients
+    rollout = (ROOT / "examples" / "rl" / "Dockerfile").read_text()
+    assert re.search(rf"^FROM rayproject/ray:{re.escape(ray)}-py311-gpu$", rollout, re.M), rollout
+    gcs = [ln for ln in train.splitlines() if ln.startswith("RUN") and "smart_open" in ln]
+    assert len(gcs) == 1 and gcs[0] in rollout.splitlines()
+    assert "vllm==0.29.0" in rollout
 
 
 def entrypoints() -> list[tuple[str, list[str], dict]]:

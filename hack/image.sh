@@ -188,10 +188,9 @@ build() {
 }
 
 # The stand-in of Ray's image: hack/ray-base.Containerfile on the stand-in base.
-RAY_KEY=$( (echo "$BASE_KEY"; cat "$REPO/hack/ray-base.Containerfile") | sha256sum | cut -c1-16)
-RAY_STANDIN=localhost/tputorch-ray-base:py3.11-$RAY_KEY
-
 ensure_ray_base() {
+  RAY_KEY=$( (echo "$BASE_KEY"; cat "$REPO/hack/ray-base.Containerfile") | sha256sum | cut -c1-16)
+  RAY_STANDIN=localhost/tputorch-ray-base:py3.11-$RAY_KEY
   bah inspect --type image "$RAY_STANDIN" >/dev/null 2>&1 && return 0
   local archive=$CACHE/ray-base-$RAY_KEY.oci.tar
   if [[ -s $archive ]]; then

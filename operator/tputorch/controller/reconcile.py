@@ -459,6 +459,8 @@ class Controller:
                                      render.ray_token_secret_name(ours) if ours is not None else None)
         # The write right after our own create is on the job's critical path: never put off.
         await self._write(kind, parent, previous, current, at_once=result == "created")
+        if queue is not None:  # after the status: a failing Workload patch must not freeze it
+            await self._carry_suspend(kind, spec, ours)
         if ours is not None and kind.child_must_go is not None and kind.child_must_go(self._previous(parent), ours):
             await self._remove_child(kind, key, ours)  # the attempt it ran has ended (as now written)
             return "attempt-ended"
@@ -670,8 +672,7 @@ class Controller:
         return bool(labels.get(render.QUEUE_LABEL)) and self.workloads is not None and self.workloads.served is not False
 
     async def _admission(self, kind: Kind, spec, child: dict) -> kueue.Admission | None:
-        """Where Kueue has the child, from its Workload; and the user's spec.suspend carried to the
-        Workload (spec.active), the one place Kueue takes it from without a fight."""
+        """Where Kueue has the child, from its Workload."""
         if not spec.queue_name or not self._kueue_manages(child):
             return None
         namespace, name = key_of(child)
@@ -682,16 +683,27 @@ class Controller:
         if not self.workloads.synced.is_set():  # a list that keeps failing: never guess "no Workload"
             return kueue.Admission(False, "WorkloadsNotListed", "the operator could not list Kueue's Workloads yet"
                                    f" ({self.workloads.list_error or 'no answer'}): admission unknown", None)
-        workload = kueue.workload_for(self.workloads.indexed((namespace, kind.child.kind, name)), child)
+        workload = self._workload_of(kind, child)
         pcs, exists = self.priority_classes, True
         if spec.priority_class_name and pcs is not None and pcs.served and pcs.forbidden is None:
             exists = pcs.get(("", spec.priority_class_name)) is not None
-        active = not getattr(spec, "suspend", False)
-        if workload is not None and (workload.get("spec") or {}).get("active", True) != active:
-            await self.kube.patch(WORKLOAD, namespace, key_of(workload)[1], {"spec": {"active": active}})
-            log.info("%s %s/%s: Workload %s %s", kind.resource.kind, namespace, name, key_of(workload)[1],
-                     "activated" if active else "deactivated (suspended)")
         return kueue.admission(spec.queue_name, kind.child.kind, name, workload, spec.priority_class_name, exists)
+
+    def _workload_of(self, kind: Kind, child: dict) -> dict | None:
+        namespace, name = key_of(child)
+        return kueue.workload_for(self.workloads.indexed((namespace, kind.child.kind, name)), child)
+
+    async def _carry_suspend(self, kind: Kind, spec, child: dict) -> None:
+        """The user's spec.suspend carried to the child's Workload (spec.active), the one place
+        Kueue takes it from without a fight. A failure raises (the reconcile retries with backoff)
+        once the status is written."""
+        workload, active = self._workload_of(kind, child), not getattr(spec, "suspend", False)
+        if workload is None or (workload.get("spec") or {}).get("active", True) == active:
+            return
+        namespace, name = key_of(child)
+        await self.kube.patch(WORKLOAD, namespace, key_of(workload)[1], {"spec": {"active": active}})
+        log.info("%s %s/%s: Workload %s %s", kind.resource.kind, namespace, name, key_of(workload)[1],
+                 "activated" if active else "deactivated (suspended)")
 
     async def _relabel(self, kind: Kind, key: Key, desired: dict, child: dict) -> None:
         """Our own child without the labels our watch selects on (someone removed them): put them

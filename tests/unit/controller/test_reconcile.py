@@ -926,3 +926,15 @@ def test_rbac_granted_again_brings_back_every_object_that_read_the_refusal():
     ctl.queue._queue.clear(), ctl.queue._dirty.clear()  # taken by a worker
     ctl.workload_changed("ALLOWED", {})
     assert list(ctl.queue._queue) == [KEY]
+
+
+def test_a_failing_workload_patch_does_not_freeze_the_jobs_status():
+    """Issue 34: the Workload's spec.active patch ran before the status write, and its failure
+    ended the reconcile: the job's status stayed as it was for as long as the patch failed."""
+    ctl = kueue_setup(job(queueName="tpu", suspend=True), rayjob("uid-new", suspend=False, labels=QUEUED_LABELS),
+                      [kueue_workload(active=True)])
+    ctl.kube.fail["patch"].append(api_error(500, "Internal Server Error"))
+    with pytest.raises(Exception, match="500"):
+        run(ctl.reconcile(KEY))  # the reconcile fails (and is retried with backoff) ...
+    assert ctl.kube.called("patch_status"), "... once the status is written"
+    assert condition(last_status(ctl.kube), "Admitted") is not None

@@ -287,3 +287,46 @@ def test_a_volume_with_two_sources_is_refused_at_admission(crds, namespace):
     bad = job(volumes=[{"name": "v", "mountPath": "/v", "pvc": {"claimName": "c"}, "emptyDir": {}}])
     proc = create(crds, namespace, bad)
     assert proc.returncode != 0 and "exactly one of gcs, pvc, emptyDir" in proc.stderr, proc.stderr
+
+
+# --- specs the Pod API (or the runtime) would refuse later: refused at admission too (issue 39) ---
+
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _mount(path):
+    return {"volumes": [{"name": "v", "mountPath": path, "emptyDir": {}}]}
+
+
+@pytest.mark.parametrize("spec_extra,fragments", [
+    ({"worker": {"memory": "1.5"}}, ["spec.worker.memory", "must be at least 256Mi"]),
+    ({"head": {"memory": 64}}, ["spec.head.memory", "must be at least 256Mi"]),
+    ({"groups": [{"name": "r", "memory": "1.5"}]}, ["spec.groups[0].memory", "must be at least 256Mi"]),
+    ({"groups": [{"name": "r", "memory": "0"}]}, ["spec.groups[0].memory", "must be greater than zero"]),
+    ({"groups": [{"name": "r", "cpu": "0"}]}, ["spec.groups[0].cpu", "must be greater than zero"]),
+    ({"image": "example.com/img:1\n"}, ["spec.image"]),
+    ({"image": " example.com/img:1"}, ["spec.image"]),
+    ({"groups": [{"name": "r", "image": "cuda:12\nx"}]}, ["spec.groups[0].image"]),
+    (_mount("/proc"), ["spec.volumes[0].mountPath", "must not be /dev/shm, /proc"]),
+    (_mount("//proc/sys"), ["spec.volumes[0].mountPath"]),
+    (_mount(TOKEN_DIR), ["spec.volumes[0].mountPath"]),
+    (_mount(TOKEN_DIR + "/token"), ["spec.volumes[0].mountPath"]),
+    ({"securityContext": {"capabilities": {"add": ["CAP_SYS_ADMIN"]}, "allowPrivilegeEscalation": False}},
+     ["spec.securityContext.allowPrivilegeEscalation", "must not be false with privileged or CAP_SYS_ADMIN"]),
+    ({"securityContext": {"privileged": True, "allowPrivilegeEscalation": False}},
+     ["spec.securityContext.allowPrivilegeEscalation"]),
+])
+def test_specs_the_pod_api_would_refuse_later_are_refused_at_admission(crds, namespace, spec_extra, fragments):
+    refused(crds, namespace, job(name="late", **spec_extra), *fragments)
+    with pytest.raises(spec.InvalidSpec):  # the operator (and tputorch validate) refuse them too
+        spec.parse(job(name="late", **spec_extra))
+
+
+def test_the_neighbours_of_those_refusals_are_admitted(crds, namespace):
+    for i, extra in enumerate([{"worker": {"memory": "256Mi"}}, {"groups": [{"name": "r", "cpu": "500m", "memory": "1Gi"}]},
+                               _mount("/proc-data"), _mount("/var/run/secrets/other"),
+                               {"securityContext": {"capabilities": {"add": ["CAP_SYS_ADMIN"]}}},
+                               {"image": "us-docker.pkg.dev/p/r/ray@sha256:" + "a" * 64}]):
+        proc = create(crds, namespace, job(name=f"fine-{i}", **extra))
+        assert proc.returncode == 0, (extra, proc.stderr)
+        spec.parse(job(name=f"fine-{i}", **extra))

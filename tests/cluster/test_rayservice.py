@@ -93,3 +93,32 @@ def test_a_failed_deploy_is_reported_and_the_rayservice_stays_not_ready(kube, na
     assert st.get("serviceStatus") != "Running", json.dumps(st)
     time.sleep(5)  # KubeRay keeps polling: still not Ready
     assert ready(kube, namespace, name) is None
+
+
+def test_kuberays_autoscaler_alone_holds_the_api_token_of_a_service_head(kube, namespace):
+    """The operator's rendered RayService, at the real KubeRay: the head pod KubeRay makes has no
+    pod-wide token (the ServiceAccount admission plugin adds none), its autoscaler container mounts
+    the projected token volume where in-cluster clients read it, and the Ray container does not."""
+    from tputorch import render
+    from tputorch.api import spec
+
+    body = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService", "metadata": {"name": "tok", "namespace": namespace},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": RAY_IMAGE,
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, "replicas": {"min": 1, "max": 2}}}
+    child = render.rayservice(spec.parse_service(body))
+    kube.custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayservices", child)
+
+    def head():
+        pods = kube.core.list_namespaced_pod(namespace, label_selector="ray.io/node-type=head").items
+        return pods[0] if pods else None
+    pod = kube.wait(head, 120, "KubeRay to create the service's head pod")
+    assert pod.spec.automount_service_account_token is False
+    containers = {c.name: c for c in pod.spec.containers}
+    assert set(containers) == {"ray-head", "autoscaler"}, set(containers)
+    token_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    mounts = {name: {m.mount_path: m.name for m in c.volume_mounts or []} for name, c in containers.items()}
+    assert mounts["autoscaler"].get(token_dir) == render.AUTOSCALER_TOKEN_VOLUME, mounts["autoscaler"]
+    assert token_dir not in mounts["ray-head"] and render.AUTOSCALER_TOKEN_VOLUME not in mounts["ray-head"].values()
+    (volume,) = [v for v in pod.spec.volumes if v.name == render.AUTOSCALER_TOKEN_VOLUME]
+    assert volume.projected.sources[0].service_account_token.path == "token"
+    assert not [v for v in pod.spec.volumes if v.name.startswith("kube-api-access")]  # no injected token volume

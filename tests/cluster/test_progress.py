@@ -6,6 +6,7 @@ in status.progress, status.lastCheckpoint, `kubectl get` (the Step and Loss colu
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -89,3 +90,62 @@ def test_a_running_jobs_reports_reach_its_status_get_and_describe(kube, namespac
     finally:
         op.stop()
     assert "Traceback" not in op.log(), op.log()[-5000:]
+
+
+def test_a_key_rotation_keeps_the_progress_reads_of_jobs_made_before_it(kube, namespace, dashboard, tputorch_crd, tmp_path):
+    """Key A, then A kept as the previous key beside a new B, then B alone (docs/install-gke.md's
+    rotation): the job made under A keeps its reads while A is the previous key, the job made after
+    gets a token of B, and removing A breaks nothing made under B. The stand-in dashboard checks
+    every call's token as a real head (401/403)."""
+    import secrets as random
+
+    from tputorch.controller.raytoken import RayTokens
+
+    ns = namespace
+    old, new = tmp_path / "key-a", tmp_path / "key-b"
+    old.write_text(random.token_hex(32))
+    new.write_text(random.token_hex(32))
+
+    def operator(key, previous=None, log="operator.log"):
+        args = ["--progress-interval", "1", "--ray-token-key-file", str(key)]  # the last flag given wins
+        if previous:
+            args += ["--ray-token-previous-key-file", str(previous)]
+        return OperatorProcess(kube.kubeconfig, tmp_path / log, [ns], dashboard_url=dashboard.url, extra_args=args).start()
+
+    def running_with_report(name, step):
+        apply_job(kube, ns, name)
+        wait_phase(kube, ns, name, "Running", 180)
+        kube.wait(lambda: dashboard.get_job(ns, name), 60, "KubeRay's first call for the Ray job")
+        dashboard.add_job_log(ns, name, [reported(step, 1.0)])
+        wait_step(kube, ns, name, step)
+
+    def token_secret(name):
+        rayjob = kube.custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayjobs",
+                                                           label_selector=f"tputorch.io/job={name}")["items"][0]
+        return rayjob["spec"]["rayClusterSpec"]["authOptions"]["secretName"]
+
+    op = operator(old)
+    try:
+        running_with_report("before", 10)
+    finally:
+        op.stop()
+    op = operator(new, previous=old, log="rotated.log")
+    try:
+        dashboard.add_job_log(ns, "before", [reported(20, 0.5)])
+        wait_step(kube, ns, "before", 20)  # read with A's token after the head refused B's
+        running_with_report("after", 5)
+        secret = kube.core.read_namespaced_secret(token_secret("after"), ns)
+        assert base64.b64decode(secret.data["auth_token"]).decode() == RayTokens(new.read_bytes().strip()).token(ns, secret.metadata.name)
+    finally:
+        op.stop()
+    op = operator(new, log="old-key-removed.log")
+    try:
+        dashboard.add_job_log(ns, "after", [reported(6, 0.25)])
+        wait_step(kube, ns, "after", 6)
+        dashboard.add_job_log(ns, "before", [reported(30, 0.125)])
+        kube.wait(lambda: "HTTP 403" in op.log(), 60, "the old job's read refused without the previous key")
+        assert job_status(kube, ns, "before")["progress"]["step"] == 20
+    finally:
+        op.stop()
+    for log in ("operator.log", "rotated.log", "old-key-removed.log"):
+        assert "Traceback" not in (tmp_path / log).read_text(), log

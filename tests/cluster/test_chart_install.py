@@ -185,6 +185,19 @@ def test_rendered_chart_passes_server_side_dry_run(kube, namespace, tputorch_crd
         assert "Service" in kinds and "ServiceMonitor" not in kinds  # no Prometheus Operator here
 
 
+def test_an_upgrade_keeps_the_ray_token_key_and_its_previous_key(kube, namespace):
+    """The chart's Secret as an upgrade renders it (`lookup` against this API server: helm's
+    --dry-run=server): the key and, mid-rotation, the previous key are kept as they are."""
+    import base64
+    name = "keep-tputorch-operator-ray-token-key"  # the release "keep"'s fullname
+    items = {"key": "c" * 64, "previousKey": "p" * 64}
+    kubectl(kube.kubeconfig, "-n", namespace, "create", "secret", "generic", name,
+            *[f"--from-literal={k}={v}" for k, v in items.items()])
+    manifest = helm(kube.kubeconfig, "template", "keep", str(CHART), "--namespace", namespace, "--dry-run=server").stdout
+    (secret,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Secret"]
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == items
+
+
 def test_pod_template_is_admitted_at_restricted_pod_security(kube, extra_namespaces):
     ns = extra_namespaces("psa-restricted", {"pod-security.kubernetes.io/enforce": "restricted",
                                              "pod-security.kubernetes.io/enforce-version": "latest"})

@@ -67,7 +67,8 @@ _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", 
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.
-_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService", "Pending",
+# ("Applied": a NetworkPolicy in force is no news; one that could not be made is.)
+_QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService", "Pending", "Applied",
                   *kueue.QUIET_REASONS}
 # Phases whose start is an event of its own (the others have a condition event that says it).
 _PHASE_EVENTS = ("Running", "Retrying", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering", *QUEUE_PHASES)

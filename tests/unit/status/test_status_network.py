@@ -83,3 +83,11 @@ def test_a_service_whose_slice_is_up_with_no_serve_application_behind_a_strict_p
     # the slice not up yet: nothing to blame on the network
     waiting = status.derive_service(SVC, 1, rs, [], {}, T0, network=SVC_STRICT)
     assert cond(waiting, "Ready")["reason"] != "DashboardUnreachable"
+
+
+def test_a_policy_in_force_is_no_event_of_its_own_and_the_creation_keeps_its_event():
+    st = derive_job(STRICT, {"jobDeploymentStatus": "Initializing"})
+    assert "Applied" not in [e.reason for e in status.events({}, st)]
+    taken = derive_job(NetworkPolicyState("ml", "demo-rayjob", True, (), ("NetworkPolicyNameTaken", "taken")),
+                       {"jobDeploymentStatus": "Initializing"})
+    assert "NetworkPolicyNameTaken" in [e.reason for e in status.events(st, taken)]

@@ -71,12 +71,13 @@ class Volume:
     size_limit: str | None = None
     medium: str = ""
 
-    def pod_volume(self) -> dict:
-        """The pod's volume (core/v1 Volume)."""
+    def pod_volume(self, security_context: Mapping[str, Any]) -> dict:
+        """The pod's volume (core/v1 Volume); a gcs volume's files owned by the containers' user."""
         if self.source == "gcs":
             attributes = {"bucketName": self.bucket}
-            if self.mount_options:
-                attributes["mountOptions"] = ",".join(self.mount_options)
+            options = fuse_owner_options(security_context, self.mount_options) + self.mount_options
+            if options:
+                attributes["mountOptions"] = ",".join(options)
             return {"name": self.name, "csi": {"driver": GCS_FUSE_DRIVER, "readOnly": self.read_only,
                                                "volumeAttributes": attributes}}
         if self.source == "pvc":
@@ -94,6 +95,24 @@ class Volume:
         if self.read_only:
             mount["readOnly"] = True
         return mount
+
+
+# gcsfuse presents every file as owned by the mounting process (root, in GKE's sidecar) with modes
+# 0644/0755, so a non-root container can read a bucket but not write to it: the CSI driver's
+# troubleshooting guide asks non-root pods for these options. uid/gid are the containers' user and
+# group; group-writable modes let another user of that group (another container's) write too.
+FUSE_FILE_MODE, FUSE_DIR_MODE = "664", "775"
+
+
+def fuse_owner_options(security_context: Mapping[str, Any], given: tuple[str, ...]) -> tuple[str, ...]:
+    """The uid, gid, file-mode and dir-mode options a gcs volume gets, but those spec mountOptions
+    already name (the user's value wins); none when the containers run as root."""
+    uid, gid = security_context.get("runAsUser"), security_context.get("runAsGroup")
+    if uid in (None, 0):
+        return ()
+    wanted = {"uid": uid, **({"gid": gid} if gid is not None else {}), "file-mode": FUSE_FILE_MODE, "dir-mode": FUSE_DIR_MODE}
+    named = {re.split(r"[=:]", o, maxsplit=1)[0] for o in given}
+    return tuple(f"{k}={v}" for k, v in wanted.items() if k not in named)
 
 
 def _problem_path(v: str) -> str | None:
@@ -207,10 +226,11 @@ def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...], quantity) -> di
     return annotations
 
 
-def pod_storage(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str) -> dict:
+def pod_storage(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str,
+                security_context: Mapping[str, Any]) -> dict:
     """What one role's pod template gets: volumes, its container's mounts, pod annotations."""
     mine = [v for v in volumes if role in v.mount_on]
     annotations: dict[str, str] = {}
     if any(v.source == "gcs" for v in mine):
         annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar}
-    return {"volumes": [v.pod_volume() for v in mine], "mounts": [v.mount() for v in mine], "annotations": annotations}
+    return {"volumes": [v.pod_volume(security_context) for v in mine], "mounts": [v.mount() for v in mine], "annotations": annotations}

@@ -43,6 +43,52 @@ def test_no_volumes_render_no_storage_keys():
         assert "volumeMounts" not in pod["spec"]["containers"][0]
 
 
+def fuse_mount(options: str) -> dict:
+    """What gcsfuse presents for these mount options (its documented defaults: every file and
+    directory owned by the mounting process, root in GKE's sidecar, with modes 0644 and 0755)."""
+    opts = dict(o.split("=", 1) for o in options.split(",") if "=" in o) if options else {}
+    return {"uid": int(opts.get("uid", 0)), "gid": int(opts.get("gid", 0)),
+            "file": int(opts.get("file-mode", "644"), 8), "dir": int(opts.get("dir-mode", "755"), 8)}
+
+
+def can_write(mount: dict, uid: int, gid: int) -> bool:
+    """POSIX: may this user create files in the mount's directories and write its files?"""
+    def allows(mode: int) -> bool:
+        if uid == 0:
+            return True
+        if uid == mount["uid"]:
+            return bool(mode & 0o200)
+        return bool(mode & (0o020 if gid == mount["gid"] else 0o002))
+    return allows(mount["dir"]) and allows(mount["file"])
+
+
+def _gcs_options(**spec_fields) -> str:
+    head, _ = pods(render.rayjob(spec.parse(body(volumes=[GCS], **spec_fields))))
+    (volume,) = head["spec"]["volumes"]
+    return volume["csi"]["volumeAttributes"].get("mountOptions", "")
+
+
+def test_a_gcs_volume_is_writable_by_the_non_root_ray_user():
+    """The Ray containers run as 1000:100: without uid/gid/modes gcsfuse's files are root's, 0644,
+    and a checkpoint write gets Permission denied (the control); the rendered options let the
+    containers' own user, and only the users it names, write."""
+    assert not can_write(fuse_mount("implicit-dirs"), 1000, 100)
+    options = _gcs_options()
+    assert can_write(fuse_mount(options), 1000, 100) and not can_write(fuse_mount(options), 2000, 2000)
+    assert "implicit-dirs" in options.split(",")
+    # spec.securityContext's user is the owner
+    assert can_write(fuse_mount(_gcs_options(securityContext={"runAsUser": 1234, "runAsGroup": 5678})), 1234, 5678)
+    # root needs no option, and none is added
+    assert _gcs_options(securityContext={"runAsUser": 0}) == "implicit-dirs"
+
+
+def test_the_users_own_owner_options_win():
+    volume = {**GCS, "gcs": {"bucket": "my-bucket", "mountOptions": ["uid=2000", "file-mode=600"]}}
+    head, _ = pods(render.rayjob(spec.parse(body(volumes=[volume]))))
+    assert head["spec"]["volumes"][0]["csi"]["volumeAttributes"]["mountOptions"] == \
+        "gid=100,dir-mode=775,uid=2000,file-mode=600"
+
+
 def test_gcs_volume_is_gkes_csi_form_with_the_sidecar_annotation_on_the_pods_that_mount_it():
     sidecar = {"cpuLimit": "0", "memoryLimit": "0", "ephemeralStorageLimit": "0", "cpuRequest": "500m",
                "memoryRequest": "1Gi", "ephemeralStorageRequest": "50Gi"}
@@ -50,7 +96,8 @@ def test_gcs_volume_is_gkes_csi_form_with_the_sidecar_annotation_on_the_pods_tha
     head, worker = pods(render.rayjob(spec.parse(body(volumes=[only_workers], gcsFuseSidecar=sidecar))))
     assert worker["spec"]["volumes"] == [{"name": "ckpt", "csi": {
         "driver": "gcsfuse.csi.storage.gke.io", "readOnly": False,
-        "volumeAttributes": {"bucketName": "my-bucket", "mountOptions": "implicit-dirs,file-cache:max-size-mb:-1"}}}]
+        "volumeAttributes": {"bucketName": "my-bucket", "mountOptions":
+                             "uid=1000,gid=100,file-mode=664,dir-mode=775,implicit-dirs,file-cache:max-size-mb:-1"}}}]
     assert worker["metadata"]["annotations"] == {
         "gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0",
         "gke-gcsfuse/ephemeral-storage-limit": "0", "gke-gcsfuse/cpu-request": "500m",

@@ -134,7 +134,7 @@ def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace,
     assert (st["phase"], st["readyHosts"], st["replicasReady"]) == ("Ready", 4, "1/1")
 
 
-def test_an_edit_of_replicas_and_engine_reaches_the_rayservice(kube, namespace, operator, dashboard):
+def test_an_edit_of_replicas_and_engine_reaches_the_rayservice_and_its_running_raycluster(kube, namespace, operator, dashboard):
     dashboard.set_serve_ready_after(1)
     apply(kube, namespace, service_body("edited"))
     wait_phase(kube, namespace, "edited", "Ready")
@@ -150,6 +150,16 @@ def test_an_edit_of_replicas_and_engine_reaches_the_rayservice(kube, namespace, 
                    60, "status of generation 2")
     assert st["phase"] in ("Updating", "Ready")
     wait_phase(kube, namespace, "edited", "Ready")
+    # Issue 35: KubeRay's cluster hash leaves out min/max, so the running RayCluster (whose bounds
+    # the Ray autoscaler reads) gets them from the operator, not from the RayService.
+    active = rayservice(kube, namespace, "edited")["status"]["activeServiceStatus"]["rayClusterName"]
+
+    def bounds():
+        rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", active)
+        (group,) = rc["spec"]["workerGroupSpecs"]
+        return (group.get("minReplicas"), group.get("maxReplicas"))
+    kube.wait(lambda: bounds() == (1, 2), 60, "the running RayCluster's worker bounds 1..2")
+    assert rayservice(kube, namespace, "edited")["status"]["activeServiceStatus"]["rayClusterName"] == active  # no new cluster
 
 
 def test_a_rayservice_edited_by_hand_is_put_back_and_defaults_cause_no_patch(kube, namespace, operator, dashboard):

@@ -81,6 +81,7 @@ NAMESPACED_RULES = [
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayservices"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["delete"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
@@ -97,6 +98,7 @@ NAMESPACE_DISCOVERY = {"apiGroups": [""], "resources": ["namespaces"], "verbs": 
 WRITE_GRANTS = [("", "secrets", "create"), ("networking.k8s.io", "networkpolicies", "create"),
                 ("networking.k8s.io", "networkpolicies", "patch"), ("kueue.x-k8s.io", "workloads", "patch"),
                 ("ray.io", "rayjobs", "create"), ("ray.io", "rayservices", "patch"), ("ray.io", "rayjobs", "delete"),
+                ("ray.io", "rayclusters", "patch"),
                 ("tputorch.io", "tputorchjobs/status", "patch")]
 
 
@@ -129,6 +131,8 @@ def assert_least_privilege(rules: list[dict]) -> None:
         assert not allowed(rules, "ray.io", child, "update")
     # A job's RayJob of an ended attempt is deleted (a new attempt is a new RayJob); never a service's.
     assert not allowed(rules, "ray.io", "rayservices", "delete")
+    for verb in ("list", "watch", "create", "update", "delete"):  # a service's running cluster: get and patch only
+        assert not allowed(rules, "ray.io", "rayclusters", verb)
     assert not allowed(rules, "ray.io", "rayjobs", "deletecollection")
     for verb in ("get", "list", "create", "update", "patch"):
         assert not allowed(rules, "coordination.k8s.io", "leases", verb), "leases only in the release namespace"

@@ -82,6 +82,11 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["delete"]
+# A service's running RayCluster gets the worker bounds of spec.replicas (KubeRay's cluster hash
+# leaves them out, so a RayService edit never reaches it); only one the RayService controls.
+- apiGroups: ["ray.io"]
+  resources: ["rayclusters"]
+  verbs: ["get", "patch"]
 # Pods of the slice (labelled by KubeRay) are watched for readiness; never created.
 - apiGroups: [""]
   resources: ["pods"]

@@ -11,7 +11,7 @@ from ..status import kueue
 from ..status import job as job_status
 from ..status import network as network_status
 from .kube import Resource
-from .reconcile import REFUSED, Extra, Kind
+from .reconcile import RAYCLUSTER, REFUSED, Extra, Kind
 
 RAYJOB = Resource("ray.io", "v1", "rayjobs", "RayJob")
 RAYSERVICE = Resource("ray.io", "v1", "rayservices", "RayService")
@@ -56,7 +56,7 @@ SERVICE = Kind(
     # every other field is applied to the live RayService (KubeRay upgrades it without downtime)
     child_patch=render.rayservice_patch, cluster_names=_rayservice_clusters, finished=_never_finished,
     phase_metric="tputorch_services", child_spec_read=None,
-    phases=statuses.SERVICE_PHASES,
+    phases=statuses.SERVICE_PHASES, cluster_patch=render.raycluster_bounds_patch,
 )
 
 KINDS = [JOB, SERVICE]
@@ -125,9 +125,6 @@ def _larger_than(value, limit: int) -> bool:
         if budget < 0:
             return True
     return False
-
-
-RAYCLUSTER = Resource("ray.io", "v1", "rayclusters", "RayCluster")
 
 
 def controlled_by(*resources: Resource):

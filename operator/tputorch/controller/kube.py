@@ -208,9 +208,10 @@ class Kube:
         return await self._run("get", self.custom.get_namespaced_custom_object, res.group, res.version, namespace,
                                res.plural, name, write=False)
 
-    async def patch(self, res: Resource, namespace: str, name: str, patch: dict) -> None:
+    async def patch(self, res: Resource, namespace: str, name: str, patch: dict | list) -> None:
+        """A merge patch (a dict) or a JSON patch (a list of operations, e.g. with a test of the uid)."""
         await self._run("patch", self.custom.patch_namespaced_custom_object, res.group, res.version, namespace, res.plural,
-                        name, patch)
+                        name, patch, _content_type="application/json-patch+json" if isinstance(patch, list) else None)
 
     async def delete(self, res: Resource, namespace: str, name: str, uid: str | None) -> None:
         """Delete one object, only if it is still the one with ``uid`` (409 otherwise). Background:

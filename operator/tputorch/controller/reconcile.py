@@ -80,11 +80,15 @@ class Kind:
     # The operator gives its cluster a Ray token Secret of its own (a job: its progress reads need
     # the token); otherwise KubeRay makes one per RayCluster.
     own_ray_token: bool = False
+    # (spec, RayCluster) -> the JSON patch that gives a running cluster of the child the spec's
+    # worker bounds (a service: KubeRay leaves them out of its cluster hash), or None.
+    cluster_patch: Callable[[Any, dict], list | None] | None = None
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
 # and the priority classes spec.priorityClassName names.
 WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
+RAYCLUSTER = Resource("ray.io", "v1", "rayclusters", "RayCluster")
 WORKLOAD_PRIORITY_CLASS = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass")
 
 
@@ -213,6 +217,8 @@ class Controller:
         self.reports: dict[str, training.Report] = {}  # uid -> the newest report read, until it is written
         self.reading: dict[str, asyncio.Task] = {}  # uid -> its read in flight (one per object)
         self.read_failures: dict[str, str] = {}  # uid -> the last failure logged (logged again when it changes)
+        # key -> {RayCluster name: the spec version it was read or patched to hold}
+        self.cluster_bounds: dict[Key, dict[str, tuple]] = {}
 
     # --- sources of work (called on the event loop) ----------------------------------------------
 
@@ -348,6 +354,7 @@ class Controller:
         self.expected.pop(key, None)
         self.deleted_pods.pop(key, None)
         self.tokens_made.pop(key, None)
+        self.cluster_bounds.pop(key, None)
         self.queue.drop(key)
 
     def phases(self) -> dict[str, dict[str, int]]:
@@ -434,6 +441,8 @@ class Controller:
             in_cluster = lambda p: ((p.get("metadata") or {}).get("labels") or {}).get(statuses.CLUSTER_LABEL) in clusters  # noqa: E731
             pods = [p for p in self.pods.indexed((kind.label, namespace, name)) if in_cluster(p)]
             deleted = [p for p in self.deleted_pods.get(key, ()) if in_cluster(p)]
+        if ours is not None and kind.cluster_patch is not None:
+            await self._ensure_clusters(kind, key, spec, ours, self._version(meta))
         queue = await self._admission(kind, spec, ours) if ours is not None else None
         previous = self._previous(parent)
         refused = self.pods.forbidden_in(namespace) if self.pods is not None else None
@@ -597,6 +606,35 @@ class Controller:
         await self.kube.patch(kind.child, namespace, name, patch)
         log.info("%s %s/%s patched: %s", kind.child.kind, namespace, name, sorted(patch.get("spec") or patch))
         return "child-patched", child
+
+    async def _ensure_clusters(self, kind: Kind, key: Key, spec, child: dict, version: tuple) -> None:
+        """Each running RayCluster of the child (owned by it) gets what kind.cluster_patch says. Read
+        once per spec version and cluster: nothing else writes a cluster's bounds."""
+        namespace = key[1]
+        child_uid = (child.get("metadata") or {}).get("uid")
+        names = kind.cluster_names(child)
+        done = {n: v for n, v in self.cluster_bounds.get(key, {}).items() if n in names}
+        self.cluster_bounds[key] = done
+        for name in sorted(names):
+            if done.get(name) == version:
+                continue
+            try:
+                cluster = await self.kube.get(RAYCLUSTER, namespace, name)
+            except ApiException as err:
+                if err.status == 403:  # a chart older than this grant: the service runs on, unresized
+                    log.warning("RayCluster %s/%s: may not read it (%s): a replicas edit will not reach it",
+                                namespace, name, _api_message(err))
+                    continue
+                if err.status == 404:
+                    continue  # not made yet, or already deleted by KubeRay: looked at on the next event
+                raise
+            patch = kind.cluster_patch(spec, cluster)
+            # never one another object controls (its name in our status is no proof it is ours)
+            if patch is not None and (controller_of(cluster) or {}).get("uid") == child_uid:
+                await self.kube.patch(RAYCLUSTER, namespace, name, patch)
+                log.info("RayCluster %s/%s of %s %s/%s: worker bounds patched", namespace, name, kind.child.kind,
+                         namespace, key[2])
+            done[name] = version
 
     async def _ensure_ray_token(self, kind: Kind, key: Key, child: dict) -> bool:
         """The Secret with the token of a child's cluster (named on it by _create, owned by it),

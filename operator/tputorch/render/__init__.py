@@ -479,6 +479,27 @@ def _replacing(observed: object, desired: object) -> object:
 _OPTIONAL_HEAD_KEYS = ("serviceAccountName", "nodeSelector", "tolerations", "volumes")
 
 
+def raycluster_bounds_patch(svc: ServiceSpec, cluster: dict) -> list | None:
+    """The JSON patch that gives a RayService's running RayCluster the worker bounds ``svc`` asks
+    for, or None when it has them. KubeRay's cluster hash leaves out replicas and min/max
+    (kuberay#2331, #4568), so a spec.replicas edit reaches the RayService but never its RayCluster,
+    whose bounds the Ray autoscaler reads. Each changed group is tested by name and the cluster by
+    uid: a patch never lands on a group list or a cluster other than the one read."""
+    ops = []
+    for i, group in enumerate((cluster.get("spec") or {}).get("workerGroupSpecs") or []):
+        replicas = group.get("replicas")
+        want = {"minReplicas": svc.min_replicas, "maxReplicas": svc.max_replicas,
+                "replicas": min(max(replicas if isinstance(replicas, int) else svc.min_replicas, svc.min_replicas),
+                                svc.max_replicas)}
+        if all(group.get(k) == v for k, v in want.items()):
+            continue
+        ops.append({"op": "test", "path": f"/spec/workerGroupSpecs/{i}/groupName", "value": group.get("groupName")})
+        ops += [{"op": "add", "path": f"/spec/workerGroupSpecs/{i}/{k}", "value": v} for k, v in want.items()]
+    if not ops:
+        return None
+    return [{"op": "test", "path": "/metadata/uid", "value": (cluster.get("metadata") or {}).get("uid")}, *ops]
+
+
 def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
     """The merge patch that brings an observed RayService to what ``svc`` renders, or None when it
     already is: its spec-hash annotation is ours and, when its spec is given, that spec still holds

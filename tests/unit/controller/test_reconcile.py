@@ -938,3 +938,37 @@ def test_a_failing_workload_patch_does_not_freeze_the_jobs_status():
         run(ctl.reconcile(KEY))  # the reconcile fails (and is retried with backoff) ...
     assert ctl.kube.called("patch_status"), "... once the status is written"
     assert condition(last_status(ctl.kube), "Admitted") is not None
+
+
+def test_a_replicas_edit_reaches_the_running_rayclusters_bounds_of_its_rayservice_only():
+    """Issue 35: KubeRay's cluster hash leaves out replicas and min/max, so the RayService patch
+    alone never reaches the RayCluster whose bounds the Ray autoscaler reads."""
+    ctl = controller()
+    ctl.parents["TPUTorchService"].remember(service())
+    run(ctl.reconcile(SVC_KEY))
+    created = ctl.kube.objects[("rayservices", "ml", "qwen")]
+    group = created["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    ctl.children["TPUTorchService"]._put({**ctl.children["TPUTorchService"].slim(created), "status": {
+        "activeServiceStatus": {"rayClusterName": "qwen-a"}, "pendingServiceStatus": {"rayClusterName": "qwen-b"}}})
+
+    def cluster(name, owner_uid, **bounds):
+        return {"metadata": {"name": name, "namespace": "ml", "uid": f"{name}-uid", "ownerReferences": [
+                    {"apiVersion": "ray.io/v1", "kind": "RayService", "name": "qwen", "uid": owner_uid, "controller": True}]},
+                "spec": {"workerGroupSpecs": [{"groupName": group["groupName"], **bounds}]}}
+    ctl.kube.objects[("rayclusters", "ml", "qwen-a")] = cluster("qwen-a", created["metadata"]["uid"],
+                                                               replicas=1, minReplicas=1, maxReplicas=1)
+    ctl.kube.objects[("rayclusters", "ml", "qwen-b")] = cluster("qwen-b", "someone-elses", replicas=1, minReplicas=1, maxReplicas=1)
+    run(ctl.reconcile(SVC_KEY))
+    assert not [c for c in ctl.kube.called("patch") if c[1] == "rayclusters"]  # bounds already hold
+    gets = len(ctl.kube.called("get"))
+    run(ctl.reconcile(SVC_KEY))
+    assert len(ctl.kube.called("get")) == gets  # read once per spec version
+
+    ctl.parents["TPUTorchService"]._put(service(rv="11", generation=2, replicas={"min": 2, "max": 3}))
+    run(ctl.reconcile(SVC_KEY))
+    (patched,) = [c for c in ctl.kube.called("patch") if c[1] == "rayclusters"]
+    assert patched[3] == "qwen-a"  # never qwen-b: its controller is another RayService
+    ops = patched[4]
+    assert ops[0] == {"op": "test", "path": "/metadata/uid", "value": "qwen-a-uid"}
+    assert ops[1] == {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": group["groupName"]}
+    assert {o["path"].rsplit("/", 1)[1]: o["value"] for o in ops[2:]} == {"minReplicas": 2, "maxReplicas": 3, "replicas": 2}

@@ -661,3 +661,19 @@ def test_every_ray_cluster_of_both_kinds_runs_with_token_auth():
         for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
             names = {e["name"] for e in container(group["template"]).get("env") or []}
             assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"}, names
+
+
+def test_the_raycluster_bounds_patch_tests_uid_and_group_and_clamps_replicas():
+    svc = spec.parse_service(service_body(replicas={"min": 2, "max": 3}))
+    rc = {"metadata": {"uid": "rc-uid"}, "spec": {"workerGroupSpecs": [
+        {"groupName": "tpu-slice", "replicas": 5, "minReplicas": 1, "maxReplicas": 5}]}}
+    ops = render.raycluster_bounds_patch(svc, rc)
+    assert ops[:2] == [{"op": "test", "path": "/metadata/uid", "value": "rc-uid"},
+                       {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": "tpu-slice"}]
+    assert {o["path"]: o["value"] for o in ops[2:]} == {
+        "/spec/workerGroupSpecs/0/minReplicas": 2, "/spec/workerGroupSpecs/0/maxReplicas": 3, "/spec/workerGroupSpecs/0/replicas": 3}
+    # what the autoscaler reached within the bounds stays; nothing to do when the bounds hold
+    rc["spec"]["workerGroupSpecs"][0].update(replicas=2, minReplicas=2, maxReplicas=3)
+    assert render.raycluster_bounds_patch(svc, rc) is None
+    rc["spec"]["workerGroupSpecs"][0].update(replicas=3, maxReplicas=4)
+    assert [o["value"] for o in render.raycluster_bounds_patch(svc, rc)[2:]] == [2, 3, 3]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes.utils import parse_quantity
 
 from tputorch.api import crd
 from tputorch.api.common import MAX_PODS_DEFAULT
@@ -267,9 +268,17 @@ def test_deployment_shape():
     # a slow start is the startup probe's to allow, not a restart loop of the liveness probe's
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 300
     res = c["resources"]
-    assert {"cpu", "memory"} <= res["requests"].keys() and "memory" in res["limits"]
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):
+    assert {"cpu", "memory", "ephemeral-storage"} <= res["requests"].keys() and "memory" in res["limits"]
+    # the /tmp emptyDir fits in the ephemeral-storage request
+    (tmp,) = [v for v in pod["volumes"] if v["name"] == "tmp"]
+    assert parse_quantity(tmp["emptyDir"]["sizeLimit"]) <= parse_quantity(res["requests"]["ephemeral-storage"])
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):
         assert key not in pod, key
+    # the two replicas: preferably on two nodes (the standby survives the leader's node), matched by
+    # the Deployment's own selector, so the rule sees exactly its replicas
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"] == dep["spec"]["selector"]
 
 
 @needs_helm

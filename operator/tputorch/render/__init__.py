@@ -220,6 +220,15 @@ def autoscaler_token_volume() -> dict:
     ]}}
 
 
+# An autoscaled cluster runs Ray's autoscaler v2 (KubeRay 1.4+ autoscalerOptions.version; unset, it
+# is v1 whatever the Ray version): v1's KubeRay provider writes a pod count into a multi-host
+# group's replicas (over-provisioning slices on scale-up), v2 counts slices (numOfHosts). A slice
+# idle this long is given back: above a TPU slice's provisioning time (minutes for a multi-host
+# node pool), so that a short lull does not cost a whole new provisioning.
+AUTOSCALER_VERSION = "v2"
+SLICE_IDLE_TIMEOUT_S = 1800
+
+
 def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1,
                     autoscaling: bool | None = None, head_start_params: dict | None = None) -> dict:
     """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
@@ -236,6 +245,8 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         # alone gets the API token (autoscaler_token), not the Ray container beside it.
         "head_automount": spec.automount_service_account_token,
         "autoscaler_options": {"securityContext": spec.security_context,
+                               **({"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": SLICE_IDLE_TIMEOUT_S}
+                                  if autoscaling else {}),
                                **({"volumeMounts": [AUTOSCALER_TOKEN_MOUNT]} if token_in_autoscaler else {})},
         "head_volumes": head_storage["volumes"] + ([autoscaler_token_volume()] if token_in_autoscaler else []),
         "worker_automount": spec.automount_service_account_token,

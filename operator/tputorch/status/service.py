@@ -90,7 +90,9 @@ def _service_phase(rayservice: dict | None, rs_status: dict, up_to_date: bool, s
         return "Failed"
     if ready.get("status") == "True" or ready.get("reason") == "ZeroServeEndpoints":
         upgrading = _kuberay_condition(rs_status, "UpgradeInProgress").get("status") == "True"
-        serving, _, _ = _serving(active_app)
+        # ZeroServeEndpoints (KubeRay sets it only after Ready): no Serve proxy is left behind
+        # <name>-serve-svc, so nothing answers clients whatever Serve says of the application.
+        serving = _serving(active_app)[0] and ready.get("reason") != "ZeroServeEndpoints"
         if serving:
             return "Ready" if up_to_date and not upgrading else "Updating"
         if not up_to_date or upgrading:

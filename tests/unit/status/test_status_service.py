@@ -56,6 +56,8 @@ def slice_hosts(n_ready, n=4, **kw):
     ("deploying", slice_hosts(4), "Deploying", ("False", "Initializing")),
     ("running", slice_hosts(4), "Ready", ("True", "Serving")),
     ("upgrading", slice_hosts(4), "Updating", ("True", "Serving")),
+    # issue 35: Serve's app RUNNING but no endpoint behind the Serve Service: not Ready
+    ("zero-endpoints", slice_hosts(4), "Degraded", ("False", "ZeroServeEndpoints")),
     ("deploy-failed", slice_hosts(4), "Failed", ("False", "Initializing")),
     ("initializing-timeout", [], "Failed", ("False", "InitializingTimeout")),
 ])

@@ -61,7 +61,7 @@ own_install() {  # own_install <dir> <binary> <lock name> <ldflags> <module/cmd 
 # Kueue's controller (cmd/kueue; its go.mod has no replace lines, so `go install` works; cold:
 # ~7 min on 2 busy cores).
 with_kueue_lock() {
-  own_install "$KUEUE_BIN" kueue build-kueue "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+  own_install "$KUEUE_BIN" kueue "build-kueue-$KUEUE_VERSION" "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
     "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
 }
 # cyclonus: a NetworkPolicy engine (`cyclonus analyze --mode query-traffic`; ~2 min cold).

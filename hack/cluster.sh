@@ -274,7 +274,7 @@ EOF
       set -e; mount -t tmpfs tmpfs "$1"; mkdir -p "$1/upper/kueue/metrics/certs" "$1/work"
       cp "$2"/tls.crt "$2"/tls.key "$1/upper/kueue/metrics/certs/"
       mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1/upper,workdir=$1/work" /etc
-      exec "$3" --config="$4" --zap-log-level=info' kueue "$run/ns" "$run/certs" "$kbin/kueue" "$run/config.yaml"
+      exec "$3" --config="$4" --zap-log-level=${KUEUE_LOG_LEVEL:-info}' kueue "$run/ns" "$run/certs" "$kbin/kueue" "$run/config.yaml"
     echo "$run/config.yaml" >"$(pidfile kueue).cmd"   # what the exec'd kueue's cmdline holds
   fi
   wait_for kueue 120 kueue_ready

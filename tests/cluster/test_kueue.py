@@ -1,4 +1,4 @@
-"""TPUTorchJobs and TPUTorchServices queued through real Kueue v0.17 (KUEUE=1 hack/cluster.sh up) with
+"""TPUTorchJobs and TPUTorchServices queued through real Kueue v0.19 (KUEUE=1 hack/cluster.sh up) with
 the real KubeRay operator, on the platform objects of examples/kueue: a ClusterQueue whose
 google.com/tpu quota is one v6e 4x4 slice (16 chips), WorkloadPriorityClasses tpu-low and tpu-high.
 
@@ -27,6 +27,11 @@ EXAMPLES = REPO / "examples" / "kueue"
 GROUP, VERSION = "tputorch.io", "v1alpha1"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 QUOTA_MESSAGE = "insufficient unused quota for google.com/tpu in flavor v6e-4x4, 16 more needed"
+# Kueue >= 0.18 (SchedulingEquivalenceHashing, on by default) does not evaluate a Workload equivalent to
+# one that just failed to fit: it says so, or (UnadmittedWorkloadsExplicitStatus off, 0.19's default) sets
+# no QuotaReserved condition at all, and the operator says the job waits in the LocalQueue.
+NOT_EVALUATED_MESSAGES = ("Bypassed scheduling evaluation because an equivalent workload recently failed",
+                          "waiting in LocalQueue tpu")
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +144,17 @@ def test_one_slice_of_quota_three_jobs_run_one_at_a_time(kueue, queue_ns, operat
                             90, "one job Running")
         assert len(running) == 1
         order = [running[0]]
-        for name in {"q1", "q2", "q3"} - set(order):
+        for name in sorted({"q1", "q2", "q3"} - set(order)):
             # Queued at once ("waiting for Kueue ... no Workload yet"), then with Kueue's own reason
-            st = kube.wait(lambda: (lambda s: s if s.get("phase") == "Queued" and QUOTA_MESSAGE in s.get("message", "")
-                                    else None)(status(kube, ns, name)), 90, f"{name} Queued with Kueue's message")
-            assert QUOTA_MESSAGE in condition(st, "Admitted")["message"]
+            st = kube.wait(lambda: (lambda s: s if s.get("phase") == "Queued" and any(
+                m in s.get("message", "") for m in (QUOTA_MESSAGE, *NOT_EVALUATED_MESSAGES)) else None)(
+                status(kube, ns, name)), 90, f"{name} Queued with Kueue's message")
             assert condition(st, "Admitted")["status"] == "False" and st["queue"] == "tpu"
             assert pods_of(kube, ns, name) == []
             assert ("Normal", "Queued") in events_for(kube, ns, name)
+        # Kueue evaluates at least one of the two identical jobs (the other may not be: see NOT_EVALUATED_MESSAGES)
+        kube.wait(lambda: any(QUOTA_MESSAGE in status(kube, ns, n).get("message", "") for n in {"q1", "q2", "q3"} - set(order)),
+                  30, "a queued job with Kueue's quota message")
         # each finishing job lets exactly the next one in
         for _ in range(2):
             finish(kube, dashboard, ns, order[-1])

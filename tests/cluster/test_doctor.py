@@ -226,8 +226,13 @@ def controlling_terminal() -> None:
     gives a command it runs in the foreground."""
     import fcntl
     import os
+    import signal
     import termios
 
+    # A shell's foreground command gets SIGINT's default action, but a process started in the
+    # background by a shell without job control (CI's runner, nohup ... &) inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler: restore what a terminal's user has.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 

@@ -36,7 +36,9 @@ def workloads_fail(kube, namespace):
     def crd_exists():
         return kubectl(kube.kubeconfig, "get", "crd", CRD, check=False).returncode == 0
     if crd_exists():
-        pytest.skip("the real Kueue CRDs are installed on this cluster (test_kueue ran first): nothing to stand in for")
+        pytest.skip("Kueue's real Workload CRD is installed on this cluster (test_kueue.py ran before this module), "
+                    "and replacing it would break that Kueue: run this module on a cluster without Kueue "
+                    "(make test does: test_informer_sync sorts before test_kueue)")
     kubectl(kube.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(_crd({"strategy": "None"})))
     kubectl(kube.kubeconfig, "wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=30s")
     try:

@@ -162,10 +162,16 @@ def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
 _session: dict = {}
 
 
-@pytest.fixture(scope="session")
-def image_info() -> dict:
+def require_root() -> None:
+    """The image tests unpack an image's layers (umoci, keeping owners) and run commands in it with
+    chroot: both need root. CI runs as root here; elsewhere they skip, and CI counts a skip as a failure."""
     if os.geteuid() != 0:
         pytest.skip("the image tests unpack and chroot as root")
+
+
+@pytest.fixture(scope="session")
+def image_info() -> dict:
+    require_root()
     if "info" not in _session:
         _session["info"] = build_image()
     return _session["info"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from imagetools import REPO, run_in_image, unpack
+from imagetools import REPO, require_root, run_in_image, unpack
 
 sys.path.insert(0, str(REPO / "hack"))
 import standin_dockerfile  # noqa: E402
@@ -78,8 +78,7 @@ _built: dict = {}
 
 def built(dockerfile: str, tmp_path_factory):
     """(info, bundle) of the example image, built and unpacked once per session."""
-    if os.geteuid() != 0:
-        pytest.skip("the image tests unpack and chroot as root")
+    require_root()
     if dockerfile not in _built:
         context = dict(EXAMPLES.values())[dockerfile]
         info = _build(dockerfile, context)

@@ -191,7 +191,8 @@ def run_config(environ: Mapping[str, str] | None = None, *, max_preemption_failu
     ``max_preemption_failures`` (node preemptions Ray Train recovers from inside one attempt, counted
     apart from workerRetries; Ray's default -1 is unlimited), ``relax_collectives_on_preemption``
     and ``preemption_grace_s`` (let the surviving workers commit a just-in-time checkpoint; the
-    training function learns of a preemption from ``ray.train.get_preemption_info()``). A spot slice
+    training function learns of a preemption from ``preemption()`` below, over
+    ``ray.train.get_preemption_info()``). A spot slice
     that GKE reclaims takes every host of the slice, so that is an attempt's end and spec.retries'
     business; these options matter when part of a slice is drained. ``overrides`` are passed through
     to RunConfig (a ``failure_config`` there replaces the one built here)."""
@@ -217,6 +218,38 @@ def run_config(environ: Mapping[str, str] | None = None, *, max_preemption_failu
         kwargs["failure_config"] = FailureConfig(**failure)
     kwargs.update(overrides)
     return RunConfig(**kwargs)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A preemption Ray Train saw coming (Ray 2.60's ``ray.train.PreemptionInfo``), as a training
+    loop acts on it: how long is left, which workers go, and whether this worker is one of them."""
+    seconds_left: float | None  # until the earliest reclaim deadline; None: no deadline was reported
+    nodes: tuple[str, ...]  # the Ray node ids being preempted, sorted
+    ranks: tuple[int, ...]  # the world ranks of the workers on them, sorted
+    this_worker: bool  # the calling worker's world rank is among ``ranks``
+
+
+def preemption(now: float | None = None) -> Preemption | None:
+    """``ray.train.get_preemption_info()`` (Ray 2.60) inside the training function: None until a
+    node of one of the run's workers is being preempted (part of a slice drained; see run_config()'s
+    ``preemption_grace_s`` and ``relax_collectives_on_preemption``), then a Preemption. React by
+    reporting a checkpoint at once and training on: Ray Train restarts from it once the node is gone.
+    Ray's call is a barrier: every worker must call this the same number of times (once per step,
+    say), never on rank 0 alone. ``now``: the current UNIX time in seconds (default: the clock)."""
+    import time
+
+    import ray.train  # lazy: only training scripts have Ray
+
+    info = ray.train.get_preemption_info()
+    if info is None:
+        return None
+    ranks = tuple(info.preempted_ranks)
+    left = None
+    if info.deadline_ms is not None:
+        left = max(0.0, info.deadline_ms / 1000.0 - (time.time() if now is None else now))
+    rank = ray.train.get_context().get_world_rank()
+    return Preemption(seconds_left=left, nodes=tuple(info.preempted_node_ids), ranks=ranks, this_worker=rank in ranks)
 
 
 # --- progress: what the operator shows in the TPUTorchJob's status --------------------------------

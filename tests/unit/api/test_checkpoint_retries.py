@@ -75,3 +75,32 @@ def test_run_config_passes_ray_2_60s_preemption_options_beside_the_worker_retrie
     assert (default.max_preemption_failures, default.relax_collectives_on_preemption, default.preemption_grace_s) == \
         (-1, False, 0.0)
     assert train.run_config({}, preemption_grace_s=10).failure_config.max_failures == 0
+
+
+class _Context:
+    def __init__(self, rank):
+        self.rank = rank
+
+    def get_world_rank(self):
+        return self.rank
+
+
+def test_preemption_is_ray_2_60s_preemption_info_as_a_training_loop_acts_on_it(monkeypatch):
+    """tputorch.train.preemption() over Ray's own get_preemption_info() and PreemptionInfo (patched
+    by name: a Ray without them fails here): None until Ray sees one; then the time left to the
+    earliest deadline, the nodes and ranks in order, and whether the calling worker is among them."""
+    ray_train = pytest.importorskip("ray.train")
+    seen: list = []
+    monkeypatch.setattr(ray_train, "get_preemption_info", lambda: seen[-1])
+    monkeypatch.setattr(ray_train, "get_context", lambda: _Context(3))
+    seen.append(None)
+    assert train.preemption(now=1000.0) is None
+    seen.append(ray_train.PreemptionInfo(deadline_ms=1_030_500, preempted_node_to_ranks={"node-b": [5, 3], "node-a": [0]}))
+    got = train.preemption(now=1000.0)
+    assert got == train.Preemption(seconds_left=30.5, nodes=("node-a", "node-b"), ranks=(0, 3, 5), this_worker=True)
+    monkeypatch.setattr(ray_train, "get_context", lambda: _Context(4))
+    assert train.preemption(now=1000.0).this_worker is False
+    assert train.preemption(now=2000.0).seconds_left == 0.0  # past the deadline: none left, never negative
+    seen.append(ray_train.PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={"node-a": [4]}))
+    late = train.preemption(now=1000.0)
+    assert late.seconds_left is None and late.this_worker is True

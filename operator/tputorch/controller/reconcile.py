@@ -30,151 +30,41 @@ from .dashboard import DashboardError
 from .raytoken import RayTokens
 from .events import EventRecorder
 from .informer import Informer, key_of
-from .kube import CALLS, Calls, Resource
+from .kube import CALLS, Calls
 from ..render import MANAGED_BY_LABEL
 from .metrics import METRICS
 from ..api.spec import InvalidSpec
+from .kind import (  # noqa: F401 (what kinds.py and the tests import from here)
+    RAYCLUSTER, REFUSED, WORKLOAD, WORKLOAD_PRIORITY_CLASS, Extra, Key, Kind, api_message, controller_of, create_problem,
+    describe, now, owner_reference, ownership, waiting_problem)
+from .specs import Specs, version
+from .stores import Stores
+from .writes import STATUS_INTERVAL, StatusWrites  # noqa: F401 (handlers import it from here)
 from ..status.job import ATTEMPT_LABEL
 from .workqueue import Backoff, WorkQueue
 
 log = logging.getLogger("tputorch")
 
-Key = tuple[str, str, str]  # (kind, namespace, name)
 # A reconcile that takes longer is abandoned and retried with backoff: one object's stuck call must
 # not keep it from ever being reconciled again (a key is never handed to a second worker).
 RECONCILE_TIMEOUT = 120
 MAX_DELETED_PODS = 64  # per object: the pods of its current attempt's slice seen deleted
-# The status write budget: at most one progress-only status write per object per this many seconds
-# (`tputorch run --status-interval`); a phase change is written at once.
-STATUS_INTERVAL = 2.0
 # A child this operator created (or found to be its own after a 409) counts as existing until its
 # watch event arrives, at most this long (client-go's expectations); the store itself is written by
 # the informer alone, so a watch that never brings the child (it lost our label) cannot freeze it.
 EXPECT_FOR = 120.0
 TOMBSTONES_KEPT = 1000  # uids of children whose deletion was seen, so that no expectation revives one
-REFUSED = "refused"  # the key of a stored object's refusal (kinds.parent_slimmer); no API field
 
 
-@dataclass(frozen=True)
-class Kind:
-    resource: Resource  # the object: TPUTorchJob, TPUTorchService
-    child: Resource  # what it becomes: RayJob, RayService (same name and namespace)
-    label: str  # carried by the child and its pods: the object's name
-    parse: Callable[[dict], Any]  # body -> spec, or raises InvalidSpec
-    render: Callable[[Any], dict]  # spec -> child (without ownerReferences)
-    derive: Callable[..., dict]  # (spec, generation, child, pods, previous, now, problem) -> status
-    child_patch: Callable[[Any, dict], dict | None]  # what a live child of ours takes from the spec
-    cluster_names: Callable[[dict], set[str]]  # the RayClusters the child runs on (its pods' cluster label)
-    finished: Callable[[dict], bool]  # status -> the work is done: a vanished child is not made again
-    phase_metric: str  # the jobs/services-by-phase gauge
-    child_spec_read: tuple[str, ...] | None  # the child's spec fields child_patch reads (None: all)
-    # Whether child_patch applies while Kueue manages the child (False: its only patch is suspend,
-    # which is Kueue's then; the user's spec.suspend reaches the child through its Workload).
-    patch_when_queued: bool = True
-    # Kinds that run in attempts (a job): the attempt its status says is current, and whether a
-    # child of an ended attempt must go (a new attempt is a fresh child; see status/job.py).
-    attempt: Callable[[dict], int] | None = None
-    child_must_go: Callable[[dict, dict], bool] | None = None
-    phases: tuple[str, ...] = ()  # every phase of its status (the phase gauge emits each, 0 included)
-    reads_progress: bool = False  # its Ray job's driver log tells the training progress (a job)
-    # The operator gives its cluster a Ray token Secret of its own (a job: its progress reads need
-    # the token); otherwise KubeRay makes one per RayCluster.
-    own_ray_token: bool = False
-    # (spec, RayCluster) -> the JSON patch that gives a running cluster of the child the spec's
-    # worker bounds (a service: KubeRay leaves them out of its cluster hash), or None.
-    cluster_patch: Callable[[Any, dict], list | None] | None = None
-
-
-# Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
-# and the priority classes spec.priorityClassName names.
-WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
-RAYCLUSTER = Resource("ray.io", "v1", "rayclusters", "RayCluster")
-WORKLOAD_PRIORITY_CLASS = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass")
-
-
-def progress_only(previous: dict, current: dict) -> bool:
-    """The change says how far the object got (host counts, messages, KubeRay's fields, a condition
-    on the way), not where it is: same phase, same observed generation, same attempt."""
-    return (previous.get("phase"), previous.get("observedGeneration"), previous.get("attempts")) == \
-        (current.get("phase"), current.get("observedGeneration"), current.get("attempts"))
-
-
-def write_delay(previous: dict, current: dict, last_write: float | None, now: float, interval: float) -> float:
-    """Seconds to put a status write off (0: write now). A phase change, a new generation, or the
-    first write this process makes for the object goes at once; progress waits until ``interval``
-    has passed since the object's last write, and is then written as it is by then."""
-    if last_write is None or interval <= 0 or not progress_only(previous, current):
-        return 0.0
-    return max(0.0, last_write + interval - now)
-
-
-@dataclass(frozen=True)
-class Extra:
-    """A further child every object gets besides its RayJob / RayService (its NetworkPolicy): made
-    from the spec, owned by the object like the main child, put back when changed or deleted."""
-
-    resource: Resource
-    render: Callable[[Any], dict]  # spec -> object (without ownerReferences)
-    # (spec, problem or None) -> what the status derivation is given as ``network``
-    status: Callable[[Any, tuple[str, str] | None], Any] | None = None
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def controller_of(obj: dict) -> dict | None:
-    return next((o for o in (obj.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")), None)
-
-
-def owner_reference(kind: Kind, parent: dict) -> dict:
-    meta = parent["metadata"]
-    return {"apiVersion": kind.resource.api_version, "kind": kind.resource.kind, "name": meta["name"],
-            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
-
-
-def ownership(kind: Kind, parent: dict, child: dict) -> str:
-    """'ours' only when the child's controller is this very object (its uid); 'previous' when it
-    belongs to an earlier object of the same kind and name (deleted, its child still going);
-    'foreign' otherwise, whatever labels it carries."""
-    owner = controller_of(child)
-    if owner is None:
-        return "foreign"
-    if owner.get("uid") == parent["metadata"].get("uid"):
-        return "ours"
-    # the group, not the whole apiVersion: a child made before a CRD version bump stays "previous"
-    group = (owner.get("apiVersion") or "").split("/")[0]
-    same_kind = owner.get("kind") == kind.resource.kind and group == kind.resource.group
-    return "previous" if same_kind and owner.get("name") == parent["metadata"].get("name") else "foreign"
-
-
-def waiting_problem(kind: Kind, namespace: str, name: str, owned: str) -> tuple[str, str]:
-    child = kind.child.kind
-    if owned == "previous":
-        return (f"Previous{child}Terminating",
-                f"the {child} {name} of an earlier {kind.resource.kind} of this name is still being deleted; "
-                f"this one creates its own once it is gone")
-    return (f"{child}NameTaken",
-            f"a {child} named {name} already exists in {namespace} and does not belong to this "
-            f"{kind.resource.kind}: delete that {child} or give the {kind.resource.kind} another name")
-
-
-def create_problem(kind: Kind, err: Exception) -> tuple[str, str]:
-    child = kind.child.kind
-    status = getattr(err, "status", None)
-    if status == 404:
-        return ("KubeRayNotInstalled", f"the {child} kind ({kind.child.api_version}) is not served: install "
-                f"KubeRay's CRDs and operator; the {child} will be created once they exist")
-    if status == 403:
-        # RBAC, or an admission webhook's denial (Kueue's, for one): the API's message says which.
-        return ("Forbidden", f"the {child} was refused: {_api_message(err) or getattr(err, 'reason', '')}")
-    if isinstance(err, ApiException):
-        return (f"{child}CreateFailed", f"creating the {child} failed: HTTP {err.status} {err.reason}: "
-                f"{(err.body or '')[:500]}")
-    return (f"{child}CreateFailed", f"creating the {child} failed: {type(err).__name__}: {str(err)[:300]}")
+def _store(name: str) -> property:
+    """An informer the steps read, kept in ``Controller.stores`` (the handlers set them after)."""
+    return property(lambda self: getattr(self.stores, name), lambda self, value: setattr(self.stores, name, value))
 
 
 class Controller:
+    parents, children, pods = _store("parents"), _store("children"), _store("pods")
+    workloads, priority_classes, extra_stores = _store("workloads"), _store("priority_classes"), _store("extras")
+
     def __init__(self, kinds: list[Kind], kube, parents: dict[str, Informer], children: dict[str, Informer],
                  pods: Informer, clock: Callable[[], str] = now, status_interval: float = STATUS_INTERVAL,
                  monotonic: Callable[[], float] = time.monotonic, workloads: Informer | None = None,
@@ -182,29 +72,25 @@ class Controller:
                  progress_interval: float = training.READ_INTERVAL, ray_tokens: RayTokens | None = None) -> None:
         self.kinds = {k.resource.kind: k for k in kinds}
         self.kube = kube
-        self.parents, self.children, self.pods = parents, children, pods
-        self.workloads, self.priority_classes = workloads, priority_classes  # None: Kueue not read
+        self.stores = Stores(parents, children, pods, workloads, priority_classes)
         self.extras = list(extras)
-        self.extra_stores: dict[str, Informer] = {}  # resource plural -> its informer
         # (plural, namespace, name) -> when this process created it: not again before its watch event
         self.extras_made: dict[tuple[str, str, str], float] = {}
         self.clock = clock
         self.monotonic = monotonic
-        self.status_interval = status_interval
         # jitter: objects that failed together (an outage) do not all retry in the same second
         self.queue = WorkQueue(Backoff(jitter=0.1), metrics=METRICS)
         # Events wait while any object waits for a reconcile (events.py).
         self.recorder = EventRecorder(kube.post_event, busy=lambda: len(self.queue) > 0, monotonic=monotonic)
-        self.parsed: dict[str, tuple] = {}  # uid -> (spec version, spec or InvalidSpec)
-        self.written: dict[str, tuple[str, dict]] = {}  # uid -> (resourceVersion it was derived from, status)
-        self.last_write: dict[str, float] = {}  # uid -> when its status was last written (monotonic)
+        self.specs = Specs()
+        self.writes = StatusWrites(kube, self.recorder, lambda key, delay: self.queue.add_after(key, delay),
+                                   status_interval, monotonic)
         self.problems: dict[Key, tuple[str, str]] = {}  # why a child could not be created
         self.extra_problems: dict[Key, tuple[str, str]] = {}  # why an extra child could not be written
         self.deleted_pods: dict[Key, list[dict]] = {}  # pods seen deleted (status/attempts.py reads them)
         self.uids: dict[Key, str] = {}  # key -> uid, to drop its state when the object is gone
         self.expected: dict[Key, tuple[dict, float]] = {}  # key -> (child just created, monotonic time)
         self.tombstones: dict[str, None] = {}  # uids of deleted children, oldest first
-        self.terminal: dict[str, dict] = {}  # uid -> the terminal status it reached (never goes back)
         self.active = True  # False on a standby until it leads: nothing is queued
         # Training progress, read from the Ray dashboard (dashboard.py) off the reconcile workers:
         # None (or an interval <= 0) reads nothing.
@@ -307,7 +193,7 @@ class Controller:
         (a finished or deleted job's pods all go; keeping them cost 62 MB per 1,000 jobs)."""
         parent = self.parents[key[0]].get(key[1:])
         return parent is not None and not self.kinds[key[0]].finished(parent.get("status") or {}) \
-            and parent["metadata"].get("uid") not in self.terminal
+            and parent["metadata"].get("uid") not in self.writes.terminal
 
     def workload_changed(self, event: str, obj: dict) -> None:
         if event in ("SERVED", "FORBIDDEN", "ALLOWED"):  # Kueue installed, refused or granted: every queued object reads anew
@@ -338,11 +224,9 @@ class Controller:
     def forget(self, key: Key) -> None:
         uid = self.uids.pop(key, None)
         if uid is not None:
-            self.parsed.pop(uid, None)
-            self.written.pop(uid, None)
-            self.last_write.pop(uid, None)
+            self.specs.forget(key, uid)
+            self.writes.forget(key, uid)
             self.recorder.forget(uid)
-            self.terminal.pop(uid, None)
             self.progress_read.pop(uid, None)
             self.reports.pop(uid, None)
             self.read_failures.pop(uid, None)
@@ -376,7 +260,7 @@ class Controller:
             except Exception as err:  # every failure: API errors, refused/reset connections, timeouts
                 delay = self.queue.retry(key)
                 log.warning("%s %s/%s: reconcile failed (%s); retrying in %.0fs", key[0], key[1], key[2],
-                            _describe(err), delay)
+                            describe(err), delay)
                 result = "error"
             else:
                 if result == "retry":
@@ -418,15 +302,15 @@ class Controller:
         if meta.get("deletionTimestamp"):
             return "deleting"  # the garbage collector removes the children; create nothing now
         try:
-            spec = self._parse(kind, parent, namespace)
+            spec = self.specs.parse(kind, parent, namespace)
             result, child = await self._ensure_child(kind, key, parent, spec)
             if result != "finished":
                 await self._ensure_extras(kind, key, parent, spec)
         except InvalidSpec as err:  # the spec, or the child it renders (too large to be created)
-            self.parsed[meta.get("uid")] = (self._version(meta), err.compact())
-            previous = self._previous(parent)
+            self.specs.refused(meta, err)
+            previous = self.writes.previous(parent)
             current = statuses.invalid(err.errors, meta.get("generation", 0), previous, self.clock())
-            if await self._write(kind, parent, previous, current):
+            if await self.writes.write(kind, parent, previous, current):
                 METRICS.validation_failed()
                 log.warning("%s %s/%s is invalid: %s", kind.resource.kind, namespace, name, err)
             return "invalid"
@@ -442,9 +326,9 @@ class Controller:
             pods = [p for p in self.pods.indexed((kind.label, namespace, name)) if in_cluster(p)]
             deleted = [p for p in self.deleted_pods.get(key, ()) if in_cluster(p)]
         if ours is not None and kind.cluster_patch is not None:
-            await self._ensure_clusters(kind, key, spec, ours, self._version(meta))
+            await self._ensure_clusters(kind, key, spec, ours, version(meta))
         queue = await self._admission(kind, spec, ours) if ours is not None else None
-        previous = self._previous(parent)
+        previous = self.writes.previous(parent)
         refused = self.pods.forbidden_in(namespace) if self.pods is not None else None
         pods_problem = statuses.pods_forbidden(namespace, refused) if refused else None
         network = next((e.status(spec, self.extra_problems.get(key)) for e in self.extras if e.status), None)
@@ -462,15 +346,15 @@ class Controller:
                 current = kind.derive(spec, meta.get("generation", 0), ours, pods, previous, self.clock(),
                                       self.problems.get(key), queue=queue, deleted=deleted, pods_problem=pods_problem,
                                       network=network)
-        current = self.never_back_from_terminal(kind, parent, current)
+        current = self.writes.never_back_from_terminal(kind, parent, current)
         if kind.reads_progress and self.dashboard is not None:
             current = self._progress(key, meta.get("uid"), current,
                                      render.ray_token_secret_name(ours) if ours is not None else None)
         # The write right after our own create is on the job's critical path: never put off.
-        await self._write(kind, parent, previous, current, at_once=result == "created")
+        await self.writes.write(kind, parent, previous, current, at_once=result == "created")
         if queue is not None:  # after the status: a failing Workload patch must not freeze it
             await self._carry_suspend(kind, spec, ours)
-        if ours is not None and kind.child_must_go is not None and kind.child_must_go(self._previous(parent), ours):
+        if ours is not None and kind.child_must_go is not None and kind.child_must_go(self.writes.previous(parent), ours):
             await self._remove_child(kind, key, ours)  # the attempt it ran has ended (as now written)
             return "attempt-ended"
         return result
@@ -530,34 +414,12 @@ class Controller:
             report = training.parse(log_tail)
         except Exception as err:  # a bug here must not end the read task unlogged
             log.error("%s %s/%s: the progress read from RayCluster %s could not be parsed: %s", key[0], key[1],
-                      key[2], cluster, _describe(err))
+                      key[2], cluster, describe(err))
             return
         if report is not None and report != self.reports.get(uid) and self.uids.get(key) == uid:
             self.reports[uid] = report
             self.enqueue(key)
 
-    def _terminal(self, kind: Kind, parent: dict) -> dict | None:
-        """The terminal status this very object (uid) reached, as its status says or as this
-        operator read or wrote it: kept in memory too, so that a status wiped or rolled back meanwhile does
-        not make a finished job run again."""
-        uid = parent["metadata"].get("uid")
-        previous = self._previous(parent)
-        if kind.finished(previous):
-            self.terminal[uid] = previous
-            return previous
-        return self.terminal.get(uid)
-
-    def never_back_from_terminal(self, kind: Kind, parent: dict, current: dict) -> dict:
-        """A finished object's status never goes back to a running phase: a child seen late (a new
-        leader whose child watch lags, a stale version) must not turn Succeeded into Running."""
-        terminal = self._terminal(kind, parent)
-        if terminal is None or current.get("phase") in statuses.TERMINAL_PHASES:
-            return current
-        if current.get("phase") != terminal.get("phase"):
-            log.info("%s %s/%s: %s derived from a stale %s; keeping %s", kind.resource.kind,
-                     parent["metadata"].get("namespace"), parent["metadata"].get("name"), current.get("phase"),
-                     kind.child.kind, terminal.get("phase"))
-        return terminal
     async def _remove_child(self, kind: Kind, key: Key, child: dict) -> None:
         """Delete a child of an ended attempt (once; its deletion event brings the key back)."""
         meta = child.get("metadata") or {}
@@ -577,7 +439,7 @@ class Controller:
         children = self.children[key[0]]
         child = self.child_of(key, parent)
         if child is None:
-            if self._terminal(kind, parent) is not None:
+            if self.writes.terminal_of(kind, parent) is not None:
                 return "finished", None  # it ran and its child is gone: making one would run it again
             refused = children.forbidden_in(namespace)  # this namespace's, not another's
             if refused is not None:
@@ -594,7 +456,7 @@ class Controller:
         self.problems.pop(key, None)
         if not await self._ensure_ray_token(kind, key, child):
             return "retry", child
-        if kind.child_must_go is not None and kind.child_must_go(self._previous(parent), child):
+        if kind.child_must_go is not None and kind.child_must_go(self.writes.previous(parent), child):
             await self._remove_child(kind, key, child)
             # Looked at again when it is gone (its deletion event), or with backoff.
             return "retry", None
@@ -623,7 +485,7 @@ class Controller:
             except ApiException as err:
                 if err.status == 403:  # a chart older than this grant: the service runs on, unresized
                     log.warning("RayCluster %s/%s: may not read it (%s): a replicas edit will not reach it",
-                                namespace, name, _api_message(err))
+                                namespace, name, api_message(err))
                     continue
                 if err.status == 404:
                     continue  # not made yet, or already deleted by KubeRay: looked at on the next event
@@ -652,7 +514,7 @@ class Controller:
             log.info("Secret %s/%s (the Ray token of %s %s) created", namespace, name, kind.child.kind, key[2])
         except ApiException as err:
             if err.status != 409:
-                detail = _api_message(err) or f"HTTP {err.status} {err.reason}"
+                detail = api_message(err) or f"HTTP {err.status} {err.reason}"
                 self.problems[key] = ("RayTokenSecretNotCreated", f"the Secret {name} with the Ray cluster's auth "
                                       f"token could not be created (its pods wait for it): {detail}")
                 log.warning("%s %s/%s: %s", kind.resource.kind, namespace, key[2], self.problems[key][1])
@@ -669,7 +531,7 @@ class Controller:
         desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
         desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
         if kind.attempt is not None:
-            desired["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(kind.attempt(self._previous(parent)))
+            desired["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(kind.attempt(self.writes.previous(parent)))
         try:
             created = await self.kube.create(kind.child, namespace, desired)
         except ApiException as err:
@@ -802,10 +664,10 @@ class Controller:
                     else:
                         self.extras_made[made] = time.monotonic()
                     continue
-                log.warning("%s %s/%s not written: %s", extra.resource.kind, namespace, name, _describe(err))
+                log.warning("%s %s/%s not written: %s", extra.resource.kind, namespace, name, describe(err))
                 self.extra_problems[key] = (f"{extra.resource.kind}NotWritten",
                                             f"the {extra.resource.kind} {name} could not be written: "
-                                            f"{_api_message(err) or _describe(err)}")
+                                            f"{api_message(err) or describe(err)}")
 
     def _extra_taken(self, kind: Kind, extra: Extra, key: Key, name: str) -> None:
         self.extra_problems[key] = (
@@ -813,98 +675,3 @@ class Controller:
             f"a {extra.resource.kind} named {name} already exists in {key[1]} and does not belong to this "
             f"{kind.resource.kind}: it is left alone and the operator's is not made; delete that {extra.resource.kind}")
         log.warning("%s %s/%s exists and is not %s's: left alone", extra.resource.kind, key[1], name, key[2])
-
-    def _parse(self, kind: Kind, parent: dict, namespace: str):
-        """The spec, parsed once per version of it: every status write and child change reconciles
-        again. metadata.generation moves on every spec change; labels are metadata, so they are part
-        of the key."""
-        meta = parent["metadata"]
-        version = self._version(meta)
-        cached = self.parsed.get(meta.get("uid"))
-        if cached is None or cached[0] != version:
-            try:
-                if isinstance(parent.get(REFUSED), InvalidSpec):  # refused as stored (kinds.parent_slimmer)
-                    raise parent[REFUSED]
-                cached = (version, kind.parse({**parent, "metadata": {**meta, "namespace": namespace}}))
-            except InvalidSpec as err:
-                cached = (version, err.compact())  # kept without the refused values
-            self.parsed[meta.get("uid")] = cached
-        if isinstance(cached[1], InvalidSpec):
-            raise cached[1]
-        return cached[1]
-
-    @staticmethod
-    def _version(meta: dict) -> tuple:
-        return (meta.get("generation"), tuple(sorted((meta.get("labels") or {}).items())))
-
-    def _previous(self, parent: dict) -> dict:
-        """The status as it is now: the object's own, or the one this operator wrote from this very
-        version of the object when its echo has not arrived yet. A status edited or wiped by
-        someone else is a newer version, so it is what gets compared (and put right)."""
-        meta = parent["metadata"]
-        written = self.written.get(meta.get("uid"))
-        if written is not None:
-            if written[0] == meta.get("resourceVersion"):
-                return written[1]
-            del self.written[meta["uid"]]
-        return dict(parent.get("status") or {})
-
-    async def _write(self, kind: Kind, parent: dict, previous: dict, current: dict, at_once: bool = False) -> bool:
-        meta = parent["metadata"]
-        patch = statuses.patch_for(previous, current)
-        if patch is None:
-            return False
-        namespace, name = meta["namespace"], meta["name"]
-        if not at_once and self._put_off(kind, meta, previous, current):
-            return False
-        try:
-            await self.kube.patch_status(kind.resource, namespace, name, patch, uid=meta.get("uid"))
-        except ApiException as err:
-            if _gone_or_replaced(err):
-                return False  # deleted meanwhile, or deleted and made again (its uid differs)
-            raise
-        self.written[meta["uid"]] = (meta.get("resourceVersion"), current)
-        self.last_write[meta["uid"]] = self.monotonic()
-        if kind.finished(current):  # not only from statuses read: the written cache is dropped by any rv bump
-            self.terminal[meta["uid"]] = current
-        METRICS.status_patched()
-        regarding = {"apiVersion": kind.resource.api_version, "kind": kind.resource.kind, "name": name,
-                     "namespace": namespace, "uid": meta.get("uid")}
-        self.recorder.record(regarding, statuses.events(previous, current))
-        if previous.get("phase") != current.get("phase"):
-            log.info("%s %s/%s: phase %s (%s)", kind.resource.kind, namespace, name, current.get("phase"),
-                     (current.get("message") or "")[:200])
-        return True
-
-    def _put_off(self, kind: Kind, meta: dict, previous: dict, current: dict) -> bool:
-        """The status write budget: a progress-only write within ``status_interval`` of the object's
-        last one waits; its key comes back when the interval is over and writes what holds then
-        (level-based: the newest counts, never a lost update)."""
-        delay = write_delay(previous, current, self.last_write.get(meta.get("uid")), self.monotonic(),
-                            self.status_interval)
-        if delay <= 0:
-            return False
-        self.queue.add_after((kind.resource.kind, meta["namespace"], meta["name"]), delay)
-        METRICS.status_put_off()
-        return True
-
-
-def _gone_or_replaced(err: ApiException) -> bool:
-    """404, or the 422 of our uid test (another object holds the name now): the API server answers
-    a failed JSON-patch test with a bare Invalid, a status that breaks the schema with its causes."""
-    return err.status == 404 or (err.status == 422 and '"causes"' not in (err.body or ""))
-
-
-def _api_message(err: Exception) -> str:
-    """The message of a Status answer (what an admission webhook or RBAC said), if there is one."""
-    try:
-        return str(json.loads(getattr(err, "body", None) or "{}").get("message") or "")[:1000]
-    except (ValueError, AttributeError):
-        return ""
-
-
-def _describe(err: Exception) -> str:
-    if isinstance(err, ApiException):  # the body says which field a 422 refused
-        return f"HTTP {err.status} {err.reason}: {(err.body or '')[:300]}"
-    return f"{type(err).__name__}: {str(err)[:200]}"
-

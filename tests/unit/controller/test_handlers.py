@@ -22,22 +22,22 @@ def ctl():
 
 def test_a_status_write_does_not_parse_again(ctl):
     job = body()
-    first = ctl._parse(JOB, job, "ml")
+    first = ctl.specs.parse(JOB, job, "ml")
     echoed = copy.deepcopy(job)
     echoed["status"] = {"phase": "Pending"}
     echoed["metadata"]["resourceVersion"] = "42"
-    assert ctl._parse(JOB, echoed, "ml") is first
+    assert ctl.specs.parse(JOB, echoed, "ml") is first
 
 
 def test_a_new_generation_or_new_labels_parse_again(ctl):
     job = body()
-    first = ctl._parse(JOB, job, "ml")
+    first = ctl.specs.parse(JOB, job, "ml")
     changed = body(entrypoint="python other.py")
     changed["metadata"]["generation"] = 2
-    assert ctl._parse(JOB, changed, "ml").entrypoint == "python other.py"
+    assert ctl.specs.parse(JOB, changed, "ml").entrypoint == "python other.py"
     relabelled = copy.deepcopy(changed)
     relabelled["metadata"]["labels"] = {"team": "ml"}
-    assert ctl._parse(JOB, relabelled, "ml").labels == {"team": "ml"}
+    assert ctl.specs.parse(JOB, relabelled, "ml").labels == {"team": "ml"}
     assert first.entrypoint == "python train.py"
 
 
@@ -45,14 +45,14 @@ def test_an_invalid_spec_stays_invalid_until_it_changes(ctl):
     bad = body(tpu={"topology": "3x3"})
     for _ in range(2):
         with pytest.raises(spec.InvalidSpec, match="spec.tpu.topology"):
-            ctl._parse(JOB, bad, "ml")
+            ctl.specs.parse(JOB, bad, "ml")
     fixed = body()
     fixed["metadata"]["generation"] = 2
-    assert ctl._parse(JOB, fixed, "ml").slice.topology == "4x4"
+    assert ctl.specs.parse(JOB, fixed, "ml").slice.topology == "4x4"
 
 
 def test_the_namespace_is_the_objects_own_whatever_the_body_says(ctl):
-    assert ctl._parse(JOB, body(namespace="elsewhere"), "ml").namespace == "ml"
+    assert ctl.specs.parse(JOB, body(namespace="elsewhere"), "ml").namespace == "ml"
 
 
 def test_every_kind_gets_an_informer_for_itself_and_its_child_and_one_for_pods(ctl):
@@ -285,12 +285,12 @@ def test_the_operators_pod_bound_reaches_both_kinds_parse():
     ctl = handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None, max_pods=5)
     job = ctl.kinds["TPUTorchJob"]
     with pytest.raises(spec.InvalidSpec, match="spec.tpu.topology: '6 pods' must make at most 5 pods per job"):
-        ctl._parse(job, body(), "ml")
+        ctl.specs.parse(job, body(), "ml")
     service = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService", "metadata": {"name": "s", "namespace": "ml"},
                "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "example.com/vllm:1",
                         "model": {"source": "Qwen/Qwen3-8B"}, "replicas": {"min": 1, "max": 3}}}
     with pytest.raises(spec.InvalidSpec, match=r"spec.replicas.max: '13 pods' must make at most 5"):
-        ctl._parse(ctl.kinds["TPUTorchService"], service, "ml")
+        ctl.specs.parse(ctl.kinds["TPUTorchService"], service, "ml")
     default = handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None)
     assert default._parse(default.kinds["TPUTorchJob"], body(), "ml").slice.hosts == 4
 
@@ -313,7 +313,7 @@ def test_a_large_refused_job_is_stored_as_its_refusal_and_still_gets_its_status(
     assert loop.run_until_complete(ctl.reconcile(("TPUTorchJob", "ml", "demo"))) == "invalid"
     status = ctl.kube.called("patch_status")[-1][4]
     assert status["phase"] == "Failed" and "spec.entrypoint" in status["message"]
-    assert all(e.value is None for e in ctl.parsed["u-big"][1].errors)  # nor in the parse cache
+    assert all(e.value is None for e in ctl.specs.parsed["u-big"][1].errors)  # nor in the parse cache
     small = body()  # a valid job is stored as it is
     small["metadata"].update(uid="u-small", resourceVersion="4", name="small")
     parents.source.listing = {"items": [small], "metadata": {"resourceVersion": "10"}}

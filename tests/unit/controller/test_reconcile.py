@@ -138,7 +138,7 @@ def test_a_new_process_makes_the_token_secret_of_a_rayjob_it_finds_once(there):
     pods would wait for it for ever). A fresh process makes it, or finds it there (409: the name is
     that RayJob's alone, its token derived), and asks no more."""
     ctl = setup(job(), with_token(rayjob("uid-new", status=RUNNING)))
-    ctl.status_interval = 0
+    ctl.writes.interval = 0
     if there:
         ctl.kube.objects[("secrets", "ml", "demo-ray-token-abc123")] = {"made": "earlier"}
     run(ctl.reconcile(KEY))
@@ -155,7 +155,7 @@ def test_a_new_process_makes_the_token_secret_of_a_rayjob_it_finds_once(there):
 
 def test_a_new_process_refused_the_token_secret_says_so_and_tries_again():
     ctl = setup(job(), with_token(rayjob("uid-new", status=RUNNING)))
-    ctl.status_interval = 0
+    ctl.writes.interval = 0
     ctl.kube.fail["create_secret"].append(api_error(403, body='{"message": "secrets is forbidden: User cannot create"}'))
     assert run(ctl.reconcile(KEY)) == "retry"
     cond = condition(last_status(ctl.kube), "RayJobCreated")
@@ -351,10 +351,10 @@ def test_state_of_vanished_objects_is_swept_after_a_relist():
     run(ctl.reconcile(KEY))
     ctl.problems[KEY] = ("X", "y")
     ctl.queue.backoff.next(KEY)
-    assert ctl.parsed and ctl.uids
+    assert ctl.specs.parsed and ctl.uids
     ctl.parents[KIND]._pop(("ml", "demo"))  # deleted while the operator was not watching
     ctl.parent_changed(KIND, "LISTED", {})
-    assert (ctl.parsed, ctl.written, ctl.problems, ctl.uids, ctl.queue.known()) == ({}, {}, {}, {}, set())
+    assert (ctl.specs.parsed, ctl.writes.written, ctl.problems, ctl.uids, ctl.queue.known()) == ({}, {}, {}, {}, set())
     assert [n for counts in ctl.phases().values() for n in counts.values() if n] == []
 
 
@@ -364,7 +364,7 @@ def test_a_new_object_under_an_old_name_keeps_nothing_of_the_old_one():
     ctl.parents[KIND]._put(job(uid="uid-new", rv="20"))
     ctl.children[KIND]._pop(("ml", "demo"))
     run(ctl.reconcile(KEY))
-    assert "uid-old" not in ctl.parsed and ctl.uids[KEY] == "uid-new"
+    assert "uid-old" not in ctl.specs.parsed and ctl.uids[KEY] == "uid-new"
     assert last_status(ctl.kube)["hosts"] == 4  # 4x4, not the old 2x2
 
 
@@ -707,7 +707,7 @@ def test_a_status_patch_refused_by_the_uid_test_is_not_an_error():
     assert run(ctl.reconcile(KEY)) == "created"
     kube.fail["patch_status"].append(api_error(422, body='{"details":{"causes":[{"field":"status.x"}]}}'))
     ctl.parents[KIND]._put(job(rv="50"))
-    ctl.written.clear()
+    ctl.writes.written.clear()
     with pytest.raises(Exception, match="422"):
         run(ctl.reconcile(KEY))
 

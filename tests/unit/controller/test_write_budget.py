@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from tputorch.controller import reconcile
+from tputorch.controller import writes
 from tputorch.controller.events import EventRecorder, SpamFilter, one_per_transition
 from tputorch.status import Event
 
@@ -246,12 +246,12 @@ def test_an_invalid_job_costs_one_status_write_and_one_event(life):
 def test_write_delay_puts_off_progress_only():
     pending = {"phase": "Pending", "observedGeneration": 1, "readyHosts": 1}
     more = {**pending, "readyHosts": 2}
-    assert reconcile.write_delay(pending, more, None, 5.0, 2.0) == 0  # nothing written by this process yet
-    assert reconcile.write_delay(pending, more, 4.5, 5.0, 2.0) == pytest.approx(1.5)
-    assert reconcile.write_delay(pending, more, 1.0, 5.0, 2.0) == 0
-    assert reconcile.write_delay(pending, {**more, "phase": "Running"}, 4.9, 5.0, 2.0) == 0
-    assert reconcile.write_delay(pending, {**more, "observedGeneration": 2}, 4.9, 5.0, 2.0) == 0
-    assert reconcile.write_delay(pending, more, 4.9, 5.0, 0) == 0
+    assert writes.write_delay(pending, more, None, 5.0, 2.0) == 0  # nothing written by this process yet
+    assert writes.write_delay(pending, more, 4.5, 5.0, 2.0) == pytest.approx(1.5)
+    assert writes.write_delay(pending, more, 1.0, 5.0, 2.0) == 0
+    assert writes.write_delay(pending, {**more, "phase": "Running"}, 4.9, 5.0, 2.0) == 0
+    assert writes.write_delay(pending, {**more, "observedGeneration": 2}, 4.9, 5.0, 2.0) == 0
+    assert writes.write_delay(pending, more, 4.9, 5.0, 0) == 0
 
 
 def test_one_event_per_transition_prefers_a_warning_then_the_last():

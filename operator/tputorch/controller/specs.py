@@ -1,0 +1,40 @@
+"""Step: the spec, parsed once per version of the object (its state: the parse cache by uid)."""
+
+from __future__ import annotations
+
+from ..api.spec import InvalidSpec
+from .kind import REFUSED, Kind
+
+
+def version(meta: dict) -> tuple:
+    """metadata.generation moves on every spec change; labels are metadata, so they are part of it."""
+    return (meta.get("generation"), tuple(sorted((meta.get("labels") or {}).items())))
+
+
+class Specs:
+    def __init__(self) -> None:
+        self.parsed: dict[str, tuple] = {}  # uid -> (spec version, spec or InvalidSpec)
+
+    def parse(self, kind: Kind, parent: dict, namespace: str):
+        """The spec, parsed once per version of it: every status write and child change reconciles
+        again. A refusal raises InvalidSpec (kept without the refused values)."""
+        meta = parent["metadata"]
+        cached = self.parsed.get(meta.get("uid"))
+        if cached is None or cached[0] != version(meta):
+            try:
+                if isinstance(parent.get(REFUSED), InvalidSpec):  # refused as stored (kinds.parent_slimmer)
+                    raise parent[REFUSED]
+                cached = (version(meta), kind.parse({**parent, "metadata": {**meta, "namespace": namespace}}))
+            except InvalidSpec as err:
+                cached = (version(meta), err.compact())
+            self.parsed[meta.get("uid")] = cached
+        if isinstance(cached[1], InvalidSpec):
+            raise cached[1]
+        return cached[1]
+
+    def refused(self, meta: dict, err: InvalidSpec) -> None:
+        """The child this version renders was refused (too large to be created): the spec is too."""
+        self.parsed[meta.get("uid")] = (version(meta), err.compact())
+
+    def forget(self, key, uid: str | None) -> None:
+        self.parsed.pop(uid, None)

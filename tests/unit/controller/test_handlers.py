@@ -292,7 +292,7 @@ def test_the_operators_pod_bound_reaches_both_kinds_parse():
     with pytest.raises(spec.InvalidSpec, match=r"spec.replicas.max: '13 pods' must make at most 5"):
         ctl.specs.parse(ctl.kinds["TPUTorchService"], service, "ml")
     default = handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None)
-    assert default._parse(default.kinds["TPUTorchJob"], body(), "ml").slice.hosts == 4
+    assert default.specs.parse(default.kinds["TPUTorchJob"], body(), "ml").slice.hosts == 4
 
 
 # --- memory against hostile objects (issue 34) -----------------------------------------------------

@@ -158,6 +158,12 @@ def test_service_defaults_and_the_reference_example(crds, namespace):
      ["a client sets cidr, or namespace and/or podLabels"]),
     ({"exposure": {"clients": "Listed", "from": [{}]}}, ["a client sets cidr, or namespace and/or podLabels"]),
     ({"exposure": {"clients": "Listed", "from": [{"cidr": "10.0.0/8"}]}}, ["cidr must be a CIDR block"]),
+    ({"exposure": {"serveService": {"type": "NodePort"}}}, ["spec.exposure.serveService.type"]),
+    ({"exposure": {"serveService": {"loadBalancerSourceRanges": ["10.0.0.0/8"]}}},
+     ["loadBalancerSourceRanges may be set only when its type is LoadBalancer"]),
+    ({"exposure": {"serveService": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0/8"]}}},
+     ["loadBalancerSourceRanges must be CIDR blocks"]),
+    ({"exposure": {"serveService": {"annotations": {"a": 1}}}}, ["spec.exposure.serveService.annotations.a"]),
 ])
 def test_service_admission_refusals(crds, namespace, spec_extra, fragments):
     refused(crds, namespace, service(**spec_extra), *fragments)
@@ -197,6 +203,24 @@ def test_service_edits_are_admitted_but_not_of_the_slice(crds, namespace):
     proc = patch(crds, namespace, crd.SERVICE_PLURAL, "qwen", {"spec": {"tpu": {"topology": "8x8"}}})
     assert proc.returncode != 0
     assert "spec.tpu is immutable: delete the TPUTorchService and create it again" in proc.stderr
+
+
+def test_the_serve_service_is_admitted_as_the_parser_takes_it_and_is_immutable(crds, namespace):
+    internal = {"type": "LoadBalancer", "annotations": {"networking.gke.io/load-balancer-type": "Internal"},
+                "loadBalancerSourceRanges": ["10.0.0.0/8"]}
+    body = service("lb", exposure={"serveService": internal})
+    assert create(crds, namespace, body).returncode == 0
+    assert spec.parse_service({**body, "metadata": {"name": "lb", "namespace": namespace}}).exposure.serve_service.type == "LoadBalancer"
+    assert get(crds, namespace, crd.SERVICE_PLURAL, "lb")["spec"]["exposure"]["serveService"] == internal
+    # KubeRay would not carry an edit to the Service: refused, whether changed, added or removed.
+    assert create(crds, namespace, service("plain")).returncode == 0
+    for name, edit in (("lb", {"type": "ClusterIP", "loadBalancerSourceRanges": None}), ("lb", None),
+                       ("plain", {"type": "LoadBalancer"})):
+        proc = patch(crds, namespace, crd.SERVICE_PLURAL, name, {"spec": {"exposure": {"serveService": edit}}})
+        assert proc.returncode != 0 and "spec.exposure.serveService is immutable" in proc.stderr, (name, edit, proc.stderr)
+    # The rest of exposure stays editable.
+    proc = patch(crds, namespace, crd.SERVICE_PLURAL, "lb", {"spec": {"exposure": {"clients": "InNamespace"}}})
+    assert proc.returncode == 0, proc.stderr
 
 
 # --- status: what the operator writes is stored as written -------------------------------------

@@ -111,6 +111,10 @@ def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace,
     # the Hugging Face token Secret it names, made first as docs/serving.md says (its pods wait for it)
     hf = body["spec"]["model"]["hfTokenSecret"]
     kubectl(kube.kubeconfig, "create", "secret", "generic", hf["name"], "-n", namespace, f"--from-literal={hf['key']}=hf_x")
+    # Exposed as docs/serving.md's internal load balancer: KubeRay makes <name>-serve-svc from it.
+    internal = {"networking.gke.io/load-balancer-type": "Internal"}
+    body["spec"]["exposure"] = {"serveService": {"type": "LoadBalancer", "annotations": internal,
+                                                 "loadBalancerSourceRanges": ["10.0.0.0/8"]}}
     apply(kube, namespace, body)
     seen = phases_seen(kube, namespace, name, "Ready")
     assert seen[0] == "Pending" and "Deploying" in seen, seen
@@ -125,6 +129,12 @@ def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace,
     assert group["numOfHosts"] == 4
     svc = kube.core.read_namespaced_service(f"{name}-serve-svc", namespace)
     assert [p.port for p in svc.spec.ports] == [8000]
+    # KubeRay 1.6.2's Service from spec.exposure.serveService: our type, annotation, ranges and labels,
+    # its selector of the active cluster's serving pods.
+    assert (svc.spec.type, svc.spec.load_balancer_source_ranges) == ("LoadBalancer", ["10.0.0.0/8"]), svc.spec
+    assert internal.items() <= (svc.metadata.annotations or {}).items(), svc.metadata.annotations
+    assert svc.metadata.labels["tputorch.io/service"] == name, svc.metadata.labels
+    assert svc.spec.selector == {"ray.io/cluster": st["rayClusterName"], "ray.io/serve": "true"}, svc.spec.selector
     assert 'tputorch_services{phase="Ready"} 1' in operator.metrics()
     # GKE's readiness rule (the stand-in's prober): KubeRay's worker probe asks the Serve proxy,
     # which only the host with the LLM replica runs; the other three hosts stay NotReady, and the

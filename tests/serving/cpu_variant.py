@@ -36,5 +36,5 @@ def serve_config(model_source: str, http_port: int = 8000) -> dict:
     cfg = cpu_serving.to_cpu(render.serve_config(service(model_source)))
     # A head started by the config itself (tests/serving/record_serve.py): Serve's HTTP port on
     # loopback, chosen free. The cluster chain's head starts Serve with these options instead.
-    cfg["http_options"] = {"host": "127.0.0.1", "port": http_port}
+    cfg["http_options"] = {**cfg.get("http_options", {}), "host": "127.0.0.1", "port": http_port}
     return cfg

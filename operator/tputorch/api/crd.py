@@ -529,11 +529,44 @@ def _exposure_schema() -> dict:
             "clients": _string("Anywhere, InNamespace or Listed.", enum=list(network.EXPOSURES), default="Anywhere"),
             "from": _s("The clients admitted when clients is Listed.", type="array", items=peer,
                        maxItems=network.MAX_PEERS),
+            "serveService": _serve_service_schema(),
         },
         **{"x-kubernetes-validations": [{
             "rule": "(has(self.clients) && self.clients == 'Listed') == (has(self.from) && size(self.from) > 0)",
             "message": "spec.exposure.from lists the clients exactly when spec.exposure.clients is Listed",
+        }, {
+            # KubeRay 1.6 writes <name>-serve-svc from spec.serveService when it creates it and later
+            # replaces only its spec, at a cluster switch (never its annotations): an edit would not
+            # reach the Service, or only at the next upgrade.
+            "rule": "has(self.serveService) == has(oldSelf.serveService) && "
+                    "(!has(self.serveService) || self.serveService == oldSelf.serveService)",
+            "message": f"spec.exposure.serveService is immutable: KubeRay creates <name>-serve-svc from it once and "
+                       f"never updates its annotations; delete the {SERVICE_KIND} and create it again to change it",
         }]},
+    )
+
+
+def _serve_service_schema() -> dict:
+    return _s(
+        "The Service KubeRay makes in front of the Serve port (<name>-serve-svc, the RayService's serveService): "
+        "the same Service is retargeted at every cluster switch, so its address survives upgrades. Immutable.",
+        type="object",
+        properties={
+            "type": _string("ClusterIP (the default) or LoadBalancer.", enum=list(network.SERVE_SERVICE_TYPES),
+                            default="ClusterIP"),
+            "annotations": _s("Annotations of the Service, e.g. networking.gke.io/load-balancer-type: Internal.",
+                              type="object", maxProperties=network.MAX_ANNOTATIONS,
+                              additionalProperties={"type": "string", "maxLength": network.MAX_ANNOTATION_VALUE}),
+            "loadBalancerSourceRanges": _s(
+                "Client address ranges a LoadBalancer admits (CIDR blocks).", type="array",
+                maxItems=network.MAX_PEERS, items={"type": "string", "maxLength": 43}),
+        },
+        **{"x-kubernetes-validations": [
+            {"rule": "!has(self.loadBalancerSourceRanges) || (has(self.type) && self.type == 'LoadBalancer')",
+             "message": "spec.exposure.serveService.loadBalancerSourceRanges may be set only when its type is LoadBalancer"},
+            {"rule": "!has(self.loadBalancerSourceRanges) || self.loadBalancerSourceRanges.all(c, isCIDR(c))",
+             "message": "spec.exposure.serveService.loadBalancerSourceRanges must be CIDR blocks, e.g. 10.0.0.0/8"},
+        ]},
     )
 
 

@@ -23,9 +23,17 @@ POLICY_MODES = ("open", "strict")
 
 # spec.exposure.clients of a TPUTorchService: who may call the Serve port, which checks no token.
 EXPOSURES = ("Anywhere", "InNamespace", "Listed")
-EXPOSURE_FIELDS = {"clients", "from"}
+EXPOSURE_FIELDS = {"clients", "from", "serveService"}
 PEER_FIELDS = {"namespace", "podLabels", "cidr"}
 MAX_PEERS = 32
+# spec.exposure.serveService: the Service KubeRay makes in front of the Serve port (<name>-serve-svc,
+# KubeRay's RayService spec.serveService). KubeRay keeps that one Service across upgrades and only
+# retargets its selector at a cluster switch, so its address (a load balancer's too) survives them.
+# NodePort is not offered: it would open the Serve port, which checks no token, on every node.
+SERVE_SERVICE_TYPES = ("ClusterIP", "LoadBalancer")
+SERVE_SERVICE_FIELDS = {"type", "annotations", "loadBalancerSourceRanges"}
+MAX_ANNOTATIONS = 32
+MAX_ANNOTATION_VALUE = 4096
 
 
 @dataclass(frozen=True)
@@ -93,12 +101,23 @@ def parse_peer_text(text: str) -> Peer:
 
 
 @dataclass(frozen=True)
+class ServeService:
+    """The Service in front of the Serve port, as KubeRay makes it: its type, annotations (e.g. GKE's
+    networking.gke.io/load-balancer-type: Internal) and, for a LoadBalancer, the client ranges."""
+
+    type: str = "ClusterIP"
+    annotations: tuple[tuple[str, str], ...] = ()
+    source_ranges: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Exposure:
     """Who may call a service's Serve port: Anywhere, InNamespace (pods of its own namespace) or
-    Listed (the peers in ``peers``)."""
+    Listed (the peers in ``peers``); and the Service in front of it."""
 
     clients: str = "Anywhere"
     peers: tuple[Peer, ...] = ()
+    serve_service: ServeService = ServeService()
 
 
 def parse_exposure(r: Reader, spec: Mapping) -> Exposure:
@@ -122,7 +141,50 @@ def parse_exposure(r: Reader, spec: Mapping) -> Exposure:
             peer = _parse_client(r, item, f"spec.exposure.from[{i}]")
             if peer is not None:
                 peers.append(peer)
-    return Exposure(clients or "Anywhere", tuple(peers))
+    return Exposure(clients or "Anywhere", tuple(peers), _parse_serve_service(r, block))
+
+
+def _parse_serve_service(r: Reader, exposure: Mapping) -> ServeService:
+    block = r.mapping(exposure, "serveService", "spec.exposure.serveService", SERVE_SERVICE_FIELDS)
+    kind = r.value(block, "type", "spec.exposure.serveService.type", str, default="ClusterIP",
+                   check=lambda v: None if v in SERVE_SERVICE_TYPES else
+                   f"must be one of {', '.join(SERVE_SERVICE_TYPES)} (NodePort is not offered: it would open the "
+                   "Serve port, which checks no token, on every node)")
+    annotations: Any = block.get("annotations")
+    pairs: list[tuple[str, str]] = []
+    if annotations is not None:
+        path = "spec.exposure.serveService.annotations"
+        if not isinstance(annotations, Mapping):
+            r.error(path, annotations, "must be a map of annotation names to string values")
+        elif len(annotations) > MAX_ANNOTATIONS:
+            r.error(path, len(annotations), f"must have at most {MAX_ANNOTATIONS} annotations")
+        else:
+            for k, v in annotations.items():
+                if not isinstance(k, str) or not label_key_ok(k):
+                    r.error(path, k, "is not an annotation name ([prefix/]name, name at most 63 characters of "
+                            "[-A-Za-z0-9_.], prefix a DNS subdomain)")
+                elif not isinstance(v, str) or len(v) > MAX_ANNOTATION_VALUE:
+                    r.error(f"{path}.{k}", v, f"must be a string of at most {MAX_ANNOTATION_VALUE} characters")
+                else:
+                    pairs.append((k, v))
+    ranges: Any = block.get("loadBalancerSourceRanges")
+    cidrs: list[str] = []
+    if ranges is not None:
+        path = "spec.exposure.serveService.loadBalancerSourceRanges"
+        if kind != "LoadBalancer":
+            r.error(path, ranges, "may be set only when spec.exposure.serveService.type is LoadBalancer")
+        elif not isinstance(ranges, list) or not ranges:
+            r.error(path, ranges, "must be a non-empty list of CIDR blocks")
+        elif len(ranges) > MAX_PEERS:
+            r.error(path, len(ranges), f"must list at most {MAX_PEERS} address ranges")
+        else:
+            for i, cidr in enumerate(ranges):
+                problem = cidr_problem(cidr) if isinstance(cidr, str) else "must be a string"
+                if problem:
+                    r.error(f"{path}[{i}]", cidr, problem)
+                else:
+                    cidrs.append(cidr)
+    return ServeService(kind or "ClusterIP", tuple(sorted(pairs)), tuple(cidrs))
 
 
 def _parse_client(r: Reader, item: Any, path: str) -> Peer | None:

@@ -15,7 +15,7 @@ import jinja2
 import yaml
 
 from ..api import storage, topology
-from ..api.network import Peer
+from ..api.network import Peer, ServeService
 from .. import train
 from ..api.service import cache_env
 from ..api.spec import HF_TOKEN_ENV, FieldError, InvalidSpec, JobSpec, ServiceSpec
@@ -347,9 +347,18 @@ def engine_kwargs(svc: ServiceSpec) -> dict:
     return kwargs
 
 
+# Serve's HTTP proxy closes an idle client connection after keep_alive_timeout_s (Ray 2.60's default
+# 90 s). Google's Application Load Balancers (a GKE Gateway in front of <name>-serve-svc) keep an idle
+# connection to a backend for a fixed 600 s and reuse it: a backend that closes first makes the next
+# request on that connection fail with a 502. Above 600 s, the load balancer always closes first.
+# Serve takes it from the first config KubeRay PUTs (which starts Serve on the head).
+SERVE_KEEP_ALIVE_S = 620
+
+
 def serve_config(svc: ServiceSpec) -> dict:
     """Ray Serve's config (serveConfigV2, before it becomes YAML) for the service's model."""
     return json.loads(_template("serveconfig.json.j2").render({
+        "keep_alive_timeout_s": SERVE_KEEP_ALIVE_S,
         "app_name": SERVE_APP,
         "model_id": svc.model_name,
         "model_source": svc.model_source,
@@ -384,6 +393,23 @@ def rayservice_hash(obj: dict) -> str:
     return spec_hash({"annotations": annotations, "spec": obj.get("spec") or {}})
 
 
+def serve_service(svc: ServiceSpec) -> dict | None:
+    """The RayService's serveService (KubeRay's Service <name>-serve-svc in front of the Serve port)
+    from spec.exposure.serveService; None for the default ClusterIP, which KubeRay makes unasked.
+    KubeRay sets the name, selector, labels and serve port itself; the ports and their node ports stay
+    KubeRay's at every cluster switch, as does the load balancer's address."""
+    wanted = svc.exposure.serve_service
+    if wanted == ServeService():
+        return None
+    spec = {"type": wanted.type}
+    if wanted.source_ranges:
+        spec["loadBalancerSourceRanges"] = list(wanted.source_ranges)
+    metadata = {"labels": pod_labels(svc)}
+    if wanted.annotations:
+        metadata["annotations"] = dict(wanted.annotations)
+    return {"metadata": metadata, "spec": spec}
+
+
 def rayservice(svc: ServiceSpec) -> dict:
     """The RayService the operator creates for ``svc`` (without ownerReferences, added on create)."""
     obj = _loaded(_template("rayservice.json.j2").render({
@@ -392,6 +418,7 @@ def rayservice(svc: ServiceSpec) -> dict:
         "rayservice_labels": object_labels(svc),
         "annotations": rayservice_annotations(svc),
         "upgrade_strategy": svc.upgrade_strategy,
+        "serve_service": serve_service(svc),
         "serve_config_v2": yaml.safe_dump(serve_config(svc), sort_keys=False, default_flow_style=False),
         # Autoscaling always on: KubeRay's cluster hash leaves out replicas/min/max but not
         # enableInTreeAutoscaling, so a replicas edit from {1,1} to {1,3} would otherwise start a

@@ -127,7 +127,7 @@ def test_every_job_field_but_suspend_is_immutable_including_adding_or_removing_i
     assert set(guarded) == spec.SPEC_FIELDS - {"suspend", "tpu"}  # tpu: its own rule, above
 
 
-def test_service_only_tpu_is_immutable():
+def test_service_only_tpu_and_the_serve_service_are_immutable():
     spec_schema = schema(crd.SERVICE_KIND)["properties"]["spec"]
 
     def walk(obj, path):
@@ -140,7 +140,11 @@ def test_service_only_tpu_is_immutable():
             for v in obj:
                 yield from walk(v, path)
 
-    assert [p for p, _ in walk(spec_schema, "spec")] == ["spec.properties.tpu"]
+    rules = list(walk(spec_schema, "spec"))
+    assert [p for p, _ in rules] == ["spec.properties.tpu", "spec.properties.exposure"]
+    # exposure's: only its serveService (KubeRay never carries an edit of it to the Service)
+    assert "self.serveService == oldSelf.serveService" in rules[1][1]["rule"]
+    assert "spec.exposure.serveService is immutable" in rules[1][1]["message"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from tputorch import render
-from tputorch.api import spec
+from tputorch.api import network, spec
 
 from ..jobs import body
 from ..services import service_body
@@ -285,4 +285,35 @@ def test_exposure_defaults_to_any_source_and_takes_namespaces_pods_and_cidrs():
 ])
 def test_exposure_errors_name_the_field(exposure, path, fragment):
     err = only_error(service_body(exposure=exposure))
+    assert err.path == path and fragment in str(err), str(err)
+
+
+def test_the_serve_service_defaults_to_clusterip_and_takes_a_load_balancer_with_annotations_and_ranges():
+    assert spec.parse_service(service_body()).exposure.serve_service == network.ServeService("ClusterIP", (), ())
+    lb = spec.parse_service(service_body(exposure={"serveService": {
+        "type": "LoadBalancer", "annotations": {"networking.gke.io/load-balancer-type": "Internal"},
+        "loadBalancerSourceRanges": ["10.0.0.0/8", "192.168.0.0/16"]}})).exposure.serve_service
+    assert lb == network.ServeService("LoadBalancer", (("networking.gke.io/load-balancer-type", "Internal"),),
+                                      ("10.0.0.0/8", "192.168.0.0/16"))
+
+
+@pytest.mark.parametrize("serve_service,path,fragment", [
+    ({"type": "NodePort"}, "spec.exposure.serveService.type", "must be one of ClusterIP, LoadBalancer (NodePort is not offered"),
+    ({"type": "ExternalName"}, "spec.exposure.serveService.type", "must be one of ClusterIP, LoadBalancer"),
+    ({"loadBalancerSourceRanges": ["10.0.0.0/8"]}, "spec.exposure.serveService.loadBalancerSourceRanges",
+     "only when spec.exposure.serveService.type is LoadBalancer"),
+    ({"type": "LoadBalancer", "loadBalancerSourceRanges": []}, "spec.exposure.serveService.loadBalancerSourceRanges",
+     "non-empty list of CIDR blocks"),
+    ({"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.1/8"]},
+     "spec.exposure.serveService.loadBalancerSourceRanges[0]", "no host bits"),
+    ({"type": "LoadBalancer", "loadBalancerSourceRanges": [8]},
+     "spec.exposure.serveService.loadBalancerSourceRanges[0]", "must be a string"),
+    ({"annotations": {"bad key!": "x"}}, "spec.exposure.serveService.annotations", "is not an annotation name"),
+    ({"annotations": {"a": 1}}, "spec.exposure.serveService.annotations.a", "must be a string"),
+    ({"annotations": ["a"]}, "spec.exposure.serveService.annotations", "must be a map"),
+    ({"annotations": {f"k{i}": "v" for i in range(33)}}, "spec.exposure.serveService.annotations", "at most 32"),
+    ({"name": "mine"}, "spec.exposure.serveService.name", "is not a known field"),
+])
+def test_serve_service_errors_name_the_field_the_value_and_what_is_allowed(serve_service, path, fragment):
+    err = only_error(service_body(exposure={"serveService": serve_service}))
     assert err.path == path and fragment in str(err), str(err)

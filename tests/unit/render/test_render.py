@@ -217,6 +217,9 @@ SERVICE_CASES = {
     "service-v6e-2x2-single-host": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"}},
     "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
     "service-v6e-4x4-replicas-1-3": {"replicas": {"min": 1, "max": 3}},
+    "service-v6e-4x4-internal-lb": {"exposure": {"clients": "Listed", "from": [{"cidr": "10.128.0.0/20"}], "serveService": {
+        "type": "LoadBalancer", "annotations": {"networking.gke.io/load-balancer-type": "Internal"},
+        "loadBalancerSourceRanges": ["10.128.0.0/20"]}}},
     "service-v6e-4x4-spot": {"tpu": {"spot": True}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "serve", "effect": "NoSchedule"}]},
     "service-v6e-4x4-weights-gcs": {
         "volumes": [{"name": "weights", "mountPath": "/models", "readOnly": True, "gcs": {"bucket": "my-models", "mountOptions": ["implicit-dirs"]}},
@@ -614,6 +617,33 @@ def test_a_services_exposure_decides_who_reaches_the_serve_port():
                                 "podSelector": {"matchLabels": {"app": "front"}}},
                                {"podSelector": {"matchLabels": {"role": "client"}}},
                                {"ipBlock": {"cidr": "10.8.0.0/16"}}], "ports": TCP(8000)}
+
+
+def test_the_serve_service_is_kuberays_only_when_asked_and_carries_type_annotations_and_ranges():
+    # The default ClusterIP: no serveService at all, KubeRay makes <name>-serve-svc as before.
+    assert "serveService" not in render.rayservice(spec.parse_service(service_body()))["spec"]
+    internal = {"type": "LoadBalancer", "annotations": {"networking.gke.io/load-balancer-type": "Internal"},
+                "loadBalancerSourceRanges": ["10.0.0.0/8"]}
+    rs = render.rayservice(spec.parse_service(service_body(exposure={"serveService": internal})))
+    assert rs["spec"]["serveService"] == {
+        "metadata": {"labels": {"app.kubernetes.io/managed-by": "tputorch-operator", "tputorch.io/service": "qwen"},
+                     "annotations": {"networking.gke.io/load-balancer-type": "Internal"}},
+        "spec": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8"]}}
+    # No name, selector or ports: KubeRay names it <name>-serve-svc (the status's endpoint), selects
+    # the serving pods of the active cluster and adds the serve port, at every cluster switch.
+    assert "name" not in rs["spec"]["serveService"]["metadata"] and set(rs["spec"]["serveService"]["spec"]) == {
+        "type", "loadBalancerSourceRanges"}
+    # Outside rayClusterConfig: KubeRay's cluster hash leaves it out, so it never starts a new cluster.
+    assert "serveService" not in json.dumps(rs["spec"]["rayClusterConfig"])
+    assert render.rayservice(spec.parse_service(service_body(exposure={"serveService": {"type": "ClusterIP"}})))[
+        "spec"].get("serveService") is None
+
+
+def test_serves_keep_alive_outlasts_a_google_load_balancers_600_s_backend_keep_alive():
+    # Google's Application Load Balancers keep an idle backend connection for a fixed 600 s: Serve's
+    # proxy (Ray 2.60's default 90 s) must not close it first, or the next request on it gets a 502.
+    options = serve_config(rendered_service({}))["http_options"]
+    assert options == {"keep_alive_timeout_s": render.SERVE_KEEP_ALIVE_S} and render.SERVE_KEEP_ALIVE_S > 600
 
 
 def test_a_job_and_a_service_of_one_name_never_share_a_network_policy_name():

@@ -26,6 +26,11 @@ MIN_KUBERNETES = (1, 29)
 KNOWN_BAD_KUBERAY = {
     "1.6.0": "a RayService created suspended (queued by Kueue) never starts (kuberay#4686, fixed in 1.6.1)",
 }
+# No KubeRay Deployment in the cluster: what GKE's Ray Operator add-on looks like ("GKE installs and
+# hosts the KubeRay operator"; Google's own quickstart says to ignore `kubectl ray version`'s "no
+# KubeRay operator deployments found in any namespace"). Its version is then nowhere to be read.
+KUBERAY_NO_DEPLOYMENT = ("no KubeRay Deployment in the cluster (labels app.kubernetes.io/name=kuberay-operator or "
+                         "kuberay); GKE's Ray Operator add-on runs KubeRay outside the cluster and publishes no version")
 KUBERAY_CRDS = {"RayJob": "rayjobs.ray.io", "RayCluster": "rayclusters.ray.io", "RayService": "rayservices.ray.io"}
 KUEUE_INTEGRATIONS = ("ray.io/rayjob", "ray.io/rayservice")
 KUEUE_LOCALQUEUE_CRD = "localqueues.kueue.x-k8s.io"
@@ -315,12 +320,14 @@ def served_schema(definition: dict, version: str = "v1") -> dict | None:
 
 
 def kuberay_version(deployments: list[dict] | Unread) -> str | None:
-    """The KubeRay operator's version, from its Deployment's image tag (v1.6.2 -> 1.6.2)."""
+    """The KubeRay operator's version, from its Deployment's image tag (v1.6.2 -> 1.6.2; a digest
+    after the tag is ignored, an image by digest alone has no version)."""
     if isinstance(deployments, Unread):
         return None
     for d in deployments:
         for c in ((d.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
-            tag = (c.get("image") or "").rpartition(":")[2]
+            name = (c.get("image") or "").partition("@")[0]
+            tag = name.rpartition(":")[2] if ":" in name.rpartition("/")[2] else ""
             parsed = parse_version(tag)
             if parsed:
                 return ".".join(map(str, parsed))
@@ -362,9 +369,12 @@ def check_kuberay(installed: dict[str, dict | None | Unread], deployments: list[
         else:
             results.append(Result(check, OK, f"{kind} CRD installed"))
     version = kuberay_version(deployments)
-    if version is None:
-        results.append(Result("kuberay-version", UNKNOWN, "KubeRay operator's version: no KubeRay Deployment found "
-                              "(label app.kubernetes.io/name=kuberay-operator); the fields above are what counts"))
+    if isinstance(deployments, Unread):
+        results.append(_unknown("kuberay-version", "KubeRay's Deployment", deployments))
+    elif version is None:
+        why = ("its Deployment's image has no version tag" if deployments else KUBERAY_NO_DEPLOYMENT)
+        results.append(Result("kuberay-version", UNKNOWN, f"KubeRay operator's version: cannot tell: {why}; the CRD "
+                              f"fields above are what counts (KubeRay {', '.join(KNOWN_BAD_KUBERAY)} not ruled out)"))
     elif version in KNOWN_BAD_KUBERAY:
         status = FAIL if kueue_rayservice else WARN
         results.append(Result("kuberay-version", status, f"KubeRay {version}: {KNOWN_BAD_KUBERAY[version]}",

@@ -17,7 +17,10 @@ from ..api import crd, topology
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
 OPERATOR_SELECTOR = "app.kubernetes.io/part-of=tputorch,app.kubernetes.io/component=operator"
-KUBERAY_SELECTOR = "app.kubernetes.io/name=kuberay-operator"
+# KubeRay's Helm chart labels its Deployment kuberay-operator, its kustomize manifests kuberay (as
+# `kubectl ray version` looks for it). GKE's Ray Operator add-on runs KubeRay outside the cluster:
+# no Deployment of it is there to find (doctor.check_kuberay says so).
+KUBERAY_SELECTOR = "app.kubernetes.io/name in (kuberay-operator,kuberay)"
 MAX_CONNECTIONS = 10  # the Kubernetes client's connection pool: more threads would each open their own
 
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tputorch.api import crd, spec
-from tputorch.cli import doctor
+from tputorch.cli import doctor, smoke
 from tputorch.cli.doctor import FAIL, OK, UNKNOWN, WARN, Unread
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -113,7 +113,7 @@ def test_every_doc_link_names_a_heading_that_exists():
     def anchor(heading):  # GitHub's: lower case, punctuation dropped, spaces to dashes
         return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
-    links = {v for k, v in vars(doctor).items() if k.startswith("DOC_")}
+    links = {v for module in (doctor, smoke) for k, v in vars(module).items() if k.startswith("DOC_")}
     assert links
     for link in links:
         path, _, frag = link.partition("#")
@@ -222,6 +222,29 @@ def test_missing_kuberay_crd_and_known_bad_version():
     facts["kueue_config"] = {"data": {"controller_manager_config.yaml":
                                       "integrations:\n  frameworks: [ray.io/rayjob, ray.io/rayservice]\n"}}
     assert statuses(doctor.run_checks(facts, NOW))["kuberay-version"] == FAIL
+
+
+@pytest.mark.parametrize("image,version", [
+    ("kuberay/operator:v1.6.2", "1.6.2"),
+    ("quay.io/kuberay/operator:v1.6.0@sha256:" + "a" * 64, "1.6.0"),  # tag and digest: the tag
+    ("quay.io/kuberay/operator@sha256:" + "a" * 64, None),  # by digest alone: no version
+    ("localhost:5000/kuberay/operator", None),  # a registry's port is no tag
+])
+def test_kuberay_version_from_the_image(image, version):
+    deployment = {"spec": {"template": {"spec": {"containers": [{"image": image}]}}}}
+    assert doctor.kuberay_version([deployment]) == version
+
+
+def test_no_kuberay_deployment_as_on_gkes_add_on_is_unknown_and_says_why():
+    facts = healthy_facts()
+    facts["kuberay_deployments"] = []
+    (result,) = [r for r in doctor.run_checks(facts, NOW) if r.check == "kuberay-version"]
+    assert result.status == UNKNOWN
+    assert "GKE's Ray Operator add-on runs KubeRay outside the cluster" in result.message
+    assert "KubeRay 1.6.0 not ruled out" in result.message
+    facts["kuberay_deployments"] = [{"spec": {"template": {"spec": {"containers": [{"image": "kuberay/operator@sha256:1"}]}}}}]
+    (result,) = [r for r in doctor.run_checks(facts, NOW) if r.check == "kuberay-version"]
+    assert result.status == UNKNOWN and "no version tag" in result.message
 
 
 # ---------------------------------------------------------------- the TPU webhook

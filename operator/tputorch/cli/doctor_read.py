@@ -1,6 +1,6 @@
 """The reads `tputorch doctor` makes: plain GETs (and SelfSubjectAccessReviews) with the user's
 kubeconfig, each bounded in time, run side by side. What could not be read becomes an
-`Unread` with the reason; every decision is in doctor.py.
+`Unread` with the reason; every decision is in doctor.py and the doctor_* module of its area.
 """
 
 from __future__ import annotations

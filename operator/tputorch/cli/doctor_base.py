@@ -1,0 +1,61 @@
+"""What every `tputorch doctor` check shares: the statuses, a check's Result, an Unread fact, the
+doc sections the fixes link to, and reading a version.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+OK, FAIL, WARN, UNKNOWN = "ok", "fail", "warn", "unknown"
+SYMBOLS = {OK: "✓", FAIL: "✗", WARN: "!", UNKNOWN: "?"}
+
+DOCS = "docs/"  # the project's docs folder
+DOC_COMPAT_K8S = DOCS + "compatibility.md#kubernetes-and-gke"
+DOC_COMPAT_KUBERAY = DOCS + "compatibility.md#kuberay"
+DOC_WEBHOOK = DOCS + "compatibility.md#the-ray-tpu-webhook"
+DOC_OPERATOR = DOCS + "install-gke.md#7-the-operator"
+DOC_OPERATOR_TROUBLE = DOCS + "troubleshooting.md#the-operator"
+DOC_POOLS = DOCS + "install-gke.md#3-tpu-node-pools-one-per-slice-that-runs-at-the-same-time"
+DOC_QUOTA = DOCS + "troubleshooting.md#quota-and-capacity"
+DOC_KUEUE = DOCS + "kueue.md#gke-specifics"
+DOC_NETWORK = DOCS + "operations.md#policies"
+DOC_GCSFUSE = DOCS + "install-gke.md#1-the-cluster-ray-operator-add-on-gcs-fuse-workload-identity"
+DOC_RIGHTS = DOCS + "install-gke.md#who-may-submit-jobs"
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A fact the reader could not get: the API's error or a timeout."""
+    reason: str
+
+
+@dataclass
+class Result:
+    check: str  # a stable id, for -o json
+    status: str
+    message: str
+    fix: str = ""
+    doc: str = ""
+    details: list = field(default_factory=list)  # e.g. the TPU pool table's rows
+
+    def as_dict(self) -> dict:
+        out = {"check": self.check, "status": self.status, "message": self.message}
+        if self.fix:
+            out["fix"] = self.fix
+        if self.doc:
+            out["doc"] = self.doc
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+def _unknown(check: str, what: str, fact: Unread) -> Result:
+    return Result(check, UNKNOWN, f"{what}: could not read ({fact.reason})")
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """`v1.34.4-gke.100` -> (1, 34, 4); None for something that is no version."""
+    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return tuple(int(g) for g in m.groups() if g is not None) if m else None

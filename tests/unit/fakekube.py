@@ -126,7 +126,7 @@ def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z
     monotonic); ``extras`` get a fake informer each."""
     noop = lambda *_: None  # noqa: E731
     ctl = Controller(kinds.KINDS, kube or FakeKube(), {}, {}, None, clock=clock, extras=extras, **options)
-    for extra in ctl.extras:
+    for extra in ctl.extras.extras:
         ctl.extra_stores[extra.resource.plural] = Informer(extra.resource.plural, FakeSource(), None, noop, kinds.slim_extra)
     for kind in kinds.KINDS:
         name = kind.resource.kind

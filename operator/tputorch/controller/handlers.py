@@ -23,7 +23,9 @@ from .leader import Election, KubeLeaseApi
 from .metrics import METRICS, serve
 from ..status.progress import READ_INTERVAL
 from ..api.common import MAX_PODS_DEFAULT
-from .reconcile import STATUS_INTERVAL, WORKLOAD, WORKLOAD_PRIORITY_CLASS, Controller
+from .kind import WORKLOAD, WORKLOAD_PRIORITY_CLASS
+from .reconcile import Controller
+from .writes import STATUS_INTERVAL
 
 log = logging.getLogger("tputorch")
 
@@ -89,7 +91,7 @@ def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[st
     kinds = kinds_.bounded(kinds_.KINDS, max_pods)
     controller = Controller(kinds, kube, {}, {}, None, status_interval=status_interval, extras=extras or [],
                             dashboard=dashboard, progress_interval=progress_interval, ray_tokens=ray_tokens)
-    for extra in controller.extras:  # its owner's key is in its labels, as a pod's
+    for extra in controller.extras.extras:  # its owner's key is in its labels, as a pod's
         controller.extra_stores[extra.resource.plural] = Informer(
             extra.resource.plural, source_for(extra.resource.path, SELECTOR), namespaces,
             on_loop(controller.pod_changed), kinds_.slim_extra, keep=kinds_.keep_extra)
@@ -155,7 +157,7 @@ def start_controller(loop: asyncio.AbstractEventLoop) -> None:
     RUNTIME.informers = [*RUNTIME.required, *RUNTIME.optional]
     RUNTIME.controller = controller  # from here on, a startup run again builds nothing
     sources = METRICS.sources
-    sources.phases, sources.tracked = controller.phases, lambda: len(controller.uids)
+    sources.phases, sources.tracked = controller.phases, lambda: len(controller.sweeps.uids)
     sources.queue_depth, sources.leader = lambda: len(controller.queue), may_write
     sources.leader_transitions = lambda: RUNTIME.election.transitions if RUNTIME.election else 0
     sources.informers = lambda: {i.what: (i.relists, i.watch_restarts) for i in RUNTIME.informers}
@@ -301,7 +303,7 @@ async def stop(**_) -> None:
     for runner in (RUNTIME.metrics, RUNTIME.readiness):
         if runner is not None:
             await runner.cleanup()
-    if RUNTIME.controller is not None and RUNTIME.controller.dashboard is not None:
-        for task in list(RUNTIME.controller.reading.values()):
+    if RUNTIME.controller is not None and RUNTIME.controller.progress.dashboard is not None:
+        for task in list(RUNTIME.controller.progress.reading.values()):
             task.cancel()
-        await RUNTIME.controller.dashboard.close()
+        await RUNTIME.controller.progress.dashboard.close()

@@ -180,7 +180,7 @@ class Informer:
 
     def remember(self, obj: dict) -> None:
         """Seed the store (tests). The controller never writes here: the scope threads are the one
-        writer, and what the operator just created is kept apart (Controller.expected)."""
+        writer, and what the operator just created is kept apart (child.py's expectations)."""
         self._put(self.slim(obj), keep_newer=True)
 
     def _put(self, obj: dict, keep_newer: bool = False) -> bool:

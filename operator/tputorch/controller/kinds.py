@@ -11,7 +11,7 @@ from ..status import kueue
 from ..status import job as job_status
 from ..status import network as network_status
 from .kube import Resource
-from .reconcile import RAYCLUSTER, REFUSED, Extra, Kind
+from .kind import RAYCLUSTER, REFUSED, Extra, Kind
 
 RAYJOB = Resource("ray.io", "v1", "rayjobs", "RayJob")
 RAYSERVICE = Resource("ray.io", "v1", "rayservices", "RayService")
@@ -95,7 +95,7 @@ SPEC_KEPT_UNPARSED = 64 * 1024
 
 def parent_slimmer(kind: Kind):
     """An object of ours as its store keeps it (slim_object); a large spec the parser refuses is
-    replaced by the refusal, which is all its status needs (Controller._parse reads it)."""
+    replaced by the refusal, which is all its status needs (specs.py reads it)."""
     def slim(obj: dict) -> dict:
         kept = slim_object(obj)
         if _larger_than(kept["spec"], SPEC_KEPT_UNPARSED):

@@ -36,5 +36,8 @@ class Specs:
         """The child this version renders was refused (too large to be created): the spec is too."""
         self.parsed[meta.get("uid")] = (version(meta), err.compact())
 
+    def keys(self) -> set:
+        return set()  # kept by uid: dropped through forget
+
     def forget(self, key, uid: str | None) -> None:
         self.parsed.pop(uid, None)

@@ -48,6 +48,9 @@ class StatusWrites:
         self.last_write: dict[str, float] = {}  # uid -> when its status was last written (monotonic)
         self.terminal: dict[str, dict] = {}  # uid -> the terminal status it reached (never goes back)
 
+    def keys(self) -> set:
+        return set()  # kept by uid: dropped through forget
+
     def forget(self, key, uid: str | None) -> None:
         for state in (self.written, self.last_write, self.terminal):
             state.pop(uid, None)

@@ -156,7 +156,7 @@ class _FailsForEver:
 def _built(failing_path):
     """A controller whose informers' sources are fakes; the one of ``failing_path`` fails for ever.
     Every informer is cycled once (list, then its watch ends)."""
-    from tputorch.controller.reconcile import WORKLOAD
+    from tputorch.controller.kind import WORKLOAD
     loop = asyncio.new_event_loop()
     failing = {"workloads": WORKLOAD, "rayjobs": kinds.JOB.child}[failing_path].path(None)
     ctl = handlers.build(FakeKube(), lambda path, selector: _FailsForEver() if path(None) == failing else FakeSource(),
@@ -299,7 +299,7 @@ def test_the_operators_pod_bound_reaches_both_kinds_parse():
 
 def test_a_large_refused_job_is_stored_as_its_refusal_and_still_gets_its_status():
     """300 CRD-valid 1.4 MB TPUTorchJobs that the parser refuses were kept whole (410 MB)."""
-    from tputorch.controller.reconcile import REFUSED
+    from tputorch.controller.kind import REFUSED
     big = body(entrypoint="python " + "x" * (1024 * 1024))
     big["metadata"].update(uid="u-big", resourceVersion="3")
     loop = asyncio.new_event_loop()

@@ -61,8 +61,8 @@ class ProgressLife(Life):
     def settle(self) -> None:
         """Let the reads in flight end; a read that brought a new report queues the job: reconcile it
         as the worker would."""
-        while self.ctl.reading and self.dashboard.hold is None:
-            self.loop.run_until_complete(asyncio.gather(*self.ctl.reading.values(), return_exceptions=True))
+        while self.ctl.progress.reading and self.dashboard.hold is None:
+            self.loop.run_until_complete(asyncio.gather(*self.ctl.progress.reading.values(), return_exceptions=True))
         if KEY in self.ctl.queue.known():
             self.ctl.queue.drop(KEY)
             super().reconcile()
@@ -144,15 +144,15 @@ def test_a_dashboard_that_does_not_answer_holds_no_reconcile_and_gets_one_read_a
     start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)  # each reconcile returned meanwhile
     before = job.reconciles
     job.at(200.0)
-    assert len(job.dashboard.calls) == 1 and len(job.ctl.reading) == 1
+    assert len(job.dashboard.calls) == 1 and len(job.ctl.progress.reading) == 1
     # Once an interval per delayed add this fake holds (it keeps every add; the work queue keeps the
     # earliest): 54 here; coming back every 0.1 s while the read hung made 13,502.
     assert job.reconciles - before <= 100, "while the read hangs, the job comes back once an interval"
     assert job.kube.called("patch_status")[-1][4]["phase"] == "Running"
     # the job is deleted: its read goes with it
-    task = next(iter(job.ctl.reading.values()))
-    job.ctl.forget(KEY)
-    assert job.ctl.reading == {}
+    task = next(iter(job.ctl.progress.reading.values()))
+    job.ctl.sweeps.forget(KEY)
+    assert job.ctl.progress.reading == {}
     done, _ = job.loop.run_until_complete(asyncio.wait([task], timeout=10))
     assert task in done and task.cancelled()
 
@@ -162,7 +162,7 @@ def test_an_interval_of_zero_reads_nothing(life):
     job.reconcile()
     start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)
     job.at(100.0)
-    assert job.dashboard.calls == [] and job.ctl.reading == {}
+    assert job.dashboard.calls == [] and job.ctl.progress.reading == {}
 
 
 def test_a_deeply_nested_report_line_is_no_report_and_the_reads_go_on(life, caplog):
@@ -203,7 +203,7 @@ SECRET = "demo-ray-token-abc123"
 
 
 def read(tokens, head: Head) -> str:
-    return asyncio.run(controller(dashboard=head, ray_tokens=tokens)._driver_log("ml", CLUSTER, "demo-abc", SECRET))
+    return asyncio.run(controller(dashboard=head, ray_tokens=tokens).progress._driver_log("ml", CLUSTER, "demo-abc", SECRET))
 
 
 def test_clusters_made_before_a_rotation_are_read_with_the_previous_key_new_ones_with_the_current():

@@ -17,7 +17,7 @@ from tputorch import render
 from tputorch.controller import kinds
 from tputorch import status as statuses
 from tputorch.api import spec as statuses_spec
-from tputorch.controller.reconcile import ownership
+from tputorch.controller.kind import ownership
 
 from ..fakekube import FakeKube, api_error, controller
 from ..jobs import body
@@ -102,7 +102,7 @@ def test_the_ray_token_secret_comes_right_after_the_rayjob_which_names_and_owns_
     assert len(token) == 64
     # a RayJob made again (deleted behind the operator's back) names a new Secret
     del ctl.kube.objects[("rayjobs", "ml", "demo")]
-    ctl.expected.clear()
+    ctl.child.expected.clear()
     assert run(ctl.reconcile(KEY)) == "created"
     assert ctl.kube.objects[("rayjobs", "ml", "demo")]["spec"]["rayClusterSpec"]["authOptions"]["secretName"] != name
 
@@ -119,7 +119,7 @@ def test_a_refused_ray_token_secret_is_said_and_made_on_the_next_try_once():
     assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets", "secrets"]
     run(ctl.reconcile(KEY))  # made: not asked again
     assert [c[1] for c in ctl.kube.called("create")] == ["rayjobs", "secrets", "secrets"]
-    assert KEY not in ctl.problems
+    assert KEY not in ctl.child.problems
     assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
 
 
@@ -146,8 +146,8 @@ def test_a_new_process_makes_the_token_secret_of_a_rayjob_it_finds_once(there):
     secret = ctl.kube.objects[("secrets", "ml", "demo-ray-token-abc123")]
     if not there:
         assert secret["metadata"]["ownerReferences"][0]["uid"] == "rj-uid-new"
-        assert secret["stringData"]["auth_token"] == ctl.ray_tokens.token("ml", "demo-ray-token-abc123")
-    assert KEY not in ctl.problems
+        assert secret["stringData"]["auth_token"] == ctl.tokens.ray_tokens.token("ml", "demo-ray-token-abc123")
+    assert KEY not in ctl.child.problems
     assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
     run(ctl.reconcile(KEY))
     assert len(ctl.kube.called("create")) == 1
@@ -169,7 +169,7 @@ def test_a_new_process_refused_the_token_secret_says_so_and_tries_again():
 def test_the_token_secret_memory_follows_the_rayjob_and_is_dropped_with_the_job():
     ctl = setup(job(), with_token(rayjob("uid-new", status=RUNNING)))
     run(ctl.reconcile(KEY))
-    assert ctl.tokens_made == {KEY: "rj-uid-new"}
+    assert ctl.tokens.made == {KEY: "rj-uid-new"}
     # the RayJob made again (another uid, another Secret): its Secret is made, the entry replaced
     again = with_token(rayjob("uid-new", status=RUNNING), "demo-ray-token-def456")
     again["metadata"]["uid"] = "rj-again"
@@ -177,9 +177,9 @@ def test_the_token_secret_memory_follows_the_rayjob_and_is_dropped_with_the_job(
     ctl.children[KIND].remember(again)
     run(ctl.reconcile(KEY))
     assert [c[3] for c in ctl.kube.called("create")] == ["demo-ray-token-abc123", "demo-ray-token-def456"]
-    assert ctl.tokens_made == {KEY: "rj-again"}
+    assert ctl.tokens.made == {KEY: "rj-again"}
     ctl.parents[KIND]._pop(("ml", "demo"))
-    assert run(ctl.reconcile(KEY)) == "gone" and ctl.tokens_made == {}
+    assert run(ctl.reconcile(KEY)) == "gone" and ctl.tokens.made == {}
 
 
 @pytest.mark.parametrize("secret_name", ["someone-elses", "other-ray-token-abc123"])
@@ -233,7 +233,7 @@ def test_a_409_on_create_reads_the_rayjob_and_takes_only_its_own():
     kube.objects[("rayjobs", "ml", "demo")] = rayjob("uid-new")  # created, watch event late
     assert run(ctl.reconcile(KEY)) == "exists"
     assert ctl.children[KIND].get(("ml", "demo")) is None  # the store is the watch's alone
-    assert ctl.child_of(KEY, job()) is not None  # but it counts as existing until its event
+    assert ctl.child.of(KEY, job()) is not None  # but it counts as existing until its event
     # (that RayJob names no token Secret of ours: none is made for it)
     assert run(ctl.reconcile(KEY)) == "unchanged" and [c[1] for c in kube.called("create")] == ["rayjobs"]
 
@@ -349,12 +349,12 @@ def test_pods_of_another_raycluster_do_not_count():
 def test_state_of_vanished_objects_is_swept_after_a_relist():
     ctl = setup(job(), rayjob("uid-new"))
     run(ctl.reconcile(KEY))
-    ctl.problems[KEY] = ("X", "y")
+    ctl.child.problems[KEY] = ("X", "y")
     ctl.queue.backoff.next(KEY)
-    assert ctl.specs.parsed and ctl.uids
+    assert ctl.specs.parsed and ctl.sweeps.uids
     ctl.parents[KIND]._pop(("ml", "demo"))  # deleted while the operator was not watching
     ctl.parent_changed(KIND, "LISTED", {})
-    assert (ctl.specs.parsed, ctl.writes.written, ctl.problems, ctl.uids, ctl.queue.known()) == ({}, {}, {}, {}, set())
+    assert (ctl.specs.parsed, ctl.writes.written, ctl.child.problems, ctl.sweeps.uids, ctl.queue.known()) == ({}, {}, {}, {}, set())
     assert [n for counts in ctl.phases().values() for n in counts.values() if n] == []
 
 
@@ -364,7 +364,7 @@ def test_a_new_object_under_an_old_name_keeps_nothing_of_the_old_one():
     ctl.parents[KIND]._put(job(uid="uid-new", rv="20"))
     ctl.children[KIND]._pop(("ml", "demo"))
     run(ctl.reconcile(KEY))
-    assert "uid-old" not in ctl.specs.parsed and ctl.uids[KEY] == "uid-new"
+    assert "uid-old" not in ctl.specs.parsed and ctl.sweeps.uids[KEY] == "uid-new"
     assert last_status(ctl.kube)["hosts"] == 4  # 4x4, not the old 2x2
 
 
@@ -616,7 +616,7 @@ def test_a_rayjob_deleted_right_after_its_creation_is_not_revived_by_the_create(
         return created
     kube.create = create_then_deleted
     assert run(ctl.reconcile(KEY)) == "created"
-    assert ctl.child_of(KEY, job()) is None  # gone: the next reconcile makes it again
+    assert ctl.child.of(KEY, job()) is None  # gone: the next reconcile makes it again
     kube.create = real_create
     # a rerun under that name (a new uid) does not wait on a RayJob that no longer exists
     ctl.parents[KIND]._put(job(uid="uid-rerun", rv="20"))
@@ -634,18 +634,18 @@ def test_our_rayjob_that_lost_its_label_gets_it_back_instead_of_a_frozen_copy():
 
 
 def test_an_expectation_lasts_only_until_its_watch_event_or_its_time():
-    from tputorch.controller import reconcile as rec
+    from tputorch.controller import child as rec
 
     ctl = setup(job())
     assert run(ctl.reconcile(KEY)) == "created"
     created = ctl.kube.objects[("rayjobs", "ml", "demo")]
-    assert KEY in ctl.expected
+    assert KEY in ctl.child.expected
     ctl.child_changed(KIND, "ADDED", created)
-    assert KEY not in ctl.expected
-    ctl.expect(KEY, {**created, "metadata": {**created["metadata"], "uid": "other"}})
-    ctl.expected[KEY] = (ctl.expected[KEY][0], ctl.expected[KEY][1] - rec.EXPECT_FOR - 1)
+    assert KEY not in ctl.child.expected
+    ctl.child.expect(KEY, {**created, "metadata": {**created["metadata"], "uid": "other"}})
+    ctl.child.expected[KEY] = (ctl.child.expected[KEY][0], ctl.child.expected[KEY][1] - rec.EXPECT_FOR - 1)
     ctl.children[KIND]._pop(("ml", "demo"))
-    assert ctl.child_of(KEY, job()) is None and KEY not in ctl.expected
+    assert ctl.child.of(KEY, job()) is None and KEY not in ctl.child.expected
 
 
 # --- terminal phases are sticky (issue 20) ----------------------------------------------------------
@@ -805,6 +805,28 @@ def test_a_failed_network_policy_write_never_holds_the_job():
     assert "networkpolicies is forbidden" in refused["message"]
 
 
+def test_a_network_policy_call_that_times_out_still_writes_the_status_and_is_tried_again():
+    ctl = controller(extras=kinds.extras(POLICY), status_interval=0)
+    ctl.parents[KIND].remember(job())
+    original = ctl.kube.create
+
+    async def create(res, namespace, body):
+        if res.plural == "networkpolicies":
+            raise TimeoutError("timed out")  # no answer: what urllib3's read timeout is under the adapter
+        return await original(res, namespace, body)
+    ctl.kube.create = create
+
+    async def reconcile_and_look():
+        result = await ctl.reconcile(KEY)
+        return result, KEY in ctl.queue.known()  # a delayed add is pending (inside the loop that made it)
+    assert run(reconcile_and_look()) == ("created", True)
+    status = last_status(ctl.kube)
+    assert status["phase"] == "Pending"
+    refused = condition(status, "NetworkPolicyReady")
+    assert (refused["status"], refused["reason"]) == ("False", "NetworkPolicyNotWritten")
+    assert "TimeoutError: timed out" in refused["message"]
+
+
 def test_no_network_policy_when_switched_off():
     assert kinds.extras(None) == []
 
@@ -827,7 +849,7 @@ def test_an_event_note_is_cut_at_1024_bytes_not_characters():
 
 
 def test_a_webhooks_denial_is_shown_with_its_own_message():
-    from tputorch.controller.reconcile import create_problem
+    from tputorch.controller.kind import create_problem
     body = json.dumps({"kind": "Status", "message": 'admission webhook "vrayjob.kb.io" denied the request: '
                        "spec.shutdownAfterJobFinishes: Invalid value: false"})
     reason, message = create_problem(kinds.JOB, api_error(403, "Forbidden", body))
@@ -886,7 +908,7 @@ def test_rayjobs_refused_in_another_namespace_do_not_hold_this_one():
     ctl.children[KIND].scopes = ["ml", "other"]
     ctl.children[KIND]._forbidden["ml"] = ("list", "Forbidden: cannot list rayjobs in ml")
     assert run(ctl.reconcile(KEY)) == "retry"
-    assert ctl.problems[KEY] == ("Forbidden", "the operator may not list RayJobs: Forbidden: cannot list rayjobs in ml")
+    assert ctl.child.problems[KEY] == ("Forbidden", "the operator may not list RayJobs: Forbidden: cannot list rayjobs in ml")
     assert ctl.kube.called("create") == []
 
 
@@ -903,18 +925,18 @@ def test_deleted_pods_of_finished_or_deleted_jobs_are_not_kept():
     ctl = setup(job(status=DONE))
     ctl.active = False  # a standby: it reconciles nothing that would clear them
     ctl.pod_changed("DELETED", _ray_pod())
-    assert ctl.deleted_pods == {}  # finished: no host of it can be lost any more
+    assert ctl.attempts.deleted_pods == {}  # finished: no host of it can be lost any more
     ctl.parents[KIND]._put(job(rv="11", status={"phase": "Running"}))
     ctl.pod_changed("DELETED", _ray_pod())
-    assert len(ctl.deleted_pods[KEY]) == 1  # running: kept for its reconcile
+    assert len(ctl.attempts.deleted_pods[KEY]) == 1  # running: kept for its reconcile
     gone = ctl.parents[KIND]._pop(("ml", "demo"))
     ctl.parent_changed(KIND, "DELETED", gone)
-    assert ctl.deleted_pods == {}
+    assert ctl.attempts.deleted_pods == {}
     ctl.pod_changed("DELETED", _ray_pod("demo-tpu-1"))  # its pods go after it
-    assert ctl.deleted_pods == {}
-    ctl.deleted_pods[KEY] = [_ray_pod()]  # whatever was left: the sweep after a re-list takes it
-    ctl.sweep()
-    assert ctl.deleted_pods == {}
+    assert ctl.attempts.deleted_pods == {}
+    ctl.attempts.deleted_pods[KEY] = [_ray_pod()]  # whatever was left: the sweep after a re-list takes it
+    ctl.sweeps.sweep()
+    assert ctl.attempts.deleted_pods == {}
 
 
 def test_rbac_granted_again_brings_back_every_object_that_read_the_refusal():

@@ -77,7 +77,7 @@ def test_a_deleted_host_pod_ends_the_attempt_and_the_next_rayjob_is_attempt_two(
     assert order.index("delete") > len(order) - 1 - order[::-1].index("patch_status")
     assert kube.called("delete") == [("delete", "rayjobs", "ml", "demo", old_uid)]
 
-    ctl.child_seen(KEY, "DELETED", ctl.children[KIND]._pop(("ml", "demo")))  # its DELETED event
+    ctl.child.seen(KEY, "DELETED", ctl.children[KIND]._pop(("ml", "demo")))  # its DELETED event
     assert run(ctl.reconcile(KEY)) == "created"
     assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["labels"][ATTEMPT_LABEL] == "2"
     assert last_status(kube)["phase"] == "Retrying"
@@ -131,3 +131,29 @@ def test_a_job_that_just_succeeded_is_not_retried_on_its_cleanup():
     status = last_status(kube)
     assert (status["phase"], status["attempts"]) == ("Succeeded", 1)
     assert kube.called("delete") == []
+
+
+def test_the_rayjob_read_again_before_an_attempt_ends_never_outlives_its_deletion_in_the_store():
+    """The read is the reconcile's alone: had it gone into the store, a deletion event that came
+    while it was on the wire would leave a RayJob there that no longer exists, and the next
+    attempt would wait for it until the next re-list."""
+    kube = FakeKube()
+    ctl = started(kube)
+    store = ctl.children[KIND]
+    rayjob = kube.objects[("rayjobs", "ml", "demo")]
+    ctl.pods._pop(("ml", "demo-tpu-2"))
+    ctl.pod_changed("DELETED", pod("demo-tpu-2"))
+    get = kube.get
+
+    async def get_then_deleted(res, namespace, name):
+        answer = newer(newer(await get(res, namespace, name), RUNNING), RUNNING)  # newer than the store's
+        del kube.objects[(res.plural, namespace, name)]  # then deleted (KubeRay, a user) ...
+        ctl.child.seen(KEY, "DELETED", store._pop((namespace, name)))  # ... and its event handled
+        return answer
+    kube.get = get_then_deleted
+    assert run(ctl.reconcile(KEY)) == "attempt-ended"
+    assert store.get(("ml", "demo")) is None
+    kube.get = get
+    assert run(ctl.reconcile(KEY)) == "created"  # the next attempt's RayJob, at once
+    assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["uid"] != rayjob["metadata"]["uid"]
+    assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["labels"][ATTEMPT_LABEL] == "2"

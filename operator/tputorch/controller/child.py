@@ -1,0 +1,174 @@
+"""Step: the child (RayJob, RayService), made and owned: created with the object as its controller,
+told apart from an earlier object's or someone else's by uid, patched as the spec says, its
+labels put back. Its state: the child just created while its watch event has not arrived
+(client-go's expectations), the uids of children seen deleted, and why a child could not be made."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Callable
+
+from kubernetes.client.rest import ApiException
+
+from .. import render
+from ..render import MANAGED_BY_LABEL
+from ..status.job import ATTEMPT_LABEL
+from .extras import RayTokenSecrets
+from .kind import Key, Kind, controller_of, create_problem, owner_reference, ownership, waiting_problem
+from .stores import Stores
+from .writes import StatusWrites
+
+log = logging.getLogger("tputorch")
+
+# A child this operator created (or found to be its own after a 409) counts as existing until its
+# watch event arrives, at most this long (client-go's expectations); the store itself is written by
+# the informer alone, so a watch that never brings the child (it lost our label) cannot freeze it.
+EXPECT_FOR = 120.0
+TOMBSTONES_KEPT = 1000  # uids of children whose deletion was seen, so that no expectation revives one
+
+
+class ChildStep:
+    def __init__(self, kube, stores: Stores, tokens: RayTokenSecrets, writes: StatusWrites,
+                 kueue_manages: Callable[[dict], bool], monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.kube, self.stores, self.tokens, self.writes = kube, stores, tokens, writes
+        self.kueue_manages, self.monotonic = kueue_manages, monotonic
+        self.expected: dict[Key, tuple[dict, float]] = {}  # key -> (child just created, monotonic time)
+        self.tombstones: dict[str, None] = {}  # uids of deleted children, oldest first
+        self.problems: dict[Key, tuple[str, str]] = {}  # why a child could not be created
+
+    def keys(self) -> set[Key]:
+        return set(self.problems) | set(self.expected)
+
+    def forget(self, key: Key, uid: str | None) -> None:
+        self.problems.pop(key, None)
+        self.expected.pop(key, None)
+
+    # --- expectations -----------------------------------------------------------------------------
+
+    def seen(self, key: Key, event: str, obj: dict) -> None:
+        """The watch brought this child: what was expected of it is known now (or is gone)."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        expected = self.expected.get(key)
+        if expected is not None and (expected[0].get("metadata") or {}).get("uid") == uid:
+            del self.expected[key]
+        if event == "DELETED" and uid:
+            self.tombstones[uid] = None
+            while len(self.tombstones) > TOMBSTONES_KEPT:
+                del self.tombstones[next(iter(self.tombstones))]
+
+    def expect(self, key: Key, child: dict) -> None:
+        uid = (child.get("metadata") or {}).get("uid")
+        if uid and uid not in self.tombstones:  # its deletion may have been seen before its creation returned
+            self.expected[key] = (self.stores.children[key[0]].slim(child), self.monotonic())
+
+    def of(self, key: Key, parent: dict) -> dict | None:
+        """The child as the store holds it, else the one just created for this very object while
+        its watch event has not arrived."""
+        child = self.stores.children[key[0]].get(key[1:])
+        if child is not None:
+            return child
+        expected = self.expected.get(key)
+        if expected is None:
+            return None
+        owner = controller_of(expected[0]) or {}
+        if self.monotonic() - expected[1] > EXPECT_FOR or owner.get("uid") != parent["metadata"].get("uid"):
+            del self.expected[key]
+            return None
+        return expected[0]
+
+    # --- the step ---------------------------------------------------------------------------------
+
+    async def ensure(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
+        """(result, child): 'finished' (it ran, its child is gone), 'retry', 'created', 'exists',
+        'unchanged', 'child-patched', or 'ending' (the child of an attempt that has ended)."""
+        namespace, name = key[1], key[2]
+        child = self.of(key, parent)
+        if child is None:
+            if self.writes.terminal_of(kind, parent) is not None:
+                return "finished", None  # it ran and its child is gone: making one would run it again
+            refused = self.stores.children[key[0]].forbidden_in(namespace)  # this namespace's, not another's
+            if refused is not None:
+                self.problems[key] = ("Forbidden", f"the operator may not {refused[0]} {kind.child.kind}s: "
+                                      f"{refused[1]}")
+                return "retry", None
+            return await self._create(kind, key, parent, spec)
+        owned = ownership(kind, parent, child)
+        if owned != "ours":
+            self.problems[key] = waiting_problem(kind, namespace, name, owned)
+            # 'previous': its deletion event brings the key back; 'foreign' may carry no label of
+            # ours (invisible to the watch): look again with backoff either way.
+            return "retry", child
+        self.problems.pop(key, None)
+        if not await self._token(kind, key, child):
+            return "retry", child
+        if kind.child_must_go is not None and kind.child_must_go(self.writes.previous(parent), child):
+            return "ending", child
+        if not kind.patch_when_queued and self.kueue_manages(child):
+            return "unchanged", child
+        patch = kind.child_patch(spec, child)
+        if patch is None:
+            return "unchanged", child
+        await self.kube.patch(kind.child, namespace, name, patch)
+        log.info("%s %s/%s patched: %s", kind.child.kind, namespace, name, sorted(patch.get("spec") or patch))
+        return "child-patched", child
+
+    async def _token(self, kind: Kind, key: Key, child: dict) -> bool:
+        problem = await self.tokens.ensure(kind, key, child)
+        if problem is not None:
+            self.problems[key] = problem
+            return False
+        self.problems.pop(key, None)
+        return True
+
+    async def _create(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
+        namespace, name = key[1], key[2]
+        desired = kind.render(spec)
+        if kind.own_ray_token:  # a name of this child's alone: never one a deleted child still holds
+            render.with_ray_token_secret(desired, render.new_ray_token_secret_name(name, secrets.token_hex(3)))
+        desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
+        desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
+        if kind.attempt is not None:
+            desired["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(kind.attempt(self.writes.previous(parent)))
+        try:
+            created = await self.kube.create(kind.child, namespace, desired)
+        except ApiException as err:
+            if err.status != 409:
+                self.problems[key] = create_problem(kind, err)
+                log.warning("%s %s/%s not created: %s", kind.child.kind, namespace, name, self.problems[key][1])
+                return "retry", None
+            # There already: ours with a late watch event, an earlier object's, or someone else's
+            # (which may carry no label of ours, so never reach the store: look again with backoff).
+            existing = await self.kube.get(kind.child, namespace, name)
+            owned = ownership(kind, parent, existing)
+            if owned != "ours":
+                self.problems[key] = waiting_problem(kind, namespace, name, owned)
+                return "retry", existing
+            self.problems.pop(key, None)
+            await self._relabel(kind, key, desired, existing)
+            self.expect(key, existing)
+            if not await self._token(kind, key, existing):
+                return "retry", existing
+            return "exists", existing
+        except Exception as err:
+            self.problems[key] = create_problem(kind, err)
+            raise
+        self.problems.pop(key, None)
+        self.expect(key, created)
+        log.info("%s %s/%s created (%s %s slice, %d hosts)", kind.child.kind, namespace, name,
+                 spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
+        if not await self._token(kind, key, created):
+            return "retry", created
+        return "created", created
+
+    async def _relabel(self, kind: Kind, key: Key, desired: dict, child: dict) -> None:
+        """Our own child without the labels our watch selects on (someone removed them): put them
+        back, or the operator would never see it change again."""
+        wanted = {k: v for k, v in (desired["metadata"].get("labels") or {}).items()
+                  if k in (MANAGED_BY_LABEL, kind.label)}
+        labels = (child.get("metadata") or {}).get("labels") or {}
+        if all(labels.get(k) == v for k, v in wanted.items()):
+            return
+        await self.kube.patch(kind.child, key[1], key[2], {"metadata": {"labels": wanted}})
+        log.info("%s %s/%s: its labels %s put back", kind.child.kind, key[1], key[2], sorted(wanted))

@@ -1,0 +1,56 @@
+"""Step: the running RayClusters of a child get what the spec says of them where KubeRay does not
+carry it (a service's worker bounds: KubeRay leaves replicas out of its cluster hash). Its state:
+per object, the spec version each cluster was read or patched to hold."""
+
+from __future__ import annotations
+
+import logging
+
+from kubernetes.client.rest import ApiException
+
+from .kind import RAYCLUSTER, Key, Kind, api_message, controller_of
+
+log = logging.getLogger("tputorch")
+
+
+class ClusterBounds:
+    def __init__(self, kube) -> None:
+        self.kube = kube
+        self.done: dict[Key, dict[str, tuple]] = {}  # key -> {RayCluster name: spec version it holds}
+
+    def keys(self) -> set[Key]:
+        return set(self.done)
+
+    def forget(self, key: Key, uid: str | None) -> None:
+        self.done.pop(key, None)
+
+    async def ensure(self, kind: Kind, key: Key, spec, child: dict | None, version: tuple) -> None:
+        """Each running RayCluster of the child (owned by it) gets what kind.cluster_patch says. Read
+        once per spec version and cluster: nothing else writes a cluster's bounds."""
+        if child is None or kind.cluster_patch is None:
+            return
+        namespace = key[1]
+        child_uid = (child.get("metadata") or {}).get("uid")
+        names = kind.cluster_names(child)
+        done = {n: v for n, v in self.done.get(key, {}).items() if n in names}
+        self.done[key] = done
+        for name in sorted(names):
+            if done.get(name) == version:
+                continue
+            try:
+                cluster = await self.kube.get(RAYCLUSTER, namespace, name)
+            except ApiException as err:
+                if err.status == 403:  # a chart older than this grant: the service runs on, unresized
+                    log.warning("RayCluster %s/%s: may not read it (%s): a replicas edit will not reach it",
+                                namespace, name, api_message(err))
+                    continue
+                if err.status == 404:
+                    continue  # not made yet, or already deleted by KubeRay: looked at on the next event
+                raise
+            patch = kind.cluster_patch(spec, cluster)
+            # never one another object controls (its name in our status is no proof it is ours)
+            if patch is not None and (controller_of(cluster) or {}).get("uid") == child_uid:
+                await self.kube.patch(RAYCLUSTER, namespace, name, patch)
+                log.info("RayCluster %s/%s of %s %s/%s: worker bounds patched", namespace, name, kind.child.kind,
+                         namespace, key[2])
+            done[name] = version

@@ -80,7 +80,7 @@ def settle(op: OperatorProcess, started: float, objects: int, quiet: float = 3.0
             time.sleep(0.25)
             continue
         served = served or now
-        p = s.get("tputorch_status_patches_total", 0.0)
+        p = total(s, "tputorch_status_patches_total")
         if p != patches:
             patches, last_patch_at = p, now
         if reconciled is None and total(s, "tputorch_reconciles_total") >= objects:
@@ -521,7 +521,7 @@ def waiting(bench: burst.Bench, jobs: int, window_s: float) -> dict:
         s1 = scrape(op)
         counter.stop_flag.set()
         writes = sum(counter.counts.values())
-        res.update(status_writes=writes, all_status_writes=s1["tputorch_status_patches_total"] - s0["tputorch_status_patches_total"],
+        res.update(status_writes=writes, all_status_writes=total(s1, "tputorch_status_patches_total") - total(s0, "tputorch_status_patches_total"),
                    reconciles=total(s1, "tputorch_reconciles_total") - total(s0, "tputorch_reconciles_total"),
                    per_job_per_5min=writes / jobs * 300 / window_s, load=load(),
                    most_written=max(counter.counts.values(), default=0),

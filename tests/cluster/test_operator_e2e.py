@@ -226,7 +226,7 @@ def test_invalid_job_fails_with_every_error_and_no_rayjob(kube, namespace, opera
     with pytest.raises(ApiException) as err:
         get_rayjob(kube, namespace, "bad")
     assert err.value.status == 404
-    assert "tputorch_validation_failures_total 1" in operator.metrics()
+    assert 'tputorch_validation_failures_total{kind="TPUTorchJob"} 1' in operator.metrics()
 
 
 @pytest.mark.parametrize(

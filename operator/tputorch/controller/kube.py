@@ -155,22 +155,24 @@ class Kube:
             raise NotLeading("this replica does not hold the Lease")
         return min(float(REQUEST_TIMEOUT[1]), total)
 
-    async def _submit(self, pool, call: Callable, write: bool, verb: str = "call"):
+    async def _submit(self, pool, call: Callable, write: bool, verb: str = "call", resource: str = ""):
         """``call(timeout)`` on ``pool``; a write is fenced (see _write_timeout) and tracked until
-        it ends, for the abandoned reconcile and for the release of the Lease."""
+        it ends, for the abandoned reconcile and for the release of the Lease. Counted by verb and
+        answer, timed by verb and resource (the time on the thread: the wait for one is not)."""
         calls = CALLS.get()
 
         def run():
             timeout = self._write_timeout(calls) if write else REQUEST_TIMEOUT
+            started = time.perf_counter()
             try:
                 answer = call(timeout)
             except ApiException as err:
-                METRICS.api_call(verb, str(err.status))
+                METRICS.api_call(verb, str(err.status), resource, time.perf_counter() - started)
                 raise
             except Exception as err:  # no answer: refused, reset, timed out
-                METRICS.api_call(verb, type(err).__name__)
+                METRICS.api_call(verb, type(err).__name__, resource, time.perf_counter() - started)
                 raise
-            METRICS.api_call(verb, "2xx")
+            METRICS.api_call(verb, "2xx", resource, time.perf_counter() - started)
             return answer
 
         future = pool.submit(run)
@@ -193,41 +195,42 @@ class Kube:
             inflight = set(self._inflight)
         return not concurrent.futures.wait(inflight, timeout).not_done
 
-    async def _run(self, verb: str, fn, *args, write: bool = True, **kwargs):
+    async def _run(self, verb: str, resource: str, fn, *args, write: bool = True, **kwargs):
         return await self._submit(self.pool, lambda timeout: fn(*args, _request_timeout=timeout, **kwargs), write,
-                                  verb)
+                                  verb, resource)
 
     async def create(self, res: Resource, namespace: str, body: dict) -> dict:
-        return await self._run("create", self.custom.create_namespaced_custom_object, res.group, res.version, namespace,
-                               res.plural, body)
+        return await self._run("create", res.plural, self.custom.create_namespaced_custom_object, res.group,
+                               res.version, namespace, res.plural, body)
 
     async def create_secret(self, namespace: str, body: dict) -> None:
-        await self._run("create", self.secrets.create_namespaced_secret, namespace, body)
+        await self._run("create", "secrets", self.secrets.create_namespaced_secret, namespace, body)
 
     async def get(self, res: Resource, namespace: str, name: str) -> dict:
-        return await self._run("get", self.custom.get_namespaced_custom_object, res.group, res.version, namespace,
-                               res.plural, name, write=False)
+        return await self._run("get", res.plural, self.custom.get_namespaced_custom_object, res.group, res.version,
+                               namespace, res.plural, name, write=False)
 
     async def patch(self, res: Resource, namespace: str, name: str, patch: dict | list) -> None:
         """A merge patch (a dict) or a JSON patch (a list of operations, e.g. with a test of the uid)."""
-        await self._run("patch", self.custom.patch_namespaced_custom_object, res.group, res.version, namespace, res.plural,
-                        name, patch, _content_type="application/json-patch+json" if isinstance(patch, list) else None)
+        await self._run("patch", res.plural, self.custom.patch_namespaced_custom_object, res.group, res.version,
+                        namespace, res.plural, name, patch,
+                        _content_type="application/json-patch+json" if isinstance(patch, list) else None)
 
     async def delete(self, res: Resource, namespace: str, name: str, uid: str | None) -> None:
         """Delete one object, only if it is still the one with ``uid`` (409 otherwise). Background:
         the garbage collector removes its dependents (a RayJob's RayCluster and pods)."""
         body = {"propagationPolicy": "Background", **({"preconditions": {"uid": uid}} if uid else {})}
-        await self._run("delete", self.custom.delete_namespaced_custom_object, res.group, res.version, namespace,
-                        res.plural, name, body=body)
+        await self._run("delete", res.plural, self.custom.delete_namespaced_custom_object, res.group, res.version,
+                        namespace, res.plural, name, body=body)
 
-    async def _report(self, verb: str, fn, *args, pool=None, **kwargs) -> None:
+    async def _report(self, verb: str, resource: str, fn, *args, pool=None, **kwargs) -> None:
         """A status patch or an event, on the report threads. The answer is not parsed (that costs
         more CPU than the request), only drained so that the connection goes back to the pool."""
         def call(timeout):
             answer = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
             answer.drain_conn()
             answer.release_conn()
-        await self._submit(pool or self.report_pool, call, True, verb)
+        await self._submit(pool or self.report_pool, call, True, verb, resource)
 
     async def patch_status(self, res: Resource, namespace: str, name: str, status: dict,
                            uid: str | None = None) -> None:
@@ -235,8 +238,8 @@ class Kube:
         ``uid``, only onto that very object: a patch never lands on an object deleted and made
         again under the same name meanwhile (HTTP 422 then)."""
         body = status_patch_body(status, uid)
-        await self._report("patch_status", self.custom.patch_namespaced_custom_object_status, res.group, res.version, namespace,
-                           res.plural, name, body,
+        await self._report("patch_status", res.plural, self.custom.patch_namespaced_custom_object_status, res.group,
+                           res.version, namespace, res.plural, name, body,
                            _content_type="application/json-patch+json" if isinstance(body, list) else None)
 
     async def post_event(self, regarding: dict, event) -> None:
@@ -251,7 +254,7 @@ class Kube:
             "eventTime": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "reportingController": EVENT_SOURCE, "reportingInstance": socket.gethostname()[:128],
         }
-        await self._report("create_event", self.events.create_namespaced_event, namespace, body, pool=self.event_pool)
+        await self._report("create_event", "events", self.events.create_namespaced_event, namespace, body, pool=self.event_pool)
 
 
 def status_patch_body(status: dict, uid: str | None):

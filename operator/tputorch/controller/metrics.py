@@ -83,11 +83,12 @@ class Metrics:
                                   registry=r)
         self.reconcile_duration = Histogram("tputorch_reconcile_duration_seconds", "Time to reconcile one object.",
                                             ["kind"], buckets=DURATION_BUCKETS, registry=r)
-        self.validation_failures = Counter("tputorch_validation_failures", "Objects rejected by validation.",
-                                           registry=r)
-        self.status_patches = Counter("tputorch_status_patches", "Status patches written.", registry=r)
+        self.validation_failures = Counter("tputorch_validation_failures", "Objects rejected by validation, by kind.",
+                                           ["kind"], registry=r)
+        self.status_patches = Counter("tputorch_status_patches", "Status patches written, by kind.", ["kind"],
+                                      registry=r)
         self.status_deferred = Counter("tputorch_status_patches_deferred",
-                                       "Progress-only status writes put off (coalesced).", registry=r)
+                                       "Progress-only status writes put off (coalesced), by kind.", ["kind"], registry=r)
         self.events_posted = Counter("tputorch_events_posted", "Events posted.", registry=r)
         self.events_dropped = Counter("tputorch_events_dropped",
                                       "Events not posted, by why (spam filter, queue full, error).", ["why"],
@@ -100,6 +101,9 @@ class Metrics:
                                     buckets=WAIT_BUCKETS, registry=r)
         self.api_requests = Counter("tputorch_api_requests", "API calls of the reconcile by verb and HTTP code "
                                     "(or the error's name when there was no answer).", ["verb", "code"], registry=r)
+        self.api_duration = Histogram("tputorch_api_request_duration_seconds",
+                                      "Seconds an API call of the reconcile took, answered or not, by verb and "
+                                      "resource.", ["verb", "resource"], buckets=DURATION_BUCKETS, registry=r)
         self.sources = Sources()
         r.register(_ScrapeTime(self.sources))
 
@@ -109,14 +113,14 @@ class Metrics:
         self.reconciles.labels(kind, result).inc()
         self.reconcile_duration.labels(kind).observe(seconds)
 
-    def validation_failed(self) -> None:
-        self.validation_failures.inc()
+    def validation_failed(self, kind: str) -> None:
+        self.validation_failures.labels(kind).inc()
 
-    def status_patched(self) -> None:
-        self.status_patches.inc()
+    def status_patched(self, kind: str) -> None:
+        self.status_patches.labels(kind).inc()
 
-    def status_put_off(self) -> None:
-        self.status_deferred.inc()
+    def status_put_off(self, kind: str) -> None:
+        self.status_deferred.labels(kind).inc()
 
     def event_posted(self) -> None:
         self.events_posted.inc()
@@ -124,8 +128,10 @@ class Metrics:
     def event_dropped(self, why: str) -> None:
         self.events_dropped.labels(why).inc()
 
-    def api_call(self, verb: str, code: str) -> None:
+    def api_call(self, verb: str, code: str, resource: str = "", seconds: float | None = None) -> None:
         self.api_requests.labels(verb, code).inc()
+        if seconds is not None:
+            self.api_duration.labels(verb, resource).observe(seconds)
 
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()

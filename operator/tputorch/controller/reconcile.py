@@ -272,6 +272,6 @@ class Controller:
         previous = self.writes.previous(parent)
         current = statuses.invalid(err.errors, meta.get("generation", 0), previous, self.clock())
         if await self.writes.write(kind, parent, previous, current):
-            METRICS.validation_failed()
+            METRICS.validation_failed(kind.resource.kind)
             log.warning("%s %s/%s is invalid: %s", kind.resource.kind, meta.get("namespace"), meta.get("name"), err)
         return "invalid"

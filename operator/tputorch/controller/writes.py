@@ -108,7 +108,7 @@ class StatusWrites:
         self.last_write[meta["uid"]] = self.monotonic()
         if kind.finished(current):  # not only from statuses read: the written cache is dropped by any rv bump
             self.terminal[meta["uid"]] = current
-        METRICS.status_patched()
+        METRICS.status_patched(kind.resource.kind)
         regarding = {"apiVersion": kind.resource.api_version, "kind": kind.resource.kind, "name": name,
                      "namespace": namespace, "uid": meta.get("uid")}
         self.recorder.record(regarding, statuses.events(previous, current))
@@ -125,5 +125,5 @@ class StatusWrites:
         if delay <= 0:
             return False
         self.requeue((kind.resource.kind, meta["namespace"], meta["name"]), delay)
-        METRICS.status_put_off()
+        METRICS.status_put_off(kind.resource.kind)
         return True

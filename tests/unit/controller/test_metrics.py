@@ -90,3 +90,66 @@ def test_api_calls_by_verb_and_code_and_scrape_time_values():
     assert got[("tputorch_informer_watch_restarts_total", (("resource", "rayjobs"),))] == 7
     assert got[("tputorch_leader_transitions_total", ())] == 2
     assert got[("tputorch_queue_depth", ())] == 0 and got[("tputorch_leader", ())] == 1
+
+
+def test_api_calls_are_timed_by_verb_and_resource_answered_or_not():
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from tputorch.controller import kube as kube_module
+    from tputorch.controller.kinds import RAYJOB, TPUTORCHJOB
+
+    m = Metrics()
+    kube = kube_module.Kube(client.Configuration(), 1, 1)
+
+    class Custom:
+        def get_namespaced_custom_object(self, *args, _request_timeout=None):
+            raise ApiException(status=404, reason="Not Found")
+
+        def patch_namespaced_custom_object_status(self, *args, _preload_content=True, _request_timeout=None,
+                                                  _content_type=None):
+            class Answer:
+                def drain_conn(self): ...
+                def release_conn(self): ...
+            return Answer()
+    kube.custom = Custom()
+    real = kube_module.METRICS
+    kube_module.METRICS = m
+    try:
+        for _ in range(2):
+            try:
+                asyncio.run(kube.get(RAYJOB, "ml", "a"))
+            except ApiException:
+                pass
+        asyncio.run(kube.patch_status(TPUTORCHJOB, "ml", "a", {"phase": "Running"}, uid="u"))
+    finally:
+        kube_module.METRICS = real
+    got = samples(m)
+    assert got[("tputorch_api_request_duration_seconds_count", (("resource", "rayjobs"), ("verb", "get")))] == 2
+    assert got[("tputorch_api_request_duration_seconds_count",
+                (("resource", "tputorchjobs"), ("verb", "patch_status")))] == 1
+
+
+def test_status_patches_and_validation_failures_carry_the_kind():
+    from tputorch.controller import metrics as metrics_module, reconcile, writes
+
+    from ..services import service_body
+
+    m = Metrics()
+    real = metrics_module.METRICS
+    reconcile.METRICS = writes.METRICS = m
+    try:
+        ctl = controller(status_interval=0)
+        bad = body()
+        bad["spec"]["tpu"]["topology"] = "3x3"
+        bad["metadata"]["name"] = "bad"
+        ctl.parents["TPUTorchJob"].remember(bad)
+        ctl.parents["TPUTorchService"].remember(service_body())
+        asyncio.run(ctl.reconcile(("TPUTorchJob", "ml", "bad")))
+        asyncio.run(ctl.reconcile(("TPUTorchService", "ml", service_body()["metadata"]["name"])))
+    finally:
+        reconcile.METRICS = writes.METRICS = real
+    got = samples(m)
+    assert got[("tputorch_validation_failures_total", (("kind", "TPUTorchJob"),))] == 1
+    assert got[("tputorch_status_patches_total", (("kind", "TPUTorchJob"),))] == 1
+    assert got[("tputorch_status_patches_total", (("kind", "TPUTorchService"),))] == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -410,8 +411,24 @@ def serve_service(svc: ServiceSpec) -> dict | None:
     return {"metadata": metadata, "spec": spec}
 
 
+# Each spec object's RayService, rendered once (as JSON text: every caller gets a copy of its own)
+# and dropped with the spec. A service's reconcile reads it twice (the patch its live RayService
+# takes, the spec hash its status compares), and the controller's parse cache keeps one spec
+# object per version of the object, so a version is rendered once, not twice per reconcile.
+_RAYSERVICES: dict[int, str] = {}
+
+
 def rayservice(svc: ServiceSpec) -> dict:
     """The RayService the operator creates for ``svc`` (without ownerReferences, added on create)."""
+    text = _RAYSERVICES.get(id(svc))
+    if text is None:
+        text = json.dumps(_rayservice(svc))
+        _RAYSERVICES[id(svc)] = text
+        weakref.finalize(svc, _RAYSERVICES.pop, id(svc), None)  # before its id can be another's
+    return json.loads(text)
+
+
+def _rayservice(svc: ServiceSpec) -> dict:
     obj = _loaded(_template("rayservice.json.j2").render({
         "name": svc.name,
         "namespace": svc.namespace,

@@ -827,6 +827,28 @@ def test_a_network_policy_call_that_times_out_still_writes_the_status_and_is_tri
     assert "TimeoutError: timed out" in refused["message"]
 
 
+def test_a_service_is_rendered_once_per_version_of_its_spec_not_per_reconcile(monkeypatch):
+    from tputorch import render
+    renders = []
+    template = render._template
+
+    def counting(name):
+        renders.append(name)
+        return template(name)
+    monkeypatch.setattr(render, "_template", counting)
+    ctl = controller()
+    ctl.parents["TPUTorchService"].remember(service())
+    assert run(ctl.reconcile(SVC_KEY)) == "created"
+    created = ctl.kube.objects[("rayservices", "ml", "qwen")]
+    ctl.children["TPUTorchService"]._put(ctl.children["TPUTorchService"].slim(created))  # its watch event
+    for _ in range(3):
+        assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
+    assert renders.count("rayservice.json.j2") == 1
+    ctl.parents["TPUTorchService"]._put(service(rv="11", generation=2, replicas={"min": 1, "max": 3}))
+    assert run(ctl.reconcile(SVC_KEY)) == "child-patched"
+    assert renders.count("rayservice.json.j2") == 2  # the new version's, once
+
+
 def test_no_network_policy_when_switched_off():
     assert kinds.extras(None) == []
 

@@ -55,44 +55,8 @@ def test_reconciles_carry_the_kind_and_the_queue_counts_adds_retries_and_waits()
     assert got[("tputorch_workqueue_queue_duration_seconds_count", ())] == 1
 
 
-def test_api_calls_by_verb_and_code_and_scrape_time_values():
+def test_api_calls_by_verb_and_code_timed_by_verb_and_resource_and_scrape_time_values():
     import pytest
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    from tputorch.controller import kube as kube_module
-    from tputorch.controller.kinds import RAYJOB
-
-    m = Metrics()
-    kube = kube_module.Kube(client.Configuration(), 1, 1)
-
-    class Custom:
-        def create_namespaced_custom_object(self, *args, _request_timeout=None):
-            raise ApiException(status=409, reason="Conflict")
-
-        def get_namespaced_custom_object(self, *args, _request_timeout=None):
-            return {}
-    kube.custom = Custom()
-    real = kube_module.METRICS
-    kube_module.METRICS = m
-    try:
-        with pytest.raises(ApiException):
-            asyncio.run(kube.create(RAYJOB, "ml", {"metadata": {"name": "a"}}))
-        asyncio.run(kube.get(RAYJOB, "ml", "a"))
-    finally:
-        kube_module.METRICS = real
-    m.sources.informers = lambda: {"rayjobs": (3, 7)}
-    m.sources.leader_transitions = lambda: 2
-    got = samples(m)
-    assert got[("tputorch_api_requests_total", (("code", "409"), ("verb", "create")))] == 1
-    assert got[("tputorch_api_requests_total", (("code", "2xx"), ("verb", "get")))] == 1
-    assert got[("tputorch_informer_relists_total", (("resource", "rayjobs"),))] == 3
-    assert got[("tputorch_informer_watch_restarts_total", (("resource", "rayjobs"),))] == 7
-    assert got[("tputorch_leader_transitions_total", ())] == 2
-    assert got[("tputorch_queue_depth", ())] == 0 and got[("tputorch_leader", ())] == 1
-
-
-def test_api_calls_are_timed_by_verb_and_resource_answered_or_not():
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
@@ -102,32 +66,45 @@ def test_api_calls_are_timed_by_verb_and_resource_answered_or_not():
     m = Metrics()
     kube = kube_module.Kube(client.Configuration(), 1, 1)
 
+    class Answer:
+        def drain_conn(self): ...
+        def release_conn(self): ...
+
     class Custom:
+        def create_namespaced_custom_object(self, *args, _request_timeout=None):
+            raise ApiException(status=409, reason="Conflict")
+
         def get_namespaced_custom_object(self, *args, _request_timeout=None):
-            raise ApiException(status=404, reason="Not Found")
+            return {}
 
         def patch_namespaced_custom_object_status(self, *args, _preload_content=True, _request_timeout=None,
                                                   _content_type=None):
-            class Answer:
-                def drain_conn(self): ...
-                def release_conn(self): ...
             return Answer()
     kube.custom = Custom()
     real = kube_module.METRICS
     kube_module.METRICS = m
     try:
+        with pytest.raises(ApiException):
+            asyncio.run(kube.create(RAYJOB, "ml", {"metadata": {"name": "a"}}))
         for _ in range(2):
-            try:
-                asyncio.run(kube.get(RAYJOB, "ml", "a"))
-            except ApiException:
-                pass
+            asyncio.run(kube.get(RAYJOB, "ml", "a"))
         asyncio.run(kube.patch_status(TPUTORCHJOB, "ml", "a", {"phase": "Running"}, uid="u"))
     finally:
         kube_module.METRICS = real
+    m.sources.informers = lambda: {"rayjobs": (3, 7)}
+    m.sources.leader_transitions = lambda: 2
     got = samples(m)
+    assert got[("tputorch_api_requests_total", (("code", "409"), ("verb", "create")))] == 1
+    assert got[("tputorch_api_requests_total", (("code", "2xx"), ("verb", "get")))] == 2
+    # timed whether answered or not, by verb and resource
+    assert got[("tputorch_api_request_duration_seconds_count", (("resource", "rayjobs"), ("verb", "create")))] == 1
     assert got[("tputorch_api_request_duration_seconds_count", (("resource", "rayjobs"), ("verb", "get")))] == 2
     assert got[("tputorch_api_request_duration_seconds_count",
                 (("resource", "tputorchjobs"), ("verb", "patch_status")))] == 1
+    assert got[("tputorch_informer_relists_total", (("resource", "rayjobs"),))] == 3
+    assert got[("tputorch_informer_watch_restarts_total", (("resource", "rayjobs"),))] == 7
+    assert got[("tputorch_leader_transitions_total", ())] == 2
+    assert got[("tputorch_queue_depth", ())] == 0 and got[("tputorch_leader", ())] == 1
 
 
 def test_status_patches_and_validation_failures_carry_the_kind():

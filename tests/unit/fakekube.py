@@ -6,8 +6,10 @@ create), records every call, and raises the exceptions queued in ``fail[method]`
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import defaultdict
+from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
@@ -29,6 +31,9 @@ class FakeKube:
         self.calls: list[tuple] = []
         self.fail: dict[str, list[Exception]] = defaultdict(list)
         self.status_uids: list = []  # the uid precondition of each status patch
+        # plural -> what the API server's structural schema drops from a created object of it (an
+        # older CRD): called on the stored copy, which the create returns
+        self.prune: dict[str, Callable[[dict], None]] = {}
 
     def _maybe_fail(self, method: str) -> None:
         if self.fail[method]:
@@ -41,6 +46,9 @@ class FakeKube:
         if key in self.objects:
             raise api_error(409)
         obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{next(_rv)}", "resourceVersion": str(next(_rv))}}
+        if res.plural in self.prune:
+            obj = copy.deepcopy(obj)
+            self.prune[res.plural](obj)
         self.objects[key] = obj
         return obj
 

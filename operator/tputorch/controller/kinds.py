@@ -168,9 +168,11 @@ def child_slimmer(kind: Kind):
         spec = obj.get("spec") or {}
         if kind.child_spec_read is not None:
             read = {k: spec[k] for k in kind.child_spec_read if k in spec}
-            secret_name = render.ray_token_secret_name(obj) if kind.own_ray_token else None
-            if secret_name:  # its cluster's token (the progress reads)
-                read["rayClusterSpec"] = {"authOptions": {**render.RAY_AUTH, "secretName": secret_name}}
+            # authOptions as stored: its cluster's token (the progress reads), and whether KubeRay's
+            # CRD dropped it (status/auth.py)
+            auth = (spec.get("rayClusterSpec") or {}).get("authOptions")
+            if isinstance(auth, dict):
+                read["rayClusterSpec"] = {"authOptions": dict(auth)}
             spec = read
         return {"metadata": kept, "spec": spec, "status": obj.get("status") or {}}
     return slim

@@ -22,10 +22,12 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 ADMITTED = "Admitted"  # Kueue admitted the child (only for objects with spec.queueName)
 NETWORK_POLICY_READY = "NetworkPolicyReady"  # its NetworkPolicy was made as rendered (with policies on)
-CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, SUCCEEDED, FAILED)
+RAY_AUTH = "RayAuth"  # the child, as stored, still asks KubeRay for Ray token auth (status/auth.py)
+TOKEN_AUTH, AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED = "TokenAuth", "AuthOptionsDropped", "AuthSecretNameDropped"
+CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, SUCCEEDED, FAILED)
 RAYSERVICE_CREATED = "RayServiceCreated"
 READY = "Ready"
-SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, READY, FAILED)
+SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, READY, FAILED)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 QUEUE_PHASES = (kueue.QUEUED, kueue.PREEMPTED)  # Kueue holds the child back
@@ -63,13 +65,13 @@ _WARNING_STATES = {
 _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", "PodsForbidden", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
-                    "QuotaExceeded", "PodCreationFailed"}
+                    "QuotaExceeded", "PodCreationFailed", AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.
 # ("Applied": a NetworkPolicy in force is no news; one that could not be made is.)
 _QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService", "Pending", "Applied",
-                  *kueue.QUIET_REASONS}
+                  TOKEN_AUTH, *kueue.QUIET_REASONS}
 # Phases whose start is an event of its own (the others have a condition event that says it).
 _PHASE_EVENTS = ("Running", "Retrying", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering", *QUEUE_PHASES)
 

@@ -11,6 +11,7 @@ from .. import render
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
+from . import auth
 from . import network as net
 from . import progress as training
 from .conditions import (
@@ -154,6 +155,9 @@ def derive(
 
     conditions = [condition(VALIDATED, True, "Valid", shape, generation),
                   child_created(RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, generation)]
+    ray_auth = auth.ray_auth_condition("RayJob", rayjob, True, generation)
+    if ray_auth is not None:
+        conditions.append(ray_auth)
     if queue is not None:
         conditions.append(admitted_condition(queue, generation))
     if network is not None:

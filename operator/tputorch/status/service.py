@@ -12,6 +12,7 @@ from .conditions import (
     child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
     ready_slices, running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing,
 )
+from . import auth
 from . import network as net
 from .kueue import Admission
 
@@ -155,6 +156,9 @@ def derive_service(
 
     conditions = [condition(VALIDATED, True, "Valid", shape, generation),
                   child_created(RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem, generation)]
+    ray_auth = auth.ray_auth_condition("RayService", rayservice, False, generation)
+    if ray_auth is not None:
+        conditions.append(ray_auth)
     if queue is not None:
         conditions.append(admitted_condition(queue, generation))
     if network is not None:

@@ -1016,3 +1016,67 @@ def test_a_replicas_edit_reaches_the_running_rayclusters_bounds_of_its_rayservic
     assert ops[0] == {"op": "test", "path": "/metadata/uid", "value": "qwen-a-uid"}
     assert ops[1] == {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": group["groupName"]}
     assert {o["path"].rsplit("/", 1)[1]: o["value"] for o in ops[2:]} == {"minReplicas": 2, "maxReplicas": 3, "replicas": 2}
+
+
+# --- a KubeRay whose CRD drops authOptions ------------------------------------------------------------
+
+def _drop_auth(field: str, key: str | None = None):
+    """What an older KubeRay's structural schema does at create: 1.5.0 has no authOptions, 1.5.1 only
+    its ``mode`` (read in their CRDs, ray-operator/config/crd/bases)."""
+    def prune(obj: dict) -> None:
+        options = obj["spec"][field]
+        if key is None:
+            options.pop("authOptions", None)
+        else:
+            options["authOptions"].pop(key, None)
+    return prune
+
+
+async def _reconciled_with_events(ctl, key):
+    result = await ctl.reconcile(key)
+    await ctl.recorder.drain()
+    return result
+
+
+@pytest.mark.parametrize("kind_key, parent, plural, field", [
+    (KEY, job(), "rayjobs", "rayClusterSpec"),
+    (SVC_KEY, service(), "rayservices", "rayClusterConfig"),
+])
+def test_a_child_whose_auth_options_kuberay_dropped_is_a_condition_and_a_warning(kind_key, parent, plural, field):
+    kube = FakeKube()
+    kube.prune[plural] = _drop_auth(field)  # KubeRay 1.5.0's CRD
+    ctl = controller(kube)
+    ctl.parents[kind_key[0]].remember(parent)
+    assert run(_reconciled_with_events(ctl, kind_key)) == "created"
+    auth = condition(last_status(kube), "RayAuth")
+    assert (auth["status"], auth["reason"]) == ("False", "AuthOptionsDropped")
+    assert f"spec.{field}.authOptions" in auth["message"] and "WITHOUT token authentication" in auth["message"]
+    assert "upgrade KubeRay to 1.6" in auth["message"]
+    assert ("event", kind_key[2], "AuthOptionsDropped") in kube.calls
+    # the same child seen again: no second event
+    ctl.children[kind_key[0]]._put(ctl.children[kind_key[0]].slim(kube.objects[(plural, "ml", kind_key[2])]))
+    run(_reconciled_with_events(ctl, kind_key))
+    assert [c for c in kube.calls if c[0] == "event" and c[2] == "AuthOptionsDropped"] == [("event", kind_key[2], "AuthOptionsDropped")]
+
+
+def test_a_rayjob_whose_token_secret_name_kuberay_dropped_says_progress_cannot_be_read():
+    kube = FakeKube()
+    kube.prune["rayjobs"] = _drop_auth("rayClusterSpec", "secretName")  # KubeRay 1.5.1's CRD
+    ctl = setup(job(), kube=kube)
+    assert run(_reconciled_with_events(ctl, KEY)) == "created"
+    auth = condition(last_status(kube), "RayAuth")
+    assert (auth["status"], auth["reason"]) == ("False", "AuthSecretNameDropped")
+    assert "training progress cannot be read" in auth["message"]
+    assert ("event", "demo", "AuthSecretNameDropped") in kube.calls
+    assert [c[1] for c in kube.called("create")] == ["rayjobs"]  # no Secret for a name the RayJob lost
+
+
+@pytest.mark.parametrize("kind_key, parent", [(KEY, job()), (SVC_KEY, service())])
+def test_a_child_that_kept_its_auth_options_says_so_quietly(kind_key, parent):
+    ctl = controller()
+    ctl.parents[kind_key[0]].remember(parent)
+    assert run(_reconciled_with_events(ctl, kind_key)) == "created"
+    auth = condition(last_status(ctl.kube), "RayAuth")
+    assert (auth["status"], auth["reason"]) == ("True", "TokenAuth")
+    assert ("Secret demo-ray-token-" in auth["message"]) == (kind_key == KEY)
+    assert not [c for c in ctl.kube.calls if c[0] == "event" and c[2] == "TokenAuth"]

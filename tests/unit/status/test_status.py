@@ -16,7 +16,9 @@ JOB = spec.parse(body())
 
 
 def rayjob(stage):
-    return {"metadata": {"name": "demo"}, "status": STATUSES[stage]}
+    # authOptions as the operator creates every RayJob and KubeRay 1.6's CRD keeps it
+    return {"metadata": {"name": "demo"}, "status": STATUSES[stage],
+            "spec": {"rayClusterSpec": {"authOptions": {"mode": "token", "secretName": "demo-ray-token-0a1b2c"}}}}
 
 
 def derive(stage, previous=None, pods=(), now=T0, **kw):
@@ -340,3 +342,16 @@ def test_the_webhook_check_needs_a_multi_host_slice_and_known_containers():
 def test_a_finished_job_is_not_pending_for_the_webhook():
     st = derive("succeeded", pods=[tpu_host(f"w{i}", env=()) for i in range(4)])
     assert st["phase"] == "Succeeded" and cond(st, "SliceReady")["reason"] == "JobFinished"
+
+
+def test_a_rayjob_without_the_auth_options_it_was_created_with_says_the_cluster_runs_without_auth():
+    dropped = {**rayjob("running"), "spec": {"rayClusterSpec": {}}}  # KubeRay 1.5.0's CRD pruned them
+    st = status.derive(JOB, 1, dropped, [], {}, T0)
+    auth = cond(st, "RayAuth")
+    assert (auth["status"], auth["reason"]) == ("False", "AuthOptionsDropped")
+    assert "runs WITHOUT token authentication" in auth["message"] and "spec.rayClusterSpec.authOptions" in auth["message"]
+    assert st["phase"] == "Running"  # the job runs on: the condition and a Warning say what it lacks
+    assert ("Warning", "AuthOptionsDropped") in [(e.type, e.reason) for e in status.events({}, st)]
+    kept = cond(derive("running"), "RayAuth")
+    assert (kept["status"], kept["reason"]) == ("True", "TokenAuth") and "demo-ray-token-0a1b2c" in kept["message"]
+    assert cond(derive(None), "RayAuth") is None  # no RayJob yet: nothing to say

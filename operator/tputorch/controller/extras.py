@@ -57,12 +57,13 @@ class ExtraChildren:
                 continue
             if store.served is False:
                 continue  # the informer reports it (the kind not served)
+            desired = extra.render(spec)
+            name = desired["metadata"]["name"]
             try:
-                await self._ensure_one(kind, key, parent, spec, extra, store)
+                await self._ensure_one(kind, key, parent, desired, extra, store)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # an API error, a timeout, a reset connection: said, never the status's end
-                name = extra.render(spec)["metadata"]["name"]
                 log.warning("%s %s/%s not written: %s", extra.resource.kind, namespace, name, describe(err))
                 self.problems[key] = (f"{extra.resource.kind}NotWritten",
                                       f"the {extra.resource.kind} {name} could not be written: "
@@ -70,10 +71,8 @@ class ExtraChildren:
                 if getattr(err, "status", None) not in (403, 422):
                     self.requeue(key, RETRY_AFTER)
 
-    async def _ensure_one(self, kind: Kind, key: Key, parent: dict, spec, extra: Extra, store) -> None:
-        namespace = key[1]
-        desired = extra.render(spec)
-        name = desired["metadata"]["name"]
+    async def _ensure_one(self, kind: Kind, key: Key, parent: dict, desired: dict, extra: Extra, store) -> None:
+        namespace, name = key[1], desired["metadata"]["name"]
         existing = store.get((namespace, name))
         made = (extra.resource.plural, namespace, name)
         if existing is not None:

@@ -684,7 +684,9 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
     volumes = storage.parse_volumes(r, spec, quantity)
     sidecar = storage.parse_sidecar(r, spec, volumes, quantity)
     security_context = parse_security_context(r, spec)
-    automount = r.value(spec, "automountServiceAccountToken", "spec.automountServiceAccountToken", bool, default=False)
+    automount = r.value(spec, "automountServiceAccountToken", "spec.automountServiceAccountToken", bool)
+    if automount is None:
+        automount = mounts_token_by_default(service_account)
     fields = dict(
         name=name, namespace=namespace, labels=labels, image=image, ray_version=ray_version,
         runtime_env=runtime_env, env=env, head=head, worker=worker, head_node_selector=head_selector,
@@ -693,6 +695,19 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
         security_context=security_context, automount_service_account_token=automount,
     )
     return fields, spec, tpu
+
+
+def mounts_token_by_default(service_account: str | None) -> bool:
+    """Whether the Ray pods get their ServiceAccount's token when spec.automountServiceAccountToken is
+    not given: only when the spec names a ServiceAccount, the one case a token is of use to them
+    (Workload Identity: its Google Cloud credentials). Whether the GKE metadata server needs the
+    token in the pod is not documented by GKE and cannot be checked here (the GCS FUSE CSI driver
+    does not: kubelet hands it a token of its own, CSIDriver.spec.tokenRequests), and a pod without
+    it would fail only on GKE, so it is mounted (the admission plugin's projected, expiring
+    token); ``automountServiceAccountToken: false`` keeps it out. The account's RBAC is what the
+    token grants: a Workload Identity account needs none. Without a named account the pods run as
+    the namespace's ``default`` and need no token."""
+    return service_account is not None
 
 
 def common_fields(fields: dict, tpu: TPU) -> dict:

@@ -346,8 +346,9 @@ def _common_properties(kind: str) -> dict:
             }]},
         ),
         "automountServiceAccountToken": _s(
-            "Mount the service account's token in the Ray pods (default false: Ray needs no API access; "
-            "where KubeRay's autoscaler runs, its container alone gets one).",
+            "Mount the service account's token in the Ray pods. Default: true when serviceAccountName is "
+            "set (Workload Identity: grant that account no Kubernetes RBAC), else false (Ray needs no API "
+            "access; where KubeRay's autoscaler runs, its container alone gets one).",
             type="boolean",
         ),
         "queueName": _string(

@@ -558,6 +558,25 @@ def test_every_ray_container_meets_restricted_and_no_pod_mounts_a_token_unless_a
         assert pod["automountServiceAccountToken"] is (role != "submitter")
 
 
+def test_a_named_service_account_gets_its_token_mounted_for_workload_identity_unless_refused():
+    """Workload Identity: the pods of a job or service that names a ServiceAccount get its token (the
+    admission plugin's projected, expiring volume); the namespace's default account none; an explicit
+    false keeps it out."""
+    for make in (rendered, rendered_service):
+        named = make({"serviceAccountName": "ray-tpu"})
+        for role, pod in _pods(named):
+            assert pod["automountServiceAccountToken"] is (role != "submitter"), role  # the submitter: KubeRay's own
+            if role != "submitter":
+                assert pod["serviceAccountName"] == "ray-tpu", role
+        if named["kind"] == "RayService":  # the pod-wide token: the autoscaler needs no second one
+            assert "volumeMounts" not in named["spec"]["rayClusterConfig"]["autoscalerOptions"]
+        refused = make({"serviceAccountName": "ray-tpu", "automountServiceAccountToken": False})
+        assert not any(pod["automountServiceAccountToken"] for _, pod in _pods(refused))
+        assert not any(pod["automountServiceAccountToken"] for _, pod in _pods(make({})))
+    assert spec.parse(body(serviceAccountName="ray-tpu")).automount_service_account_token is True
+    assert spec.parse(body()).automount_service_account_token is False
+
+
 def test_the_submitter_pod_is_kuberays_default_with_our_security_and_no_ray_node_label():
     job = rendered({})
     template = job["spec"]["submitterPodTemplate"]

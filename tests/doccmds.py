@@ -49,7 +49,7 @@ GKE_OUTPUTS = {
 
 SHELL_PROGRAMS = {"export", "echo", "printf", "read", "unset", "true", "test", "[", "sleep", "set",
                   # text filters in a pipe
-                  "grep", "head", "tail", "cut", "sort", "wc", "base64", "jq"}
+                  "grep", "head", "tail", "cut", "sort", "wc", "base64", "jq", "cat"}
 KUBECTL_READ = {"get", "describe", "explain", "api-resources", "api-versions", "wait", "version", "events", "config"}
 KUBECTL_WRITE = {"apply", "create", "delete", "patch", "label", "annotate", "replace"}
 TPUTORCH_OFFLINE = {"validate", "render", "topologies", "crd"}
@@ -271,13 +271,29 @@ def _strip_assignments(words: list[str]) -> list[str]:
     return words[i:]
 
 
-def _kinds_in(paths: list[str], heredoc: str) -> set | None:
-    """Kinds of the objects in the files (or heredoc) a kubectl command applies; None when a file
-    cannot be read here."""
+# Programs that copy files to a pipe, changing text but not which objects they hold (sed's edits
+# of a manifest's values): what `kubectl apply -f -` reads from them has those files' kinds.
+PIPE_SOURCES = {"sed", "cat"}
+
+
+def _piped_files(seg: str) -> list[str]:
+    """The files a PIPE_SOURCES segment reads (its arguments that name files of the repository)."""
+    words = _strip_assignments(_words(seg))
+    if not words or words[0] not in PIPE_SOURCES:
+        return []
+    return [w for w in words[1:] if not w.startswith("-") and "/" in w and (ROOT / w).is_file()]
+
+
+def _kinds_in(paths: list[str], heredoc: str, piped: list[str] = ()) -> set | None:
+    """Kinds of the objects in the files (or heredoc, or the files piped in) a kubectl command
+    applies; None when a file cannot be read here."""
     kinds = set()
     texts = []
     for p in paths:
         if p == "-":
+            if piped:
+                texts.extend((ROOT / f).read_text() for f in piped)
+                continue
             if not heredoc:  # from a pipe: unknown here
                 return None
             texts.append(heredoc)
@@ -319,14 +335,19 @@ def _without_globals(args: list[str]) -> list[str]:
     return out
 
 
-def _rule(seg: str) -> tuple[str, str, str, list]:
-    """(kind, what to run, why unhandled, namespaces created for real) for one segment."""
+def _rule(seg: str, piped: list[str] = ()) -> tuple[str, str, str, list]:
+    """(kind, what to run, why unhandled, namespaces created for real) for one segment; ``piped``:
+    the repository files the segment's stdin copies (_piped_files of the segment before a `|`)."""
     words = _strip_assignments(_words(seg))
     heredoc = seg.split("\n", 1)[1].rsplit("\n", 1)[0] if "\n" in seg else ""  # without its end marker
     if not words:  # assignments only
         return "shell", seg, "", []
     prog, args = words[0], words[1:]
     if prog in SHELL_PROGRAMS:
+        return "shell", seg, "", []
+    if prog == "sed":  # a text filter, unless it edits a file of the checkout in place
+        if any(a.startswith("-i") or a.startswith("--in-place") for a in args):
+            return "unhandled", "", "sed -i (edits a file in place)", []
         return "shell", seg, "", []
     if prog == "kubectl" and args[:1] == ["tputorch"]:
         prog, args = "tputorch", args[1:]
@@ -367,12 +388,14 @@ def _rule(seg: str) -> tuple[str, str, str, list]:
             real = False
             rest = [a for a in args if not a.startswith("-")]
             files = _flag_values(args, "-f", "--filename")
+            if any(f.startswith(("http://", "https://")) for f in files):
+                return "unhandled", "", f"kubectl {verb} -f URL (fetches from the internet)", []
             if verb == "create" and len(rest) > 1 and rest[1] in REAL_CREATE and not files:
                 real = True
             elif verb == "delete" and len(rest) > 1 and rest[1].split("/")[0] in REAL_DELETE and not files:
                 real = rest[1] not in ("namespace", "ns")
             elif verb in ("apply", "create") and files:
-                kinds = _kinds_in(files, heredoc)
+                kinds = _kinds_in(files, heredoc, piped)
                 if kinds and kinds & GKE_ONLY_KINDS:
                     return "unhandled", "", f"applies {sorted(kinds & GKE_ONLY_KINDS)}, which only GKE serves", []
                 real = kinds is not None and kinds <= NAMESPACED_KINDS and "--server-side" not in args
@@ -392,13 +415,15 @@ def classify(cmd: Command) -> Command:
         cmd.kind = "tested"
         return cmd
     kinds, runs, why, created = [], [], [], []
+    piped: list[str] = []
     for seg, op in _split(cmd.text):
         for inner in _substitutions(seg):
             for s, _ in _split(inner):
                 k, _, w, _ = _rule(s)
                 kinds.append(k)
                 why += [w] if w else []
-        k, run, w, c = _rule(seg)
+        k, run, w, c = _rule(seg, piped)
+        piped = _piped_files(seg) if op == "|" else []
         kinds.append(k)
         runs.append(run + (f" {op} " if op else ""))
         why += [w] if w else []

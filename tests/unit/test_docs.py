@@ -110,6 +110,13 @@ def test_rules_sort_commands_as_intended():
                                                                (4, "EOF"), (5, "kubectl get cm")]))
     assert [c.text.splitlines()[0] for c in heredoc] == ["kubectl apply -f - <<'EOF'", "kubectl get cm"]
     assert doccmds.classify(heredoc[0]).run.startswith("kubectl apply -f - <<'EOF'\nkind: ConfigMap")
+    # a manifest of the checkout, edited on its way through a pipe: applied for real, as its kinds allow
+    edited = 'sed "s|image: .*|image: $I|" examples/serve/qwen3-moe-v6e-4x4.yaml | kubectl apply -f -'
+    assert (one(edited).kind, one(edited).run) == ("cluster", edited)
+    assert one("cat examples/kueue/cluster-queue.yaml | kubectl apply -f -").kind == "unhandled"  # GKE-only kinds
+    assert one("echo x | kubectl apply -f -").run.endswith("--dry-run=server")  # kinds unknown
+    assert one("sed -i s/a/b/ examples/v6e-4x4.yaml").kind == "unhandled"  # would edit the checkout
+    assert one("kubectl apply --server-side -f https://example.com/m.yaml").kind == "unhandled"  # the internet
 
 
 @pytest.mark.parametrize("doc", DOC_NAMES)

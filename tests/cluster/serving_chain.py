@@ -25,6 +25,8 @@ from pathlib import Path
 
 from ray_backend import RealRay, http_json
 
+from fakedash.cpu_serving import CPU_ENV  # ray_backend put hack/ on sys.path
+
 REPO = Path(__file__).resolve().parents[2]
 TINYMODEL = REPO / "tests" / "serving" / "tinymodel.py"
 # Serve tries a failing replica's constructor 3 times before DEPLOY_FAILED, each time importing
@@ -63,14 +65,19 @@ def tiny_model(python: str) -> Path:
     return out
 
 
-def start_serving_ray(workdir: Path, python: str) -> RealRay:
-    """A real Ray head run by the serving venv's Python, Serve's proxy on a free loopback port."""
+def vllm_env(python: str) -> dict[str, str]:
+    """The environment a vLLM engine of the serving venv runs with here: the Serve replica's on CPU
+    (hack/fakedash/cpu_serving.py), and where torch's inductor keeps what it compiles."""
     # vLLM's CPU sampler is compiled by torch's inductor (C++ built with the system compiler) at a
     # new engine's first requests, into /tmp/torchinductor_<user> unless told otherwise: kept in the
     # shared cache per serving venv instead, as a TPU service keeps its XLA compile cache on its
     # volume (VLLM_CACHE_ROOT), so that a run does not compile what the last one did.
-    inductor = _cache() / "inductor" / Path(python).parents[1].name
-    ray = RealRay(workdir, python=python, env={**SERVING_RAY_ENV, "TORCHINDUCTOR_CACHE_DIR": str(inductor)})
+    return {**CPU_ENV, "TORCHINDUCTOR_CACHE_DIR": str(_cache() / "inductor" / Path(python).parents[1].name)}
+
+
+def start_serving_ray(workdir: Path, python: str) -> RealRay:
+    """A real Ray head run by the serving venv's Python, Serve's proxy on a free loopback port."""
+    ray = RealRay(workdir, python=python, env={**SERVING_RAY_ENV, **vllm_env(python)})
     try:
         ray.start(warm=False)
         ray.start_serve()

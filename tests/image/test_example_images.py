@@ -132,7 +132,7 @@ def test_the_example_entrypoints_start_from_the_working_directory(dockerfile, tm
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr[-2000:]
     # grpo.py's main() imports ray first (not in the stand-in): its argument parsing, by module
     out = run_in_image(bundle, ["python", "-c", "import sys; sys.path.insert(0, 'examples/rl'); import grpo\n"
-                                "print(grpo.parse_args(['--steps', '3']).steps)"])
+                                "print(grpo.parse_args(['--steps', '3', '--model', 'Qwen/Qwen3-0.6B']).steps)"])
     assert out.returncode == 0 and out.stdout.strip() == "3", out.stderr[-2000:]
 
 

@@ -4,8 +4,9 @@ simulated GPU nodes (Ray nodes with GPUs and the rollout group's labels) and a C
 reward group, all attached at once.
 
 The example's own ``run()`` is the driver (as the Ray job's entrypoint would be), with the head
-container's environment of the rendered RayJob and ``--cpu`` (gloo, CPU tensors) on the real TPU
-placement: Ray Train reserves chips on the training slice (TPU_VISIBLE_CHIPS per worker), rollout
+container's environment of the rendered RayJob, ``--engine torch`` (the example's small torch policy:
+this venv has no vLLM; tests/cluster/test_real_serving.py runs it with vLLM) and ``--cpu`` (gloo, CPU
+tensors) on the real TPU placement: Ray Train reserves chips on the training slice (TPU_VISIBLE_CHIPS per worker), rollout
 actors take their host's chips or GPUs. Every Train worker and actor records where it ran.
 """
 
@@ -74,7 +75,7 @@ def run_example(rl_hosts, which: str, tmp_path: Path, monkeypatch, steps: int) -
     for key, value in head_env(rl_hosts["jobs"][which]).items():
         monkeypatch.setenv(key, value)
     out = tmp_path / "records"
-    args = module.parse_args(["--cpu", "--steps", str(steps), "--out", str(out),
+    args = module.parse_args(["--engine", "torch", "--cpu", "--steps", str(steps), "--out", str(out),
                               "--storage-path", str(tmp_path / "storage"), "--name", f"rl-{which}"])
     result = module.run(args)
     assert result.error is None, result.error  # the driver's run ended as a Succeeded Ray job would

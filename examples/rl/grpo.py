@@ -9,8 +9,8 @@ slice; tpu-gpu.yaml: rollouts on GPUs). One Ray cluster holds them all:
 - rollout engines, one per host of the rollout group (Ray actors placed by the group's Ray label,
   holding that host's chips or GPUs), are vLLM's ``LLM`` (vLLM-TorchTPU on a TPU group, CUDA vLLM on
   a GPU group, vLLM's CPU build on a CPU machine). After every step rank 0 puts the new weights into
-  Ray's object store once; every engine loads them in place with vLLM's weight loader (the model's
-  ``load_weights`` on each of its workers, through ``LLM.collective_rpc``; no restart), drops its
+  Ray's object store once; every engine loads them in place with vLLM's weight reload (each worker's
+  ``reload_weights``, through ``LLM.collective_rpc``; no restart), drops its
   prefix cache and sets its weight version (vLLM's own), which it reports back with each rollout;
 - a reward actor on the CPU group scores the answers;
 - GRPO: each prompt gets ``--group-size`` answers, the advantage is the reward minus the mean of
@@ -111,8 +111,9 @@ def answer_logprobs(policy, prompts: list[list[int]], answers: list[list[int]], 
 
 
 def cpu_state(policy) -> dict:
-    """The weights as the engines load them: CPU tensors under the model's own (Hugging Face) names."""
-    return {k: v.detach().cpu() for k, v in policy.state_dict().items()}
+    """The weights as the engines load them: a CPU copy (never the live parameters, which the next
+    optimizer step changes) under the model's own (Hugging Face) names."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
 
 
 # ---- Rollout engines ---------------------------------------------------------------------------
@@ -132,18 +133,12 @@ def _where() -> dict:
             "accelerators": {k: list(v) for k, v in ray.get_runtime_context().get_accelerator_ids().items()}}
 
 
-def _load_weights(worker, state: dict) -> None:
-    """Runs on each vLLM worker (LLM.collective_rpc): vLLM's own loader for the model, which maps the
-    Hugging Face names onto its fused layers."""
-    worker.model_runner.model.load_weights(weights=list(state.items()))
-
-
 class VllmEngine:
     """A rollout engine: vLLM's LLM on this host, its weights replaced in place by sync()."""
 
     def __init__(self, index: int, model: str, out: str | None = None, **engine_args):
         # The engine core in this process (no engine subprocess): collective_rpc hands the workers
-        # the tensors as they are, and the function above needs no serialization.
+        # the tensors as they are.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
@@ -154,7 +149,10 @@ class VllmEngine:
 
     def sync(self, state: dict, version: int) -> int:
         # `state` arrives from the object store (rank 0's ray.put), resolved by Ray for this call.
-        self.llm.collective_rpc(_load_weights, args=(state,))
+        # vLLM's in-place reload on each worker: the model's own loader (it maps the Hugging Face names
+        # onto its fused layers), then the processing after loading again (e.g. the CPU build's
+        # repacking; a bare model.load_weights() cannot write into repacked layers).
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
         self.llm.reset_prefix_cache()  # its KV blocks were computed with the old weights
         self.llm.update_weight_version(str(version))  # vLLM's own record of the version it runs
         self.seen.append(self.version())

@@ -5,7 +5,7 @@ reward group, all attached at once.
 
 The example's own ``run()`` is the driver (as the Ray job's entrypoint would be), with the head
 container's environment of the rendered RayJob, ``--engine torch`` (the example's small torch policy:
-this venv has no vLLM; tests/cluster/test_real_serving.py runs it with vLLM) and ``--cpu`` (gloo, CPU
+this venv has no vLLM; tests/serving/test_weight_sync.py runs its vLLM engine) and ``--cpu`` (gloo, CPU
 tensors) on the real TPU placement: Ray Train reserves chips on the training slice (TPU_VISIBLE_CHIPS per worker), rollout
 actors take their host's chips or GPUs. Every Train worker and actor records where it ran.
 """

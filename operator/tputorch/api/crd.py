@@ -828,6 +828,16 @@ def _service_status_schema() -> dict:
             "serviceStatus": _string("KubeRay's serviceStatus (Running when ready)."),
             "applicationStatus": _string("The Serve application's status (DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY...)."),
             "applicationMessage": _string("The Serve application's message."),
+            "appliedConfig": _s(
+                "What the operator has seen the serving RayCluster apply (hashes; the SpecApplied condition).",
+                type="object",
+                properties={
+                    "rayClusterName": _string("The RayCluster these hashes were recorded for."),
+                    "serveConfig": _string("Hash of the Serve config seen reloaded."),
+                    "cluster": _string("Hash of the cluster spec as KubeRay 1.6 hashes it (no replicas, tolerations)."),
+                    "tolerations": _string("Hash of the pod specs' tolerations and scheduling gates."),
+                },
+            ),
         },
     )
 

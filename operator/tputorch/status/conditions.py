@@ -27,7 +27,8 @@ TOKEN_AUTH, AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED = "TokenAuth", "AuthO
 CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, SUCCEEDED, FAILED)
 RAYSERVICE_CREATED = "RayServiceCreated"
 READY = "Ready"
-SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, READY, FAILED)
+SPEC_APPLIED = "SpecApplied"  # the serving RayCluster runs the service's current spec (status/applied.py)
+SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, READY, SPEC_APPLIED, FAILED)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 QUEUE_PHASES = (kueue.QUEUED, kueue.PREEMPTED)  # Kueue holds the child back
@@ -50,7 +51,7 @@ STATUS_FIELDS = (
 SERVICE_STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "replicas", "readyReplicas",
     "replicasReady", "hosts", "readyHosts", "model", "endpoint", "rayServiceName", "rayClusterName",
-    "serviceStatus", "applicationStatus", "applicationMessage", "queue", "priorityClass", "clusterQueue", "workload",
+    "serviceStatus", "applicationStatus", "applicationMessage", "appliedConfig", "queue", "priorityClass", "clusterQueue", "workload",
 )
 # A condition's message is capped (metav1.Condition allows 32768 characters).
 MAX_CONDITION_MESSAGE = 32768
@@ -65,13 +66,14 @@ _WARNING_STATES = {
 _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", "PodsForbidden", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
-                    "QuotaExceeded", "PodCreationFailed", AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED}
+                    "QuotaExceeded", "PodCreationFailed", AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED,
+                    "UpgradeStrategyNone", "TolerationsNotApplied"}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.
 # ("Applied": a NetworkPolicy in force is no news; one that could not be made is.)
 _QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService", "Pending", "Applied",
-                  TOKEN_AUTH, *kueue.QUIET_REASONS}
+                  TOKEN_AUTH, "WaitingForServeReload", "Upgrading", *kueue.QUIET_REASONS}
 # Phases whose start is an event of its own (the others have a condition event that says it).
 _PHASE_EVENTS = ("Running", "Retrying", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering", *QUEUE_PHASES)
 
@@ -282,8 +284,13 @@ def quota_problem(cluster_status: dict | None) -> tuple[str, str] | None:
 
 
 def running(pod: dict) -> bool:
-    """The pod's containers run (phase Running), whatever its readiness probe says."""
-    return (pod.get("status") or {}).get("phase") == "Running"
+    """The pod's containers run (phase Running and every container's state running), whatever its
+    readiness probe says. A crash-looping container leaves the pod Running while it waits in
+    CrashLoopBackOff (or has terminated) between restarts: that host is not up."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    return all("running" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
 
 
 def labels_of(pod: dict) -> dict:

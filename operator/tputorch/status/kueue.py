@@ -29,6 +29,7 @@ class Admission:
     phase: str | None  # QUEUED / PREEMPTED while the child may not run; None: the child's own phase holds
     cluster_queue: str | None = None
     workload: str | None = None
+    admitted_at: str | None = None  # the Admitted condition's lastTransitionTime (while admitted)
 
 
 def owner_of(workload: dict) -> tuple[str, str] | None:
@@ -94,7 +95,8 @@ def admission(queue: str, child_kind: str, child_name: str, workload: dict | Non
         return result(False, reason, message, None if reason == "Deactivated" else QUEUED)
     if _true(conds.get("Admitted")):
         where = f" by ClusterQueue {cq}" if cq else ""
-        return result(True, "Admitted", f"admitted{where} from LocalQueue {queue}", None)
+        return Admission(True, "Admitted", f"admitted{where} from LocalQueue {queue}", None, cq, name,
+                         conds["Admitted"].get("lastTransitionTime"))
     if _true(evicted) and evicted.get("reason") == "Deactivated":
         return result(False, "Deactivated", evicted.get("message") or "deactivated", None)
     if _true(reserved):  # quota reserved, admission checks pending (e.g. a ProvisioningRequest)

@@ -8,10 +8,11 @@ from typing import Iterable
 from .. import render
 from ..api.spec import ServiceSpec
 from .conditions import (
-    CLUSTER_LABEL, FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, VALIDATED, admitted_condition,
+    CLUSTER_LABEL, FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED, VALIDATED, admitted_condition,
     child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
     ready_slices, running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing,
 )
+from . import applied as appl
 from . import auth
 from . import network as net
 from .kueue import Admission
@@ -77,7 +78,7 @@ def _failure(app: dict) -> str:
 
 
 def _service_phase(rayservice: dict | None, rs_status: dict, up_to_date: bool, slice_ready: bool,
-                   app: dict, previous_phase: str | None) -> str:
+                   app: dict, previous_phase: str | None, slice_held: bool = False) -> str:
     if rayservice is None:
         return "Pending"
     ready = _kuberay_condition(rs_status, "Ready")
@@ -103,6 +104,10 @@ def _service_phase(rayservice: dict | None, rs_status: dict, up_to_date: bool, s
             # redeploy of an edited serve config.
             return "Recovering" if previous_phase in ("Degraded", "Recovering") else "Updating"
         return "Degraded"
+    if slice_held:
+        # Serve deploys as soon as the head is up (the application DEPLOYING), but the slice's
+        # hosts cannot start: nothing is deploying onto TPUs until they do.
+        return "Pending"
     return "Deploying" if slice_ready or app.get("status") else "Pending"
 
 
@@ -132,8 +137,15 @@ def derive_service(
     pending = rs_status.get("pendingServiceStatus") or {}
     cluster_name = active.get("rayClusterName") or pending.get("rayClusterName")
     pods = list(pods)
+    pending_problem = None
     if cluster_name:
-        # During an upgrade the pending cluster's pods are there too: count the serving cluster's.
+        # During an upgrade the pending cluster's pods are there too: count the serving cluster's,
+        # and say why the pending cluster's cannot start (the upgrade waits on them).
+        if active.get("rayClusterName") and pending.get("rayClusterName"):
+            new = [p for p in pods if labels_of(p).get(CLUSTER_LABEL) == pending["rayClusterName"]]
+            held = no_node_pool(new, render.worker_node_selector(svc))
+            pending_problem = ((held[1] if held else None) or scheduling_problem(new)
+                               or (quota_problem(pending.get("rayClusterStatus")) or container_problem(new) or (None, None))[1])
         serving = [p for p in pods if labels_of(p).get(CLUSTER_LABEL) in (None, cluster_name)]
         pods = serving or pods
     cluster_status = active.get("rayClusterStatus") or pending.get("rayClusterStatus") or {}
@@ -182,6 +194,8 @@ def derive_service(
     else:
         slice_ready = condition(SLICE_READY, False, "WaitingForHosts", slices_message, generation)
     slice_up = slice_ready["status"] == "True"  # from KubeRay's count alone when the pods cannot be read
+    # the hosts cannot start (no pool, unschedulable, quota, an image or a crash loop)
+    slice_held = not slice_up and slice_ready["reason"] != "WaitingForHosts"
     if pods_problem:  # the operator may not read the pods: what they would say is unknown
         slice_ready = condition(SLICE_READY, None, pods_problem[0], pods_problem[1], generation)
     conditions.append(slice_ready)
@@ -206,8 +220,15 @@ def derive_service(
                                f"the slice is up but no Serve application is reported: {unreached}", generation)
     conditions.append(ready_cond)
 
+    spec_applied = None
+    if rayservice is not None:
+        spec_applied = appl.applied(rayservice, previous.get(appl.APPLIED_FIELD), svc.upgrade_strategy, pending_problem, now)
+        conditions.append(condition(SPEC_APPLIED, spec_applied.applied, spec_applied.reason, spec_applied.message, generation))
     phase = queue_phase(_service_phase(rayservice, rs_status, up_to_date, slice_up, app,
-                                       previous.get("phase")), False, queue)
+                                       previous.get("phase"), slice_held), False, queue)
+    if phase == "Ready" and spec_applied is not None and spec_applied.reason in appl.IN_PROGRESS:
+        # KubeRay's first status of an edit is the old config's (see status/applied.py)
+        phase = "Updating"
     if phase == "Failed":
         if kuberay_ready.get("reason") == "InitializingTimeout":
             reason = "InitializingTimeout"
@@ -226,6 +247,8 @@ def derive_service(
 
     if phase == "Ready":
         message = f"serving {svc.model_name} on {ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
+        if spec_applied is not None and not spec_applied.applied:
+            message += f"; the last edit is not applied: {spec_applied.message}"
     elif phase in ("Degraded", "Recovering"):
         message = (f"{svc.model_name} is not answering on every replica: " if phase == "Degraded"
                    else f"Serve is replacing a lost replica of {svc.model_name}: ") + ready_cond["message"]
@@ -233,6 +256,8 @@ def derive_service(
         pending_app = _application(pending)
         if pending_app.get("status") == "DEPLOY_FAILED":
             message = f"the new version failed to deploy, the old one still serves: {pending_app.get('message', '')}".rstrip(": ")
+        elif spec_applied is not None and spec_applied.reason in (appl.UNSCHEDULABLE, appl.WAITING_FOR_SERVE_RELOAD):
+            message = f"applying the new spec; the service keeps serving meanwhile: {spec_applied.message}"
         else:
             message = "applying the new spec; the service keeps serving meanwhile (KubeRay upgrades it)"
     elif phase == "Failed":
@@ -265,6 +290,8 @@ def derive_service(
         "rayServiceName": svc.name,
         **queue_fields(svc, queue),
     }
+    if spec_applied is not None and spec_applied.record:
+        status[appl.APPLIED_FIELD] = spec_applied.record
     optional = {
         "rayClusterName": cluster_name,
         "serviceStatus": rs_status.get("serviceStatus"),

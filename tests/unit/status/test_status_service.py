@@ -8,6 +8,7 @@ import yaml
 
 from tputorch import render, status
 from tputorch.api import spec
+from tputorch.status import applied
 
 from ..services import service_body
 
@@ -109,7 +110,129 @@ def test_an_edit_not_yet_applied_is_updating_not_ready():
     rs = rayservice("running", edited, generation=2)
     assert status.derive_service(edited, 4, rs, slice_hosts(4), {}, T0)["phase"] == "Updating"
     rs["status"] = {**rs["status"], "observedGeneration": 2}
+    # Without a record of what was applied before (a service first seen serving): taken as applied.
     assert status.derive_service(edited, 4, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
+
+
+def _with_app(rs, app_status, deployment_status):
+    rs = copy.deepcopy(rs)
+    rs["status"]["activeServiceStatus"]["applicationStatuses"] = {"llm": {
+        "status": app_status, "serveDeploymentStatuses": {"LLMServer:qwen": {"status": deployment_status},
+                                                          "OpenAiIngress": {"status": "HEALTHY"}}}}
+    return rs
+
+
+def test_the_first_status_after_a_serve_config_edit_is_not_ready_until_the_reload_is_seen():
+    """KubeRay 1.6 reconcileServe reads the application statuses, then PUTs the new Serve config, and
+    calculateStatus writes them with the new observedGeneration: that first status of generation 2
+    is generation 1's RUNNING. `tputorch wait --for phase=Ready` must not return on it."""
+    before = derive("running", slice_hosts(4))
+    assert before["phase"] == "Ready" and before["appliedConfig"]["rayClusterName"] == "qwen-k2x9p"
+    edited = spec.parse_service(service_body(replicas={"min": 1, "max": 2}, engine={"maxModelLen": 4096}))
+    stale = rayservice("running", edited, generation=2)
+    stale["status"] = {**stale["status"], "observedGeneration": 2}
+    st = status.derive_service(edited, 4, stale, slice_hosts(4), before, T1)
+    c = cond(st, "SpecApplied")
+    assert (st["phase"], c["status"], c["reason"]) == ("Updating", "False", "WaitingForServeReload"), st
+    assert st["appliedConfig"] == before["appliedConfig"]
+    # KubeRay's next status: Serve rebuilds the application (its args changed) and redeploys the replica.
+    reloading = _with_app(stale, "DEPLOYING", "UPDATING")
+    st = status.derive_service(edited, 4, reloading, slice_hosts(4), st, T1)
+    assert (st["phase"], cond(st, "SpecApplied")["reason"]) == ("Updating", "Applied")
+    assert st["appliedConfig"]["serveConfig"] != before["appliedConfig"]["serveConfig"]
+    st = status.derive_service(edited, 4, _with_app(stale, "RUNNING", "HEALTHY"), slice_hosts(4), st, T1)
+    assert st["phase"] == "Ready" and cond(st, "SpecApplied")["status"] == "True"
+    # The same RUNNING status with the reload never seen stays Updating while KubeRay may still
+    # write what its reads after the PUT found (it reads every 2 s and writes any change) ...
+    stale["status"]["lastUpdateTime"] = "2026-11-29T10:01:00Z"
+    again = status.derive_service(edited, 4, stale, slice_hosts(4), before, "2026-11-29T10:01:05Z")
+    assert again["phase"] == "Updating"
+    assert applied.recheck_in(again, "2026-11-29T10:01:05Z", stale) == 5.0  # no event may come: look again
+    # ... and once it has written nothing for RELOAD_QUIET_S, every read since the PUT found the new
+    # config RUNNING (a reload quicker than one requeue).
+    st = status.derive_service(edited, 4, stale, slice_hosts(4), again, "2026-11-29T10:01:10Z")
+    assert st["phase"] == "Ready" and cond(st, "SpecApplied")["status"] == "True"
+    assert applied.recheck_in(st, "2026-11-29T10:01:10Z", stale) is None
+
+
+def test_upgrade_strategy_none_says_a_cluster_edit_is_not_applied():
+    """KubeRay 1.6 shouldPrepareNewCluster: with upgradeStrategy None no new RayCluster is made for
+    a changed cluster hash, and the active one is not updated either: Ready on the old spec."""
+    old = spec.parse_service(service_body(upgradeStrategy="None"))
+    before = status.derive_service(old, 1, rayservice("running", old), slice_hosts(4), {}, T0)
+    assert before["phase"] == "Ready" and cond(before, "SpecApplied")["status"] == "True"
+    edited = spec.parse_service(service_body(upgradeStrategy="None", image="example.com/ray-vllm-torchtpu:2.60.1"))
+    rs = rayservice("running", edited, generation=2)
+    rs["status"] = {**rs["status"], "observedGeneration": 2}
+    st = status.derive_service(edited, 2, rs, slice_hosts(4), before, T1)
+    c = cond(st, "SpecApplied")
+    assert (st["phase"], c["status"], c["reason"]) == ("Ready", "False", "UpgradeStrategyNone"), st
+    assert "spec.upgradeStrategy is None" in c["message"] and "RayCluster qwen-k2x9p" in c["message"]
+    assert "the last edit is not applied" in st["message"]
+    assert ("Warning", "UpgradeStrategyNone") in [(e.type, e.reason) for e in status.events(before, st)]
+    # The same edit under NewCluster is an upgrade (KubeRay makes a pending cluster).
+    assert cond(derive("upgrading", slice_hosts(4)), "SpecApplied")["reason"] == "Upgrading"
+
+
+def test_a_tolerations_edit_is_never_applied_on_kuberay_1_6():
+    """KubeRay 1.6 GenerateHashWithoutReplicasAndWorkersToDelete mutes tolerations (Kueue injects
+    them): the edit makes no new cluster and updates none, under either strategy."""
+    for strategy in ("NewCluster", "None"):
+        old = spec.parse_service(service_body(upgradeStrategy=strategy))
+        before = status.derive_service(old, 1, rayservice("running", old), slice_hosts(4), {}, T0)
+        edited = spec.parse_service(service_body(upgradeStrategy=strategy, tolerations=[
+            {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]))
+        rs = rayservice("running", edited, generation=2)
+        rs["status"] = {**rs["status"], "observedGeneration": 2}
+        st = status.derive_service(edited, 2, rs, slice_hosts(4), before, T1)
+        c = cond(st, "SpecApplied")
+        assert (st["phase"], c["status"], c["reason"]) == ("Ready", "False", "TolerationsNotApplied"), (strategy, st)
+        assert "delete and re-create" in c["message"]
+
+
+def test_a_crash_looping_host_is_not_up():
+    """A crash-looping container leaves its pod phase Running (waiting in CrashLoopBackOff between
+    restarts): that host is not up and the slice not ready."""
+    pods = slice_hosts(4)
+    pods[2]["status"]["containerStatuses"] = [{"name": "ray-worker", "restartCount": 5, "state": {
+        "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 2m40s restarting failed container"}}}]
+    st = derive("deploying", pods)
+    c = cond(st, "SliceReady")
+    assert (st["readyHosts"], st["readyReplicas"]) == (3, 0)
+    assert (c["status"], c["reason"]) == ("False", "CrashLoopBackOff")
+    assert st["phase"] == "Pending" and "CrashLoopBackOff" in st["message"]
+    # Between two crashes the container is running again: then the host counts.
+    pods[2]["status"]["containerStatuses"] = [{"name": "ray-worker", "restartCount": 6, "state": {"running": {}}}]
+    assert derive("deploying", pods)["readyHosts"] == 4
+
+
+def _unschedulable(pod):
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                    "message": "0/7 nodes are available: 7 Insufficient google.com/tpu."}]
+    return pod
+
+
+def test_the_pending_clusters_unschedulable_slice_is_said_during_an_upgrade():
+    pods = slice_hosts(4) + [_unschedulable(host(f"n{i}", False, cluster="qwen-7fz4q")) for i in range(4)]
+    before = derive("running", slice_hosts(4))
+    st = status.derive_service(SVC, 3, rayservice("upgrading"), pods, before, T1)
+    c = cond(st, "SpecApplied")
+    assert (st["phase"], c["status"], c["reason"]) == ("Updating", "False", "Unschedulable"), st
+    assert "the new RayCluster qwen-7fz4q cannot start: pod n0: Unschedulable: no nodes are available: " \
+           "Insufficient google.com/tpu." in c["message"]
+    assert c["message"] in st["message"]
+    assert cond(st, "SliceReady")["status"] == "True"  # the serving cluster's slice is up
+    assert ("Warning", "Unschedulable") in [(e.type, e.reason) for e in status.events(before, st)]
+
+
+def test_a_service_whose_slice_cannot_be_scheduled_is_pending_although_serve_deploys():
+    """KubeRay PUTs the Serve config once the head is up, so the application is DEPLOYING while
+    the TPU hosts cannot be scheduled: nothing is deploying until they can."""
+    pods = [_unschedulable(host(f"w{i}", False)) for i in range(4)]
+    st = derive("deploying", pods)
+    assert st["phase"] == "Pending" and cond(st, "SliceReady")["reason"] == "Unschedulable"
+    assert "Insufficient google.com/tpu" in st["message"]
+    assert derive("deploying", slice_hosts(2))["phase"] == "Deploying"  # hosts still starting
 
 
 def test_ready_replicas_count_whole_slices():

@@ -49,6 +49,16 @@ class KueueAdmission:
         namespace, name = key_of(child)
         return kueue.workload_for(self.stores.workloads.indexed((namespace, kind.child.kind, name)), child)
 
+    async def patch_child(self, kind: Kind, spec, child: dict | None, queue: kueue.Admission | None) -> None:
+        """What the child's admission calls for on the child itself (kind.admission_patch: a queued
+        service's initializing timeout, given when Kueue admits it)."""
+        patch = kind.admission_patch(spec, child, queue) if child is not None and kind.admission_patch else None
+        if patch is None:
+            return
+        namespace, name = key_of(child)
+        await self.kube.patch(kind.child, namespace, name, patch)
+        log.info("%s %s/%s patched on admission: %s", kind.child.kind, namespace, name, patch)
+
     async def carry_suspend(self, kind: Kind, spec, child: dict) -> None:
         """The user's spec.suspend carried to the child's Workload (spec.active), the one place
         Kueue takes it from without a fight. A failure raises (the reconcile retries with backoff);

@@ -44,6 +44,12 @@ class Kind:
     # (spec, RayCluster) -> the JSON patch that gives a running cluster of the child the spec's
     # worker bounds (a service: KubeRay leaves them out of its cluster hash), or None.
     cluster_patch: Callable[[Any, dict], list | None] | None = None
+    # (spec, child, kueue.Admission or None) -> the merge patch its admission calls for (a queued
+    # service's initializing timeout: render.admitted_timeout_patch), or None.
+    admission_patch: Callable[[Any, dict, Any], dict | None] | None = None
+    # (status, now, child) -> seconds until the object must be looked at again though no event
+    # may come (a service waiting to see KubeRay's Serve reload: status/applied.py), or None.
+    recheck: Callable[[dict, str, dict | None], float | None] | None = None
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,

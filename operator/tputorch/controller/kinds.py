@@ -10,6 +10,7 @@ from .. import render, status as statuses
 from ..status import kueue
 from ..status import job as job_status
 from ..status import network as network_status
+from ..status import applied as service_status
 from .kube import Resource
 from .kind import RAYCLUSTER, REFUSED, Extra, Kind
 
@@ -57,6 +58,7 @@ SERVICE = Kind(
     child_patch=render.rayservice_patch, cluster_names=_rayservice_clusters, finished=_never_finished,
     phase_metric="tputorch_services", child_spec_read=None,
     phases=statuses.SERVICE_PHASES, cluster_patch=render.raycluster_bounds_patch,
+    admission_patch=render.admitted_timeout_patch, recheck=service_status.recheck_in,
 )
 
 KINDS = [JOB, SERVICE]
@@ -162,9 +164,12 @@ def child_slimmer(kind: Kind):
     def slim(obj: dict) -> dict:
         meta = obj.get("metadata") or {}
         kept = {k: meta[k] for k in _CHILD_META if k in meta}
-        annotation = (meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION)
-        if annotation:
-            kept["annotations"] = {render.SPEC_HASH_ANNOTATION: annotation}
+        annotations = meta.get("annotations") or {}
+        # our spec hash, and the initializing timeout a queued service gets on admission
+        ours = {k: annotations[k] for k in (render.SPEC_HASH_ANNOTATION, render.INITIALIZING_TIMEOUT_ANNOTATION)
+                if annotations.get(k)}
+        if ours:
+            kept["annotations"] = ours
         spec = obj.get("spec") or {}
         if kind.child_spec_read is not None:
             read = {k: spec[k] for k in kind.child_spec_read if k in spec}
@@ -234,7 +239,7 @@ def slim_workload(obj: dict) -> dict:
     """A Workload as the status reads it: owner, spec.active, conditions, admission, checks."""
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
-    conditions = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+    conditions = [{k: c[k] for k in ("type", "status", "reason", "message", "lastTransitionTime") if k in c}
                   for c in status.get("conditions") or []]
     checks = [{k: c[k] for k in ("name", "state", "message") if k in c} for c in status.get("admissionChecks") or []]
     admission = {"clusterQueue": (status.get("admission") or {}).get("clusterQueue")} if status.get("admission") else None

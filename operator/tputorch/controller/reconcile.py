@@ -239,12 +239,17 @@ class Controller:
         pods, deleted = self.attempts.pods_of(kind, key, ours)
         await self.clusters.ensure(kind, key, spec, ours, version(meta))
         queue = await self.kueue.admission(kind, spec, ours)
+        await self.kueue.patch_child(kind, spec, ours, queue)
         previous = self.writes.previous(parent)
+        now = self.clock()
         derive = lambda ours: kind.derive(  # noqa: E731
-            spec, meta.get("generation", 0), ours, pods, previous, self.clock(), self.child.problems.get(key),
+            spec, meta.get("generation", 0), ours, pods, previous, now, self.child.problems.get(key),
             queue=queue, deleted=deleted, pods_problem=self._pods_problem(namespace),
             network=self.extras.network(key, spec))
         current = derive(ours)
+        recheck = kind.recheck(current, now, ours) if kind.recheck is not None else None
+        if recheck is not None:  # no event may come (status/applied.py)
+            self.queue.add_after(key, recheck)
         if self.attempts.must_end(kind, current, ours):
             fresh = await self.attempts.read_again(kind, key, ours)
             if fresh is not None:

@@ -6,8 +6,10 @@ one macro, templates/_cluster.json.j2).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
+import math
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -377,14 +379,67 @@ def serve_config(svc: ServiceSpec) -> dict:
         # Google's vLLM TorchTPU sample pins the LLMServer replica to a TPU host with a sliver of
         # the resource Ray gives every TPU host; without it the replica may land on the head.
         "replica_resources": {f"accelerator_type:{svc.slice.generation.ray_accelerator_type}": 0.001},
+        "replica_label_selector": replica_label_selector(svc),
     }))
 
 
+# Ray's node label of a TPU host's index in its slice (from the GKE webhook's TPU_WORKER_ID).
+TPU_WORKER_ID_LABEL = "ray.io/tpu-worker-id"
+
+
+def replica_label_selector(svc: ServiceSpec) -> dict[str, str]:
+    """Where the LLMServer replica may start. On a multi-host slice Ray 2.60 Serve LLM defers the
+    slice's placement group to the replica, which first reserves the slice through its worker 0
+    (ray.util.tpu.reserve_tpu_slice: a placement group on TPU-<pod type>-head, a resource only
+    worker 0 has) and gives up after DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S (100 s), failing the
+    replica's start. A replica free to start on whichever host joins first may wait out those
+    100 s for a slow worker 0, and Serve fails the deployment after three such starts. On worker 0
+    itself the replica starts only once the head resource it reserves is there. The rest of the
+    slice is then waited for by vLLM's engine start (RAYLLM_ENGINE_START_TIMEOUT_S, 1 h)."""
+    return {TPU_WORKER_ID_LABEL: "0"} if svc.slice.hosts > 1 else {}
+
+
 def rayservice_annotations(svc: ServiceSpec) -> dict[str, str]:
-    """The RayService's annotations other than our spec hash."""
-    if not svc.initializing_timeout_s:
+    """The RayService's annotations other than our spec hash. A queued service is created without
+    the initializing timeout: admitted_timeout_patch gives it one once Kueue admits it."""
+    if not svc.initializing_timeout_s or svc.queue_name:
         return {}
     return {INITIALIZING_TIMEOUT_ANNOTATION: f"{svc.initializing_timeout_s}s"}
+
+
+def _seconds(timestamp: str) -> float:
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def admitted_timeout_patch(svc: ServiceSpec, observed: dict, admission) -> dict | None:
+    """The merge patch that gives a queued RayService (``svc.queue_name``) the initializing
+    timeout it should have now, or None when it has it. ``admission`` is its kueue.Admission
+    (None: Kueue does not manage it, so nothing holds it back).
+
+    KubeRay 1.6.1+ counts the timeout from its Ready condition's lastTransitionTime with reason
+    Initializing, which it sets in its first reconcile (at creation) and checks every reconcile,
+    suspended or not (rayservice_controller.go markFailedOnInitializingTimeout): a service that
+    waited in Kueue's queue longer than the timeout would be failed in the queue, terminally. So
+    a queued service has no timeout while Kueue holds it, and once admitted the time it waited
+    (admission - that lastTransitionTime) plus spec.serve.initializingTimeoutSeconds."""
+    if not svc.queue_name or not svc.initializing_timeout_s:
+        return None
+    have = (((observed.get("metadata") or {}).get("annotations")) or {}).get(INITIALIZING_TIMEOUT_ANNOTATION)
+    st = observed.get("status") or {}
+    ready = next((c for c in st.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "Ready"), {})
+    if admission is None:
+        want = f"{svc.initializing_timeout_s}s"
+    elif not admission.admitted:
+        want = None  # held back by Kueue (queued, or preempted before it was ever ready)
+    elif ready.get("reason") not in (None, "Initializing") or not admission.admitted_at:
+        return None  # it was ready once (KubeRay times out only an initializing service), or unknown
+    else:
+        since = ready.get("lastTransitionTime") or admission.admitted_at
+        waited = max(0, math.ceil(_seconds(admission.admitted_at) - _seconds(since)))
+        want = f"{waited + svc.initializing_timeout_s}s"
+    if have == want:
+        return None
+    return {"metadata": {"annotations": {INITIALIZING_TIMEOUT_ANNOTATION: want}}}
 
 
 def rayservice_hash(obj: dict) -> str:
@@ -568,7 +623,8 @@ def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
     if have == want and not observed.get("spec"):
         return None
     annotations = {**desired["metadata"]["annotations"]}
-    annotations.setdefault(INITIALIZING_TIMEOUT_ANNOTATION, None)
+    if not svc.queue_name:  # a queued service's timeout is admitted_timeout_patch's
+        annotations.setdefault(INITIALIZING_TIMEOUT_ANNOTATION, None)
     spec = _replacing(observed.get("spec") or {}, desired["spec"])
     if svc.max_replicas > svc.min_replicas:
         # Autoscaled: keep the slice count the autoscaler reached (within the new bounds) rather

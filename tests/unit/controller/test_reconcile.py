@@ -435,6 +435,38 @@ def test_a_service_gets_its_rayservice_and_an_edit_reaches_it_once():
     assert [c[4] for c in ctl.kube.called("patch")][-1]["spec"]["serveConfigV2"] == patched["spec"]["serveConfigV2"]
 
 
+def test_a_queued_service_gets_its_initializing_timeout_when_kueue_admits_it():
+    """Issue 35: none while Kueue holds it (KubeRay would count the queue wait), then the wait plus
+    spec.serve.initializingTimeoutSeconds, patched on the RayService."""
+    from tputorch import render
+    svc = service(queueName="tpu", serve={"initializingTimeoutSeconds": 60})
+    ctl = kueue_setup(job(), None)
+    ctl.parents["TPUTorchService"].remember(svc)
+    assert run(ctl.reconcile(SVC_KEY)) == "created"
+    created = ctl.kube.objects[("rayservices", "ml", "qwen")]
+    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in created["metadata"]["annotations"]
+    created["metadata"]["uid"] = "rs-uid"
+    created["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "Initializing",
+                                         "lastTransitionTime": "2026-12-01T10:00:00Z"}]}
+    ctl.children["TPUTorchService"]._put(ctl.children["TPUTorchService"].slim(created))
+    workload = {"metadata": {"name": "rayservice-qwen-1a2b3", "namespace": "ml", "resourceVersion": "7",
+                             "ownerReferences": [{"kind": "RayService", "name": "qwen", "uid": "rs-uid", "controller": True}]},
+                "spec": {"active": True, "queueName": "tpu"},
+                "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                           "message": "insufficient unused quota"}]}}
+    ctl.workloads.remember(workload)
+    run(ctl.reconcile(SVC_KEY))
+    assert [c for c in ctl.kube.called("patch") if c[1] == "rayservices"] == []
+    assert last_status(ctl.kube)["phase"] == "Queued"
+    workload = {**workload, "metadata": {**workload["metadata"], "resourceVersion": "8"}, "status": {"conditions": [
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": "2026-12-01T10:05:00Z"},
+        {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": "2026-12-01T10:05:00Z"}]}}
+    ctl.workloads._put(ctl.workloads.slim(workload))  # its watch event
+    run(ctl.reconcile(SVC_KEY))
+    (patch,) = [c[4] for c in ctl.kube.called("patch") if c[1] == "rayservices"]
+    assert patch == {"metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: "360s"}}}  # 300 s queued + 60
+
+
 def test_a_services_pods_count_for_its_active_and_pending_clusters_only():
     ctl = controller()
     ctl.parents["TPUTorchService"].remember(service(tpu={"topology": "2x2"}))

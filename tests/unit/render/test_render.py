@@ -279,8 +279,10 @@ def test_reference_service_serve_config():
         "max_ongoing_requests": 128,
         # Google's vLLM TorchTPU Ray Serve sample: minutes of weight loading and XLA compile.
         "health_check_period_s": 30, "health_check_timeout_s": 900,
-        # ... and the replica pinned to a TPU host (Ray gives every TPU host accelerator_type:TPU-V6E).
-        "ray_actor_options": {"resources": {"accelerator_type:TPU-V6E": 0.001}},
+        # ... and the replica pinned to a TPU host (Ray gives every TPU host accelerator_type:TPU-V6E),
+        # on a multi-host slice to its worker 0 (issue 35: the slice reservation's 100 s).
+        "ray_actor_options": {"resources": {"accelerator_type:TPU-V6E": 0.001},
+                              "label_selector": {"ray.io/tpu-worker-id": "0"}},
     }
     assert "runtime_env" not in cfg
 
@@ -312,8 +314,12 @@ def test_every_service_slice_is_one_worker_replica_that_passes_the_gke_webhook_r
     # another (v5p 4x4x16 and 4x8x8) does not get the other's mesh.
     mesh = env["TORCH_TPU_TOPOLOGY"].replace("x", ",")
     assert mesh == f"{s.topology.replace('x', ',')},{s.generation.cores_per_chip}"
+    # Issue 35: on a multi-host slice the replica starts on worker 0, the only host whose
+    # TPU-<pod type>-head resource Ray 2.60's reserve_tpu_slice waits 100 s for; a single host
+    # reserves no head (SlicePlacementGroup._reserve_slice: is_single_host).
     assert llm_config(rs)["deployment_config"]["ray_actor_options"] == {
-        "resources": {f"accelerator_type:{s.generation.ray_accelerator_type}": 0.001}}
+        "resources": {f"accelerator_type:{s.generation.ray_accelerator_type}": 0.001},
+        **({"label_selector": {"ray.io/tpu-worker-id": "0"}} if s.hosts > 1 else {})}
     assert not any(k.startswith("TPUTORCH_") for k in env)  # the training env is the job's
 
 
@@ -502,6 +508,51 @@ def test_rayservice_carries_the_initializing_timeout_and_the_upgrade_strategy():
     # Dropping the timeout removes KubeRay's annotation from the live object.
     patch = render.rayservice_patch(spec.parse_service(service_body(serve={"initializingTimeoutSeconds": 0})), rs)
     assert patch["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION] is None
+
+
+def test_a_queued_service_gets_its_initializing_timeout_on_admission_plus_the_time_it_waited():
+    """Issue 35: KubeRay 1.6.1+ counts the timeout from its Ready condition's lastTransitionTime
+    with reason Initializing (set in its first reconcile, at creation) and checks it every reconcile,
+    suspended or not (markFailedOnInitializingTimeout): a queue wait longer than the timeout would
+    fail the service in the queue. So none while queued, and on admission the wait plus the timeout."""
+    from tputorch.status import kueue
+    svc = spec.parse_service(service_body(queueName="tpu", serve={"initializingTimeoutSeconds": 30}))
+    created = render.rayservice(svc)
+    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in created["metadata"]["annotations"]
+    created["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "Initializing",
+                                         "lastTransitionTime": "2026-12-01T10:00:00Z"}]}
+    queued = kueue.Admission(False, "Pending", "waiting", kueue.QUEUED)
+    assert render.admitted_timeout_patch(svc, created, queued) is None
+    admitted = kueue.Admission(True, "Admitted", "admitted", None, "tpu", "w", "2026-12-01T10:02:00.4Z")
+    patch = render.admitted_timeout_patch(svc, created, admitted)
+    assert patch == {"metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: "151s"}}}  # 120.4 s waited + 30
+    # Applied: nothing more; and a spec patch of the service leaves it alone.
+    created["metadata"]["annotations"].update(patch["metadata"]["annotations"])
+    assert render.admitted_timeout_patch(svc, created, admitted) is None
+    edited = spec.parse_service(service_body(queueName="tpu", serve={"initializingTimeoutSeconds": 30}, engine={"maxModelLen": 4096}))
+    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in render.rayservice_patch(edited, created)["metadata"]["annotations"]
+    # Preempted back into the queue before it was ever ready: no timeout while it waits again.
+    assert render.admitted_timeout_patch(svc, created, queued) == {
+        "metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: None}}}
+    # Ready once (KubeRay times out only an initializing service): left as it is.
+    created["status"]["conditions"][0].update(reason="ZeroServeEndpoints", lastTransitionTime="2026-12-01T11:00:00Z")
+    later = kueue.Admission(True, "Admitted", "admitted", None, "tpu", "w", "2026-12-01T12:00:00Z")
+    assert render.admitted_timeout_patch(svc, created, later) is None
+    # Kueue not managing it (not installed): nothing holds it back, the timeout counts from creation.
+    assert render.admitted_timeout_patch(svc, render.rayservice(svc), None) == {
+        "metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: "30s"}}}
+    # Not queued, or no timeout: none of this.
+    assert render.admitted_timeout_patch(spec.parse_service(service_body()), created, admitted) is None
+    never = spec.parse_service(service_body(queueName="tpu", serve={"initializingTimeoutSeconds": 0}))
+    assert render.admitted_timeout_patch(never, created, admitted) is None
+
+
+def test_the_rayservice_store_keeps_the_initializing_timeout_it_compares():
+    from tputorch.controller import kinds
+    rs = render.rayservice(spec.parse_service(service_body()))
+    rs["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "{...}"
+    kept = kinds.child_slimmer(kinds.SERVICE)(rs)["metadata"]["annotations"]
+    assert sorted(kept) == [render.INITIALIZING_TIMEOUT_ANNOTATION, render.SPEC_HASH_ANNOTATION]
 
 
 def test_serve_options_reach_the_llm_deployment():

@@ -85,7 +85,7 @@ def one(case: str, count: int, size: int) -> dict:
     class NoKube:  # the bench makes no call of the reconcile's
         async def post_event(self, regarding, event):
             pass
-    ctl = handlers.build(NoKube(), lambda path, selector: RestSource(api, path, selector), loop, None,
+    ctl = handlers.build(NoKube(), lambda path, *selectors: RestSource(api, path, *selectors), loop, None,
                          extras=kinds.extras(render.NetworkPolicyConfig()))
     informer = {"pods": ctl.pods, "networkpolicies": ctl.extra_stores.get("networkpolicies"),
                 "tputorchjobs": ctl.parents["TPUTorchJob"]}[case]

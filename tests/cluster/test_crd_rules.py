@@ -13,6 +13,7 @@ import yaml
 from operator_process import REPO, kubectl
 
 from tputorch.api import crd, spec
+from tputorch.api.groups import MAX_GROUPS
 from tputorch import render, status
 
 NOW = "2026-11-29T10:00:00Z"
@@ -116,7 +117,7 @@ def test_job_groups_admitted_with_defaults_and_the_rl_examples(crds, namespace):
     ([{"name": "tpu-slice"}], ["must not be head, submitter, tpu-slice"]),
     ([{"name": "Bad"}], ["spec.groups[0].name"]),
     ([{"name": "a"}, {"name": "a"}], ["Duplicate value"]),
-    ([{"name": f"g{i}"} for i in range(6)], ["spec.groups", "must have at most 5 items"]),
+    ([{"name": f"g{i}"} for i in range(MAX_GROUPS + 1)], ["spec.groups", f"must have at most {MAX_GROUPS} items"]),
     ([{"name": "r", "tpu": {"accelerator": "v6e", "topology": "3x3"}}], ["topology 3x3 is not a v6e slice on GKE"]),
     ([{"name": "r", "gpu": {"type": "nvidia-k80"}}], ["spec.groups[0].gpu.type"]),
     ([{"name": "r", "gpu": {"type": "nvidia-h200-141gb", "count": 2}}], ["gpu.count must be one of 8 for nvidia-h200-141gb"]),

@@ -9,6 +9,7 @@ never against what the operator says about itself alone.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import subprocess
 import threading
@@ -270,6 +271,58 @@ def test_a_queued_service_is_admitted_by_kueue(kueue, queue_ns, operator):
     w = next(w for w in kube.custom.list_namespaced_custom_object(*KUEUE, ns, "workloads")["items"]
              if any(r["kind"] == "RayService" for r in w["metadata"]["ownerReferences"]))
     assert any(c["type"] == "Admitted" and c["status"] == "True" for c in w["status"]["conditions"])
+
+
+WORKLOAD_CRD = "workloads.kueue.x-k8s.io"
+
+
+def podset_caps(kube) -> list:
+    crd = json.loads(kubectl(kube.kubeconfig, "get", "crd", WORKLOAD_CRD, "-o", "json").stdout)
+    return [v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["podSets"].get("maxItems")
+            for v in crd["spec"]["versions"]]
+
+
+def set_podset_caps(kube, cap: int, versions: int) -> None:
+    ops = [{"op": "replace", "value": cap,
+            "path": f"/spec/versions/{i}/schema/openAPIV3Schema/properties/spec/properties/podSets/maxItems"}
+           for i in range(versions)]
+    kubectl(kube.kubeconfig, "patch", "crd", WORKLOAD_CRD, "--type=json", "-p", json.dumps(ops))
+
+
+def groups(n: int) -> list:
+    return [{"name": f"g{i}", "cpu": "100m", "memory": "256Mi"} for i in range(n)]
+
+
+def test_the_groups_cap_of_a_queued_job_follows_the_installed_kueues_workload_crd(kueue, queue_ns, operator):
+    """Kueue 0.19.1's own Workload CRD takes 18 pod sets: a queued job of 6 groups (past the constant 5
+    the operator had for Kueue 0.17) gets its Workload of 9 pod sets from the real Kueue, and one of 16
+    is refused before any RayJob, with the installed cap. The CRD's cap set to 0.17's 8 (as an older
+    Kueue installs it): the operator's watch refuses the next 6-group job; set back to 18, that job
+    gets its RayJob. The jobs name a LocalQueue that does not exist, so none takes quota."""
+    kube, ns = kueue, queue_ns
+    caps = podset_caps(kube)
+    assert set(caps) == {18}, caps  # Kueue v0.19.1, as hack/build.sh builds it
+    apply(kube, ns, job_body("g16", priority=None, queue="nowhere", groups=groups(16)))
+    apply(kube, ns, job_body("g6", priority=None, queue="nowhere", groups=groups(6)))
+    st = wait_phase(kube, ns, "g16", "Failed")
+    assert "spec.groups: '16 groups' must hold at most 15 groups while spec.queueName is set" in st["message"], st
+    assert "at most 18 pod sets (the installed Kueue's Workload CRD" in st["message"], st
+    w = kube.wait(lambda: workload_of(kube, ns, "g6"), 60, "Kueue's Workload of g6")
+    assert len(w["spec"]["podSets"]) == 9  # head, the training slice, 6 groups, the submitter
+    assert workload_of(kube, ns, "g16") is None
+    set_podset_caps(kube, 8, len(caps))
+    try:
+        kube.wait(lambda: "Kueue's Workloads take at most 8 pod sets" in operator.log(), 60, "the operator seeing cap 8")
+        apply(kube, ns, job_body("later", priority=None, queue="nowhere", groups=groups(6)))
+        st = wait_phase(kube, ns, "later", "Failed")
+        assert "must hold at most 5 groups while spec.queueName is set" in st["message"], st
+        assert "at most 8 pod sets" in st["message"], st
+        assert workload_of(kube, ns, "later") is None
+    finally:
+        set_podset_caps(kube, 18, len(caps))
+    assert podset_caps(kube) == caps
+    w = kube.wait(lambda: workload_of(kube, ns, "later"), 60, "the refused job's Workload once the cap is 18 again")
+    assert len(w["spec"]["podSets"]) == 9
 
 
 def test_doctor_sees_the_ray_integrations_and_the_local_queue_and_a_config_without_rayservice(kueue, queue_ns, capsys):

@@ -14,16 +14,48 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import topology
-from .common import (DEFAULTS, DNS1035, IMAGE, LABEL_VALUE, MAX_STRING, RESOURCE_RULES, Reader, between, image_reference,
+from .common import (DEFAULTS, FieldError, DNS1035, IMAGE, LABEL_VALUE, MAX_STRING, RESOURCE_RULES, Reader, between, image_reference,
                      label_key_ok, resource_schema, string, string_map)
 from .topology import Slice, TopologyError
 
-# Kueue v0.17 admits a RayJob as one Workload whose podSets are the head, one per worker group and,
-# in K8sJobMode (what the operator renders), the submitter Job: at most 8 podSets
-# (apis/kueue/v1beta2/workload_types.go, MaxItems=8; its RayJob webhook allows 7 worker groups, but
-# the submitter takes one more). So 6 worker groups: the training slice and 5 groups.
-KUEUE_MAX_PODSETS = 8
-MAX_GROUPS = KUEUE_MAX_PODSETS - 3  # head, submitter, the training slice
+# Under Kueue a RayJob is one Workload whose spec.podSets hold the head, one per worker group and,
+# in K8sJobMode (what the operator renders), the submitter Job (Kueue's rayjob PodSets()); the
+# Workload CRD caps that list (spec.podSets maxItems): 8 in Kueue 0.17, 18 in 0.19. So a queued job
+# may have that cap minus 3 groups (head, submitter, the training slice). Kueue's own RayJob webhook
+# does not count the submitter (0.19: worker groups + 1 <= 18), so a job past this cap would pass it
+# and then never get its Workload. The operator reads the installed cap (controller/) and applies
+# this rule before it creates a queued RayJob; a cap it cannot read is taken as the smallest of the
+# Kueue versions known (KUEUE_SAFE_PODSETS).
+PODSETS_BESIDE_GROUPS = 3  # head, submitter, the training slice
+KUEUE_SAFE_PODSETS = 8  # Kueue 0.17's cap, the smallest known
+# The CRD's own bound, Kueue or not: not below what the newest Kueue known admits (0.19: 15), so that
+# a queued job meets the installed Kueue's cap, not this one; bounded, as every list of the CRD is.
+MAX_GROUPS = 16
+
+
+@dataclass(frozen=True)
+class KueuePodSets:
+    """The installed Kueue's cap on pod sets per Workload, and where the operator learnt it."""
+    max_podsets: int
+    source: str  # for the refusal: "the installed Kueue's Workload CRD", or why that could not be read
+
+
+def max_groups_under_kueue(max_podsets: int) -> int:
+    """spec.groups a queued TPUTorchJob may have when Kueue's Workloads take ``max_podsets`` pod sets."""
+    return max(0, max_podsets - PODSETS_BESIDE_GROUPS)
+
+
+def kueue_groups_error(groups: int, kueue: KueuePodSets) -> FieldError | None:
+    """The refusal of a queued job with more groups than the installed Kueue admits, or None."""
+    cap = max_groups_under_kueue(kueue.max_podsets)
+    if groups <= cap:
+        return None
+    return FieldError("spec.groups", f"{groups} groups",
+                      f"must hold at most {cap} groups while spec.queueName is set: Kueue admits a RayJob as one "
+                      f"Workload of at most {kueue.max_podsets} pod sets ({kueue.source}), and the head, the "
+                      f"submitter and the training slice take {PODSETS_BESIDE_GROUPS}")
+
+
 from ..train import TRAIN_GROUP  # the KubeRay worker group of the training slice (render.WORKER_GROUP)
 # Kueue reserves "head" (its head podSet) and "submitter"; the training slice's group is ours.
 RESERVED_NAMES = {TRAIN_GROUP: "the training slice's worker group", "head": "Kueue's head podSet",
@@ -168,8 +200,8 @@ def parse_groups(r: Reader, spec: Mapping, job_image: str | None) -> tuple[Group
     items = r.value(spec, "groups", "spec.groups", list, default=[])
     if len(items) > MAX_GROUPS:
         r.error("spec.groups", f"{len(items)} groups",
-                f"must hold at most {MAX_GROUPS} groups: Kueue (v0.17) admits a RayJob of at most {KUEUE_MAX_PODSETS} "
-                f"pod sets, and the head, the submitter and the training slice take {KUEUE_MAX_PODSETS - MAX_GROUPS}")
+                f"must hold at most {MAX_GROUPS} groups (the operator's bound; with spec.queueName, Kueue's cap on pod "
+                f"sets per Workload minus {PODSETS_BESIDE_GROUPS}: 5 on Kueue 0.17, 15 on 0.19)")
     groups, seen = [], set()
     for i, item in enumerate(items):
         group = _parse_group(r, item, f"spec.groups[{i}]", job_image)
@@ -195,7 +227,8 @@ def schema(tpu_topology_rule: dict) -> dict:
             "Worker groups that join the job's Ray cluster beside the training slice (rollout engines, "
             "reward models, verifiers): a TPU slice group (tpu), a GPU group (gpu) or, with neither, CPUs "
             "only. Each group's Ray nodes carry the Ray label tputorch.io/group=<name>. "
-            f"At most {MAX_GROUPS}: Kueue admits a RayJob of at most {KUEUE_MAX_PODSETS} pod sets."
+            f"At most {MAX_GROUPS}; with queueName, the installed Kueue's cap on pod sets per Workload minus "
+            f"{PODSETS_BESIDE_GROUPS} (5 on Kueue 0.17, 15 on 0.19)."
         ),
         "type": "array",
         "maxItems": MAX_GROUPS,

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import topology
-from .groups import parse_groups
+from .groups import KueuePodSets, kueue_groups_error, parse_groups
 from .common import (
     DEFAULTS, INT32_MAX, COMMON_FIELDS, MAX_PODS_DEFAULT, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules,
     Reader, between, check_pods, common_fields, parse_common, string, strings_in,
@@ -134,3 +134,12 @@ def parse(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> JobSpec:
         worker_retries=worker_retries,
         retries=retries,
     )
+
+
+def kueue_errors(job: JobSpec, kueue: KueuePodSets | None) -> list[FieldError]:
+    """What the installed Kueue (``kueue``; None: none installed) would not admit of this job, checked
+    before its RayJob is created: a queued job's groups against Kueue's pod sets per Workload."""
+    if not job.queue_name or kueue is None:
+        return []
+    error = kueue_groups_error(len(job.groups), kueue)
+    return [error] if error else []

@@ -29,6 +29,7 @@ from .doctor_kuberay import (  # noqa: F401
     served_schema, unserved_fields)
 from .doctor_kueue import (  # noqa: F401
     KUEUE_INTEGRATIONS, KUEUE_LOCALQUEUE_CRD, check_kueue, kueue_frameworks, kueue_rayservice_enabled)
+from ..status.kueue import WORKLOAD_CRD
 from .doctor_network import check_network, check_policy_mode, policy_config  # noqa: F401
 from .doctor_pools import Pool, check_placement, check_pools, pools_table, quantity, tpu_pools  # noqa: F401
 from .doctor_rights import GCS_FUSE_DRIVER, RIGHTS, check_gcsfuse, check_rights  # noqa: F401
@@ -49,7 +50,8 @@ def run_checks(facts: dict, now: datetime | None = None) -> list[Result]:
     results += check_pools(facts["nodes"])
     results += check_network(facts["kube_system_pods"], facts["operator_deployments"], facts["kuberay_deployments"])
     results += check_kueue(facts["kueue_installed"], kueue_frameworks(facts["kueue_config"]),
-                           facts["local_queues"].get(facts["namespace"], []), facts["namespace"])
+                           facts["local_queues"].get(facts["namespace"], []), facts["namespace"],
+                           facts["crds"].get(WORKLOAD_CRD))
     results += check_gcsfuse(facts["gcsfuse_driver"])
     results += check_rights(facts["rights"], facts["namespace"], facts.get("user") or "you")
     if facts.get("specs") is not None:

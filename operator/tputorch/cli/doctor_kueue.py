@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from ..api import groups
+from ..status import kueue
 from .doctor_base import DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown
 
 
@@ -27,7 +29,8 @@ def kueue_frameworks(config_map: dict | None | Unread) -> list[str] | None | Unr
 
 
 def check_kueue(crd_installed: bool | Unread, frameworks: list[str] | None | Unread,
-                local_queues: list[dict] | Unread, namespace: str) -> list[Result]:
+                local_queues: list[dict] | Unread, namespace: str,
+                workload_crd: dict | None | Unread = None) -> list[Result]:
     if isinstance(crd_installed, Unread):
         return [_unknown("kueue", "Kueue's CRDs", crd_installed)]
     if not crd_installed:
@@ -47,6 +50,7 @@ def check_kueue(crd_installed: bool | Unread, frameworks: list[str] | None | Unr
                                   "restart kueue-controller-manager", DOC_KUEUE))
         else:
             results.append(Result("kueue-integrations", OK, f"Kueue integrations {', '.join(KUEUE_INTEGRATIONS)} enabled"))
+    results += _check_kueue_podsets(workload_crd)
     if isinstance(local_queues, Unread):
         results.append(_unknown("kueue-localqueues", f"LocalQueues of {namespace}", local_queues))
     elif local_queues:
@@ -56,6 +60,22 @@ def check_kueue(crd_installed: bool | Unread, frameworks: list[str] | None | Unr
         results.append(Result("kueue-localqueues", WARN, f"no LocalQueue in namespace {namespace}: a job with "
                               "spec.queueName waits here forever", doc=DOC_KUEUE))
     return results
+
+
+def _check_kueue_podsets(workload_crd: dict | None | Unread) -> list[Result]:
+    """How many spec.groups a queued job may have under the installed Kueue (its Workload CRD's cap
+    on pod sets; the operator reads the same: api/groups.py)."""
+    if isinstance(workload_crd, Unread):
+        return [_unknown("kueue-podsets", f"Kueue's Workload CRD {kueue.WORKLOAD_CRD}", workload_crd)]
+    if workload_crd is None:
+        return []
+    cap = kueue.podsets_max_items(workload_crd)
+    if cap is None:
+        return [Result("kueue-podsets", UNKNOWN, f"Kueue's Workload CRD states no spec.podSets maxItems: the operator "
+                       f"takes the smallest known, {groups.KUEUE_SAFE_PODSETS} pod sets "
+                       f"({groups.max_groups_under_kueue(groups.KUEUE_SAFE_PODSETS)} spec.groups per queued job)")]
+    return [Result("kueue-podsets", OK, f"Kueue's Workloads take at most {cap} pod sets: a queued TPUTorchJob may have "
+                   f"at most {groups.max_groups_under_kueue(cap)} spec.groups")]
 
 
 def kueue_rayservice_enabled(crd_installed, frameworks) -> bool | None:

@@ -57,7 +57,8 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
     given `timeout` seconds; one that errs or takes longer is an Unread, the rest still count."""
     r = Reader(api_client, timeout)
     namespaces = sorted({namespace} | {s.namespace for s in specs or []})
-    crd_names = [crd.NAME, crd.SERVICE_NAME, *doctor.KUBERAY_CRDS.values(), doctor.KUEUE_LOCALQUEUE_CRD]
+    crd_names = [crd.NAME, crd.SERVICE_NAME, *doctor.KUBERAY_CRDS.values(), doctor.KUEUE_LOCALQUEUE_CRD,
+                 doctor.WORKLOAD_CRD]
     reads: dict[str, Callable[[], object]] = {
         "version": lambda: r.call("/version"),
         "user": lambda: (((r.call("/apis/authentication.k8s.io/v1/selfsubjectreviews", "POST", body={

@@ -13,6 +13,7 @@ from typing import Callable
 from kubernetes.client.rest import ApiException
 
 from .. import render
+from ..api.spec import InvalidSpec
 from ..render import MANAGED_BY_LABEL
 from ..status.job import ATTEMPT_LABEL
 from .extras import RayTokenSecrets
@@ -80,14 +81,21 @@ class ChildStep:
 
     # --- the step ---------------------------------------------------------------------------------
 
-    async def ensure(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
+    async def ensure(self, kind: Kind, key: Key, parent: dict, spec, cap=None) -> tuple[str, dict | None]:
         """(result, child): 'finished' (it ran, its child is gone), 'retry', 'created', 'exists',
-        'unchanged', 'child-patched', or 'ending' (the child of an attempt that has ended)."""
+        'unchanged', 'child-patched', or 'ending' (the child of an attempt that has ended). ``cap``:
+        the installed Kueue's pod-set cap (kueuecap.py), checked by kind.kueue_check before a
+        create only (a child that exists was admitted, or not, already); a refusal raises
+        InvalidSpec."""
         namespace, name = key[1], key[2]
         child = self.of(key, parent)
         if child is None:
             if self.writes.terminal_of(kind, parent) is not None:
                 return "finished", None  # it ran and its child is gone: making one would run it again
+            if kind.kueue_check is not None and cap is not None:
+                errors = kind.kueue_check(spec, cap)
+                if errors:
+                    raise InvalidSpec(errors)
             refused = self.stores.children[key[0]].forbidden_in(namespace)  # this namespace's, not another's
             if refused is not None:
                 self.problems[key] = ("Forbidden", f"the operator may not {refused[0]} {kind.child.kind}s: "

@@ -23,7 +23,7 @@ from .leader import Election, KubeLeaseApi
 from .metrics import METRICS, serve
 from ..status.progress import READ_INTERVAL
 from ..api.common import MAX_PODS_DEFAULT
-from .kind import WORKLOAD, WORKLOAD_PRIORITY_CLASS
+from .kind import CRD, WORKLOAD, WORKLOAD_PRIORITY_CLASS
 from .reconcile import Controller
 from .writes import STATUS_INTERVAL
 
@@ -84,7 +84,7 @@ def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[st
           progress_interval: float = READ_INTERVAL, ray_tokens: RayTokens | None = None,
           max_pods: int = MAX_PODS_DEFAULT) -> Controller:
     """The controller and its informers, wired: each informer's changes reach the controller on
-    the event loop. ``source_for(path, label_selector)`` makes an informer's Source."""
+    the event loop. ``source_for(path, label_selector[, field_selector])`` makes an informer's Source."""
     def on_loop(fn, *head):
         return lambda event, obj: loop.call_soon_threadsafe(fn, *head, event, obj)
 
@@ -110,6 +110,9 @@ def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[st
                                     index=kinds_.workload_index)
     controller.priority_classes = Informer("Kueue WorkloadPriorityClasses", source_for(WORKLOAD_PRIORITY_CLASS.path, None),
                                            None, on_loop(controller.priority_class_changed), kinds_.slim_name)
+    # Kueue's Workload CRD, by name: its schema's cap on pod sets per Workload bounds a queued job's groups.
+    controller.workload_crd = Informer("Kueue's Workload CRD", source_for(CRD.path, None, f"metadata.name={kinds_.kueue.WORKLOAD_CRD}"),
+                                       None, on_loop(controller.workload_crd_changed), kinds_.slim_workload_crd)
     return controller
 
 
@@ -146,11 +149,11 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
 
 def start_controller(loop: asyncio.AbstractEventLoop) -> None:
     configuration = load_config()
-    # each kind, its child, pods, Kueue's Workloads and priority classes
-    watches = (2 * len(kinds_.KINDS) + 3) * len(scopes_for(CONFIG.namespaces))
+    # each kind, its child, pods, Kueue's Workloads, priority classes and Workload CRD
+    watches = (2 * len(kinds_.KINDS) + 4) * len(scopes_for(CONFIG.namespaces))
     kube = Kube(configuration, CONFIG.api_workers, CONFIG.report_workers, watches=watches)
     controller = build(
-        kube, lambda path, selector: RestSource(kube.api_client, path, selector), loop, CONFIG.namespaces,
+        kube, lambda path, *selectors: RestSource(kube.api_client, path, *selectors), loop, CONFIG.namespaces,
         CONFIG.status_interval, kinds_.extras(CONFIG.network_policy), Dashboard(), CONFIG.progress_interval,
         RayTokens.from_file(CONFIG.ray_token_key_file, CONFIG.ray_token_previous_key_file), CONFIG.max_pods_per_job)
     RUNTIME.required, RUNTIME.optional = required_stores(controller), optional_stores(controller)
@@ -188,9 +191,9 @@ def required_stores(controller: Controller) -> list[Informer]:
 
 
 def optional_stores(controller: Controller) -> list[Informer]:
-    """What only some decisions read, each of which goes on without it (Kueue's Workloads and
-    priority classes, the NetworkPolicies): never a gate for the required ones."""
-    return [controller.workloads, controller.priority_classes, *controller.extra_stores.values()]
+    """What only some decisions read, each of which goes on without it (Kueue's Workloads, priority
+    classes and Workload CRD, the NetworkPolicies): never a gate for the required ones."""
+    return [controller.workloads, controller.priority_classes, controller.workload_crd, *controller.extra_stores.values()]
 
 
 async def wait_synced(informers: list[Informer], timeout: float) -> list[str]:

@@ -448,12 +448,15 @@ class RestSource:
     """A Source over raw GETs of the API (lists and watch streams parsed as JSON). Raw rather than
     the typed clients: pods would otherwise be deserialized into models only to be read as dicts."""
 
-    def __init__(self, api_client, path: Callable[[str | None], str], label_selector: str | None) -> None:
-        self.api, self.path, self.label_selector = api_client, path, label_selector
+    def __init__(self, api_client, path: Callable[[str | None], str], label_selector: str | None,
+                 field_selector: str | None = None) -> None:
+        self.api, self.path, self.label_selector, self.field_selector = api_client, path, label_selector, field_selector
 
     def _get(self, scope, query: list, timeout: float):
         if self.label_selector:
             query = [*query, ("labelSelector", self.label_selector)]
+        if self.field_selector:  # one object by name (Kueue's Workload CRD)
+            query = [*query, ("fieldSelector", self.field_selector)]
         return raw_call(self.api, "GET", self.path(scope), timeout, query)
 
     def list(self, scope):

@@ -50,6 +50,9 @@ class Kind:
     # (status, now, child) -> seconds until the object must be looked at again though no event
     # may come (a service waiting to see KubeRay's Serve reload: status/applied.py), or None.
     recheck: Callable[[dict, str, dict | None], float | None] | None = None
+    # (spec, the installed Kueue's pod-set cap) -> what that Kueue would not admit: checked before
+    # the child is created (a job: its groups; api/job.kueue_errors). None: nothing to check.
+    kueue_check: Callable[[Any, Any], list] | None = None
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
@@ -57,6 +60,10 @@ class Kind:
 WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
 RAYCLUSTER = Resource("ray.io", "v1", "rayclusters", "RayCluster")
 WORKLOAD_PRIORITY_CLASS = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass")
+# Kueue's Workload CRD is read (one object, by name) for its cap on pod sets per Workload; its store
+# keeps that cap under PODSETS_MAX (kinds.slim_workload_crd), not the schema.
+CRD = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition")
+PODSETS_MAX = "podSetsMaxItems"
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ from dataclasses import replace
 from functools import partial
 
 from ..api import crd, spec as specs
+from ..api.job import kueue_errors
 from .. import render, status as statuses
 from ..status import kueue
 from ..status import job as job_status
 from ..status import network as network_status
 from ..status import applied as service_status
 from .kube import Resource
-from .kind import RAYCLUSTER, REFUSED, Extra, Kind
+from .kind import PODSETS_MAX, RAYCLUSTER, REFUSED, Extra, Kind
 
 RAYJOB = Resource("ray.io", "v1", "rayjobs", "RayJob")
 RAYSERVICE = Resource("ray.io", "v1", "rayservices", "RayService")
@@ -45,7 +46,7 @@ def _never_finished(_status: dict) -> bool:
 
 JOB = Kind(
     resource=TPUTORCHJOB, child=RAYJOB, label=render.JOB_LABEL,
-    parse=specs.parse, render=render.rayjob, derive=statuses.derive,
+    parse=specs.parse, render=render.rayjob, derive=statuses.derive, kueue_check=kueue_errors,
     child_patch=_rayjob_patch, cluster_names=_rayjob_clusters, finished=statuses.finished,
     phase_metric="tputorch_jobs", child_spec_read=("suspend",), patch_when_queued=False,
     attempt=job_status.attempt, child_must_go=job_status.child_must_go,
@@ -249,6 +250,14 @@ def slim_workload(obj: dict) -> dict:
             "spec": {k: spec[k] for k in ("active", "queueName") if k in spec},
             "status": {k: v for k, v in (("conditions", conditions), ("admissionChecks", checks),
                                          ("admission", admission)) if v}}
+
+
+def slim_workload_crd(obj: dict) -> dict:
+    """Kueue's Workload CRD as its store keeps it: its name, version and cap on pod sets per
+    Workload (none: its schema does not say), never the schema itself (about 0.5 MB)."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "resourceVersion", "uid") if k in meta},
+            PODSETS_MAX: kueue.podsets_max_items(obj)}
 
 
 def workload_index(workload: dict) -> tuple[str, str, str] | None:

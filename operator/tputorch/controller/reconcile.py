@@ -9,6 +9,7 @@ reads as its steps, each a module of its own with its inputs and the in-memory s
 (as KubeRay's controllers read: reconcileRayCluster, reconcileServe, ...):
 
   specs.py     the spec, parsed once per version
+  kueuecap.py  the installed Kueue's cap on pod sets per Workload (a queued job's groups)
   child.py     the child, made and owned (uid), with its expectations
   extras.py    its NetworkPolicy and its Ray token Secret
   clusters.py  the worker bounds of a service's running RayClusters
@@ -41,6 +42,7 @@ from .extras import ExtraChildren, RayTokenSecrets
 from .informer import Informer, key_of
 from .kind import Extra, Key, Kind, describe, now, ownership
 from .kube import CALLS, Calls
+from .kueuecap import KueueCap
 from .metrics import METRICS
 from .progress import ProgressReads
 from .raytoken import RayTokens
@@ -65,6 +67,7 @@ def _store(name: str) -> property:
 class Controller:
     parents, children, pods = _store("parents"), _store("children"), _store("pods")
     workloads, priority_classes, extra_stores = _store("workloads"), _store("priority_classes"), _store("extras")
+    workload_crd = _store("workload_crd")
 
     def __init__(self, kinds: list[Kind], kube, parents: dict[str, Informer], children: dict[str, Informer],
                  pods: Informer, clock: Callable[[], str] = now, status_interval: float = STATUS_INTERVAL,
@@ -83,6 +86,7 @@ class Controller:
         ray_tokens = ray_tokens or RayTokens.from_file(None)
         # the steps, in the order the reconcile takes them
         self.specs = Specs()
+        self.kueue_cap = KueueCap(self.stores)
         self.writes = StatusWrites(kube, self.recorder, requeue, status_interval, monotonic)
         self.kueue = KueueAdmission(kube, self.stores)
         self.tokens = RayTokenSecrets(kube, ray_tokens)
@@ -151,6 +155,12 @@ class Controller:
         for kind in self.kinds.values():
             if owner is not None and owner[0] == kind.child.kind:
                 self.enqueue((kind.resource.kind, key_of(obj)[0], owner[1]))
+
+    def workload_crd_changed(self, event: str, obj: dict) -> None:
+        """Kueue installed, upgraded or removed: its cap on pod sets may differ, so every queued
+        object is looked at again (a job refused for its groups may fit now)."""
+        if self.kueue_cap.changed():
+            self._queued_objects(lambda spec: True)
 
     def priority_class_changed(self, event: str, obj: dict) -> None:
         name = key_of(obj)[1] if obj else None
@@ -221,16 +231,17 @@ class Controller:
         self.sweeps.track(key, meta.get("uid"))  # deleted and made again: nothing of the old one holds
         if meta.get("deletionTimestamp"):
             return "deleting"  # the garbage collector removes the children; create nothing now
+        cap = self.kueue_cap.podsets() if kind.kueue_check is not None else None
         try:
-            spec = self.specs.parse(kind, parent, namespace)
-            result, child = await self.child.ensure(kind, key, parent, spec)
+            spec = self.specs.parse(kind, parent, namespace, cap)
+            result, child = await self.child.ensure(kind, key, parent, spec, cap)
             if result == "ending":  # the child of an ended attempt: looked at again when it is gone
                 await self.attempts.end(kind, key, child)
                 result, child = "retry", None
             if result != "finished":
                 await self.extras.ensure(kind, key, parent, spec)
-        except InvalidSpec as err:  # the spec, or the child it renders (too large to be created)
-            return await self._invalid(kind, parent, err)
+        except InvalidSpec as err:  # the spec, the child it renders (too large), what Kueue would not admit
+            return await self._invalid(kind, parent, err, cap)
         if result == "finished":
             self.attempts.forget(key)
             return result  # its status already tells the end; nothing observed would add to it
@@ -271,9 +282,9 @@ class Controller:
         refused = self.pods.forbidden_in(namespace) if self.pods is not None else None
         return statuses.pods_forbidden(namespace, refused) if refused else None
 
-    async def _invalid(self, kind: Kind, parent: dict, err: InvalidSpec) -> str:
+    async def _invalid(self, kind: Kind, parent: dict, err: InvalidSpec, cap=None) -> str:
         meta = parent["metadata"]
-        self.specs.refused(meta, err)
+        self.specs.refused(meta, err, cap)
         previous = self.writes.previous(parent)
         current = statuses.invalid(err.errors, meta.get("generation", 0), previous, self.clock())
         if await self.writes.write(kind, parent, previous, current):

@@ -15,26 +15,29 @@ class Specs:
     def __init__(self) -> None:
         self.parsed: dict[str, tuple] = {}  # uid -> (spec version, spec or InvalidSpec)
 
-    def parse(self, kind: Kind, parent: dict, namespace: str):
+    def parse(self, kind: Kind, parent: dict, namespace: str, cap=None):
         """The spec, parsed once per version of it: every status write and child change reconciles
-        again. A refusal raises InvalidSpec (kept without the refused values)."""
+        again. A refusal raises InvalidSpec (kept without the refused values). ``cap``: the Kueue
+        cap a kind with a kueue_check is checked with; kept with the version, so that a Kueue
+        upgrade may admit what was refused (child.ChildStep.ensure)."""
         meta = parent["metadata"]
         cached = self.parsed.get(meta.get("uid"))
-        if cached is None or cached[0] != version(meta):
+        if cached is None or cached[0] != (version(meta), cap):
             try:
                 if isinstance(parent.get(REFUSED), InvalidSpec):  # refused as stored (kinds.parent_slimmer)
                     raise parent[REFUSED]
-                cached = (version(meta), kind.parse({**parent, "metadata": {**meta, "namespace": namespace}}))
+                cached = ((version(meta), cap), kind.parse({**parent, "metadata": {**meta, "namespace": namespace}}))
             except InvalidSpec as err:
-                cached = (version(meta), err.compact())
+                cached = ((version(meta), cap), err.compact())
             self.parsed[meta.get("uid")] = cached
         if isinstance(cached[1], InvalidSpec):
             raise cached[1]
         return cached[1]
 
-    def refused(self, meta: dict, err: InvalidSpec) -> None:
-        """The child this version renders was refused (too large to be created): the spec is too."""
-        self.parsed[meta.get("uid")] = (version(meta), err.compact())
+    def refused(self, meta: dict, err: InvalidSpec, cap=None) -> None:
+        """The child this version renders was refused (too large to be created, or more than the
+        installed Kueue admits, ``cap``): the spec is too."""
+        self.parsed[meta.get("uid")] = ((version(meta), cap), err.compact())
 
     def keys(self) -> set:
         return set()  # kept by uid: dropped through forget

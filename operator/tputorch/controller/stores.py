@@ -15,4 +15,5 @@ class Stores:
     pods: Informer | None
     workloads: Informer | None = None  # None: Kueue is not read
     priority_classes: Informer | None = None
+    workload_crd: Informer | None = None  # Kueue's Workload CRD (its pod-set cap); None: not read
     extras: dict[str, Informer] = field(default_factory=dict)  # resource plural -> its informer

@@ -32,6 +32,24 @@ class Admission:
     admitted_at: str | None = None  # the Admitted condition's lastTransitionTime (while admitted)
 
 
+WORKLOAD_CRD = "workloads.kueue.x-k8s.io"  # Kueue's Workload CRD: its schema caps pod sets per Workload
+
+
+def podsets_max_items(crd: dict) -> int | None:
+    """spec.podSets maxItems in Kueue's Workload CRD (8 in Kueue 0.17, 18 in 0.19): the smallest over
+    its served versions, None when no served version's schema says."""
+    caps = []
+    for version in (crd.get("spec") or {}).get("versions") or []:
+        if not isinstance(version, dict) or version.get("served") is False:
+            continue
+        schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+        podsets = (((schema.get("properties") or {}).get("spec") or {}).get("properties") or {}).get("podSets") or {}
+        cap = podsets.get("maxItems") if isinstance(podsets, dict) else None
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+            caps.append(cap)
+    return min(caps) if caps else None
+
+
 def owner_of(workload: dict) -> tuple[str, str] | None:
     """(kind, name) of the object the Workload was made for (its controller ownerReference)."""
     for ref in (workload.get("metadata") or {}).get("ownerReferences") or []:

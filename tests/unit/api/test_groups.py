@@ -65,13 +65,46 @@ def test_duplicate_names_unknown_fields_and_selector_labels():
     assert "derives it" in found["spec.groups[1].nodeSelector.cloud.google.com/gke-accelerator"]
 
 
-def test_group_count_is_kueues_podset_cap():
-    # Kueue v0.17: a Workload has at most 8 podSets; head + submitter + training slice take 3.
-    assert groups_api.MAX_GROUPS == groups_api.KUEUE_MAX_PODSETS - 3 == 5
+def test_the_crds_own_bound_on_groups_is_not_below_the_newest_kueues_cap():
+    """Kueue or not, at most MAX_GROUPS; never below what Kueue 0.19 admits (15), so that a queued job
+    meets the installed Kueue's cap (controller), not a constant for an older Kueue."""
+    from tputorch.api import crd
+
+    assert groups_api.MAX_GROUPS >= groups_api.max_groups_under_kueue(18) == 15
     ok = [{"name": f"g{i}"} for i in range(groups_api.MAX_GROUPS)]
-    assert len(parse(ok).groups) == 5
+    assert len(parse(ok).groups) == groups_api.MAX_GROUPS
     found = errors(ok + [{"name": "one-too-many"}])
-    assert "at most 5 groups" in found["spec.groups"] and "Kueue" in found["spec.groups"]
+    assert f"at most {groups_api.MAX_GROUPS} groups" in found["spec.groups"]
+    schema = crd.job_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["groups"]
+    assert schema["maxItems"] == groups_api.MAX_GROUPS
+
+
+def podsets_of(rayjob: dict) -> int:
+    """Pod sets of the Workload Kueue makes for this RayJob (its rayjob PodSets()): the head, one per
+    worker group, and the submitter Job in K8sJobMode."""
+    spec = rayjob["spec"]
+    return 1 + len(spec["rayClusterSpec"]["workerGroupSpecs"]) + (spec.get("submissionMode") == "K8sJobMode")
+
+
+@pytest.mark.parametrize("max_podsets,cap", [(8, 5), (18, 15)])  # Kueue 0.17, 0.19
+def test_a_queued_jobs_groups_fit_the_kueue_caps_pod_sets_as_rendered(max_podsets, cap):
+    from tputorch import render
+    from tputorch.api.job import kueue_errors
+
+    kueue = groups_api.KueuePodSets(max_podsets, "the installed Kueue's Workload CRD")
+    fits = spec.parse(body(queueName="tpu", groups=[{"name": f"g{i}"} for i in range(cap)]))
+    assert podsets_of(render.rayjob(fits)) == max_podsets  # the rule counts what the operator renders
+    assert kueue_errors(fits, kueue) == []
+    over = spec.parse(body(queueName="tpu", groups=[{"name": f"g{i}"} for i in range(cap + 1)]))
+    assert podsets_of(render.rayjob(over)) == max_podsets + 1
+    (error,) = kueue_errors(over, kueue)
+    assert (error.path, error.value) == ("spec.groups", f"{cap + 1} groups")
+    for part in (f"at most {cap} groups while spec.queueName is set", f"at most {max_podsets} pod sets",
+                 "(the installed Kueue's Workload CRD)", "the head, the submitter and the training slice take 3"):
+        assert part in error.message
+    # not queued, or no Kueue installed: no Kueue cap
+    unqueued = spec.parse(body(groups=[{"name": f"g{i}"} for i in range(cap + 1)]))
+    assert kueue_errors(unqueued, kueue) == [] and kueue_errors(over, None) == []
 
 
 @pytest.mark.parametrize("gpu_type,counts", sorted(groups_api.GPU_TYPES.items()))

@@ -400,3 +400,25 @@ def test_the_lease_is_the_one_the_deployment_names():
     assert doctor.lease_names([d]) == [("ops", "prod-tputorch-operator")]
     d["spec"]["template"]["spec"]["containers"][0]["args"] = ["run"]
     assert doctor.lease_names([d]) == []
+
+
+def test_kueue_podsets_says_how_many_groups_a_queued_job_may_have_under_the_installed_kueue():
+    """The same cap the operator applies (api/groups.py), from the Workload CRD doctor reads."""
+    def crd(cap):
+        podsets = {"type": "array", **({"maxItems": cap} if cap else {})}
+        return {"spec": {"versions": [{"name": "v1beta2", "served": True, "schema": {"openAPIV3Schema": {
+            "properties": {"spec": {"properties": {"podSets": podsets}}}}}}]}}
+    facts = healthy_facts()
+    facts["kueue_installed"] = True
+    facts["crds"]["workloads.kueue.x-k8s.io"] = crd(18)
+    got = {r.check: r for r in doctor.run_checks(facts, NOW)}
+    assert got["kueue-podsets"].status == OK
+    assert got["kueue-podsets"].message == ("Kueue's Workloads take at most 18 pod sets: a queued TPUTorchJob may "
+                                            "have at most 15 spec.groups")
+    facts["crds"]["workloads.kueue.x-k8s.io"] = crd(8)
+    assert "at most 5 spec.groups" in {r.check: r for r in doctor.run_checks(facts, NOW)}["kueue-podsets"].message
+    facts["crds"]["workloads.kueue.x-k8s.io"] = crd(None)
+    unknown = {r.check: r for r in doctor.run_checks(facts, NOW)}["kueue-podsets"]
+    assert unknown.status == UNKNOWN and "the smallest known, 8 pod sets (5 spec.groups" in unknown.message
+    facts["kueue_installed"] = False
+    assert "kueue-podsets" not in statuses(doctor.run_checks(facts, NOW))

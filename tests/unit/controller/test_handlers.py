@@ -17,7 +17,7 @@ JOB = kinds.JOB
 
 @pytest.fixture
 def ctl():
-    return handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None)
+    return handlers.build(FakeKube(), lambda path, *_: FakeSource(), asyncio.new_event_loop(), None)
 
 
 def test_a_status_write_does_not_parse_again(ctl):
@@ -63,7 +63,7 @@ def test_every_kind_gets_an_informer_for_itself_and_its_child_and_one_for_pods(c
 
 def test_informer_changes_reach_the_controller_on_its_loop():
     loop = asyncio.new_event_loop()
-    ctl = handlers.build(FakeKube(), lambda path, selector: FakeSource(), loop, None)
+    ctl = handlers.build(FakeKube(), lambda path, *_: FakeSource(), loop, None)
     ctl.parents["TPUTorchJob"].on_change("ADDED", body())
     assert len(ctl.queue) == 0  # scheduled on the loop, not run in the informer's thread
     loop.run_until_complete(asyncio.sleep(0))
@@ -159,7 +159,7 @@ def _built(failing_path):
     from tputorch.controller.kind import WORKLOAD
     loop = asyncio.new_event_loop()
     failing = {"workloads": WORKLOAD, "rayjobs": kinds.JOB.child}[failing_path].path(None)
-    ctl = handlers.build(FakeKube(), lambda path, selector: _FailsForEver() if path(None) == failing else FakeSource(),
+    ctl = handlers.build(FakeKube(), lambda path, *_: _FailsForEver() if path(None) == failing else FakeSource(),
                          loop, None, extras=kinds.extras(render.NetworkPolicyConfig()))
     required, optional = handlers.required_stores(ctl), handlers.optional_stores(ctl)
     for informer in required + optional:
@@ -255,7 +255,7 @@ def test_a_startup_that_failed_after_its_informers_started_builds_nothing_twice(
     monkeypatch.setattr(handlers, "RUNTIME", handlers.Runtime())
     monkeypatch.setattr(handlers, "load_config", lambda: None)
     monkeypatch.setattr(handlers, "Kube", Kube)
-    monkeypatch.setattr(handlers, "RestSource", lambda api, path, selector: FakeSource())
+    monkeypatch.setattr(handlers, "RestSource", lambda api, path, *selectors: FakeSource())
     monkeypatch.setattr(handlers.Informer, "start", lambda self: started.append(self))
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -282,7 +282,7 @@ def test_a_startup_that_failed_after_its_informers_started_builds_nothing_twice(
 
 
 def test_the_operators_pod_bound_reaches_both_kinds_parse():
-    ctl = handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None, max_pods=5)
+    ctl = handlers.build(FakeKube(), lambda path, *_: FakeSource(), asyncio.new_event_loop(), None, max_pods=5)
     job = ctl.kinds["TPUTorchJob"]
     with pytest.raises(spec.InvalidSpec, match="spec.tpu.topology: '6 pods' must make at most 5 pods per job"):
         ctl.specs.parse(job, body(), "ml")
@@ -291,8 +291,31 @@ def test_the_operators_pod_bound_reaches_both_kinds_parse():
                         "model": {"source": "Qwen/Qwen3-8B"}, "replicas": {"min": 1, "max": 3}}}
     with pytest.raises(spec.InvalidSpec, match=r"spec.replicas.max: '13 pods' must make at most 5"):
         ctl.specs.parse(ctl.kinds["TPUTorchService"], service, "ml")
-    default = handlers.build(FakeKube(), lambda path, selector: FakeSource(), asyncio.new_event_loop(), None)
+    default = handlers.build(FakeKube(), lambda path, *_: FakeSource(), asyncio.new_event_loop(), None)
     assert default.specs.parse(default.kinds["TPUTorchJob"], body(), "ml").slice.hosts == 4
+
+
+def test_kueues_workload_crd_is_read_by_name_as_an_optional_store_that_reaches_the_controller():
+    asked: list = []
+
+    def source_for(path, *selectors):
+        asked.append((path(None), selectors))
+        return FakeSource()
+
+    loop = asyncio.new_event_loop()
+    try:
+        ctl = handlers.build(FakeKube(), source_for, loop, None)
+        assert ("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                (None, "metadata.name=workloads.kueue.x-k8s.io")) in asked
+        assert ctl.workload_crd in handlers.optional_stores(ctl) and ctl.workload_crd not in handlers.required_stores(ctl)
+        # its changes reach workload_crd_changed on the loop
+        ctl.workload_crd.source.listing = {"items": [{"metadata": {"name": "workloads.kueue.x-k8s.io", "resourceVersion": "3"},
+                                                      "spec": {"versions": []}}], "metadata": {"resourceVersion": "3"}}
+        ctl.workload_crd.relist(None)
+        loop.run_until_complete(asyncio.sleep(0))
+        assert ctl.kueue_cap.seen is not None and ctl.kueue_cap.seen.max_podsets == 8  # listed, no maxItems: the smallest known
+    finally:
+        loop.close()
 
 
 # --- memory against hostile objects (issue 34) -----------------------------------------------------
@@ -303,7 +326,7 @@ def test_a_large_refused_job_is_stored_as_its_refusal_and_still_gets_its_status(
     big = body(entrypoint="python " + "x" * (1024 * 1024))
     big["metadata"].update(uid="u-big", resourceVersion="3")
     loop = asyncio.new_event_loop()
-    ctl = handlers.build(FakeKube(), lambda path, selector: FakeSource(), loop, None)
+    ctl = handlers.build(FakeKube(), lambda path, *_: FakeSource(), loop, None)
     parents = ctl.parents["TPUTorchJob"]
     parents.source.listing = {"items": [big], "metadata": {"resourceVersion": "9"}}
     parents.relist(None)

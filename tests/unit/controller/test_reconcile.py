@@ -1112,3 +1112,100 @@ def test_a_child_that_kept_its_auth_options_says_so_quietly(kind_key, parent):
     assert (auth["status"], auth["reason"]) == ("True", "TokenAuth")
     assert ("Secret demo-ray-token-" in auth["message"]) == (kind_key == KEY)
     assert not [c for c in ctl.kube.calls if c[0] == "event" and c[2] == "TokenAuth"]
+
+
+# --- Kueue's cap on pod sets per Workload: read from its Workload CRD, applied before a create -------
+
+def workload_crd(max_items: int | None, rv: str = "1", unserved_max: int | None = None) -> dict:
+    """Kueue's Workload CRD as the API serves it (the parts read): spec.podSets maxItems per version."""
+    def version(name, served, cap):
+        podsets = {"type": "array", **({"maxItems": cap} if cap is not None else {})}
+        return {"name": name, "served": served, "storage": name == "v1beta2",
+                "schema": {"openAPIV3Schema": {"properties": {"spec": {"properties": {"podSets": podsets}}}}}}
+    versions = [version("v1beta2", True, max_items), version("v1beta1", True, max_items)]
+    if unserved_max is not None:
+        versions.append(version("v1alpha1", False, unserved_max))
+    return {"metadata": {"name": "workloads.kueue.x-k8s.io", "resourceVersion": rv}, "spec": {"versions": versions}}
+
+
+def with_workload_crd(ctl, crd: dict | None, listed: bool = True):
+    from tputorch.controller.informer import Informer
+    from ..fakekube import FakeSource
+    ctl.workload_crd = Informer("Kueue's Workload CRD", FakeSource(), None, lambda *_: None, kinds.slim_workload_crd)
+    if crd is not None:
+        ctl.workload_crd.remember(crd)
+    if listed:
+        ctl.workload_crd.synced.set()
+    return ctl
+
+
+def cpu_groups(n: int) -> list[dict]:
+    return [{"name": f"g{i}"} for i in range(n)]
+
+
+def test_the_workload_crds_pod_set_cap_is_the_smallest_over_its_served_versions():
+    from tputorch.status import kueue
+    assert kueue.podsets_max_items(workload_crd(18)) == 18
+    assert kueue.podsets_max_items(workload_crd(18, unserved_max=4)) == 18  # an unserved version makes no Workload
+    crd = workload_crd(18)
+    crd["spec"]["versions"][1]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["podSets"]["maxItems"] = 8
+    assert kueue.podsets_max_items(crd) == 8
+    assert kueue.podsets_max_items(workload_crd(None)) is None
+    assert kinds.slim_workload_crd(workload_crd(18)) == {
+        "metadata": {"name": "workloads.kueue.x-k8s.io", "resourceVersion": "1"}, "podSetsMaxItems": 18}
+
+
+def test_a_queued_jobs_groups_follow_the_installed_kueue_and_an_upgrade_admits_what_was_refused():
+    """Kueue 0.17's Workload CRD (8 pod sets): a queued job of 6 groups is refused before any RayJob,
+    naming the field, the value, the cap and why. Kueue 0.19's CRD (18) replaces it: the watch
+    looks at the queued job again and its RayJob is created."""
+    ctl = with_workload_crd(setup(job(queueName="tpu", groups=cpu_groups(6))), workload_crd(8))
+    assert run(ctl.reconcile(KEY)) == "invalid"
+    assert ctl.kube.called("create") == []
+    st = last_status(ctl.kube)
+    assert st["phase"] == "Failed" and condition(st, "Validated")["reason"] == "ValidationFailed"
+    for part in ("spec.groups: '6 groups' must hold at most 5 groups while spec.queueName is set",
+                 "at most 8 pod sets (the installed Kueue's Workload CRD, spec.podSets maxItems)"):
+        assert part in st["message"], st["message"]
+    assert run(ctl.reconcile(KEY)) == "invalid" and ctl.kube.called("create") == []  # kept, not re-checked
+    ctl.workload_crd.store[("", "workloads.kueue.x-k8s.io")] = kinds.slim_workload_crd(workload_crd(18, rv="2"))
+    ctl.workload_crd_changed("MODIFIED", workload_crd(18, rv="2"))
+    assert KEY in ctl.queue._dirty  # queued again
+    assert run(ctl.reconcile(KEY)) == "created"
+    created = ctl.kube.objects[("rayjobs", "ml", "demo")]
+    assert len(created["spec"]["rayClusterSpec"]["workerGroupSpecs"]) == 7  # the slice and 6 groups
+
+
+def test_without_kueues_workload_crd_there_is_no_kueue_cap_and_an_unreadable_one_gets_the_smallest_known(caplog):
+    ctl = with_workload_crd(setup(job(queueName="tpu", groups=cpu_groups(16))), None)  # listed: not installed
+    assert ctl.kueue_cap.podsets() is None
+    assert run(ctl.reconcile(KEY)) == "created"
+    unread = with_workload_crd(setup(job(queueName="tpu", groups=cpu_groups(6))), None, listed=False)
+    unread.workload_crd.list_error = "HTTP 403 Forbidden"
+    with caplog.at_level("WARNING", logger="tputorch"):
+        assert run(unread.reconcile(KEY)) == "invalid"
+    assert "could not be read (not listed yet (HTTP 403 Forbidden))" in caplog.text and "8 pod sets (5 spec.groups)" in caplog.text
+    assert "Kueue's Workload CRD could not be read, not listed yet" in last_status(unread.kube)["message"]
+    no_cap = with_workload_crd(setup(job(queueName="tpu", groups=cpu_groups(6))), workload_crd(None))
+    assert run(no_cap.reconcile(KEY)) == "invalid"
+    assert "its schema has no spec.podSets maxItems" in last_status(no_cap.kube)["message"]
+
+
+def test_the_kueue_cap_never_refuses_an_unqueued_job_nor_one_whose_rayjob_exists():
+    unqueued = with_workload_crd(setup(job(groups=cpu_groups(6))), workload_crd(8))
+    assert run(unqueued.reconcile(KEY)) == "created"
+    # Its RayJob exists (made under a larger cap, or before the operator restarted): never turned Failed.
+    made = with_workload_crd(setup(job(queueName="tpu", groups=cpu_groups(6)),
+                                   rayjob("uid-new", suspend=True, labels=QUEUED_LABELS)), None, listed=False)
+    assert run(made.reconcile(KEY)) != "invalid"
+    assert last_status(made.kube)["phase"] != "Failed"
+
+
+def test_a_job_refused_before_the_workload_crd_was_listed_is_looked_at_again_when_it_lists_without_kueue():
+    ctl = with_workload_crd(setup(job(queueName="tpu", groups=cpu_groups(6))), None, listed=False)
+    assert run(ctl.reconcile(KEY)) == "invalid"  # not listed yet: Kueue 0.17's cap
+    ctl.workload_crd.synced.set()  # listed: no Kueue installed
+    ctl.workload_crd_changed("LISTED", {})
+    assert KEY in ctl.queue._dirty
+    assert run(ctl.reconcile(KEY)) == "created"
+

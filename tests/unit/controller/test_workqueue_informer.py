@@ -373,6 +373,17 @@ def test_a_list_is_read_in_pages_as_it_is_consumed_and_keeps_the_first_pages_ver
     assert all(q["labelSelector"] == "app=ours" for q in api.queries)
 
 
+def test_a_field_selector_reads_one_object_by_name_on_every_page():
+    """Kueue's Workload CRD is read by name: not every CRD of the cluster (each up to 1.5 MB)."""
+    items = [{"metadata": {"name": "workloads.kueue.x-k8s.io", "resourceVersion": "5"}}]
+    api = _PagingApi(items, page=3)
+    source = RestSource(api, lambda scope: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", None,
+                        "metadata.name=workloads.kueue.x-k8s.io")
+    assert [i["metadata"]["name"] for i in source.list(None)["items"]] == ["workloads.kueue.x-k8s.io"]
+    assert api.queries and all(q["fieldSelector"] == "metadata.name=workloads.kueue.x-k8s.io" and "labelSelector" not in q
+                               for q in api.queries)
+
+
 def test_list_pages_are_bounded_in_bytes_not_only_in_objects():
     """Issue 34: pages of 500 labelled 1.4 MB pods were parsed whole (464 MB for 100 of them)."""
     big = "x" * (1024 * 1024)

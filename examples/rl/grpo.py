@@ -61,7 +61,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--group-size", type=int, default=8, help="answers sampled per prompt (GRPO group)")
     p.add_argument("--answer-tokens", type=int, default=4, help="tokens per answer")
-    p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 0.1 torch, 0.01 vllm)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="Adam's learning rate (default: 0.1 for the torch policy, 1e-6 for a real model; "
+                        "a tiny random model learns the task in a few steps at 0.03)")
     p.add_argument("--rollout-group", default="rollout", help="spec.groups entry the rollout engines run on")
     p.add_argument("--reward-group", default="reward", help="spec.groups entry the reward actor runs on")
     p.add_argument("--storage-path", default=os.environ.get("STORAGE_PATH", "/tmp/tputorch-rl"))
@@ -72,7 +74,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.engine == "vllm" and not args.model:
         p.error("--engine vllm needs --model (a Hugging Face model directory; or set TPUTORCH_RL_MODEL)")
     if args.lr is None:
-        args.lr = 0.1 if args.engine == "torch" else 0.01
+        args.lr = 0.1 if args.engine == "torch" else 1e-6
     return args
 
 

@@ -235,6 +235,12 @@ class RealRay:
         end them on GKE; removes the vLLM shared-memory segments they leaked."""
         self._call({"cmd": "delete_serve_apps"}, timeout=300)
 
+    def metrics(self) -> dict[str, str]:
+        """Each live Ray node's Prometheus exposition (its metrics export port, KubeRay's "metrics"
+        port 8080 on GKE), by node id: Ray's own series and those Ray records for its users (Serve's,
+        and vLLM's engine metrics that Ray Serve LLM records)."""
+        return self._call({"cmd": "metrics"}, timeout=120)["metrics"]
+
     def stop(self) -> None:
         if self.proc is None:
             return
@@ -383,6 +389,17 @@ class _Server:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         wait(lambda: _answers(f"http://127.0.0.1:{port}/-/healthz"), 120, "the Serve proxy")
         return {"timings": {"serve_start_s": time.monotonic() - t0}}
+
+    def metrics(self) -> dict:
+        import ray
+
+        texts = {}
+        for node in ray.nodes():
+            if node["Alive"]:
+                url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+                with urllib.request.urlopen(url, timeout=60) as resp:
+                    texts[node["NodeID"]] = resp.read().decode()
+        return {"metrics": texts}
 
     def kill_serve_replica(self, prefix: str) -> dict:
         import ray

@@ -19,6 +19,7 @@ for a second slice).
 from __future__ import annotations
 
 import copy
+import os
 import re
 import sys
 import threading
@@ -30,7 +31,7 @@ import yaml
 
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 import serving_chain
-from ray_backend import REPORTED, RealRay, http_json
+from ray_backend import REPORTED, RealRay, http_json, wait
 
 from tputorch import render
 from tputorch.api import spec
@@ -40,6 +41,7 @@ sys.path.insert(0, str(REPO / "tests" / "serving"))
 sys.path.insert(0, str(REPO / "hack"))
 
 import cpu_variant  # noqa: E402
+import metric_series  # noqa: E402
 from fakedash import cpu_serving  # noqa: E402
 
 pytestmark = pytest.mark.realray
@@ -137,6 +139,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     assert answer.get("system_fingerprint", "").startswith("vllm-0.29"), answer
     assert "Deploying" in seen and seen.index("Deploying") < seen.index("Ready"), seen
     assert st["endpoint"] == f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1"
+    metrics_scrape_has_the_recorded_series(serving_ray)
 
     # What runs on Ray is the operator's serveConfigV2 with only the listed CPU differences.
     rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
@@ -155,6 +158,37 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     replica_killed_and_replaced(kube, ns, name, serving_ray, dashboard)
     engine_args_edit_goes_in_place(kube, ns, name, body, serving_ray, dashboard, answer["usage"]["prompt_tokens"])
     serve_scales_to_two_under_load(kube, ns, name, serving_ray, dashboard)
+
+
+def metrics_scrape_has_the_recorded_series(serving_ray: RealRay) -> None:
+    """A Prometheus scrape of every Ray node's metrics port (8080 on GKE) after the first completion:
+    vLLM's engine series (Ray Serve LLM records them as Ray metrics), Serve's and Ray's. Every series
+    of the recorded list (which the chart's dashboard is checked against in tests/unit/test_dashboard.py)
+    is there; RECORD_METRICS=1 writes the list anew from this scrape."""
+    record = os.environ.get("RECORD_METRICS") == "1"
+    want = metric_series.recorded() if not record else set()
+    seen: set[str] = set()
+
+    def exported():  # Ray's agents export what a process recorded every few seconds, not at once
+        seen.clear()
+        seen.update(metric_series.series_names(serving_ray.metrics().values()))
+        if record:
+            return seen if metric_series.TTFT in "\n".join(seen) else None
+        return seen if want <= seen else None
+
+    t0 = time.monotonic()
+    try:
+        scraped = wait(exported, 120, "the recorded series in a scrape of the Ray nodes' metrics ports", interval=3)
+    except TimeoutError:
+        scraped = set(seen)
+    TIMINGS["metrics_scrape_s"] = time.monotonic() - t0
+    assert any(n.startswith(metric_series.VLLM_PREFIXES) for n in scraped), sorted(scraped)[:80]
+    if record:
+        time.sleep(15)  # one more export round: every series the first requests made
+        scraped = metric_series.series_names(serving_ray.metrics().values())
+        metric_series.record(scraped)
+    missing = metric_series.recorded() - scraped
+    assert not missing, f"recorded series the real chain does not export (RECORD_METRICS=1 records anew): {sorted(missing)}"
 
 
 def replica_killed_and_replaced(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:

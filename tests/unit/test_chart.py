@@ -9,12 +9,12 @@ test never needs it. Checks against real Kubernetes schemas are in tests/cluster
 from __future__ import annotations
 
 import base64
-import tempfile
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -441,6 +441,14 @@ def test_metrics_service_and_servicemonitor():
     # the API alone does not create one
     docs = render(extra=("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"))
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "Service")
+
+
+@needs_helm
+def test_the_grafana_dashboard_configmap_holds_the_charts_dashboard():
+    assert not by_kind(render(), "ConfigMap")
+    cm = one(render("metrics.grafanaDashboard.enabled=true"), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1" and cm["metadata"]["namespace"] == NS
+    assert json.loads(cm["data"]["tputorch.json"]) == json.loads((CHART / "dashboards" / "tputorch.json").read_text())
 
 
 @needs_helm

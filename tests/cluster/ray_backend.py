@@ -397,8 +397,11 @@ class _Server:
         for node in ray.nodes():
             if node["Alive"]:
                 url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-                with urllib.request.urlopen(url, timeout=60) as resp:
-                    texts[node["NodeID"]] = resp.read().decode()
+                try:
+                    with urllib.request.urlopen(url, timeout=60) as resp:
+                        texts[node["NodeID"]] = resp.read().decode()
+                except OSError as exc:  # an agent not exporting yet: the caller scrapes again
+                    texts[node["NodeID"]] = f"# {url}: {exc!r}\n"
         return {"metrics": texts}
 
     def kill_serve_replica(self, prefix: str) -> dict:

@@ -284,13 +284,14 @@ def quota_problem(cluster_status: dict | None) -> tuple[str, str] | None:
 
 
 def running(pod: dict) -> bool:
-    """The pod's containers run (phase Running and every container's state running), whatever its
-    readiness probe says. A crash-looping container leaves the pod Running while it waits in
-    CrashLoopBackOff (or has terminated) between restarts: that host is not up."""
+    """The pod's containers run (phase Running and no container waiting or terminated), whatever
+    its readiness probe says. A crash-looping container leaves the pod Running while it waits in
+    CrashLoopBackOff (or has terminated) between restarts: that host is not up. (The pod store
+    keeps only the waiting containers: kinds.slim_pod.)"""
     status = pod.get("status") or {}
     if status.get("phase") != "Running":
         return False
-    return all("running" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
+    return not any({"waiting", "terminated"} & set(cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
 
 
 def labels_of(pod: dict) -> dict:

@@ -204,6 +204,11 @@ def test_a_crash_looping_host_is_not_up():
     # Between two crashes the container is running again: then the host counts.
     pods[2]["status"]["containerStatuses"] = [{"name": "ray-worker", "restartCount": 6, "state": {"running": {}}}]
     assert derive("deploying", pods)["readyHosts"] == 4
+    # As the operator's pod store keeps them (only waiting containers): the same answers.
+    from tputorch.controller import kinds
+    for state, up in (({"running": {}}, 4), ({"waiting": {"reason": "CrashLoopBackOff"}}, 3)):
+        pods[2]["status"]["containerStatuses"] = [{"name": "ray-worker", "state": state}]
+        assert derive("deploying", [kinds.slim_pod(p) for p in pods])["readyHosts"] == up, state
 
 
 def _unschedulable(pod):

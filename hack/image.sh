@@ -187,10 +187,14 @@ build() {
   log "$DIST/$NAME.oci.tar ($(du -h "$DIST/$NAME.oci.tar" | cut -f1)), $DIST/$NAME.docker.tar ($(du -h "$DIST/$NAME.docker.tar" | cut -f1)): $NAME:$tag"
 }
 
-# The stand-in of Ray's image: hack/ray-base.Containerfile on the stand-in base.
-ensure_ray_base() {
+# The stand-in of Ray's image: hack/ray-base.Containerfile on the stand-in base. Its name (in the
+# example images' cache keys) is known without the image; the image is loaded only for a build.
+ray_base_name() {
   RAY_KEY=$( (echo "$BASE_KEY"; cat "$REPO/hack/ray-base.Containerfile") | sha256sum | cut -c1-16)
   RAY_STANDIN=localhost/tputorch-ray-base:py3.11-$RAY_KEY
+}
+ensure_ray_base() {
+  ray_base_name
   bah inspect --type image "$RAY_STANDIN" >/dev/null 2>&1 && return 0
   local archive=$CACHE/ray-base-$RAY_KEY.oci.tar
   if [[ -s $archive ]]; then
@@ -214,7 +218,7 @@ example() {  # example <Dockerfile> <context> <name>
   export TMPDIR=$STORE/tmp
   exec 9>"$CACHE/lock"
   flock 9
-  ensure_ray_base
+  ray_base_name
   local tmp summary key hit
   tmp=$(mktemp -d "$STORE/tmp/example.XXXXXX")
   trap "rm -rf '$tmp'" EXIT
@@ -222,6 +226,7 @@ example() {  # example <Dockerfile> <context> <name>
   key=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["key"])' "$summary")
   hit=$CACHE/example-$name-$key
   if [[ ! -s $hit/image.json ]]; then
+    ensure_ray_base
     local ca t0=$SECONDS args=(--quiet --isolation chroot --layers=false -f "$tmp/Dockerfile")
     ca=$(ca_bundle)
     # pip in the RUN steps that reach PyPI needs the build host's CA: a site pip.conf naming it,

@@ -74,16 +74,24 @@ ALL = sorted(d for d, _ in EXAMPLES.values())
 WITH_EXAMPLES = [d for d in ALL if _copies_examples(d)]
 WITH_GCS = [d for d in ALL if _gcs_pins(d)]
 _built: dict = {}
+_unpacked: dict = {}
 
 
-def built(dockerfile: str, tmp_path_factory):
-    """(info, bundle) of the example image, built and unpacked once per session."""
+def built(dockerfile: str) -> dict:
+    """The example image's build record, built once per session."""
     require_root()
     if dockerfile not in _built:
-        context = dict(EXAMPLES.values())[dockerfile]
-        info = _build(dockerfile, context)
-        _built[dockerfile] = info, unpack(info["archive"], info["tag"], tmp_path_factory.mktemp("example"))
+        _built[dockerfile] = _build(dockerfile, dict(EXAMPLES.values())[dockerfile])
     return _built[dockerfile]
+
+
+def unpacked(dockerfile: str, tmp_path_factory):
+    """The example image unpacked, once per session and only for the tests that look inside it
+    (an unpack of the stand-in of Ray's image takes tens of seconds)."""
+    if dockerfile not in _unpacked:
+        info = built(dockerfile)
+        _unpacked[dockerfile] = unpack(info["archive"], info["tag"], tmp_path_factory.mktemp("example"))
+    return _unpacked[dockerfile]
 
 
 def test_what_the_image_tests_cover():
@@ -93,10 +101,10 @@ def test_what_the_image_tests_cover():
 
 
 @pytest.mark.parametrize("dockerfile", ALL)
-def test_only_downloads_are_skipped(dockerfile, tmp_path_factory):
+def test_only_downloads_are_skipped(dockerfile):
     """It builds; a marked step installs named packages from an index and nothing else: no local
     path, no command after the install."""
-    info, _ = built(dockerfile, tmp_path_factory)
+    info = built(dockerfile)
     assert info["bases"] and all(b.startswith("rayproject/ray:") for b in info["bases"])
     for step in info["skipped"]:
         for command in re.split(r"&&", step.removeprefix("RUN ").replace("\\\n", " ")):
@@ -108,7 +116,7 @@ def test_only_downloads_are_skipped(dockerfile, tmp_path_factory):
 
 @pytest.mark.parametrize("dockerfile", WITH_EXAMPLES)
 def test_the_examples_are_in_the_image_as_the_ray_user_s(dockerfile, tmp_path_factory):
-    _, bundle = built(dockerfile, tmp_path_factory)
+    bundle = unpacked(dockerfile, tmp_path_factory)
     context = dict(EXAMPLES.values())[dockerfile]
     assert bundle.process["user"]["uid"] == 1000 and bundle.process["cwd"] == "/home/ray"
     want = standin_dockerfile.files_under(REPO / context, "examples")
@@ -125,7 +133,7 @@ def test_the_example_entrypoints_start_from_the_working_directory(dockerfile, tm
     directory, no runtimeEnv.working_dir): the script and its tputorch import are found. torch is one
     of the skipped downloads and Ray is not in the stand-in, so the argument parsing (which imports
     neither) is what runs."""
-    _, bundle = built(dockerfile, tmp_path_factory)
+    bundle = unpacked(dockerfile, tmp_path_factory)
     out = run_in_image(bundle, ["python", "-c", "from tputorch import train; print(train.scaling_config.__name__)"])
     assert out.returncode == 0 and out.stdout.strip() == "scaling_config", out.stderr
     out = run_in_image(bundle, ["python", "examples/ddp/train_ddp.py", "--help"])
@@ -140,7 +148,7 @@ def test_the_example_entrypoints_start_from_the_working_directory(dockerfile, tm
 def test_the_gcs_clients_a_gs_working_dir_needs(dockerfile, tmp_path_factory):
     """Every node fetches a gs:// runtimeEnv.working_dir: smart_open[gcs] and google-cloud-storage
     at the pinned versions, importable by the image's Python (their RUN is not skipped)."""
-    _, bundle = built(dockerfile, tmp_path_factory)
+    bundle = unpacked(dockerfile, tmp_path_factory)
     pins = _gcs_pins(dockerfile)
     out = run_in_image(bundle, ["python", "-c", "import smart_open, google.cloud.storage\n"
                                 "from importlib.metadata import version\n"

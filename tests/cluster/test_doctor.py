@@ -278,6 +278,47 @@ def test_smoke_interrupted_leaves_nothing_behind(kube, leader, namespace):
     kube.wait(lambda: objects(kube.kubeconfig, namespace) == before, 30, "the namespace to hold what it held before")
 
 
+def test_smoke_in_a_policy_mode_that_does_not_admit_kuberay(kube, leader, namespace, dashboard, capsys):
+    """Strict NetworkPolicy mode with no KubeRay peer (`--smoke-policy-mode strict`, what an
+    operator Deployment with those flags gives the probe by default; the local operator runs as a
+    process), enforced as Dataplane V2 would (the stand-in dashboard asks cyclonus, see
+    test_network.py; KubeRay calls from outside the pod network, as the GKE add-on's may): the
+    probe's Ray job runs and its submitter ends, KubeRay's status calls are dropped, KubeRay fails
+    the RayJob 30 s later, and the doctor says why with the fix, exit 1, the namespace as before."""
+    import threading
+
+    network = dashboard._call("PUT", "/network", {"enforce": True, "reset": True})
+    assert network["enforce"] and "hosted" in network["identities"]["kuberay"], network
+    before = objects(kube.kubeconfig, namespace)
+    stop = threading.Event()
+
+    def the_run_succeeds():  # as `ray job submit` from the submitter pod does: KubeRay is not needed for it
+        while not stop.wait(0.5):
+            probes = [j["metadata"]["name"] for j in kube.custom.list_namespaced_custom_object(
+                "ray.io", "v1", namespace, "rayjobs")["items"] if j["metadata"]["name"].startswith("tputorch-smoke-")]
+            if probes:
+                dashboard.set_job_status(namespace, probes[0], "SUCCEEDED")
+                return
+
+    helper = threading.Thread(target=the_run_succeeds, daemon=True)
+    helper.start()
+    try:
+        code, report = doctor(capsys, kube.kubeconfig, namespace, "--smoke", "--smoke-policy-mode", "strict",
+                              "--smoke-timeout", "180")
+    finally:
+        stop.set()
+        helper.join(10)
+    assert code == 1
+    fail = failed(report)
+    assert set(fail) == {"smoke"}, fail
+    assert "KubeRay could not reach the Ray dashboard" in fail["smoke"]["message"]
+    assert "JobDeploymentStatusTransitionGracePeriodExceeded" in fail["smoke"]["message"]
+    assert "networkPolicy.mode=open" in fail["smoke"]["fix"] and "networkPolicy.kuberay" in fail["smoke"]["fix"]
+    dropped = [r for r in dashboard.requests(namespace=namespace) if r.get("dropped")]
+    assert dropped and all(r["path"].startswith("/api/") for r in dropped)  # the policy's doing, not a stand-in's
+    kube.wait(lambda: objects(kube.kubeconfig, namespace) == before, 30, "the namespace to hold what it held before")
+
+
 def test_zz_operator_stopped(kube, leader, doctor_ns, capsys):
     leader.stop()  # SIGTERM: it releases the Lease, as a pod that is deleted does
     code, report = doctor(capsys, kube.kubeconfig, doctor_ns)

@@ -474,3 +474,40 @@ def find_helm() -> str | None:
     if bin_dir and os.access(os.path.join(bin_dir, "helm"), os.X_OK):
         return os.path.join(bin_dir, "helm")
     return shutil.which("helm")
+
+
+def local_kube_version() -> str:
+    """The Kubernetes version the local cluster runs (hack/build.sh's K8S_VERSION default). `helm
+    template` and `helm lint` need it (--kube-version): without a cluster they check the chart's
+    kubeVersion against Helm's built-in default, v1.20, which the chart refuses."""
+    import re
+
+    found = re.search(r"^K8S_VERSION=\$\{K8S_VERSION:-(v[0-9.]+)\}", (ROOT / "hack" / "build.sh").read_text(), re.M)
+    assert found, "hack/build.sh no longer sets K8S_VERSION=${K8S_VERSION:-vX.Y.Z}"
+    return found.group(1)
+
+
+def helm_args(args) -> list[str]:
+    """``args`` of a helm command with --kube-version (local_kube_version) added to a `template` or
+    `lint` that neither names one nor asks the cluster (--dry-run=server)."""
+    args = list(args)
+    if args and args[0] in ("template", "lint") and "--kube-version" not in args and "--dry-run=server" not in args:
+        args += ["--kube-version", local_kube_version()]
+    return args
+
+
+def helm_shim(bin_dir, helm: str) -> None:
+    """``bin_dir/helm``: ``helm`` with helm_args' --kube-version, for the docs' commands (a reader's
+    helm from helm.sh carries a current default; a `go install`ed one, Helm's built-in v1.20)."""
+    import os
+    import shlex
+
+    version = shlex.quote(local_kube_version())
+    script = (f'#!/bin/sh\ncase "$1" in template|lint) for a in "$@"; do case "$a" in --kube-version*|--dry-run=server) '
+              f'exec {shlex.quote(helm)} "$@";; esac; done; exec {shlex.quote(helm)} "$@" --kube-version {version};; esac\n'
+              f'exec {shlex.quote(helm)} "$@"\n')
+    path = os.path.join(str(bin_dir), "helm")
+    with open(path, "w") as f:
+        f.write(script)
+    os.chmod(path, 0o755)
+

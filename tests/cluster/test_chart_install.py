@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from doccmds import helm_args
 from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
@@ -59,7 +60,7 @@ pytestmark = [pytest.mark.cluster,
 def helm(kubeconfig: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": f"{tempfile.gettempdir()}/tputorch-helm/cache",
            "HELM_CONFIG_HOME": f"{tempfile.gettempdir()}/tputorch-helm/config", "HELM_DATA_HOME": f"{tempfile.gettempdir()}/tputorch-helm/data"}
-    out = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=180, env=env)
+    out = subprocess.run([HELM, *helm_args(args)], capture_output=True, text=True, timeout=180, env=env)
     if check:
         assert out.returncode == 0, f"helm {' '.join(args)} failed:\n{out.stderr}"
     return out

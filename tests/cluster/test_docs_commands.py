@@ -46,7 +46,7 @@ def shim_path(tmp: Path) -> str:
         (bin_dir / name).chmod(0o755)
     helm = doccmds.find_helm()
     assert helm, "no helm binary (hack/build.sh helm)"
-    (bin_dir / "helm").symlink_to(helm)
+    doccmds.helm_shim(bin_dir, helm)
     return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
 

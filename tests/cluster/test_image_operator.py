@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "image"))
 from imagetools import (OCI_ARCHIVE, Bundle, image_bundle, image_info, popen_in_image,  # noqa: E402,F401 (fixtures)
                         read_oci_archive, stop)
 from operator_process import free_port, kubectl, tputorch_crd  # noqa: E402,F401 (fixture)
+from doccmds import helm_args  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "v6e-4x4.yaml"
@@ -64,9 +65,9 @@ def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
 def chart_container(namespace: str, info: dict) -> dict:
     """The operator container of the chart's Deployment, watching namespace, with the built image and
     its metrics on (they are off by default: no port unless enabled)."""
-    out = subprocess.run([helm_binary(), "template", "img", str(CHART), "--namespace", namespace,
+    out = subprocess.run([helm_binary(), *helm_args(["template", "img", str(CHART), "--namespace", namespace,
                           "--set", f"watchNamespaces={{{namespace}}}", "--set", f"image.repository={info['repository']}",
-                          "--set", f"image.tag={info['tag']}", "--set", "metrics.enabled=true"], capture_output=True, text=True, timeout=120,
+                          "--set", f"image.tag={info['tag']}", "--set", "metrics.enabled=true"])], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HELM_CACHE_HOME": f"{tempfile.gettempdir()}/tputorch-helm/cache",
                               "HELM_CONFIG_HOME": f"{tempfile.gettempdir()}/tputorch-helm/config", "HELM_DATA_HOME": f"{tempfile.gettempdir()}/tputorch-helm/data"})
     assert out.returncode == 0, out.stderr

@@ -25,7 +25,7 @@ from tputorch.api import crd
 from tputorch.api.common import MAX_PODS_DEFAULT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from doccmds import find_helm  # noqa: E402  (one place that finds helm, for the docs tests too)
+from doccmds import find_helm, helm_args  # noqa: E402  (one place that finds helm, for the docs tests too)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tputorch-operator"
@@ -41,7 +41,7 @@ needs_helm = pytest.mark.skipif(HELM is None, reason="no helm binary (hack/build
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "HELM_CACHE_HOME": f"{tempfile.gettempdir()}/tputorch-helm/cache",
            "HELM_CONFIG_HOME": f"{tempfile.gettempdir()}/tputorch-helm/config", "HELM_DATA_HOME": f"{tempfile.gettempdir()}/tputorch-helm/data"}
-    out = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run([HELM, *helm_args(args)], capture_output=True, text=True, timeout=120, env=env)
     if check:
         assert out.returncode == 0, f"helm {' '.join(args)} failed:\n{out.stderr}"
     return out
@@ -541,7 +541,7 @@ def test_schema_refuses_bad_values(args):
 @needs_helm
 @pytest.mark.parametrize("value", ["x\n      hostPID: true", "x\nhostNetwork: true", "Has-Capitals", "a b"])
 def test_priority_class_cannot_inject_pod_fields(value):
-    proc = subprocess.run([HELM, "template", RELEASE, str(CHART), "--set-string", f"priorityClassName={value}"],
+    proc = subprocess.run([HELM, *helm_args(["template", RELEASE, str(CHART), "--set-string", f"priorityClassName={value}"])],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "priorityClassName" in proc.stderr, proc.stdout[-2000:]
 
@@ -550,3 +550,21 @@ def test_priority_class_cannot_inject_pod_fields(value):
 def test_a_valid_priority_class_is_quoted_into_the_pod():
     pod = one(render("priorityClassName=team-high"), "Deployment")["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "team-high" and "hostPID" not in pod
+
+
+# --- kubeVersion: the chart refuses a Kubernetes older than docs/compatibility.md's minimum --------
+
+def test_the_charts_kube_version_is_the_documented_minimum():
+    """docs/compatibility.md's minimum, as `tputorch doctor` holds it (test_doctor ties the two)."""
+    from tputorch.cli import doctor
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">={}.{}.0-0".format(*doctor.MIN_KUBERNETES)
+
+
+@needs_helm
+def test_helm_refuses_a_kubernetes_below_the_minimum_and_takes_gkes_versions():
+    old = helm("template", RELEASE, str(CHART), "--kube-version", "v1.28.15", check=False)
+    assert old.returncode != 0 and "kubeVersion" in old.stderr and "v1.28.15" in old.stderr, old.stderr
+    for version in ("v1.29.0", "v1.33.5-gke.1080000"):
+        helm("template", RELEASE, str(CHART), "--kube-version", version)

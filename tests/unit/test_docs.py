@@ -33,7 +33,7 @@ def shim_path(tmp: Path, helm: str | None) -> str:
         (bin_dir / name).write_text(f'#!/bin/sh\nPYTHONPATH={ROOT / "operator"} exec {sys.executable} -m tputorch "$@"\n')
         (bin_dir / name).chmod(0o755)
     if helm:
-        (bin_dir / "helm").symlink_to(helm)
+        doccmds.helm_shim(bin_dir, helm)
     return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
 
@@ -170,8 +170,8 @@ def test_the_rbac_table_is_what_the_chart_grants(tmp_path):
     granted = set()
     env = {**os.environ, "HELM_CACHE_HOME": str(tmp_path), "HELM_CONFIG_HOME": str(tmp_path), "HELM_DATA_HOME": str(tmp_path)}
     for extra in ([], ["--set", "watchNamespaces={team-a}"]):
-        out = subprocess.run([doccmds.find_helm(), "template", "t", str(ROOT / "charts" / "tputorch-operator"),
-                              "--namespace", "tputorch-system", *extra], capture_output=True, text=True, env=env, timeout=120)
+        out = subprocess.run([doccmds.find_helm(), *doccmds.helm_args(["template", "t", str(ROOT / "charts" / "tputorch-operator"),
+                              "--namespace", "tputorch-system", *extra])], capture_output=True, text=True, env=env, timeout=120)
         assert out.returncode == 0, out.stderr
         for d in yaml.safe_load_all(out.stdout):
             if d and d["kind"] in ("Role", "ClusterRole") and not d["metadata"]["name"].endswith(("-user-view", "-user-edit")):

@@ -122,9 +122,26 @@ def test_kuberay_crd_without_a_field_the_operator_writes(kube, leader, doctor_ns
     auth = v1["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["rayClusterSpec"]["properties"]["authOptions"]
     del auth["properties"]["secretName"]
     ext.replace_custom_resource_definition("rayjobs.ray.io", stripped)
+    job = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchJob", "metadata": {"name": "auth-pruned"},
+           "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "i", "entrypoint": "python x.py",
+                    "suspend": True}}  # suspended: KubeRay makes no cluster, the RayJob is all there is
     try:
         code, report = doctor(capsys, kube.kubeconfig, doctor_ns)
+        # the operator's side of the same fault: the RayJob it made, as the API server stored it, lost
+        # authOptions.secretName, and the job says so (a Warning event too)
+        kubectl(kube.kubeconfig, "apply", "-n", doctor_ns, "-f", "-", input=yaml.safe_dump(job))
+        auth = kube.wait(lambda: next((c for c in (kube.custom.get_namespaced_custom_object(
+            "tputorch.io", "v1alpha1", doctor_ns, "tputorchjobs", "auth-pruned").get("status") or {}).get("conditions") or []
+            if c["type"] == "RayAuth"), None), 30, "the job's RayAuth condition")
+        stored = kube.custom.get_namespaced_custom_object("ray.io", "v1", doctor_ns, "rayjobs", "auth-pruned")
+        assert stored["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}  # the API server pruned it
+        assert (auth["status"], auth["reason"]) == ("False", "AuthSecretNameDropped"), auth
+        kube.wait(lambda: [e for e in kube.core.list_namespaced_event(
+            doctor_ns, field_selector="involvedObject.name=auth-pruned").items
+            if e.reason == "AuthSecretNameDropped" and e.type == "Warning"], 30, "its Warning event")
     finally:
+        kubectl(kube.kubeconfig, "delete", "-n", doctor_ns, "tputorchjob", "auth-pruned", "--ignore-not-found",
+                "--wait=true", check=False)
         current = ext.read_custom_resource_definition("rayjobs.ray.io")
         original["metadata"]["resourceVersion"] = current.metadata.resource_version
         ext.replace_custom_resource_definition("rayjobs.ray.io", original)

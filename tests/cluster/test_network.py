@@ -4,26 +4,29 @@ to a Ray pod, and drops the denied ones (hack/fakedash/network.py). KubeRay is "
 from an address outside the pod network, as GKE's Ray Operator add-on may. What KubeRay then does is
 the real binary's.
 
-- the chart's defaults (open mode): a job reaches Succeeded through KubeRay's own status path;
-- from another namespace a pod is denied GCS, the client port and a raylet port of the job's
-  cluster; a call to 8265 without the token is refused by Ray auth; a service's Serve port follows
-  its spec.exposure (cyclonus's verdicts on the policies the operator writes);
+- the chart's defaults (open mode): test_operator_e2e.py's 4x4 job runs under them and reaches
+  Succeeded through KubeRay's own status path; from another namespace a pod is denied GCS, the
+  client port and a raylet port of the job's cluster, and a call to 8265 without the token is
+  refused by Ray auth (there too);
+- a service's Serve port follows its spec.exposure (cyclonus's verdicts on the policies the
+  operator writes);
 - strict mode with no KubeRay peer: KubeRay's GetJobInfo calls are dropped, the run succeeds and
   its submitter ends, and KubeRay 1.6 marks the RayJob Failed 30 s later (grace period exceeded);
   the TPUTorchJob's condition names its NetworkPolicy and the values that admit KubeRay; a
-  service's slice comes up, KubeRay's Serve calls are dropped, and it says why while Deploying.
+  service's slice comes up, KubeRay's Serve calls are dropped, and it says why while Deploying
+  (one strict operator for both, the service's slice coming up while the job waits out KubeRay).
 """
 
 from __future__ import annotations
 
 import sys
-import urllib.error
-import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
 from tputorch import render
@@ -89,8 +92,7 @@ def test_a_services_serve_port_follows_its_exposure(exposure, admitted):
                                        for ns, labels in clients.values()]))
 
 
-@pytest.fixture
-def enforced(dashboard):
+def enforce(dashboard) -> dict:
     """Policies enforced, KubeRay hosted (the stand-in dashboard's defaults, said here)."""
     net = dashboard._call("PUT", "/network", {"enforce": True, "reset": True})
     if not net["enforce"]:
@@ -99,79 +101,61 @@ def enforced(dashboard):
     return net
 
 
-def run_operator(kube, kube_env, namespace, tmp_path, *args):
-    return OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [namespace], extra_args=list(args),
-                           dashboard_url=kube_env["dashboard_url"]).start()
-
-
-def test_with_the_default_policy_a_job_succeeds_through_kuberays_status_path(
-        kube, kube_env, tputorch_crd, namespace, dashboard, enforced, tmp_path):
-    op = run_operator(kube, kube_env, namespace, tmp_path)  # open mode: the chart's default
-    try:
-        kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job("open")))
-        wait_phase(kube, namespace, "open", "Running", 120)
-        assert condition(status_of(kube, namespace, "open"), "NetworkPolicyReady")["status"] == "True"
-        dashboard.set_job_status(namespace, "open", "SUCCEEDED")
-        st = wait_phase(kube, namespace, "open", "Succeeded", 120)
-        assert st["jobStatus"] == "SUCCEEDED"
-        reads = [r for r in dashboard.requests(namespace=namespace) if r["path"].startswith("/api/jobs/")]
-        assert reads and all(r.get("status_code") == 200 and not r.get("dropped") for r in reads), reads[-3:]
-        assert dashboard._call("GET", "/network")["verdicts_cached"] >= 1  # cyclonus decided
-        # From another namespace: Ray's ports are closed, the dashboard open but Ray auth refuses a call
-        # without the cluster's token (the stand-in answers as a Ray 2.60 head, recorded).
-        policy = kube.custom.get_namespaced_custom_object("networking.k8s.io", "v1", namespace, "networkpolicies",
-                                                          "open-rayjob")
-        head = {"metadata": {"namespace": namespace, "labels": {render.JOB_LABEL: "open", "ray.io/node-type": "head"}}}
-        other = {"metadata": {"namespace": "elsewhere", "labels": {"app": "notebook"}}}
-        ports = (6379, 10001, 43215, 8265)
-        assert verdicts([policy], [(other, head, port) for port in ports]) == [False, False, False, True]
-        proxy = urllib.request.build_opener(urllib.request.ProxyHandler({"http": kube_env["dashboard_url"]}))
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            proxy.open(f"http://{st['rayClusterName']}-head-svc.{namespace}.svc.cluster.local:8265/api/jobs/", timeout=10)
-        assert refused.value.code in (401, 403)
-    finally:
-        op.stop()
-
-
-def test_strict_mode_without_a_kuberay_peer_fails_the_job_as_kuberay_does_and_says_why(
-        kube, kube_env, tputorch_crd, namespace, dashboard, enforced, tmp_path):
-    op = run_operator(kube, kube_env, namespace, tmp_path, "--network-policy-mode", "strict")
-    try:
-        kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job("strict")))
-        wait_phase(kube, namespace, "strict", "Running", 120)  # Initializing -> Running needs no dashboard call
-        dashboard.set_job_status(namespace, "strict", "SUCCEEDED")  # the run succeeds; its submitter ends
-        st = wait_phase(kube, namespace, "strict", "Failed", 150)  # KubeRay: 30 s after the submitter ended
-        rayjob = kube.custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", "strict")
-        assert rayjob["status"]["reason"] == "JobDeploymentStatusTransitionGracePeriodExceeded"
-        failed = condition(st, "Failed")
-        assert failed["reason"] == "DashboardUnreachable"
-        assert f"NetworkPolicy {namespace}/strict-rayjob" in failed["message"]
-        assert "networkPolicy.kuberay" in failed["message"]
-        dropped = [r for r in dashboard.requests(namespace=namespace) if r.get("dropped")]
-        assert dropped and all(r["path"].startswith("/api/") for r in dropped)
-    finally:
-        op.stop()
-
-
-def test_strict_mode_without_a_kuberay_peer_a_service_says_why_while_deploying(
-        kube, kube_env, tputorch_crd, namespace, dashboard, enforced, tmp_path):
-    op = run_operator(kube, kube_env, namespace, tmp_path, "--network-policy-mode", "strict")
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": "chat"},
+def service(name: str) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": name},
             "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/ray-vllm-torchtpu:2.60.0",
                      "model": {"source": "Qwen/Qwen3-0.6B"}, "head": {"cpu": "1", "memory": "2Gi"},
                      "worker": {"cpu": "4", "memory": "16Gi"}}}
+
+
+@pytest.fixture(scope="module")
+def strict(kube, kube_env, tputorch_crd, dashboard, tmp_path_factory):
+    """One operator in strict mode with no KubeRay peer, watching two namespaces: a job in one, a
+    service in the other, both applied at once (two v6e 2x2 pools), so the service's slice comes up
+    while the job waits out KubeRay's grace period. Each test waits for its own object's outcome."""
+    enforce(dashboard)
+    spaces = {kind: make_namespace(kube, f"network-strict-{kind}-{uuid.uuid4().hex[:5]}") for kind in ("job", "svc")}
+    op = OperatorProcess(kube.kubeconfig, tmp_path_factory.mktemp("network-strict") / "operator.log",
+                         list(spaces.values()), extra_args=["--network-policy-mode", "strict"],
+                         dashboard_url=kube_env["dashboard_url"]).start()
     try:
-        kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
-        # KubeRay's PUT of the Serve config is dropped: the slice comes up, no application is reported
-        st = kube.wait(lambda: (lambda s: s if condition(s, "Ready").get("reason") == "DashboardUnreachable" else None)(
-            kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "tputorchservices", "chat").get("status") or {}),
-            120, "the service's Ready condition naming the network")
-        assert st["phase"] == "Deploying" and f"NetworkPolicy {namespace}/chat-ray" in st["message"]
-        serve_api = kube.wait(lambda: [r for r in dashboard.requests(namespace=namespace)
-                                       if r["path"].startswith("/api/serve/")], 60, "KubeRay's Serve API calls")
-        assert all(r.get("dropped") for r in serve_api), serve_api[-3:]  # every one dropped
+        kubectl(kube.kubeconfig, "apply", "-n", spaces["job"], "-f", "-", input=yaml.safe_dump(job("strict")))
+        kubectl(kube.kubeconfig, "apply", "-n", spaces["svc"], "-f", "-", input=yaml.safe_dump(service("chat")))
+        yield spaces
     finally:
         op.stop()
+        for ns in spaces.values():
+            delete_namespace(kube, ns, wait=False)
+        for ns in spaces.values():
+            delete_namespace(kube, ns)
+    assert "Traceback" not in op.log(), op.log()[-5000:]
+
+
+def test_strict_mode_without_a_kuberay_peer_fails_the_job_as_kuberay_does_and_says_why(kube, dashboard, strict):
+    namespace = strict["job"]
+    wait_phase(kube, namespace, "strict", "Running", 120)  # Initializing -> Running needs no dashboard call
+    dashboard.set_job_status(namespace, "strict", "SUCCEEDED")  # the run succeeds; its submitter ends
+    st = wait_phase(kube, namespace, "strict", "Failed", 150)  # KubeRay: 30 s after the submitter ended
+    rayjob = kube.custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", "strict")
+    assert rayjob["status"]["reason"] == "JobDeploymentStatusTransitionGracePeriodExceeded"
+    failed = condition(st, "Failed")
+    assert failed["reason"] == "DashboardUnreachable"
+    assert f"NetworkPolicy {namespace}/strict-rayjob" in failed["message"]
+    assert "networkPolicy.kuberay" in failed["message"]
+    dropped = [r for r in dashboard.requests(namespace=namespace) if r.get("dropped")]
+    assert dropped and all(r["path"].startswith("/api/") for r in dropped)
+
+
+def test_strict_mode_without_a_kuberay_peer_a_service_says_why_while_deploying(kube, dashboard, strict):
+    namespace = strict["svc"]
+    # KubeRay's PUT of the Serve config is dropped: the slice comes up, no application is reported
+    st = kube.wait(lambda: (lambda s: s if condition(s, "Ready").get("reason") == "DashboardUnreachable" else None)(
+        kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "tputorchservices", "chat").get("status") or {}),
+        120, "the service's Ready condition naming the network")
+    assert st["phase"] == "Deploying" and f"NetworkPolicy {namespace}/chat-ray" in st["message"]
+    serve_api = kube.wait(lambda: [r for r in dashboard.requests(namespace=namespace)
+                                   if r["path"].startswith("/api/serve/")], 60, "KubeRay's Serve API calls")
+    assert all(r.get("dropped") for r in serve_api), serve_api[-3:]  # every one dropped
 
 
 class _Kube:

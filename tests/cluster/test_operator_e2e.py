@@ -1,13 +1,17 @@
 """The operator end to end on a real API server with KubeRay and fake GKE TPU node pools.
 
 TPUTorchJob -> RayJob -> RayCluster -> pods on the right TPU nodes -> status back on the
-TPUTorchJob, driven to success or failure through the stand-in Ray dashboard.
+TPUTorchJob, driven to success or failure through the stand-in Ray dashboard. The 4x4 job also
+runs under the chart's default NetworkPolicy as the stand-in enforces it (test_network.py has the
+strict mode and the rest of the pod network).
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ import yaml
 from kubernetes.client.rest import ApiException
 
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
+from test_network import enforce, verdicts
 
 from tputorch import render
 from tputorch.api import spec, topology
@@ -77,7 +82,15 @@ def pods_of(kube, ns, job):
     return kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={job}").items
 
 
-def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, namespace, operator, dashboard):
+@pytest.fixture
+def enforced(dashboard):
+    return enforce(dashboard)
+
+
+def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, kube_env, namespace, enforced, operator, dashboard):
+    """Also the pod network with the chart's defaults (open mode, issue 41), enforced by the stand-in
+    with KubeRay hosted outside the pod network: the job reaches Succeeded through KubeRay's own status
+    path, every progress read passes, and from another namespace Ray's ports stay closed."""
     body = example("v6e-4x4.yaml")
     name = body["metadata"]["name"]
     apply(kube, namespace, body)
@@ -93,6 +106,7 @@ def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, namespace, operator, dashb
                    120, "4/4 hosts ready")
     assert st["workers"] == 16 and condition(st, "SliceReady")["status"] == "True"
     assert st["rayClusterName"].startswith(name)
+    assert condition(st, "NetworkPolicyReady")["status"] == "True"
 
     nodes = {n.metadata.name: n.metadata.labels for n in kube.core.list_node().items}
     pods = pods_of(kube, namespace, name)
@@ -118,6 +132,21 @@ def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, namespace, operator, dashb
     metrics = operator.metrics()
     assert 'tputorch_reconciles_total{kind="TPUTorchJob",result="created"} 1.0' in metrics
     assert 'tputorch_jobs{phase="Succeeded"} 1.0' in metrics
+    # KubeRay's status reads and the operator's progress reads all passed the network; cyclonus decided
+    reads = [r for r in dashboard.requests(namespace=namespace) if r["path"].startswith("/api/jobs/")]
+    assert reads and all(r.get("status_code") == 200 and not r.get("dropped") for r in reads), reads[-3:]
+    assert dashboard._call("GET", "/network")["verdicts_cached"] >= 1
+    # From another namespace: Ray's ports are closed, the dashboard open but Ray auth refuses a call
+    # without the cluster's token (the stand-in answers as a Ray 2.60 head, recorded).
+    policy = kube.custom.get_namespaced_custom_object("networking.k8s.io", "v1", namespace, "networkpolicies",
+                                                      f"{name}-rayjob")
+    head = {"metadata": {"namespace": namespace, "labels": {render.JOB_LABEL: name, "ray.io/node-type": "head"}}}
+    other = {"metadata": {"namespace": "elsewhere", "labels": {"app": "notebook"}}}
+    assert verdicts([policy], [(other, head, port) for port in (6379, 10001, 43215, 8265)]) == [False, False, False, True]
+    proxy = urllib.request.build_opener(urllib.request.ProxyHandler({"http": kube_env["dashboard_url"]}))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        proxy.open(f"http://{st['rayClusterName']}-head-svc.{namespace}.svc.cluster.local:8265/api/jobs/", timeout=10)
+    assert refused.value.code in (401, 403)
 
 
 def test_failing_job_reports_kuberays_message(kube, namespace, operator, dashboard):

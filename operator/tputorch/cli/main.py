@@ -114,6 +114,14 @@ def cmd_doctor(args) -> int:
     from . import client, doctor, doctor_read
 
     specs = None
+    if args.storage_path is not None:
+        from .smoke import storage_path_problem
+
+        problem = ("--storage-path: only with --smoke (the probe object is written from the smoke's Ray job)"
+                   if not args.smoke else storage_path_problem(args.storage_path))
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
     if args.for_file:
         specs, problems = _parse_all(args.for_file)
         if problems:
@@ -147,7 +155,7 @@ def cmd_doctor(args) -> int:
         say = (lambda text: print(text, file=sys.stderr)) if args.output == "json" else print
         try:
             results += smoke.run(api.api_client, api.namespace, args.smoke_image or smoke.DEFAULT_IMAGE, policy, args.smoke_timeout,
-                                 args.service_account, say=say)
+                                 args.service_account, say=say, storage_path=args.storage_path)
         except KeyboardInterrupt:
             print("interrupted: the smoke probe's objects are deleted", file=sys.stderr)
             return 130
@@ -346,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--smoke-policy-peer", action="append", default=[], metavar="CIDR|NAMESPACE[:KEY=VALUE,...]",
                      help="with --smoke-policy-mode: as the operator's --network-policy-peer (repeatable)")
     doc.add_argument("--service-account", help="the probe's Ray pods' ServiceAccount")
+    doc.add_argument("--storage-path", metavar="URI",
+                     help="with --smoke: the checkpoint storage to probe (gs://BUCKET/PATH, as spec.checkpoint.storagePath): "
+                          "the probe's Ray job writes, reads back and removes one object there with the pods' "
+                          "ServiceAccount, through Ray Train's filesystem layer")
     doc.add_argument("-o", "--output", choices=["text", "json"], default="text")
     submit.add_connection_flags(doc)
     doc.set_defaults(func=cmd_doctor)

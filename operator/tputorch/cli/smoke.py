@@ -4,38 +4,82 @@ mode, KubeRay's submitter Job), which KubeRay must see succeed through the Ray d
 the slice's worker group asks for no host. Everything it made is deleted at the end, also when
 interrupted (Ctrl-C, SIGTERM).
 
+With `--storage-path URI` the job is also given that storage path (spec.checkpoint.storagePath, as a
+training job is) and its entrypoint runs storage_probe.py after the Ray probe: an object written,
+read back and removed through Ray Train's filesystem layer with the Ray pods' ServiceAccount.
+
 `smoke_objects` and `verdict` are pure; `run` is the I/O.
 """
 
 from __future__ import annotations
 
+import base64
+import re
 import secrets
 import signal
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from kubernetes.client.rest import ApiException
 
 from ..api import crd, spec
 from ..api.common import DEFAULTS
 from .. import render
-from .doctor import DOC_NETWORK, DOCS, FAIL, OK, Result
+from .doctor import DOC_NETWORK, DOCS, FAIL, OK, UNKNOWN, Result
+from . import storage_probe
 
 PROBE_ENTRYPOINT = "python -c \"import ray; ray.init(); print('tputorch doctor smoke: ok')\""
 DEFAULT_IMAGE = f"rayproject/ray:{DEFAULTS['rayVersion']}"  # Ray's own CPU image, of the Ray the operator writes
 DOC_SMOKE = DOCS + "troubleshooting.md#troubleshooting"
+DOC_STORAGE = DOCS + "install-gke.md#6-a-bucket-and-workload-identity-for-the-ray-pods"
 # KubeRay's words when it cannot read the job from the dashboard (1.6's grace period for a job
 # whose status it cannot get), and the transport errors of its dashboard client.
 UNREACHABLE_MARKS = ("JobDeploymentStatusTransitionGracePeriodExceeded", "dial tcp", "connection refused",
                      "i/o timeout", "context deadline exceeded", "no route to host", "DashboardUnreachable")
 
 
+@dataclass(frozen=True)
+class Storage:
+    """What --storage-path probes, and as whom (for the messages)."""
+    uri: str
+    service_account: str  # namespace/name of the Ray pods' ServiceAccount
+
+
+def storage_entrypoint() -> str:
+    """storage_probe.py's source as a command: base64, so that no quoting of KubeRay's `bash -c`
+    line or the job's shell can change a character of it."""
+    source = base64.b64encode(Path(storage_probe.__file__).read_bytes()).decode("ascii")
+    return f"python -c \"import base64; exec(base64.b64decode('{source}'))\""
+
+
+def storage_path_problem(uri: str) -> str | None:
+    """Why --storage-path is refused (None: it is not). The job spec's own rule for
+    spec.checkpoint.storagePath decides, and a bare path is refused: the probe's pods mount no
+    volume, so it would only reach the head's own disk."""
+    body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": "probe"},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "i", "entrypoint": "e",
+                     "checkpoint": {"storagePath": uri}}}
+    try:
+        spec.parse_any(body)
+    except spec.InvalidSpec as err:
+        return f"--storage-path {uri!r}: " + "; ".join(e.message for e in err.errors)
+    if not re.match(r"^[a-z][a-z0-9+.-]*://", uri):
+        return (f"--storage-path {uri!r}: must be a URI such as gs://bucket/runs (a path on a volume is not probed: "
+                "the probe's pods mount no volume)")
+    return None
+
+
 def smoke_objects(namespace: str, name: str, image: str, token: str, policy: render.NetworkPolicyConfig | None,
-                  service_account: str | None = None) -> tuple[dict, dict, dict | None]:
+                  service_account: str | None = None, storage_path: str | None = None) -> tuple[dict, dict, dict | None]:
     """(RayJob, its token Secret, its NetworkPolicy or None): a v6e 2x2 job's, with the TPU group
-    at zero hosts, so only the CPU head runs the probe."""
+    at zero hosts, so only the CPU head runs the probe; with `storage_path`, the job's checkpoint
+    storage, probed after the Ray probe."""
+    entrypoint = PROBE_ENTRYPOINT + (f" && {storage_entrypoint()}" if storage_path else "")
     body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name, "namespace": namespace},
-            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": image, "entrypoint": PROBE_ENTRYPOINT,
-                     **({"serviceAccountName": service_account} if service_account else {})}}
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": image, "entrypoint": entrypoint,
+                     **({"serviceAccountName": service_account} if service_account else {}),
+                     **({"checkpoint": {"storagePath": storage_path}} if storage_path else {})}}
     job = spec.parse_any(body)
     rayjob = render.rayjob(job)
     for group in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
@@ -49,28 +93,78 @@ def smoke_objects(namespace: str, name: str, image: str, token: str, policy: ren
     return rayjob, secret, policy_obj
 
 
-def verdict(rayjob: dict | None, elapsed: float, timeout: float) -> Result | None:
-    """The probe's outcome from the RayJob's status, or None while it is still on its way."""
+def verdict(rayjob: dict | None, elapsed: float, timeout: float, storage: Storage | None = None) -> list[Result] | None:
+    """The probe's outcome from the RayJob's status (with `storage`, the storage probe's too), or
+    None while it is still on its way."""
     st = (rayjob or {}).get("status") or {}
     deployment, job_status = st.get("jobDeploymentStatus"), st.get("jobStatus")
     said = " ".join(str(st.get(k) or "") for k in ("reason", "message"))
+    ran = Result("smoke", OK, "smoke: a CPU-only Ray job, made as the operator makes one, ran and KubeRay read its end "
+                 "through the Ray dashboard")
     if deployment == "Complete" and job_status == "SUCCEEDED":
-        return Result("smoke", OK, "smoke: a CPU-only Ray job, made as the operator makes one, succeeded as KubeRay "
-                      "saw it through the Ray dashboard")
+        return [Result("smoke", OK, "smoke: a CPU-only Ray job, made as the operator makes one, succeeded as KubeRay "
+                       "saw it through the Ray dashboard")] + ([storage_ok(storage)] if storage else [])
     if deployment == "Failed" or job_status in ("FAILED", "STOPPED"):
+        failed_step = storage_failure(str(st.get("message") or "")) if storage else None
+        if failed_step:
+            return [ran, storage_failed(storage, *failed_step)]
         if any(mark in said for mark in UNREACHABLE_MARKS):
-            return unreachable(said)
-        return Result("smoke", FAIL, f"smoke: the Ray job failed (jobDeploymentStatus {deployment}, jobStatus "
-                      f"{job_status}): {said.strip() or 'no reason given'}",
-                      "read the RayJob's events (`kubectl describe rayjob`) and its submitter's log", DOC_SMOKE)
+            outcome = unreachable(said)
+        else:
+            outcome = Result("smoke", FAIL, f"smoke: the Ray job failed (jobDeploymentStatus {deployment}, jobStatus "
+                             f"{job_status}): {said.strip() or 'no reason given'}",
+                             "read the RayJob's events (`kubectl describe rayjob`) and its submitter's log", DOC_SMOKE)
+        return [outcome] + ([storage_not_reached(storage)] if storage else [])
     if elapsed > timeout:
         if deployment in (None, "", "Initializing") and st.get("rayClusterStatus", {}).get("state") == "ready":
-            return unreachable(f"the Ray cluster is ready but the job never started within {timeout:g} s")
-        return Result("smoke", FAIL, f"smoke: no outcome within {timeout:g} s (jobDeploymentStatus {deployment or '-'}, "
-                      f"jobStatus {job_status or '-'}{': ' + said.strip() if said.strip() else ''})",
-                      "look at the probe's pods (`kubectl get pods -l tputorch.io/job=...`): a head that cannot "
-                      "be scheduled or pulled, or KubeRay not running", DOC_SMOKE)
+            outcome = unreachable(f"the Ray cluster is ready but the job never started within {timeout:g} s")
+        else:
+            outcome = Result("smoke", FAIL, f"smoke: no outcome within {timeout:g} s (jobDeploymentStatus "
+                             f"{deployment or '-'}, jobStatus {job_status or '-'}{': ' + said.strip() if said.strip() else ''})",
+                             "look at the probe's pods (`kubectl get pods -l tputorch.io/job=...`): a head that cannot "
+                             "be scheduled or pulled, or KubeRay not running", DOC_SMOKE)
+        return [outcome] + ([storage_not_reached(storage)] if storage else [])
     return None
+
+
+_STORAGE_LINE = re.compile(re.escape(storage_probe.MARK) + r" could not (.+?) (\S+): (.*)")
+# What each failed step needs, on GKE (Workload Identity's principal for the pods' ServiceAccount).
+STORAGE_FIXES = {
+    "open": "the storage path's scheme needs its filesystem in the job's image (gs:// needs pyarrow's GCS support, "
+            "as Ray's images have)",
+    "create the directory": "grant the pods' ServiceAccount (its Workload Identity principal) roles/storage.objectUser "
+                            "and roles/storage.legacyBucketReader on the bucket (pyarrow reads the bucket's metadata); "
+                            "check that the bucket exists",
+    "write": "grant the pods' ServiceAccount (its Workload Identity principal) roles/storage.objectUser on the bucket",
+    "read back": "grant roles/storage.objectUser (roles/storage.objectCreator cannot read: a run could not resume from "
+                 "its checkpoint)",
+    "remove": "grant roles/storage.objectUser (roles/storage.objectCreator cannot delete: Ray Train removes old "
+              "checkpoints); then delete the probe object",
+}
+
+
+def storage_failure(message: str) -> tuple[str, str, str] | None:
+    """(step, target, reason) from the storage probe's line in the job's message (Ray puts the tail
+    of a failed entrypoint's output there), or None when it has none."""
+    for line in message.splitlines():
+        m = _STORAGE_LINE.search(line)
+        if m and m.group(1) in STORAGE_FIXES:
+            return m.group(1), m.group(2), m.group(3).strip()
+    return None
+
+
+def storage_ok(storage: Storage) -> Result:
+    return Result("smoke-storage", OK, f"smoke: wrote, read back and removed a probe object under {storage.uri} as "
+                  f"ServiceAccount {storage.service_account}, through Ray Train's filesystem layer on the Ray head")
+
+
+def storage_failed(storage: Storage, step: str, target: str, reason: str) -> Result:
+    return Result("smoke-storage", FAIL, f"smoke: could not {step} {target} as ServiceAccount {storage.service_account}: "
+                  f"{reason}", STORAGE_FIXES[step], DOC_STORAGE)
+
+
+def storage_not_reached(storage: Storage) -> Result:
+    return Result("smoke-storage", UNKNOWN, f"smoke: {storage.uri} not probed: the Ray job did not get that far")
 
 
 def unreachable(said: str) -> Result:
@@ -88,14 +182,16 @@ def _raise_interrupted(signum, frame):
 
 
 def run(api_client, namespace: str, image: str, policy: render.NetworkPolicyConfig | None, timeout: float,
-        service_account: str | None = None, say=print) -> list[Result]:
+        service_account: str | None = None, say=print, storage_path: str | None = None) -> list[Result]:
     """Create the probe, wait for KubeRay's verdict, delete what was made (also on Ctrl-C / SIGTERM)."""
     from kubernetes import client
 
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
     net = client.NetworkingV1Api(api_client)
     name = f"tputorch-smoke-{secrets.token_hex(3)}"
-    rayjob, secret, policy_obj = smoke_objects(namespace, name, image, secrets.token_urlsafe(32), policy, service_account)
+    rayjob, secret, policy_obj = smoke_objects(namespace, name, image, secrets.token_urlsafe(32), policy, service_account,
+                                               storage_path)
+    storage = Storage(storage_path, f"{namespace}/{service_account or 'default'}") if storage_path else None
     made: list[tuple[str, str]] = []
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     results: list[Result] = []
@@ -114,9 +210,9 @@ def run(api_client, namespace: str, image: str, policy: render.NetworkPolicyConf
         start = time.monotonic()
         while True:
             current = custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name)
-            outcome = verdict(current, time.monotonic() - start, timeout)
+            outcome = verdict(current, time.monotonic() - start, timeout, storage)
             if outcome is not None:
-                results.append(outcome)
+                results += outcome
                 break
             time.sleep(1.0)
     except (KeyboardInterrupt, _Interrupted):

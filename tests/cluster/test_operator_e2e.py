@@ -349,3 +349,76 @@ def test_a_foreign_rayjob_with_the_same_name_is_reported_not_taken_over(kube, na
         job_status(kube, namespace, "taken")), 60, "RayJobCreated=False RayJobNameTaken")
     assert st["phase"] == "Pending" and "does not belong to this TPUTorchJob" in st["message"]
     assert "ownerReferences" not in get_rayjob(kube, namespace, "taken")["metadata"]
+
+
+# --- hostile objects (issue 34) ------------------------------------------------------------------
+
+HOSTILE = 30  # of each kind, ~1 MB each: ~90 MB that the operator reads and must not keep
+REAL_JOBS = 6
+CHART_MEMORY_LIMIT = 512 * 2**20  # charts/tputorch-operator/values.yaml resources.limits.memory
+
+
+def _hostile(kind: str, i: int) -> dict:
+    """An object any tenant may make with our managed-by label: nothing of ours controls it."""
+    labels = {render.MANAGED_BY_LABEL: "tputorch-operator", render.JOB_LABEL: "victim"}
+    meta = {"name": f"hostile-{i}", "labels": labels}
+    if kind == "pods":  # never scheduled (no node has the label): it stays, as it is, in the store's list
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                "spec": {"nodeSelector": {"nowhere": "true"},
+                         "containers": [{"name": "c", "image": "busybox", "env": [{"name": "B", "value": "x" * 1_000_000}]}]}}
+    if kind == "networkpolicies":  # 15,000 selector values of 63 characters
+        values = [f"{j:063d}" for j in range(15_000)]
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,
+                "spec": {"podSelector": {"matchExpressions": [{"key": "k", "operator": "In", "values": values}]}}}
+    # CRD-valid (runtimeEnv is free-form to the API server), refused by the parser (over 32 KiB)
+    body = job_body(f"hostile-{i}", runtimeEnv={"env_vars": {f"V{j}": "x" * 30_000 for j in range(30)}})
+    body["metadata"]["labels"] = labels
+    return body
+
+
+def _rss(pid: int, field: str) -> int:
+    """The process's resident set now (VmRSS) or at its peak (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+def test_hostile_objects_of_another_namespace_cost_nothing_while_real_jobs_run(kube, namespace, tputorch_crd,
+                                                                               kube_env, tmp_path):
+    """Another namespace (one the operator watches) makes pods and NetworkPolicies with our managed-by
+    label and large TPUTorchJobs the parser refuses, while real jobs start: the operator keeps its
+    memory under the chart's limit, does not restart, and every real job is reconciled."""
+    from namespaces import delete_namespace, make_namespace
+    from operator_process import OperatorProcess
+
+    tenant = make_namespace(kube, f"{namespace[:50]}-tenant")
+    op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [namespace, tenant],
+                         dashboard_url=kube_env["dashboard_url"]).start()
+    try:
+        before = _rss(op.proc.pid, "VmRSS")
+        for i in range(HOSTILE):
+            kube.core.create_namespaced_pod(tenant, _hostile("pods", i))
+            kube.custom.create_namespaced_custom_object("networking.k8s.io", "v1", tenant, "networkpolicies",
+                                                        _hostile("networkpolicies", i))
+            kube.custom.create_namespaced_custom_object(GROUP, VERSION, tenant, PLURAL, _hostile("tputorchjobs", i))
+            if i < REAL_JOBS:
+                apply(kube, namespace, job_body(f"real-{i}"))
+        for i in range(REAL_JOBS):
+            st = kube.wait(lambda: (lambda s: s if condition(s, "RayJobCreated").get("status") == "True" else None)(
+                job_status(kube, namespace, f"real-{i}")), 180, f"real-{i}'s RayJob")
+            assert st["phase"] in ("Pending", "Running"), st
+            get_rayjob(kube, namespace, f"real-{i}")
+        for i in range(HOSTILE):  # refused, with only their refusal kept
+            st = wait_phase(kube, tenant, f"hostile-{i}", "Failed", 120)
+            validated = condition(st, "Validated")
+            assert validated["reason"] == "ValidationFailed" and "spec.runtimeEnv" in validated["message"], validated
+        assert op.proc.poll() is None, op.log()[-3000:]  # never restarted
+        peak = _rss(op.proc.pid, "VmHWM")
+        # ~90 MB of foreign objects went through its informers: kept whole they were that much and more
+        assert peak < CHART_MEMORY_LIMIT and peak - before < 64 * 2**20, \
+            f"peak RSS {peak / 2**20:.0f} MiB, {before / 2**20:.0f} MiB before the hostile objects"
+    finally:
+        op.stop()
+        delete_namespace(kube, tenant)
+    assert "Traceback" not in op.log(), op.log()[-5000:]

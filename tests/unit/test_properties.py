@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tputorch import render
+from tputorch.api import service as service_api
 from tputorch.api import spec, topology
 
 scalars = st.one_of(
@@ -26,6 +27,8 @@ names = st.from_regex(r"[a-z][a-z0-9-]{0,40}[a-z0-9]", fullmatch=True)
 env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,15}", fullmatch=True).filter(
     lambda n: n not in spec.FORBIDDEN_ENV and not n.startswith(spec.RESERVED_ENV_PREFIX) and n not in spec.SERVICE_ENV and n != spec.HF_TOKEN_ENV)
 quantities = st.one_of(st.sampled_from(["1", "4", "500m", "16Gi", "1.5", "32Gi"]), st.integers(min_value=1, max_value=64))
+# memory has a floor (api/common.py: at least 256Mi), so a valid body draws its memory above it
+memories = st.one_of(st.sampled_from(["256Mi", "512Mi", "16Gi", "32Gi", "1Ti"]), st.integers(min_value=2**28, max_value=2**36))
 label_values = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
 
 common_optional = {
@@ -33,9 +36,9 @@ common_optional = {
     "runtimeEnv": st.fixed_dictionaries({}, optional={"pip": st.lists(st.sampled_from(["datasets", "numpy==2.1"]), max_size=2),
                                                       "env_vars": st.dictionaries(env_names, st.text(max_size=5), max_size=2)}),
     "env": st.lists(st.fixed_dictionaries({"name": env_names, "value": st.text(max_size=8)}), max_size=3, unique_by=lambda e: e["name"]),
-    "head": st.fixed_dictionaries({}, optional={"cpu": quantities, "memory": quantities, "nodeSelector": st.dictionaries(st.sampled_from(["pool", "team"]), label_values, max_size=2)}),
-    "worker": st.fixed_dictionaries({}, optional={"cpu": quantities, "memory": quantities}),
-    "tolerations": st.lists(st.fixed_dictionaries({"key": st.text(max_size=5), "operator": st.sampled_from(["Exists", "Equal"]),
+    "head": st.fixed_dictionaries({}, optional={"cpu": quantities, "memory": memories, "nodeSelector": st.dictionaries(st.sampled_from(["pool", "team"]), label_values, max_size=2)}),
+    "worker": st.fixed_dictionaries({}, optional={"cpu": quantities, "memory": memories}),
+    "tolerations": st.lists(st.fixed_dictionaries({"key": st.sampled_from(["google.com/tpu", "dedicated", "example.com/team"]), "operator": st.sampled_from(["Exists", "Equal"]),
                                                    "effect": st.sampled_from(["NoSchedule", "NoExecute"])}), max_size=2),
     "serviceAccountName": names,
     "nodeSelector": st.dictionaries(st.sampled_from(["team", "example.com/pool"]), label_values, max_size=2),
@@ -83,7 +86,8 @@ def job_bodies(draw):
 
 @st.composite
 def service_bodies(draw):
-    s = draw(st.sampled_from([x for x in topology.all_slices() if x.chips_per_host == topology.host_layouts(x.generation, x.topology)[0]]))
+    s = draw(st.sampled_from([x for x in topology.all_slices()
+                              if x.chips_per_host == topology.host_layouts(x.generation, x.topology)[0] and service_api.serving_problem(x) is None]))
     tpu = draw(tpu_block(s, {}))
     pp = draw(st.sampled_from([p for p in (1, 2, 4) if s.chips % p == 0]))
     engine = draw(st.fixed_dictionaries({}, optional={

@@ -489,9 +489,10 @@ def local_kube_version() -> str:
 
 def helm_args(args) -> list[str]:
     """``args`` of a helm command with --kube-version (local_kube_version) added to a `template` or
-    `lint` that neither names one nor asks the cluster (--dry-run=server)."""
+    `lint` that names none (Helm 3.22's `template --dry-run=server` still checks kubeVersion against
+    its default, not the cluster's)."""
     args = list(args)
-    if args and args[0] in ("template", "lint") and "--kube-version" not in args and "--dry-run=server" not in args:
+    if args and args[0] in ("template", "lint") and "--kube-version" not in args:
         args += ["--kube-version", local_kube_version()]
     return args
 
@@ -503,7 +504,7 @@ def helm_shim(bin_dir, helm: str) -> None:
     import shlex
 
     version = shlex.quote(local_kube_version())
-    script = (f'#!/bin/sh\ncase "$1" in template|lint) for a in "$@"; do case "$a" in --kube-version*|--dry-run=server) '
+    script = (f'#!/bin/sh\ncase "$1" in template|lint) for a in "$@"; do case "$a" in --kube-version*) '
               f'exec {shlex.quote(helm)} "$@";; esac; done; exec {shlex.quote(helm)} "$@" --kube-version {version};; esac\n'
               f'exec {shlex.quote(helm)} "$@"\n')
     path = os.path.join(str(bin_dir), "helm")

@@ -97,7 +97,9 @@ def test_team_a_borrows_team_b_reclaims_and_a_priority_class_outside_the_namespa
         apply(kube, a, job_body(name))
     kube.wait(lambda: all(admitted_by(kube, a, n) == "team-a" for n in ("a1", "a2")), 120,
               "both of team A's jobs admitted by ClusterQueue team-a")
-    assert tpu_usage(kube, "team-a") == {"total": "32", "borrowed": "16"}
+    # Kueue writes a ClusterQueue's usage in its own later status update, after the Workloads' Admitted
+    kube.wait(lambda: tpu_usage(kube, "team-a") == {"total": "32", "borrowed": "16"}, 60,
+              "team-a's usage: two slices, one borrowed from team-b")
 
     # team B's own job takes its slice back: Kueue preempts the job of A's that borrowed it
     apply(kube, b, job_body("b1"))

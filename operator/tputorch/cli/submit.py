@@ -273,10 +273,12 @@ def follow(api: client.Api, kind: client.Kind, name: str, namespace: str, out, t
     """Show the object's progress (and a job's driver log) until it reaches `target` or fails."""
     q: queue.Queue = queue.Queue()
     stop, job_done = threading.Event(), threading.Event()
-    threading.Thread(target=_pump_status, args=(api, kind, name, namespace, q, stop), daemon=True).start()
+    pumps = [threading.Thread(target=_pump_status, args=(api, kind, name, namespace, q, stop), daemon=True)]
     log_running = driver_log and kind is client.JOB
     if log_running:
-        threading.Thread(target=_pump_log, args=(api, name, namespace, q, stop, job_done), daemon=True).start()
+        pumps.append(threading.Thread(target=_pump_log, args=(api, name, namespace, q, stop, job_done), daemon=True))
+    for t in pumps:
+        t.start()
     last: progress.View | None = None
     code: int | None = None
     try:
@@ -323,6 +325,11 @@ def follow(api: client.Api, kind: client.Kind, name: str, namespace: str, out, t
         return INTERRUPTED
     finally:
         stop.set()
+        # Give the pumps a moment to leave their API calls: a daemon thread still inside an HTTPS read
+        # when the interpreter shuts down can abort the process (seen once: `submit` exited SIGABRT
+        # after printing Succeeded). One that is stuck longer is left to die with the process.
+        for t in pumps:
+            t.join(timeout=2.0)
         out.close()
 
 

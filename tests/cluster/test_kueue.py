@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,8 +132,7 @@ class PodWatch:
 
 
 def admitted_at(kube, ns, rayjob) -> datetime.datetime:
-    cond = next(c for c in workload_of(kube, ns, rayjob)["status"]["conditions"] if c["type"] == "Admitted")
-    return datetime.datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00"))
+    return admitted_at_of(workload_of(kube, ns, rayjob))
 
 
 def test_one_slice_of_quota_three_jobs_run_one_at_a_time(kueue, queue_ns, operator, dashboard):
@@ -259,18 +259,59 @@ def test_unknown_queue_and_priority_class_are_named_and_run_once_created(kueue, 
         kubectl(kube.kubeconfig, "delete", "workloadpriorityclass", "tputorch-test-gold", "--ignore-not-found")
 
 
-def test_a_queued_service_is_admitted_by_kueue(kueue, queue_ns, operator):
+INITIALIZING_TIMEOUT = 15  # seconds; the service below waits in the queue at least twice as long
+
+
+def rayservice_of(kube, ns, name) -> dict:
+    return kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
+
+
+def test_a_service_queued_longer_than_its_initializing_timeout_is_admitted_and_ready(kueue, queue_ns, operator, dashboard):
+    """Issue 35 item 2. KubeRay 1.6.2 counts ray.io/initializing-timeout from its first reconcile
+    (Ready=False, Initializing) and checks it every reconcile, suspended or not: with the timeout set
+    at creation a service queued longer is failed in the queue. The operator gives a queued service
+    its timeout only when Kueue admits it (the wait plus the timeout)."""
     kube, ns = kueue, queue_ns
+    apply(kube, ns, job_body("holder", priority="tpu-high"))  # the ClusterQueue's one v6e 4x4 slice of quota
+    wait_phase(kube, ns, "holder", "Running")
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": "llm"},
             "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/ray-vllm-tpu:2.60.0",
-                     "model": {"source": "Qwen/Qwen3-0.6B"}, "queueName": "tpu", "priorityClassName": "tpu-high",
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, "queueName": "tpu", "priorityClassName": "tpu-low",
+                     "serve": {"initializingTimeoutSeconds": INITIALIZING_TIMEOUT},
                      "head": {"cpu": "1", "memory": "2Gi"}, "worker": {"cpu": "4", "memory": "16Gi"}}}
     apply(kube, ns, body)
-    st = wait_phase(kube, ns, "llm", "Deploying", "Ready", plural="tputorchservices", timeout=120)
+    wait_phase(kube, ns, "llm", "Queued", plural="tputorchservices")
+    created = kube.wait(lambda: rayservice_of(kube, ns, "llm"), 60, "the RayService")
+    kube.wait(lambda: (lambda c: c if c.get("reason") == "Initializing" else None)(
+        condition(rayservice_of(kube, ns, "llm").get("status") or {}, "Ready")), 60, "KubeRay's Initializing")
+    # Queued for twice the timeout, KubeRay reconciling it every 2 s all along.
+    time.sleep(2 * INITIALIZING_TIMEOUT)
+    rs = rayservice_of(kube, ns, "llm")
+    assert condition(rs["status"], "Ready")["reason"] == "Initializing", rs["status"]
+    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in (rs["metadata"].get("annotations") or {})
+    assert status(kube, ns, "llm", "tputorchservices")["phase"] == "Queued"
+    # The slice's quota comes free: admitted, given its timeout, deployed, Ready.
+    finish(kube, dashboard, ns, "holder")
+    wait_phase(kube, ns, "holder", "Succeeded")
+    st = wait_phase(kube, ns, "llm", "Ready", "Failed", plural="tputorchservices", timeout=240)
+    assert st["phase"] == "Ready", st
     assert condition(st, "Admitted")["status"] == "True" and st["clusterQueue"] == "tpu"
     w = next(w for w in kube.custom.list_namespaced_custom_object(*KUEUE, ns, "workloads")["items"]
              if any(r["kind"] == "RayService" for r in w["metadata"]["ownerReferences"]))
     assert any(c["type"] == "Admitted" and c["status"] == "True" for c in w["status"]["conditions"])
+    rs = rayservice_of(kube, ns, "llm")
+    timeout = int(rs["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION].removesuffix("s"))
+    waited = (admitted_at_of(w) - created_at(created)).total_seconds()
+    assert timeout >= waited + INITIALIZING_TIMEOUT - 1 and waited >= 2 * INITIALIZING_TIMEOUT, (timeout, waited)
+
+
+def admitted_at_of(workload: dict) -> datetime.datetime:
+    cond = next(c for c in workload["status"]["conditions"] if c["type"] == "Admitted")
+    return datetime.datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00"))
+
+
+def created_at(obj: dict) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(obj["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
 
 
 WORKLOAD_CRD = "workloads.kueue.x-k8s.io"

@@ -4,7 +4,9 @@
 #   hack/cluster.sh up [--fresh]   build/reuse binaries, start everything, wait until ready
 #                                  (--fresh: wipe etcd data first = an empty cluster)
 #   KUEUE=1 hack/cluster.sh up     the same, plus Kueue (off by default; a running Kueue is left
-#                                  running by a later `up` without KUEUE=1, stopped by `down`)
+#                                  running by a later `up` without KUEUE=1, stopped by `down`);
+#                                  KUEUE_FRAMEWORKS="ray.io/rayjob ..." its integrations (default:
+#                                  rayjob, raycluster, rayservice; a running Kueue with others restarts)
 #   hack/cluster.sh down           stop every process `up` started (pid files); idempotent
 #   hack/cluster.sh status         one line per component
 #   hack/cluster.sh env            print `export KUBECONFIG=... TPUTORCH_DASHBOARD_URL=... TPUTORCH_BIN=...`
@@ -233,7 +235,11 @@ kueue_up() {
       -days 3650 -extfile "$run/certs/tls.ext" -out "$run/certs/tls.crt" 2>/dev/null
     chmod 600 "$run/certs/tls.key"
   fi
-  cat >"$run/config.yaml" <<EOF
+  local fw frameworks=""
+  for fw in ${KUEUE_FRAMEWORKS:-ray.io/rayjob ray.io/raycluster ray.io/rayservice}; do
+    frameworks+="${frameworks:+, }\"$fw\""
+  done
+  cat >"$run/config.new.yaml" <<EOF
 apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
 namespace: kueue-system
@@ -251,10 +257,18 @@ internalCertManagement:
   enable: false
 manageJobsWithoutQueueName: false
 integrations:
-  frameworks: ["ray.io/rayjob", "ray.io/raycluster", "ray.io/rayservice"]
+  frameworks: [$frameworks]
 featureGates:
   VisibilityOnDemand: false
 EOF
+  # Kueue reads its config at start: one running with another config is restarted with this one.
+  if alive kueue && ! cmp -s "$run/config.new.yaml" "$run/config.yaml"; then
+    local pid; pid=$(cat "$(pidfile kueue)"); log "restarting kueue (pid $pid) with integrations [$frameworks]"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
+    if running "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+  fi
+  mv "$run/config.new.yaml" "$run/config.yaml"
   local stamp="$DIR/etcd/.kueue-crds" want="$mod $KUEUE_WEBHOOK_PORT"
   if [[ $(cat "$stamp" 2>/dev/null) == "$want" ]] && k get crd workloads.kueue.x-k8s.io >/dev/null 2>&1; then
     log "Kueue CRDs already installed"

@@ -366,27 +366,50 @@ def test_the_groups_cap_of_a_queued_job_follows_the_installed_kueues_workload_cr
     assert len(w["spec"]["podSets"]) == 9
 
 
-def test_doctor_sees_the_ray_integrations_and_the_local_queue_and_a_config_without_rayservice(kueue, queue_ns, capsys):
+def suspended_by_kueue(kube, ns) -> bool:
+    """Whether Kueue's admission webhook suspends a queued RayService (as the operator renders one,
+    not suspended itself): a server-side dry run, nothing is created."""
+    from tputorch.api import spec
+
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": "probe", "namespace": ns},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "example.com/ray-vllm-torchtpu:2.60.0",
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, "queueName": "tpu"}}
+    rayservice = render.rayservice(spec.parse_service(body))
+    rayservice["spec"]["rayClusterConfig"].pop("suspend", None)
+    made = kube.custom.create_namespaced_custom_object("ray.io", "v1", ns, "rayservices", rayservice, dry_run="All")
+    return made["spec"]["rayClusterConfig"].get("suspend") is True
+
+
+def kueue_up(frameworks: str | None) -> None:
+    env = {**os.environ, "KUEUE": "1"}
+    env.pop("KUEUE_FRAMEWORKS", None)
+    if frameworks is not None:
+        env["KUEUE_FRAMEWORKS"] = frameworks
+    subprocess.run([str(REPO / "hack" / "cluster.sh"), "up"], check=True, env=env)
+
+
+def test_doctor_sees_the_ray_integrations_and_the_local_queue_and_a_kueue_without_rayservice(kueue, queue_ns, capsys):
     """`tputorch doctor` reads Kueue's integrations from kueue-system/kueue-manager-config (what
-    Kueue's manager mounts; the local cluster publishes there the file its Kueue runs with). With
-    ray.io/rayservice dropped from that config (Kueue reads it at its next start): its own ✗."""
+    Kueue's manager mounts; the local cluster publishes there the config its Kueue runs with). A
+    real Kueue restarted without ray.io/rayservice (its webhook for RayServices is then a no-op: a
+    queued RayService is no longer suspended for admission, so it would start unqueued or, made
+    suspended, never be admitted) gives its own ✗; then Kueue is restarted as it was."""
     from test_doctor import by_check, doctor, failed
 
-    code, report = doctor(capsys, kueue.kubeconfig, queue_ns)
-    checks = by_check(report)
+    _, healthy = doctor(capsys, kueue.kubeconfig, queue_ns)
+    checks = by_check(healthy)
     assert checks["kueue-integrations"]["status"] == "ok", checks["kueue-integrations"]
     assert checks["kueue-localqueues"]["status"] == "ok" and "tpu" in checks["kueue-localqueues"]["message"]
-    saved = kueue.core.read_namespaced_config_map("kueue-manager-config", "kueue-system")
-    text = saved.data["controller_manager_config.yaml"]
-    config = yaml.safe_load(text)
-    config["integrations"]["frameworks"] = [f for f in config["integrations"]["frameworks"] if f != "ray.io/rayservice"]
-    kueue.core.patch_namespaced_config_map("kueue-manager-config", "kueue-system",
-                                           {"data": {"controller_manager_config.yaml": yaml.safe_dump(config)}})
+    assert suspended_by_kueue(kueue, queue_ns)
+    kueue_up("ray.io/rayjob ray.io/raycluster")
     try:
+        assert not suspended_by_kueue(kueue, queue_ns), "Kueue still manages RayServices"
         code, report = doctor(capsys, kueue.kubeconfig, queue_ns)
     finally:
-        kueue.core.patch_namespaced_config_map("kueue-manager-config", "kueue-system",
-                                               {"data": {"controller_manager_config.yaml": text}})
+        kueue_up(None)
+    assert suspended_by_kueue(kueue, queue_ns)
     fail = failed(report).get("kueue-integrations")
-    assert code == 1 and fail and "ray.io/rayservice" in fail["message"]
+    # the only new ✗ (this module's operator runs as a process without the Lease: its ✗ is in both)
+    assert code == 1 and set(failed(report)) - set(failed(healthy)) == {"kueue-integrations"}, failed(report)
+    assert "ray.io/rayservice" in fail["message"] and "ray.io/rayjob" not in fail["message"]
     assert "integrations.frameworks" in fail["fix"]

@@ -71,7 +71,8 @@ def rss_mb(pid: int) -> float:
 _REQUEST = re.compile(r'^apiserver_request_total\{([^}]*)\} (\S+)$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
-COUNTED = ("tputorchjobs", "rayjobs", "events")
+# every resource a job's path writes: the object, its RayJob, NetworkPolicy and token Secret, events
+COUNTED = ("tputorchjobs", "rayjobs", "networkpolicies", "secrets", "events")
 
 
 def apiserver_writes(api: client.ApiClient) -> dict[str, float]:
@@ -279,16 +280,21 @@ class Bench:
             del b["metadata"]["namespace"], b["metadata"]["generation"]
         return self._measure(ns, bodies, 60 + n * 0.2, controller_pid=pid)
 
-    def minimal(self, n: int) -> dict:
-        """The yardstick: bench/minimal_controller.py (watch, render, create; nothing else)."""
-        ns = self.namespace("minimal", n)
+    def minimal(self, n: int, same_work: bool = False) -> dict:
+        """The yardsticks: bench/minimal_controller.py (watch, render, create the RayJob; nothing
+        else), or with ``same_work`` the floor (also each RayJob's token Secret and NetworkPolicy)."""
+        side = "floor" if same_work else "minimal"
+        ns = self.namespace(side, n)
         env = {**os.environ, "PYTHONPATH": str(REPO / "operator")}
-        with open(self.log_dir / f"minimal-{n}.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "minimal_controller.py"), ns], env=env,
+        with open(self.log_dir / f"{side}-{n}.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "minimal_controller.py"),
+                                     *(["--same-work"] if same_work else []), ns], env=env,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             time.sleep(2)  # its watch is established (as for the operator below)
             result = self._through_controller(ns, n, proc.pid)
+            if same_work:  # its Secrets and NetworkPolicies follow the RayJobs
+                self._extras_made(ns, n)
             time.sleep(2)  # it writes nothing more; the same wait as the operator's events below
             result["writes_per_job"] = writes_per_job(self.writes_before, apiserver_writes(self.api), n)
             result["cpu_ms_per_job_settled"] = 1000 * (cpu_s(proc.pid) - self.cpu_before) / n
@@ -320,6 +326,16 @@ class Bench:
         finally:
             op.stop()
         return result
+
+    def _extras_made(self, ns: str, n: int, timeout: float = 120) -> None:
+        """Until ns holds n token Secrets and n NetworkPolicies (the floor's writes after the RayJobs)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            secrets = self.core.list_namespaced_secret(ns, label_selector=render.MANAGED_BY_LABEL).items
+            policies = self.custom.list_namespaced_custom_object("networking.k8s.io", "v1", ns, "networkpolicies")
+            if len(secrets) >= n and len(policies["items"]) >= n:
+                return
+            time.sleep(0.5)
 
     def _settle(self, ns: str, n: int, timeout: float = 120) -> None:
         end = time.monotonic() + timeout

@@ -386,13 +386,46 @@ def test_the_head_runs_with_token_auth_and_refuses_a_submit_without_the_token(ku
     assert st["jobStatus"] == "SUCCEEDED"
 
 
-def test_doctor_smoke_runs_a_real_ray_job_that_kuberay_sees_succeed(kube, real_ray_namespace, capsys):
-    """`tputorch doctor --smoke`: its probe's submitter runs `ray job submit` against the real head,
-    KubeRay reads the job's end from it, and the namespace holds what it held before."""
-    from test_doctor import by_check, doctor, objects
+def test_doctor_smoke_runs_a_real_ray_job_that_kuberay_sees_succeed_and_probes_its_storage(kube, real_ray_namespace,
+                                                                                          dashboard, tmp_path, capsys):
+    """`tputorch doctor --smoke --storage-path`: its probe's submitter runs `ray job submit` against
+    the real head, the job writes, reads back and removes an object under its storage path through
+    Ray Train's filesystem layer (a file:// path here: the same code as gs://, whose transport and
+    Workload Identity are not tested here), KubeRay reads the job's end from the head, and the
+    namespace holds what it held before; the pods run as a ServiceAccount of their own (on GKE its
+    Workload Identity is what writes the bucket). Then a storage path the job cannot write (under a regular
+    file; as root a permission cannot be denied here): Ray's message for the failed job, copied by
+    KubeRay into the RayJob, names the step, the object and the reason, and the doctor its fix."""
+    from test_doctor import by_check, doctor, failed, objects
 
     ns = real_ray_namespace
+    kubectl(kube.kubeconfig, "create", "serviceaccount", "ray-tpu", "-n", ns)  # the pods' own, as on GKE
     before = objects(kube.kubeconfig, ns)
-    _, report = doctor(capsys, kube.kubeconfig, ns, "--smoke", "--smoke-timeout", "120")
-    assert by_check(report)["smoke"]["status"] == "ok", by_check(report)["smoke"]
+    storage = tmp_path / "ckpt"
+    code, report = doctor(capsys, kube.kubeconfig, ns, "--smoke", "--smoke-timeout", "120",
+                          "--service-account", "ray-tpu", "--storage-path", f"file://{storage}")
+    checks = by_check(report)
+    assert checks["smoke"]["status"] == "ok", checks["smoke"]
+    assert checks["smoke-storage"]["status"] == "ok", checks["smoke-storage"]
+    assert f"file://{storage} as ServiceAccount {ns}/ray-tpu" in checks["smoke-storage"]["message"]
+    assert not {"smoke", "smoke-storage"} & set(failed(report))  # the exit code also counts the other checks here
+    assert storage.is_dir() and list(storage.iterdir()) == []  # made, as Ray Train makes it; the object removed
+    logs = [dashboard.submitter_log(ns, r["pod"]) or "" for r in dashboard.submitters(ns)]
+    # The Ray job's driver printed it (the submitter pod only follows the driver's log): the line
+    # follows Ray's "Running entrypoint for job" in the same log.
+    assert any(re.search(rf"Running entrypoint for job .*tputorch-doctor-storage: ok file://{re.escape(str(storage))}$",
+                         log, re.S | re.M) for log in logs), logs
+    kube.wait(lambda: objects(kube.kubeconfig, ns) == before, 30, "the namespace to hold what it held before")
+
+    (tmp_path / "a-file").write_text("not a directory")
+    code, report = doctor(capsys, kube.kubeconfig, ns, "--smoke", "--smoke-timeout", "120",
+                          "--service-account", "ray-tpu", "--storage-path", f"file://{tmp_path}/a-file/ckpt")
+    assert code == 1
+    assert by_check(report)["smoke"]["status"] == "ok"  # the Ray job ran and KubeRay read its end
+    fail = failed(report)["smoke-storage"]
+    assert fail["message"].startswith(f"smoke: could not create the directory file://{tmp_path}/a-file/ckpt as "
+                                      f"ServiceAccount {ns}/ray-tpu: "), fail["message"]
+    assert (tmp_path / "a-file").read_text() == "not a directory"
+    assert "Not a directory" in fail["message"]
+    assert "roles/storage.objectUser" in fail["fix"]
     kube.wait(lambda: objects(kube.kubeconfig, ns) == before, 30, "the namespace to hold what it held before")

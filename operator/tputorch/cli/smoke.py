@@ -29,7 +29,7 @@ from .. import render
 from .doctor import DOC_NETWORK, DOCS, FAIL, OK, UNKNOWN, Result
 from . import storage_probe
 
-PROBE_ENTRYPOINT = "python -c \"import ray; ray.init(); print('tputorch doctor smoke: ok')\""
+RAY_PROBE = "import ray; ray.init(); print('tputorch doctor smoke: ok')"
 DEFAULT_IMAGE = f"rayproject/ray:{DEFAULTS['rayVersion']}"  # Ray's own CPU image, of the Ray the operator writes
 DOC_SMOKE = DOCS + "troubleshooting.md#troubleshooting"
 DOC_STORAGE = DOCS + "install-gke.md#6-a-bucket-and-workload-identity-for-the-ray-pods"
@@ -46,11 +46,31 @@ class Storage:
     service_account: str  # namespace/name of the Ray pods' ServiceAccount
 
 
-def storage_entrypoint() -> str:
-    """storage_probe.py's source as a command: base64, so that no quoting of KubeRay's `bash -c`
-    line or the job's shell can change a character of it."""
+def python_command(*statements: str) -> str:
+    """One `python -c "..."` command running `statements` in turn: the probe's whole entrypoint is
+    one command, because KubeRay splices the entrypoint unquoted into its submitter's `bash -c`
+    line (`if ! ray job status ...; then ray job submit ... -- ENTRYPOINT ; fi ; ray job logs
+    --follow ...`, ray-operator/controllers/ray/common/job.go): a shell operator in it (`a && b`)
+    ends `ray job submit`'s arguments there, so `b` would run in the submitter pod, not in the Ray
+    job, and its failure would not fail the job. No statement may hold a double quote, `$`, a
+    backtick or a backslash (they would be the submitter's shell's)."""
+    return 'python -c "' + "; ".join(statements) + '"'
+
+
+def storage_statement() -> str:
+    """storage_probe.py's source as one Python statement: base64, so that no quoting of KubeRay's
+    `bash -c` line or the job's shell can change a character of it."""
     source = base64.b64encode(Path(storage_probe.__file__).read_bytes()).decode("ascii")
-    return f"python -c \"import base64; exec(base64.b64decode('{source}'))\""
+    return f"import base64; exec(base64.b64decode('{source}'))"
+
+
+PROBE_ENTRYPOINT = python_command(RAY_PROBE)
+
+
+def probe_entrypoint(storage_path: str | None) -> str:
+    """The probe job's entrypoint: the Ray probe, then (with a storage path) the storage probe, in
+    one Python process, whose exit status is the job's."""
+    return python_command(RAY_PROBE, storage_statement()) if storage_path else PROBE_ENTRYPOINT
 
 
 def storage_path_problem(uri: str) -> str | None:
@@ -75,7 +95,7 @@ def smoke_objects(namespace: str, name: str, image: str, token: str, policy: ren
     """(RayJob, its token Secret, its NetworkPolicy or None): a v6e 2x2 job's, with the TPU group
     at zero hosts, so only the CPU head runs the probe; with `storage_path`, the job's checkpoint
     storage, probed after the Ray probe."""
-    entrypoint = PROBE_ENTRYPOINT + (f" && {storage_entrypoint()}" if storage_path else "")
+    entrypoint = probe_entrypoint(storage_path)
     body = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name, "namespace": namespace},
             "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": image, "entrypoint": entrypoint,
                      **({"serviceAccountName": service_account} if service_account else {}),

@@ -16,8 +16,8 @@ the RayJob's status, where `smoke.verdict` reads the line. On success it prints
 `tputorch-doctor-storage: ok <uri>`.
 
 Standalone (the standard library, and Ray or pyarrow from the job's image at run time): the job's
-image need not hold tputorch. `smoke.storage_entrypoint` sends this file's source as the job's
-entrypoint.
+image need not hold tputorch. `smoke.storage_statement` sends this file's source in the job's
+entrypoint, after the Ray probe, in the same Python process (`sys.exit` here ends it).
 """
 
 from __future__ import annotations

@@ -64,10 +64,42 @@ def test_the_storage_probe_job_is_the_operators_with_the_storage_path_in_its_env
     rayjob, _, _ = smoke.smoke_objects("ns", "tputorch-smoke-1", "img", "tok", None, "ray-sa", "gs://bucket/runs")
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {"name": train.ENV_STORAGE_PATH, "value": "gs://bucket/runs"} in head["env"]
-    assert rayjob["spec"]["entrypoint"].startswith(smoke.PROBE_ENTRYPOINT + " && python -c ")
-    assert smoke.storage_entrypoint() in rayjob["spec"]["entrypoint"]
+    assert rayjob["spec"]["entrypoint"] == smoke.python_command(smoke.RAY_PROBE, smoke.storage_statement())
     assert storage_probe.ENV_STORAGE_PATH == train.ENV_STORAGE_PATH
-    assert "&&" not in smoke.smoke_objects("ns", "n", "img", "tok", None)[0]["spec"]["entrypoint"]
+    assert smoke.smoke_objects("ns", "n", "img", "tok", None)[0]["spec"]["entrypoint"] == smoke.PROBE_ENTRYPOINT
+
+
+def submitted(entrypoint: str, tmp_path) -> tuple[list[str], str]:
+    """(the arguments `ray job submit` got, what else ran) when `entrypoint` goes through KubeRay
+    1.6's K8sJobMode submitter line (GetK8sJobCommand in ray-operator/controllers/ray/common/job.go:
+    the entrypoint spliced unquoted, the line run by `bash -c`), with `ray` and `python` recording
+    shell functions in place of the commands."""
+    args, ran = tmp_path / "args", tmp_path / "ran"
+    stubs = (f'ray() {{ if [ "$2" = status ]; then return 1; fi; '
+             f'if [ "$2" = submit ]; then printf "%s\\0" "$@" > {args}; fi; }}; '
+             f'python() {{ echo "python $*" >> {ran}; }}; ')
+    line = (f"if ! ray job status --address http://h:8265 id >/dev/null 2>&1 ; then ray job submit --address "
+            f"http://h:8265 --no-wait --submission-id id -- {entrypoint} ; fi ; ray job logs --address http://h:8265 "
+            "--follow id")
+    subprocess.run(["bash", "-c", stubs + line], check=True, timeout=30)
+    argv = args.read_bytes().decode().split("\0")[:-1]
+    return argv[argv.index("--") + 1:], ran.read_text() if ran.exists() else ""
+
+
+def test_the_whole_probe_reaches_ray_job_submit_as_one_command(tmp_path):
+    """The storage probe runs in the Ray job, as the Ray probe does: once it was chained with `&&`,
+    which KubeRay's submitter shell split, so it ran in the submitter pod and the job succeeded
+    without it (seen on the real Ray head, tests/cluster/test_real_ray.py)."""
+    for storage_path in (None, "gs://bucket/runs"):
+        entrypoint = smoke.smoke_objects("ns", "n", "img", "tok", None, None, storage_path)[0]["spec"]["entrypoint"]
+        argv, ran = submitted(entrypoint, tmp_path)
+        assert ran == "", f"ran in the submitter pod: {ran}"
+        assert argv[:2] == ["python", "-c"] and len(argv) == 3, argv
+        assert argv[2].startswith(smoke.RAY_PROBE)
+        assert (smoke.storage_statement() in argv[2]) == bool(storage_path)
+    chained = smoke.PROBE_ENTRYPOINT + " && " + smoke.python_command(smoke.storage_statement())
+    argv, ran = submitted(chained, tmp_path)
+    assert ran.startswith("python -c import base64") and smoke.storage_statement() not in " ".join(argv)
 
 
 @pytest.mark.parametrize("uri,problem", [
@@ -170,7 +202,7 @@ def test_the_probe_leaves_no_object_and_checks_what_it_reads():
 
 def run_entrypoint(storage_path: str) -> subprocess.CompletedProcess:
     """The storage part of the probe's entrypoint as the Ray job's shell runs it, here."""
-    command = smoke.storage_entrypoint()
+    command = smoke.python_command(smoke.storage_statement())
     env = {**os.environ, storage_probe.ENV_STORAGE_PATH: storage_path,
            "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=120)

@@ -7,6 +7,8 @@
 #                                  running by a later `up` without KUEUE=1, stopped by `down`);
 #                                  KUEUE_FRAMEWORKS="ray.io/rayjob ..." its integrations (default:
 #                                  rayjob, raycluster, rayservice; a running Kueue with others restarts)
+#   hack/cluster.sh kueue          only (re)start Kueue on a running cluster, as KUEUE=1 `up` would
+#                                  (with KUEUE_FRAMEWORKS: a quicker way to switch its integrations)
 #   hack/cluster.sh down           stop every process `up` started (pid files); idempotent
 #   hack/cluster.sh status         one line per component
 #   hack/cluster.sh env            print `export KUBECONFIG=... TPUTORCH_DASHBOARD_URL=... TPUTORCH_BIN=...`
@@ -416,6 +418,14 @@ cmd_up() {
   log "cluster up in $((SECONDS - t0))s; eval \"\$($0 env)\""
 }
 
+cmd_kueue() {  # Kueue alone, without the rest of `up`'s checks (a test switching its integrations)
+  load_env
+  [[ -n ${APISERVER_PORT:-} ]] && api_ready >/dev/null 2>&1 || die "no running cluster in $DIR (run: KUEUE=1 $0 up)"
+  local t0=$SECONDS
+  kueue_up
+  log "kueue up in $((SECONDS - t0))s"
+}
+
 cmd_down() {
   local i name f pid
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
@@ -463,8 +473,9 @@ lock() {
 
 case "${1:-}" in
   up) shift; lock; cmd_up "$@" ;;
+  kueue) lock; cmd_kueue ;;
   down) lock; cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  *) echo "usage: $0 up [--fresh] | down | status | env" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--fresh] | kueue | down | status | env" >&2; exit 2 ;;
 esac

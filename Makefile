@@ -22,6 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip download -q -d $(WHEELS) '.[$(EXTRAS)]' setuptools wheel
 	rm -f $(WHEELS)/tputorch_operator-*
 	$(PY) -m pip install -q --no-index --find-links $(WHEELS) -e '.[$(EXTRAS)]'
+	hack/grafana-schema/install.sh >/dev/null
 	touch $@
 
 # The local cluster's binaries, helm, Kueue's controller (its own cache key: tests/cluster/test_kueue.py

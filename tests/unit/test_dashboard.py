@@ -1,6 +1,6 @@
-"""The chart's Grafana dashboard and alerting rules: the dashboard's structure (a documented check of
-the dashboard JSON model's fields Grafana needs to load it; Grafana's own schema is not run here), and
-every series a panel or a rule names exists: the operator's from its own registry, Ray's, Serve's and
+"""The chart's Grafana dashboard and alerting rules: the dashboard against Grafana's own schema of the
+dashboard JSON model (the types Grafana publishes as @grafana/schema, checked by the TypeScript
+compiler: hack/grafana-schema/install.sh), its layout and data source, and every series a panel or a rule names exists: the operator's from its own registry, Ray's, Serve's and
 vLLM's from the recorded scrape of the real serving chain (tests/serving/metric_series.py, which
 tests/cluster/test_real_serving.py checks against a live scrape)."""
 
@@ -8,33 +8,23 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tputorch.controller import kinds
 from tputorch.controller.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "tputorch-operator"
-DASHBOARD = CHART / "dashboards" / "tputorch.json"
-RULES = CHART / "alerts" / "tputorch-rules.yaml"
 sys.path.insert(0, str(ROOT / "tests" / "serving"))
 
 import metric_series  # noqa: E402
 
 GRID_WIDTH = 24
 PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "table", "bargauge", "text"}
-# PromQL words that look like series names: aggregation modifiers, set operators, keywords.
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset",
-                "bool", "inf", "nan", "le"}
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
-_MATCHERS = re.compile(r"\{[^}]*\}")
-_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
-_RANGES = re.compile(r"\[[^\]]*\]")
-_WORD = re.compile(r"(?<![\w:.])[a-zA-Z_:][a-zA-Z0-9_:]*")
+series_of, dashboard = metric_series.series_of, metric_series.dashboard
 
 
 def operator_series() -> set[str]:
@@ -51,24 +41,47 @@ def operator_series() -> set[str]:
     return {s.name for family in text_string_to_metric_families(m.exposition()) for s in family.samples}
 
 
-def series_of(expr: str) -> set[str]:
-    """The series names a PromQL expression selects (not its functions, labels or keywords)."""
-    text = _RANGES.sub(" ", _GROUPING.sub(" ", _MATCHERS.sub(" ", _STRINGS.sub(" ", expr))))
-    words = {m.group() for m in _WORD.finditer(text) if not text[m.end():].lstrip().startswith("(")}  # not a function
-    return words - PROMQL_WORDS
-
-
-def dashboard() -> dict:
-    return json.loads(DASHBOARD.read_text())
-
-
 def targets(dash: dict) -> list[tuple[str, str]]:
-    return [(p["title"], t["expr"]) for p in dash["panels"] if p["type"] != "row" for t in p["targets"]]
+    return metric_series.dashboard_queries(dash)
 
 
 def test_series_of_reads_promql_as_meant():
     assert series_of('histogram_quantile(0.95, sum by (le, kind) (rate(a_bucket{x=~"b|c"}[5m])))') == {"a_bucket"}
     assert series_of("sum(tputorch_services{phase=\"Failed\"}) > 0 or on(x) ray_vllm_x") == {"tputorch_services", "ray_vllm_x"}
+
+
+def grafana_schema_errors(dashboards: dict[str, str], tmp: Path) -> dict[str, list[str]]:
+    """What the TypeScript compiler finds wrong in each dashboard JSON (by name) checked against
+    Grafana's `Dashboard` type as an object literal: a wrong type, a missing required field, and a
+    field Grafana's schema does not have (TypeScript's excess property check) are errors."""
+    schema = Path(subprocess.run([ROOT / "hack" / "grafana-schema" / "install.sh"], capture_output=True, text=True,
+                                 check=True).stdout.strip())
+    types = schema / "node_modules" / "@grafana" / "schema" / "dist" / "types" / "raw" / "dashboard" / "x" / "types.gen"
+    for name, text in dashboards.items():
+        (tmp / f"{name}.ts").write_text(f'import type {{ Dashboard }} from "{types}";\n'
+                                        f"export const dashboard = {text.strip()} satisfies Dashboard;\n")
+    tsc = subprocess.run([schema / "node_modules" / ".bin" / "tsc", "--noEmit", "--strict", "--pretty", "false",
+                          "--module", "esnext", "--moduleResolution", "bundler", *(tmp / f"{n}.ts" for n in dashboards)],
+                         capture_output=True, text=True, timeout=600)
+    errors = {name: [line for line in tsc.stdout.splitlines() if f"{name}.ts(" in line and "error TS" in line]
+              for name in dashboards}
+    assert any(errors.values()) or tsc.returncode == 0, tsc.stdout + tsc.stderr
+    return errors
+
+
+def test_the_dashboard_passes_grafanas_own_schema(tmp_path):
+    # The check can fail: a misspelt field, a number as a string, a variable's empty `current`.
+    wrong = dashboard()
+    wrong["panels"][1]["gridPoss"] = wrong["panels"][1]["gridPos"]
+    wrong["panels"][2]["gridPos"]["h"] = "8"
+    wrong["templating"]["list"][0]["current"] = {}
+    errors = grafana_schema_errors({"chart": metric_series.DASHBOARD.read_text(), "wrong": json.dumps(wrong, indent=1)},
+                                   tmp_path)
+    assert errors["chart"] == []
+    assert len(errors["wrong"]) == 3, errors["wrong"]
+    for found in ("'\"gridPoss\"' does not exist in type", "Type 'string' is not assignable to type 'number'",
+                  "missing the following properties from type 'VariableOption': text, value"):
+        assert any(found in e for e in errors["wrong"]), (found, errors["wrong"])
 
 
 def test_the_dashboard_is_a_dashboard_grafana_loads():
@@ -101,7 +114,7 @@ def test_the_dashboard_is_a_dashboard_grafana_loads():
         assert all(t["expr"].strip() and t["datasource"] == p["datasource"] for t in p["targets"]), p["title"]
     for v in dash["templating"]["list"]:
         if v["type"] == "query":
-            assert series_of(v["definition"].removeprefix("label_values(").rsplit(",", 1)[0]) <= known_series()
+            assert series_of(v["query"]["query"].removeprefix("label_values(").rsplit(",", 1)[0]) <= known_series()
 
 
 def test_the_dashboard_has_operator_serving_and_training_panels():
@@ -133,7 +146,7 @@ def test_the_recorded_scrape_holds_vllms_series_as_ray_serve_llm_exports_them():
 
 
 def test_every_alert_names_a_series_that_exists_and_the_three_asked_for_are_there():
-    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    rules = metric_series.rules()
     known = known_series()
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"} and rule["alert"], rule

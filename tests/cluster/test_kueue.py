@@ -392,7 +392,8 @@ def kueue_up(frameworks: str | None) -> None:
     subprocess.run([str(REPO / "hack" / "cluster.sh"), "kueue"], check=True, env=env)
 
 
-def test_doctor_sees_the_ray_integrations_and_the_local_queue_and_a_kueue_without_rayservice(kueue, queue_ns, capsys):
+def test_doctor_sees_the_ray_integrations_and_the_local_queue_and_a_kueue_without_rayservice(kueue, queue_ns, capsys,
+                                                                                             tmp_path):
     """`tputorch doctor` reads Kueue's integrations from kueue-system/kueue-manager-config (what
     Kueue's manager mounts; the local cluster publishes there the config its Kueue runs with). A
     real Kueue restarted without ray.io/rayservice (its webhook for RayServices is then a no-op: a
@@ -405,6 +406,22 @@ def test_doctor_sees_the_ray_integrations_and_the_local_queue_and_a_kueue_withou
     assert checks["kueue-integrations"]["status"] == "ok", checks["kueue-integrations"]
     assert checks["kueue-localqueues"]["status"] == "ok" and "tpu" in checks["kueue-localqueues"]["message"]
     assert suspended_by_kueue(kueue, queue_ns)
+
+    # --for: a queued job is followed to the real Kueue's ClusterQueue (examples/kueue) and its
+    # flavors: a 4x4 fits flavor v6e-4x4's 16 chips; a 2x4, whose pools exist, has no flavor there
+    # (v6e-4x4 and v6e-2x2 name other topologies), so Kueue could never admit it.
+    jobs = tmp_path / "queued.yaml"
+    jobs.write_text(yaml.safe_dump_all([job_body("fits", priority=None),
+                                        job_body("no-flavor", priority=None, tpu={"accelerator": "v6e", "topology": "2x4"})]))
+    _, placed = doctor(capsys, kueue.kubeconfig, queue_ns, "--for", str(jobs))
+    checks = by_check(placed)
+    assert checks[f"for/{queue_ns}/fits"]["status"] == "ok", checks[f"for/{queue_ns}/fits"]
+    no_flavor = checks[f"for/{queue_ns}/no-flavor"]
+    assert no_flavor["status"] == "fail", no_flavor
+    assert ("LocalQueue 'tpu''s ClusterQueue 'tpu' has no flavor that can ever hold 8 google.com/tpu: v6e-4x4 (its "
+            "nodeLabels cloud.google.com/gke-tpu-topology=4x4, ") in no_flavor["message"], no_flavor["message"]
+    assert "; v6e-2x2 (its nodeLabels cloud.google.com/gke-tpu-topology=2x2, " in no_flavor["message"]
+
     kueue_up("ray.io/rayjob ray.io/raycluster")
     try:
         assert not suspended_by_kueue(kueue, queue_ns), "Kueue still manages RayServices"

@@ -55,7 +55,8 @@ def run_checks(facts: dict, now: datetime | None = None) -> list[Result]:
     results += check_gcsfuse(facts["gcsfuse_driver"])
     results += check_rights(facts["rights"], facts["namespace"], facts.get("user") or "you")
     if facts.get("specs") is not None:
-        results += check_placement(facts["specs"], facts["nodes"], facts["quotas"], facts["local_queues"])
+        results += check_placement(facts["specs"], facts["nodes"], facts["quotas"], facts["local_queues"],
+                                   facts.get("cluster_queues"), facts.get("resource_flavors"))
     return results
 
 

@@ -59,3 +59,16 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     """`v1.34.4-gke.100` -> (1, 34, 4); None for something that is no version."""
     m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
     return tuple(int(g) for g in m.groups() if g is not None) if m else None
+
+
+def quantity(text: str | int | None) -> float:
+    """A Kubernetes quantity as a number (only what TPU and CPU quotas use: plain, m, Ki..Ei, k..E)."""
+    if text is None:
+        return 0.0
+    s = str(text)
+    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+                "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+    for suf in sorted(suffixes, key=len, reverse=True):
+        if s.endswith(suf):
+            return float(s[: -len(suf)]) * suffixes[suf]
+    return float(s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..api import groups
 from ..status import kueue
-from .doctor_base import DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown
+from .doctor_base import DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
 
 
 KUEUE_INTEGRATIONS = ("ray.io/rayjob", "ray.io/rayservice")
@@ -82,3 +82,86 @@ def kueue_rayservice_enabled(crd_installed, frameworks) -> bool | None:
     if crd_installed is not True or not isinstance(frameworks, list):
         return None
     return "ray.io/rayservice" in frameworks
+
+
+# ---------------------------------------------------------------- --for FILE: can Kueue ever admit it
+
+def requested_resources(child: dict) -> set[str]:
+    """The resources any pod of a rendered RayJob / RayService asks for (requests, else limits, as
+    Kueue counts them): a ClusterQueue must cover each, or Kueue admits nothing of it."""
+    spec = child.get("spec") or {}
+    cluster = spec.get("rayClusterSpec") or spec.get("rayClusterConfig") or {}
+    groups = [cluster.get("headGroupSpec") or {}] + list(cluster.get("workerGroupSpecs") or [])
+    names = set()
+    for group in groups:
+        for container in ((group.get("template") or {}).get("spec") or {}).get("containers") or []:
+            resources = container.get("resources") or {}
+            for name, value in {**(resources.get("limits") or {}), **(resources.get("requests") or {})}.items():
+                if str(value) not in ("0", "0m"):
+                    names.add(name)
+    return names
+
+
+def _flavor_conflict(flavor: dict | None, selector: dict[str, str]) -> str | None:
+    """Why Kueue would not give this ResourceFlavor to the slice's pods (None: it may): the
+    flavor's nodeLabels must agree with the pods' nodeSelector on every key both name."""
+    if flavor is None:
+        return "no such ResourceFlavor"
+    labels = (flavor.get("spec") or {}).get("nodeLabels") or {}
+    clash = [f"{k}={labels[k]}" for k in sorted(labels) if k in selector and selector[k] != labels[k]]
+    return f"its nodeLabels {', '.join(clash)} are not the slice's" if clash else None
+
+
+def queue_problems(queue: str, namespace: str, local_queues: list[dict], cluster_queues: list[dict] | Unread | None,
+                   flavors: list[dict] | Unread | None, resources: set[str], selector: dict[str, str],
+                   tpu_resource: str, chips: float) -> tuple[list[str], list[str]]:
+    """(why Kueue can never admit the job or service, what could not be read) for one queued by
+    `queue` in `namespace`: its LocalQueue, that queue's ClusterQueue (active, covering every
+    resource the pods ask for), and a ResourceFlavor of it for `tpu_resource` whose nodeLabels
+    agree with the slice's `selector` and whose quota (nominal, plus what it may borrow in a
+    cohort) holds `chips`. Usage by others is not counted: that is waiting, not never."""
+    lq = next((q for q in local_queues if (q.get("metadata") or {}).get("name") == queue), None)
+    if lq is None:
+        return [f"no Kueue LocalQueue {queue!r} in namespace {namespace}"], []
+    cq_name = (lq.get("spec") or {}).get("clusterQueue")
+    if cluster_queues is None:
+        return [], []
+    if isinstance(cluster_queues, Unread):
+        return [], [f"Kueue's ClusterQueues unreadable ({cluster_queues.reason})"]
+    cq = next((c for c in cluster_queues if (c.get("metadata") or {}).get("name") == cq_name), None)
+    where = f"LocalQueue {queue!r}'s ClusterQueue {cq_name!r}"
+    if cq is None:
+        return [f"{where} does not exist"], []
+    active = next((c for c in (cq.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"), None)
+    if active and active.get("status") == "False":
+        return [f"{where} is not active ({active.get('reason')}: {active.get('message')})"], []
+    groups = (cq.get("spec") or {}).get("resourceGroups") or []
+    covered = {r for g in groups for r in g.get("coveredResources") or []}
+    uncovered = sorted(resources - covered)
+    if uncovered:
+        return [f"{where} covers no {', '.join(uncovered)}, which the pods ask for"], []
+    if isinstance(flavors, Unread):
+        return [], [f"Kueue's ResourceFlavors unreadable ({flavors.reason})"]
+    by_name = {(f.get("metadata") or {}).get("name"): f for f in flavors or []}
+    spec = cq.get("spec") or {}
+    cohort = spec.get("cohortName") or spec.get("cohort")
+    tried = []
+    for group in groups:
+        if tpu_resource not in (group.get("coveredResources") or []):
+            continue
+        for flavor in group.get("flavors") or []:
+            quota = next((r for r in flavor.get("resources") or [] if r.get("name") == tpu_resource), {})
+            conflict = _flavor_conflict(by_name.get(flavor.get("name")), selector)
+            if conflict:
+                tried.append(f"{flavor.get('name')} ({conflict})")
+                continue
+            nominal = quantity(quota.get("nominalQuota"))
+            if cohort and quota.get("borrowingLimit") is None:
+                return [], []  # it may borrow without limit in its cohort: not never
+            most = nominal + (quantity(quota.get("borrowingLimit")) if cohort else 0)
+            if most >= chips:
+                return [], []
+            tried.append(f"{flavor.get('name')} (at most {most:g} {tpu_resource}"
+                         + (f": nominal {nominal:g}, borrowing in cohort {cohort}" if cohort else "") + ")")
+    return [f"{where} has no flavor that can ever hold {chips:g} {tpu_resource}: "
+            + ("; ".join(tried) if tried else "none is listed")], []

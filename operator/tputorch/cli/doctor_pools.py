@@ -8,7 +8,9 @@ import re
 from dataclasses import dataclass
 
 from ..api import spec, topology
-from .doctor_base import DOC_POOLS, DOC_QUOTA, FAIL, OK, WARN, Result, Unread, _unknown
+from .doctor_base import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
+from .doctor_kueue import queue_problems, requested_resources
+from .. import render
 
 
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -146,19 +148,6 @@ def pools_table(rows: list[dict]) -> list[str]:
 
 # ---------------------------------------------------------------- --for FILE: where would each land
 
-def quantity(text: str | int | None) -> float:
-    """A Kubernetes quantity as a number (only what TPU and CPU quotas use: plain, m, Ki..Ei, k..E)."""
-    if text is None:
-        return 0.0
-    s = str(text)
-    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-                "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-    for suf in sorted(suffixes, key=len, reverse=True):
-        if s.endswith(suf):
-            return float(s[: -len(suf)]) * suffixes[suf]
-    return float(s)
-
-
 def _tpu_quota_left(quotas: list[dict]) -> tuple[float, str] | None:
     """The least google.com/tpu any ResourceQuota of the namespace still allows, and its name."""
     least = None
@@ -173,8 +162,11 @@ def _tpu_quota_left(quotas: list[dict]) -> tuple[float, str] | None:
 
 
 def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, list[dict] | Unread],
-                    local_queues: dict[str, list[dict] | Unread]) -> list[Result]:
-    """Which pool each job or service of a file would land on, or why none fits."""
+                    local_queues: dict[str, list[dict] | Unread], cluster_queues: list[dict] | Unread | None = None,
+                    flavors: list[dict] | Unread | None = None) -> list[Result]:
+    """Which pool each job or service of a file would land on, or why none fits: its shape and
+    capacity, whole slices ready, the namespace's ResourceQuota, and for a queued one whether Kueue
+    could ever admit it (doctor_kueue.queue_problems; `cluster_queues` None: Kueue not installed)."""
     if isinstance(nodes, Unread):
         return [_unknown("for", "the nodes", nodes)]
     pools = tpu_pools(nodes)
@@ -208,18 +200,27 @@ def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, l
             left = _tpu_quota_left(quota)
             if left is not None and left[0] < sl.chips * wanted:
                 problems.append(f"ResourceQuota {left[1]} leaves {left[0]:g} chips, {sl.chips * wanted} needed")
-        queue = getattr(s, "queue_name", None)
-        if queue:
+        unread = []
+        if s.queue_name:
             lqs = local_queues.get(s.namespace)
             if isinstance(lqs, Unread):
-                problems.append(f"LocalQueue {queue!r} unreadable ({lqs.reason})")
-            elif not any((q.get("metadata") or {}).get("name") == queue for q in lqs or []):
-                problems.append(f"no Kueue LocalQueue {queue!r} in namespace {s.namespace}")
+                unread.append(f"LocalQueue {s.queue_name!r} unreadable ({lqs.reason})")
+            else:
+                never, cannot_tell = queue_problems(
+                    s.queue_name, s.namespace, lqs or [], cluster_queues, flavors,
+                    requested_resources(render.render_any(s)), render.worker_node_selector(s), topology.TPU_RESOURCE,
+                    sl.chips * wanted)
+                problems += never
+                unread += cannot_tell
         names = ", ".join(p.name for p in fits)
         if problems:
-            results.append(Result(check, FAIL, f"{what}: pool {names}, but " + "; ".join(problems),
-                                  "add nodes (or slices) to the pool, raise the namespace's ResourceQuota, or create "
-                                  "the LocalQueue", DOC_QUOTA))
+            results.append(Result(check, FAIL, f"{what}: pool {names}, but " + "; ".join(problems + unread),
+                                  "add nodes (or slices) to the pool, raise the namespace's ResourceQuota, create "
+                                  "the LocalQueue, or give its ClusterQueue the resources and TPU quota the slice needs",
+                                  DOC_QUOTA))
+        elif unread:
+            results.append(Result(check, UNKNOWN, f"{what}: pool {names} ({slices} slice(s)); Kueue's side not checked: "
+                                  + "; ".join(unread)))
         else:
             results.append(Result(check, OK, f"{what}: would land on pool {names} ({slices} slice(s))"))
     return results

@@ -100,6 +100,7 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
     facts["rights"] = {right: got[f"right:{right}"] for right in doctor.RIGHTS}
     facts["specs"] = specs
     facts["local_queues"] = _local_queues(r, lq_crd, namespaces, timeout)
+    facts["cluster_queues"], facts["resource_flavors"] = _kueue_quota(r, lq_crd, specs, timeout)
     return facts
 
 
@@ -121,10 +122,25 @@ def _local_queues(r: Reader, lq_crd, namespaces: list[str], timeout: float) -> d
         return {ns: lq_crd for ns in namespaces}
     if lq_crd is None:
         return {ns: [] for ns in namespaces}
-    version = next((v["name"] for v in lq_crd["spec"]["versions"] if v.get("storage")), "v1beta1")
+    version = _storage_version(lq_crd)
     reads = {ns: (lambda ns=ns: r.items(f"/apis/kueue.x-k8s.io/{version}/namespaces/{ns}/localqueues"))
              for ns in namespaces}
     return _run(reads, timeout)
+
+
+def _kueue_quota(r: Reader, lq_crd, specs: list | None, timeout: float) -> tuple:
+    """(ClusterQueues, ResourceFlavors) for --for FILE with a queued job or service; (None, None)
+    without one or without Kueue (its LocalQueue CRD not served)."""
+    if not isinstance(lq_crd, dict) or not any(s.queue_name for s in specs or []):
+        return None, None
+    version = _storage_version(lq_crd)
+    got = _run({kind: (lambda kind=kind: r.items(f"/apis/kueue.x-k8s.io/{version}/{kind}"))
+                for kind in ("clusterqueues", "resourceflavors")}, timeout)
+    return got["clusterqueues"], got["resourceflavors"]
+
+
+def _storage_version(crd_obj: dict) -> str:
+    return next((v["name"] for v in crd_obj["spec"]["versions"] if v.get("storage")), "v1beta1")
 
 
 def _run(reads: dict[str, Callable[[], object]], timeout: float) -> dict:

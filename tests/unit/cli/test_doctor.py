@@ -334,6 +334,130 @@ def test_for_counts_the_namespace_quota_and_the_local_queue():
     assert fine.status == OK
 
 
+def cluster_queue(name="team-a-cq", cohort=None, covered=("cpu", "memory", "google.com/tpu"), active=True, **flavor_quota):
+    """A Kueue v1beta2 ClusterQueue: one resource group, a flavor per keyword (name -> (nominal
+    google.com/tpu, borrowingLimit or None))."""
+    flavors = [{"name": f, "resources": [{"name": "cpu", "nominalQuota": "1000"}, {"name": "memory", "nominalQuota": "4Ti"},
+                                         {"name": "google.com/tpu", "nominalQuota": str(nominal),
+                                          **({"borrowingLimit": str(limit)} if limit is not None else {})}]}
+               for f, (nominal, limit) in flavor_quota.items()]
+    status = {"conditions": [{"type": "Active", "status": "True" if active else "False",
+                              "reason": "Ready" if active else "FlavorNotFound",
+                              "message": "Can admit new workloads" if active else "Can't admit new workloads: "
+                              "references missing ResourceFlavor(s): v6e-4x4"}]}
+    return {"metadata": {"name": name}, "spec": {**({"cohortName": cohort} if cohort else {}), "resourceGroups": [
+        {"coveredResources": list(covered), "flavors": flavors}]}, "status": status}
+
+
+def flavor(name, topo):
+    return {"metadata": {"name": name}, "spec": {"nodeLabels": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                                                "cloud.google.com/gke-tpu-topology": topo}}}
+
+
+V6E_4X4 = flavor("v6e-4x4", "4x4")
+V6E_2X2 = flavor("v6e-2x2", "2x2")
+RESEARCH = {"team-a": [{"metadata": {"name": "research"}, "spec": {"clusterQueue": "team-a-cq"}}]}
+
+
+def placed(cqs, flavors=(V6E_4X4, V6E_2X2), queues=RESEARCH, **spec_fields):
+    facts = healthy_facts()
+    (result,) = doctor.check_placement([job(queueName="research", **spec_fields)], facts["nodes"], facts["quotas"],
+                                       queues, cqs, list(flavors))
+    return result
+
+
+def test_for_a_queued_job_follows_its_local_queue_to_the_cluster_queue_and_its_tpu_flavors():
+    """A v6e 4x4 job (16 chips) queued by LocalQueue research -> ClusterQueue team-a-cq: Kueue
+    admits it only through a flavor for google.com/tpu whose nodeLabels agree with the slice's
+    nodeSelector and whose quota (nominal, plus borrowing in a cohort) holds 16."""
+    fine = placed([cluster_queue(**{"v6e-2x2": (4, None), "v6e-4x4": (16, None)})])
+    assert fine.status == OK and "would land on pool tpu-v6e-4x4" in fine.message
+
+    small = placed([cluster_queue(**{"v6e-4x4": (8, None)})])
+    assert small.status == FAIL, small
+    assert ("LocalQueue 'research''s ClusterQueue 'team-a-cq' has no flavor that can ever hold 16 google.com/tpu: "
+            "v6e-4x4 (at most 8 google.com/tpu)") in small.message
+    assert "TPU quota" in small.fix
+
+    other_shape = placed([cluster_queue(**{"v6e-2x2": (64, None)})])
+    assert other_shape.status == FAIL
+    assert "v6e-2x2 (its nodeLabels cloud.google.com/gke-tpu-topology=2x2 are not the slice's)" in other_shape.message
+
+    borrowing = placed([cluster_queue(cohort="research", **{"v6e-4x4": (8, 8)})])
+    assert borrowing.status == OK, borrowing  # 8 + 8 may be borrowed
+    short_borrow = placed([cluster_queue(cohort="research", **{"v6e-4x4": (8, 4)})])
+    assert short_borrow.status == FAIL and "at most 12 google.com/tpu: nominal 8, borrowing in cohort research" in \
+        short_borrow.message
+    assert placed([cluster_queue(cohort="research", **{"v6e-4x4": (0, None)})]).status == OK  # no limit in the cohort
+
+    missing_flavor = placed([cluster_queue(**{"v6e-4x4": (16, None)})], flavors=[V6E_2X2])
+    assert missing_flavor.status == FAIL and "v6e-4x4 (no such ResourceFlavor)" in missing_flavor.message
+
+
+def test_for_a_queued_job_whose_cluster_queue_is_missing_inactive_or_does_not_cover_the_pods():
+    assert "ClusterQueue 'team-a-cq' does not exist" in placed([cluster_queue("other", **{"v6e-4x4": (16, None)})]).message
+    inactive = placed([cluster_queue(active=False, **{"v6e-4x4": (16, None)})])
+    assert inactive.status == FAIL and "is not active (FlavorNotFound: Can't admit new workloads" in inactive.message
+    tpu_only = placed([cluster_queue(covered=("google.com/tpu",), **{"v6e-4x4": (16, None)})])
+    assert tpu_only.status == FAIL and "covers no cpu, memory, which the pods ask for" in tpu_only.message
+    assert placed([], queues={"team-a": []}).message.endswith("no Kueue LocalQueue 'research' in namespace team-a")
+
+
+def test_for_a_queued_job_says_what_it_could_not_read_of_kueue():
+    unread = placed(doctor.Unread("clusterqueues.kueue.x-k8s.io is forbidden"))
+    assert unread.status == UNKNOWN and "Kueue's side not checked: Kueue's ClusterQueues unreadable" in unread.message
+    lq_unread = placed([], queues={"team-a": doctor.Unread("timeout")})
+    assert lq_unread.status == UNKNOWN and "LocalQueue 'research' unreadable (timeout)" in lq_unread.message
+    assert "pool tpu-v6e-4x4" in lq_unread.message
+
+
+class FakeApiClient:
+    """The two calls doctor_read.Reader makes of a kubernetes ApiClient, answered from `objects`
+    (path -> JSON; any other path 404, as the API server says for what is not there)."""
+
+    def __init__(self, objects: dict):
+        self.objects, self.paths = objects, []
+
+    def param_serialize(self, method, path, query_params=None, **_):
+        return method, path, query_params
+
+    def call_api(self, method, path, query_params, _request_timeout=None):
+        import io
+
+        self.paths.append(path)
+        if method == "POST":  # the SelfSubjectReview and SelfSubjectAccessReviews
+            body = {"status": {"allowed": True, "userInfo": {"username": "alice"}}}
+        else:
+            body = self.objects.get(path)
+        resp = io.BytesIO(json.dumps(body or {}).encode())
+        resp.status = 200 if body is not None else 404
+        return resp
+
+
+def test_for_reads_the_cluster_queues_and_flavors_of_a_queued_job_through_the_api():
+    from tputorch.cli import doctor_read
+
+    lq_crd = {"metadata": {"name": doctor.KUEUE_LOCALQUEUE_CRD},
+              "spec": {"versions": [{"name": "v1beta1", "served": True}, {"name": "v1beta2", "served": True, "storage": True}]}}
+    kueue = "/apis/kueue.x-k8s.io/v1beta2"
+    api = FakeApiClient({
+        "/version": healthy_facts()["version"],
+        doctor_read.CRD_PATH + doctor.KUEUE_LOCALQUEUE_CRD: lq_crd,
+        "/api/v1/nodes": {"items": healthy_facts()["nodes"]},
+        f"{kueue}/namespaces/team-a/localqueues": {"items": RESEARCH["team-a"]},
+        f"{kueue}/clusterqueues": {"items": [cluster_queue(**{"v6e-4x4": (8, None)})]},
+        f"{kueue}/resourceflavors": {"items": [V6E_4X4]},
+    })
+    facts = doctor_read.read_facts(api, "team-a", [job(queueName="research")], timeout=5)
+    (placement,) = [r for r in doctor.run_checks(facts) if r.check == "for/team-a/j"]
+    assert placement.status == FAIL and "no flavor that can ever hold 16 google.com/tpu" in placement.message
+
+    unqueued = FakeApiClient(api.objects)
+    facts = doctor_read.read_facts(unqueued, "team-a", [job()], timeout=5)
+    assert (facts["cluster_queues"], facts["resource_flavors"]) == (None, None)
+    assert not [p for p in unqueued.paths if p.endswith(("/clusterqueues", "/resourceflavors"))]  # read only when queued
+
+
 # ---------------------------------------------------------------- network, Kueue, GCS FUSE, rights
 
 def set_args(facts, *args):

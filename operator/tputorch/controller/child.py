@@ -81,12 +81,14 @@ class ChildStep:
 
     # --- the step ---------------------------------------------------------------------------------
 
-    async def ensure(self, kind: Kind, key: Key, parent: dict, spec, cap=None) -> tuple[str, dict | None]:
+    async def ensure(self, kind: Kind, key: Key, parent: dict, spec, cap=None,
+                     beside: Callable[[], None] | None = None) -> tuple[str, dict | None]:
         """(result, child): 'finished' (it ran, its child is gone), 'retry', 'created', 'exists',
         'unchanged', 'child-patched', or 'ending' (the child of an attempt that has ended). ``cap``:
         the installed Kueue's pod-set cap (kueuecap.py), checked by kind.kueue_check before a
         create only (a child that exists was admitted, or not, already); a refusal raises
-        InvalidSpec."""
+        InvalidSpec. ``beside``: called once the child is rendered and about to be created (the
+        reconcile starts the extras then, beside the create request)."""
         namespace, name = key[1], key[2]
         child = self.of(key, parent)
         if child is None:
@@ -101,7 +103,7 @@ class ChildStep:
                 self.problems[key] = ("Forbidden", f"the operator may not {refused[0]} {kind.child.kind}s: "
                                       f"{refused[1]}")
                 return "retry", None
-            return await self._create(kind, key, parent, spec)
+            return await self._create(kind, key, parent, spec, beside)
         owned = ownership(kind, parent, child)
         if owned != "ours":
             self.problems[key] = waiting_problem(kind, namespace, name, owned)
@@ -130,7 +132,8 @@ class ChildStep:
         self.problems.pop(key, None)
         return True
 
-    async def _create(self, kind: Kind, key: Key, parent: dict, spec) -> tuple[str, dict | None]:
+    async def _create(self, kind: Kind, key: Key, parent: dict, spec,
+                      beside: Callable[[], None] | None = None) -> tuple[str, dict | None]:
         namespace, name = key[1], key[2]
         desired = kind.render(spec)
         if kind.own_ray_token:  # a name of this child's alone: never one a deleted child still holds
@@ -139,6 +142,8 @@ class ChildStep:
         desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
         if kind.attempt is not None:
             desired["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(kind.attempt(self.writes.previous(parent)))
+        if beside is not None:
+            beside()
         try:
             created = await self.kube.create(kind.child, namespace, desired)
         except ApiException as err:
@@ -164,8 +169,9 @@ class ChildStep:
             raise
         self.problems.pop(key, None)
         self.expect(key, created)
-        log.info("%s %s/%s created (%s %s slice, %d hosts)", kind.child.kind, namespace, name,
-                 spec.slice.generation.name, spec.slice.topology, spec.slice.hosts)
+        log.info("%s %s/%s created (%s %s slice, %d hosts)%s", kind.child.kind, namespace, name,
+                 spec.slice.generation.name, spec.slice.topology, spec.slice.hosts,
+                 "; its Ray token Secret next" if kind.own_ray_token else "")
         if not await self._token(kind, key, created):
             return "retry", created
         return "created", created

@@ -88,7 +88,8 @@ class ExtraChildren:
                 desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
                 await self.kube.create(extra.resource, namespace, desired)
                 self.made[made] = self.monotonic()
-                log.info("%s %s/%s created", extra.resource.kind, namespace, name)
+                # debug: made with every child, whose own create is logged (a line costs CPU in a burst)
+                log.debug("%s %s/%s created", extra.resource.kind, namespace, name)
             elif ownership(kind, parent, existing) != "ours":
                 self._taken(kind, extra, key, name)
                 return
@@ -142,7 +143,7 @@ class RayTokenSecrets:
         namespace = key[1]
         try:
             await self.kube.create_secret(namespace, render.ray_token_secret(child, self.ray_tokens.token(namespace, name)))
-            log.info("Secret %s/%s (the Ray token of %s %s) created", namespace, name, kind.child.kind, key[2])
+            log.debug("Secret %s/%s (the Ray token of %s %s) created", namespace, name, kind.child.kind, key[2])
         except ApiException as err:
             if err.status != 409:
                 detail = api_message(err) or f"HTTP {err.status} {err.reason}"

@@ -432,16 +432,35 @@ def next_page_limit(limit: int, page_bytes: int) -> int:
 WATCH_SILENCE = 150
 
 
-def raw_call(api_client, method: str, path: str, timeout, query: list | None = None, body: dict | None = None):
+def raw_call(api_client, method: str, path: str, timeout, query: list | None = None, body=None,
+             content_type: str = "application/json"):
     """One API call without the typed clients (their models, or their import, cost memory): the
-    raw answer, or ApiException for any answer but 2xx."""
-    header_params = {"Accept": "application/json", **({"Content-Type": "application/json"} if body is not None else {})}
-    method, url, headers, data, _post = api_client.param_serialize(
-        method, path, query_params=query, header_params=header_params, body=body, auth_settings=["BearerToken"])
-    resp = api_client.call_api(method, url, header_params=headers, body=data, _request_timeout=timeout)
+    raw answer (unread), or ApiException for any answer but 2xx. A body (a dict or list) is sent as
+    json.dumps makes it: the client's own path first walks every value of it in Python
+    (sanitize_for_serialization), which cost the operator more CPU per RayJob create than
+    json.dumps itself (bench/RESULTS.md, issue 40)."""
+    header_params = {"Accept": "application/json", **({"Content-Type": content_type} if body is not None else {})}
+    method, url, headers, _body, _post = api_client.param_serialize(
+        method, path, query_params=query, header_params=header_params, body=None,
+        auth_settings=["BearerToken"])
+    if body is None:
+        resp = api_client.call_api(method, url, header_params=headers, body=None, _request_timeout=timeout)
+    else:
+        resp = api_client.rest_client.pool_manager.request(
+            method, url, body=json.dumps(body, separators=(",", ":")).encode(), headers=headers,
+            timeout=_timeout(timeout), preload_content=False)
     if not 200 <= resp.status <= 299:
         raise ApiException(status=resp.status, reason=resp.reason, body=resp.read().decode("utf-8", "replace"))
     return resp
+
+
+def _timeout(timeout):
+    """A request timeout as the client takes it (seconds, or (connect, read)) for urllib3."""
+    import urllib3
+
+    if isinstance(timeout, tuple):
+        return urllib3.Timeout(connect=timeout[0], read=timeout[1])
+    return urllib3.Timeout(total=timeout) if timeout else None
 
 
 class RestSource:

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import datetime
+import json
 import socket
 import threading
 import time
@@ -109,15 +110,52 @@ def throttle_credential_refresh(configuration, seconds: float = CREDENTIAL_REFRE
     configuration.refresh_api_key_hook = refresh
 
 
-class SecretWriter:
-    """Creates Secrets by a raw POST (CoreV1Api costs 20 MB, as for events below); the answer
-    repeats what was sent and is not kept."""
+class RawApi:
+    """The calls Kube makes, under the client's own method names (CustomObjectsApi's, EventsV1Api's
+    create_namespaced_event, CoreV1Api's create_namespaced_secret), each one raw_call: a body goes
+    out as json.dumps makes it, an answer is parsed by json.loads only when it is read. The typed
+    clients first walk every body in Python (sanitize_for_serialization: more CPU per RayJob
+    create than json.dumps, bench/RESULTS.md issue 40), and CoreV1Api costs 20 MB to import."""
 
     def __init__(self, api_client) -> None:
         self.api_client = api_client
 
-    def create_namespaced_secret(self, namespace: str, body: dict, _request_timeout=None) -> None:
-        raw_call(self.api_client, "POST", f"/api/v1/namespaces/{namespace}/secrets", _request_timeout, body=body).read()
+    def _call(self, method: str, path: str, timeout, body=None, content_type: str = "application/json",
+              preload: bool = True):
+        answer = raw_call(self.api_client, method, path, timeout, body=body, content_type=content_type)
+        return json.loads(answer.read()) if preload else answer
+
+    @staticmethod
+    def _path(group: str, version: str, namespace: str, plural: str, name: str = "") -> str:
+        return f"/apis/{group}/{version}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, _request_timeout=None):
+        return self._call("POST", self._path(group, version, namespace, plural), _request_timeout, body)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name, _request_timeout=None):
+        return self._call("GET", self._path(group, version, namespace, plural, name), _request_timeout)
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, _request_timeout=None,
+                                       _content_type=None):
+        return self._call("PATCH", self._path(group, version, namespace, plural, name), _request_timeout, body,
+                          _content_type or "application/merge-patch+json")
+
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body,
+                                              _request_timeout=None, _content_type=None, _preload_content=True):
+        return self._call("PATCH", self._path(group, version, namespace, plural, name) + "/status", _request_timeout,
+                          body, _content_type or "application/merge-patch+json", _preload_content)
+
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, body=None,
+                                        _request_timeout=None):
+        return self._call("DELETE", self._path(group, version, namespace, plural, name), _request_timeout, body)
+
+    def create_namespaced_event(self, namespace, body, _request_timeout=None, _preload_content=True):
+        return self._call("POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", _request_timeout, body,
+                          preload=_preload_content)
+
+    def create_namespaced_secret(self, namespace, body, _request_timeout=None) -> None:
+        """The answer repeats what was sent (the token): read and dropped."""
+        self._call("POST", f"/api/v1/namespaces/{namespace}/secrets", _request_timeout, body, preload=False).read()
 
 
 class Kube:
@@ -136,10 +174,8 @@ class Kube:
         self._inflight: set[concurrent.futures.Future] = set()
         self._inflight_lock = threading.Lock()
         self.api_client = client.ApiClient(configuration)
-        self.custom = client.CustomObjectsApi(self.api_client)
-        # events.k8s.io, not CoreV1Api: importing CoreV1Api costs the operator 20 MB (measured).
-        self.events = client.EventsV1Api(self.api_client)
-        self.secrets = SecretWriter(self.api_client)
+        # one raw adapter for every call (RawApi says why); three names, as tests replace each
+        self.custom = self.events = self.secrets = RawApi(self.api_client)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self.report_pool = ThreadPoolExecutor(max_workers=report_workers, thread_name_prefix="report")
         self.event_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")

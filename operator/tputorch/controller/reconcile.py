@@ -232,16 +232,23 @@ class Controller:
         if meta.get("deletionTimestamp"):
             return "deleting"  # the garbage collector removes the children; create nothing now
         cap = self.kueue_cap.podsets() if kind.kueue_check is not None else None
+        # The extras (the NetworkPolicy, owned by the object) go out beside the child's create
+        # request, not after its answer: one job's creates are not serial (issue 40).
+        beside: list[asyncio.Task] = []
         try:
             spec = self.specs.parse(kind, parent, namespace, cap)
-            result, child = await self.child.ensure(kind, key, parent, spec, cap)
+            result, child = await self.child.ensure(kind, key, parent, spec, cap, beside=lambda: beside.append(
+                asyncio.ensure_future(self.extras.ensure(kind, key, parent, spec))))
             if result == "ending":  # the child of an ended attempt: looked at again when it is gone
                 await self.attempts.end(kind, key, child)
                 result, child = "retry", None
-            if result != "finished":
+            if result != "finished" and not beside:
                 await self.extras.ensure(kind, key, parent, spec)
         except InvalidSpec as err:  # the spec, the child it renders (too large), what Kueue would not admit
             return await self._invalid(kind, parent, err, cap)
+        finally:
+            for task in beside:  # it says its own failures (extras.problems); never the reconcile's
+                await task
         if result == "finished":
             self.attempts.forget(key)
             return result  # its status already tells the end; nothing observed would add to it

@@ -787,6 +787,28 @@ def test_every_job_gets_its_network_policy_owned_by_its_uid_and_kept_as_rendered
     assert [c[1] for c in ctl.kube.called("create")].count("networkpolicies") == 2
 
 
+def test_the_network_policy_create_goes_out_beside_the_rayjob_create_not_after_its_answer():
+    """Issue 40: one job's creates are not serial where the API allows them at once. The RayJob's
+    create here answers only once the NetworkPolicy's create has been sent: serial, it would wait."""
+    class Kube(FakeKube):
+        def __init__(self):
+            super().__init__()
+            self.policy_sent = asyncio.Event()
+
+        async def create(self, res, namespace, body):
+            if res.plural == "networkpolicies":
+                self.policy_sent.set()
+            else:
+                await asyncio.wait_for(self.policy_sent.wait(), 5)
+            return await super().create(res, namespace, body)
+
+    ctl = controller(Kube(), extras=kinds.extras(POLICY))
+    ctl.parents[KIND].remember(job())
+    assert run(ctl.reconcile(KEY)) == "created"
+    assert sorted(c[1] for c in ctl.kube.called("create")) == ["networkpolicies", "rayjobs", "secrets"]
+    assert condition(last_status(ctl.kube), "NetworkPolicyReady")["status"] == "True"
+
+
 def test_a_foreign_network_policy_of_that_name_is_left_alone_and_the_job_still_runs():
     ctl = controller(extras=kinds.extras(POLICY), status_interval=0)  # every status change written at once
     ctl.parents[KIND].remember(job())

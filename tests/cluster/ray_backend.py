@@ -21,8 +21,8 @@ Stopping is Cluster.shutdown() and then a kill of the server's session (never `r
 kills every Ray process on the machine by name).
 
     ray = RealRay(workdir).start()          # head + dashboard, warmed with a no-op job
-    ray.attach(rayjob_dict)                 # worker nodes of that slice (kept for the same shape;
-                                            # a killed host is started again)
+    ray.attach(rayjob_dict)                 # worker nodes of that slice and of its spec.groups (kept
+                                            # for the same shape; a killed host is started again)
     ray.kill_host(1)                        # remove host 1's Ray node (a preempted TPU VM)
     ray.url                                 # http://127.0.0.1:<dashboard port>
     ray.token                               # the head's auth token (ray.headers() for a call)
@@ -283,6 +283,7 @@ class _Server:
         self.hosts = None  # contextlib.ExitStack of the attached slice
         self.key = None
         self.sim = None
+        self.groups = {}  # spec.groups' name -> its simulated hosts (slicesim.SimSlice)
 
     def start(self, warm: bool) -> dict:
         import ray
@@ -343,7 +344,9 @@ class _Server:
         if "rayClusterConfig" in rayjob.get("spec", {}):  # a RayService: the same cluster spec
             rayjob = {**rayjob, "spec": {"rayClusterSpec": rayjob["spec"]["rayClusterConfig"]}}
         probe = slicesim.slice_from_rayjob(rayjob)
-        key = (probe.pod_type, probe.topology, probe.chips_per_host, len(probe.hosts))
+        groups = _groups(slicesim, rayjob)
+        key = (probe.pod_type, probe.topology, probe.chips_per_host, len(probe.hosts),
+               tuple((name, g.pod_type, g.topology, len(g.hosts), g.gpus_per_host) for name, g in groups.items()))
         timings = {}
         if key != self.key:
             self.detach()
@@ -352,7 +355,9 @@ class _Server:
             t0 = time.monotonic()
             stack = contextlib.ExitStack()
             stack.enter_context(slicesim.attached(self.cluster, sim))
-            self.hosts, self.key, self.sim = stack, key, sim
+            for group in groups.values():
+                stack.enter_context(slicesim.attached(self.cluster, group))
+            self.hosts, self.key, self.sim, self.groups = stack, key, sim, groups
             timings[f"attach_{sim.pod_type}_{len(sim.hosts)}_hosts_s"] = time.monotonic() - t0
         else:
             missing = [h for h in self.sim.hosts if h.index not in self.sim.node_ids]
@@ -365,7 +370,9 @@ class _Server:
                 timings[f"readd_{len(missing)}_hosts_s"] = time.monotonic() - t0
         s = self.sim
         return {"slice": {"name": s.name, "pod_type": s.pod_type, "topology": s.topology, "hosts": len(s.hosts),
-                          "chips_per_host": s.chips_per_host, "node_ids": s.node_ids}, "timings": timings}
+                          "chips_per_host": s.chips_per_host, "node_ids": s.node_ids,
+                          "groups": {name: sorted(g.node_ids.values()) for name, g in self.groups.items()}},
+                "timings": timings}
 
     def kill_host(self, index: int) -> dict:
         """Remove one attached host's Ray node with Ray's own Cluster.remove_node (its raylet and
@@ -379,6 +386,7 @@ class _Server:
         if self.hosts is not None:
             self.hosts.close()
         self.hosts = self.key = self.sim = None
+        self.groups = {}
         return {}
 
     def start_serve(self, port: int) -> dict:
@@ -449,6 +457,22 @@ class _Server:
         if hasattr(self, "shm_before"):
             self._remove_leaked_shm()
         return {}
+
+
+def _groups(slicesim, rayjob: dict) -> dict:
+    """The hosts of the RayJob's spec.groups (every worker group but the training slice): a TPU
+    group's slice (one replica) as slicesim makes the training slice, a GPU or CPU group's pods as
+    Ray nodes with the group's labels, resources and GPUs."""
+    spec = rayjob["spec"]["rayClusterSpec"]
+    out = {}
+    for group in spec["workerGroupSpecs"] if len(spec["workerGroupSpecs"]) > 1 else []:
+        name = group["groupName"]
+        if name == "tpu-slice":
+            continue
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        out[name] = (slicesim.slice_from_rayjob(rayjob, slice_name=f"sim-{name}", group_name=name)
+                     if slicesim.TPU_RESOURCE in limits else slicesim.nodes_from_group(rayjob, name))
+    return out
 
 
 def _own_serve_port(host):

@@ -20,6 +20,7 @@ those the chart's dashboard and alerts read.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import sys
@@ -381,3 +382,75 @@ def test_a_model_that_cannot_load_fails_with_rays_message(kube, serving_namespac
     assert f"Failed to update the deployments ['LLMServer:{name}']" in st["message"], st["message"]
     assert "Failed to create vLLM engine config" in st["message"] and "/nonexistent/model" in st["message"], st
     assert "Ready" not in seen, seen
+
+
+# -- issue 38: reinforcement learning on this module's head: vLLM rollout engines beside the
+# training slice. The serving venv's head, because the engines need vLLM (the real_ray head of
+# test_real_ray.py runs .venv's Python, which has none); tputorch comes from the source tree
+# (PYTHONPATH in the job's env, as the training image has it installed).
+RL_STEPS = 4
+
+
+def test_an_rl_job_trains_on_its_slice_and_pushes_every_step_to_vllm_rollouts(kube, kube_env, namespace, dashboard,
+                                                                                tputorch_crd, serving_ray, tiny_model,
+                                                                                tmp_path):
+    """examples/rl/tpu-tpu.yaml's groups (the training v6e 2x2, a rollout v6e 2x2, a CPU reward
+    group) with grpo.py --cpu on vLLM's CPU build: Ray Train's workers on the training slice's host
+    only, the vLLM engine on the rollout slice's host only, the weights of every step reaching the
+    engine (its workers report the version), the reward rising, the progress in the status and
+    `tputorch describe`, Succeeded."""
+    from operator_process import OperatorProcess
+    from test_real_ray import describe, status as job_status, wait_phase
+
+    ns, name, out = namespace, "grpo", tmp_path / "records"
+    t0 = time.monotonic()
+    dashboard.set_backend(ns, serving_ray.url, token=serving_ray.token)
+    body = yaml.safe_load((REPO / "examples" / "rl" / "tpu-tpu.yaml").read_text())
+    body["metadata"] = {"name": name, "namespace": ns}
+    job = body["spec"]
+    del job["runtimeEnv"]  # the script is on this machine
+    job["tpu"]["chipsPerWorker"] = 2  # 2 Train workers (DDP) on the host: half the processes of 4
+    job["env"] = [{"name": "PYTHONPATH", "value": str(REPO / "operator")}]
+    job["entrypoint"] = (f"python {REPO / 'examples' / 'rl' / 'grpo.py'} --cpu --model {tiny_model} "
+                         f"--steps {RL_STEPS} --prompts 4 --group-size 4 --lr 0.03 --out {out} "
+                         f"--storage-path {tmp_path / 'storage'}")
+    attached = serving_ray.attach(render.rayjob(spec.parse(body)))
+    train_nodes, groups = set(attached["node_ids"].values()), attached["groups"]
+    rollout_nodes, reward_nodes = set(groups["rollout"]), set(groups["reward"])
+    assert len(train_nodes) == len(rollout_nodes) == len(reward_nodes) == 1, attached
+    op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [ns], dashboard_url=kube_env["dashboard_url"],
+                         extra_args=["--progress-interval", "2"]).start()
+    try:
+        kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+        # The progress of a step while the job runs, as `tputorch describe` shows it.
+        running = kube.wait(lambda: (lambda st: st if (st.get("progress") or {}).get("step", 0) >= 1 else None)(
+            job_status(kube, ns, name)), 1200, "status.progress of step 1 or later")
+        shown = describe(kube, ns, name)
+        st = wait_phase(kube, ns, name, "Succeeded", 900)
+    finally:
+        op.stop()
+        dashboard.delete_backend(ns)
+    TIMINGS["rl_job_s"] = time.monotonic() - t0
+    assert "Traceback" not in op.log(), op.log()[-5000:]
+
+    progress = running["progress"]
+    metrics = progress["metrics"]
+    assert {"reward_mean", "loss", "rollout_tokens_per_s", "engine_0_weight_version"} <= metrics.keys(), progress
+    # The engine ran the reported step's rollouts with that step's weights: not stale.
+    assert metrics["engine_0_weight_version"] == progress["step"] and metrics["rollout_tokens_per_s"] > 0, progress
+    assert re.search(rf"^Progress:\s+step {progress['step']}\b.*reward_mean", shown, re.M), shown
+    assert st["progress"]["step"] >= progress["step"]
+
+    records = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    ranks = [records[k] for k in sorted(records) if k.startswith("train-rank-")]
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["node_id"] for r in ranks} == train_nodes, ranks
+    assert sorted(c for r in ranks for c in r["TPU_VISIBLE_CHIPS"].split(",")) == ["0", "1", "2", "3"], ranks
+    (engine,) = [records[k] for k in records if k.startswith("rollout-")]
+    assert engine["node_id"] in rollout_nodes and sorted(engine["accelerators"]["TPU"]) == ["0", "1", "2", "3"]
+    assert records["reward"]["node_id"] in reward_nodes
+    # Every step's weights reached the engine, which reported each version back from its workers.
+    assert engine["versions_seen"] == list(range(RL_STEPS)), engine
+    history = records["history"]
+    assert history["engine_versions"] == [[v] for v in range(RL_STEPS)], history
+    assert history["reward"][-1] > history["reward"][0], history["reward"]
+    print(f"RL on vLLM: reward by step {history['reward']}, {TIMINGS['rl_job_s']:.0f} s")

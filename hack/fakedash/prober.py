@@ -13,7 +13,9 @@ replica, so a TPU host that runs only vLLM workers stays NotReady while the mode
 Where a check is answered:
 - Real-Ray mode (the pod's RayCluster has a real Ray backend): against the Ray node that stands for
   the pod: the head pod -> the head node; a worker pod -> the newest node whose `ray.io/tpu-worker-id`
-  label (what Ray reads from TPU_WORKER_ID) is the pod's TPU_WORKER_ID (GKE's webhook sets it).
+  label (what Ray reads from TPU_WORKER_ID) is the pod's TPU_WORKER_ID (GKE's webhook sets it) and,
+  for a pod of spec.groups, whose `tputorch.io/group` label is the pod's (a CPU or GPU group's pod has
+  no worker id: the newest node of its group).
   Ports: the agent's is the node's own `dashboardAgentListenPort`, the dashboard's the backend URL,
   the Serve proxy's the head's Serve URL or, on a worker node, the port in its
   `tputorch.local/serve-proxy-port` label (tests/cluster/ray_backend.py starts each simulated host
@@ -50,6 +52,9 @@ CLUSTER_LABEL = "ray.io/cluster"
 NODE_TYPE_LABEL = "ray.io/node-type"
 REPLICA_LABEL = "ray.io/worker-group-replica-name"
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"         # Ray's node label, from TPU_WORKER_ID
+# spec.groups: the group's pods and its Ray nodes carry this label (KubeRay puts a worker group's
+# top-level labels on both; tputorch.train.GROUP_LABEL, not imported: the stand-in runs without it).
+GROUP_LABEL = "tputorch.io/group"
 SERVE_PORT_LABEL = "tputorch.local/serve-proxy-port"  # a simulated host's own Serve proxy port
 # KubeRay's defaults (utils/constant.go) and the `ray start` params that change them.
 AGENT, DASHBOARD, SERVE = "agent", "dashboard", "serve"
@@ -158,13 +163,21 @@ def stand_in_passes(check: Check, serving: bool, replica_host: bool) -> bool:
 
 def node_for(pod: dict, nodes: list[dict]) -> dict | None:
     """The Ray node (an entry of the dashboard's /nodes?view=summary `raylet`) that stands for the pod:
-    the head node for the head pod, else the newest node with the pod's TPU worker id."""
-    if (pod["metadata"].get("labels") or {}).get(NODE_TYPE_LABEL) == "head":
+    the head node for the head pod, else the newest node with the pod's TPU worker id and, for a pod
+    of spec.groups, its group (a CPU or GPU group's pod, without a TPU worker id: a node of its group)."""
+    labels = pod["metadata"].get("labels") or {}
+    if labels.get(NODE_TYPE_LABEL) == "head":
         mine = [n for n in nodes if n.get("isHeadNode")]
     else:
-        worker_id = plain_env(_ray_container(pod)).get("TPU_WORKER_ID")
-        mine = [n for n in nodes if not n.get("isHeadNode") and worker_id is not None
-                and (n.get("labels") or {}).get(WORKER_ID_LABEL) == worker_id]
+        worker_id, group = plain_env(_ray_container(pod)).get("TPU_WORKER_ID"), labels.get(GROUP_LABEL)
+
+        def stands_for(node: dict) -> bool:
+            node_labels = node.get("labels") or {}
+            if node.get("isHeadNode") or (group is not None and node_labels.get(GROUP_LABEL) != group):
+                return False
+            return node_labels.get(WORKER_ID_LABEL) == worker_id if worker_id is not None else group is not None
+
+        mine = [n for n in nodes if stands_for(n)]
     return max(mine, key=lambda n: int(n.get("startTimeMs") or 0)) if mine else None
 
 

@@ -361,8 +361,8 @@ def _exec(*commands: str, threshold: int = 10) -> dict:
 
 
 def _pod(name, kind="worker", cluster="svc-abcde", replica=None, probe=None, phase="Running", ready=True,
-         worker_id=None, node=None):
-    labels = {"ray.io/node-type": kind, "ray.io/cluster": cluster}
+         worker_id=None, node=None, group=None):
+    labels = {"ray.io/node-type": kind, "ray.io/cluster": cluster, **({"tputorch.io/group": group} if group else {})}
     if replica:
         labels["ray.io/worker-group-replica-name"] = replica
     env = [{"name": "TPU_WORKER_ID", "value": worker_id}] if worker_id is not None else []
@@ -435,8 +435,8 @@ def test_prober_applies_kubelets_thresholds():
     assert prober.next_ready(True, None, False, svc, 0.0) == (False, 0.0)
 
 
-def _node(worker_id=None, head=False, agent=40001, started=1, serve_port=None):
-    labels = {"ray.io/node-id": f"n{agent}"}
+def _node(worker_id=None, head=False, agent=40001, started=1, serve_port=None, group=None):
+    labels = {"ray.io/node-id": f"n{agent}", **({"tputorch.io/group": group} if group else {})}
     if worker_id is not None:
         labels["ray.io/tpu-worker-id"] = worker_id
     if serve_port:
@@ -454,6 +454,14 @@ def test_prober_maps_a_pod_to_the_ray_node_that_stands_for_it():
     assert prober.node_for(_pod("w1", worker_id="1"), nodes) is new, "a host started again: its newest node"
     assert prober.node_for(_pod("w2", worker_id="2"), nodes) is None
     assert prober.node_for(_pod("w", worker_id=None), nodes) is None
+    # spec.groups (issue 38): two slices' hosts with worker id 0, and a CPU group's node without one.
+    train, rollout, reward = (_node("0", agent=40004, started=3, group="tpu-slice"),
+                              _node("0", agent=40005, started=4, group="rollout"), _node(agent=40006, group="reward"))
+    grouped = [head, train, rollout, reward]
+    assert prober.node_for(_pod("t0", worker_id="0", group="tpu-slice"), grouped) is train, "not the newer rollout host"
+    assert prober.node_for(_pod("r0", worker_id="0", group="rollout"), grouped) is rollout
+    assert prober.node_for(_pod("c", group="reward"), grouped) is reward
+    assert prober.node_for(_pod("g", group="gen"), grouped) is None, "no node of its group"
     dash, serve = "http://127.0.0.1:8265", "http://127.0.0.1:8000"
     assert prober.node_endpoints(head, dash, serve) == {"agent": "http://127.0.0.1:40000", "dashboard": dash, "serve": serve}
     assert prober.node_endpoints(new, dash, serve) == {"agent": "http://127.0.0.1:40002", "serve": "http://127.0.0.1:40102"}

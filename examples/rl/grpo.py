@@ -21,8 +21,10 @@ The task is a verifiable toy one: the reward is the share of the answer's tokens
 lower half of the vocabulary (0.5 for a random model), so the reward rises within a few steps.
 
 Each step's progress goes to the operator through ``tputorch.train.report()``: the step, the mean
-reward, the weight version each engine ran the step's rollouts with (``engine_<i>_weight_version``)
-and the rollout throughput (generated tokens per second over all engines).
+reward (``reward_mean``, the TPUTorchJob's REWARD column), the oldest weight version an engine ran
+the step's rollouts with (``weight_version``, its WEIGHTS column: below the step, an engine was
+stale), each engine's (``engine_<i>_weight_version``) and the rollout throughput
+(``rollout_tokens_per_s``: generated tokens per second over all engines).
 
 ``--engine torch`` replaces vLLM and the model by a small torch policy (a bigram model over 8
 tokens, the same task), for a machine without vLLM. ``--cpu`` runs the trainer on CPUs (gloo,
@@ -320,8 +322,9 @@ def train_func(config: dict) -> None:
         history["reward"].append(float(r.mean()))
         history["weight_version"].append(min(versions))
         history["engine_versions"].append(versions)
-        train.report({"step": step, "reward_mean": history["reward"][-1], "loss": float(loss.detach().cpu()),
-                      "rollout_tokens_per_s": b["tokens_per_s"],
+        # The stalest engine's version before each engine's own: report() keeps the first 16 metrics.
+        train.report({"step": step, train.REWARD_METRIC: history["reward"][-1], train.LOSS_METRIC: float(loss.detach().cpu()),
+                      train.WEIGHT_VERSION_METRIC: min(versions), "rollout_tokens_per_s": b["tokens_per_s"],
                       **{f"engine_{i}_weight_version": v for i, v in sorted(b["versions"].items())}})
     if rank == 0:
         _record(config["out"], "history", lambda: history)

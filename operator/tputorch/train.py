@@ -262,6 +262,12 @@ MAX_PROGRESS_METRICS = 16  # numeric metrics per line, beside step and epoch
 MAX_METRIC_NAME = 63
 MAX_CHECKPOINT_PATH = 2048
 MAX_PROGRESS_LINE = 4096  # characters of the JSON object
+# Metric names with a printer column of their own on the TPUTorchJob (api/crd.py); any other name
+# is shown by `tputorch describe` only. The RL ones: the mean reward of the step's rollouts, and the
+# oldest policy weight version a rollout engine ran them with (a stale engine holds it below the step).
+LOSS_METRIC = "loss"
+REWARD_METRIC = "reward_mean"
+WEIGHT_VERSION_METRIC = "weight_version"
 
 
 def progress_line(metrics: Mapping[str, Any], step: int | None = None, epoch: int | None = None,

@@ -867,8 +867,12 @@ JOB_PRINTER_COLUMNS = [
     {"name": "Hosts", "type": "string", "jsonPath": ".status.hostsReady", "description": "Ready TPU hosts / hosts in the slice"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempts", "description": "Current attempt (1 + retries)"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Last step the script reported"},
-    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.metrics.loss", "priority": 1,
+    {"name": "Loss", "type": "number", "jsonPath": f".status.progress.metrics.{train.LOSS_METRIC}", "priority": 1,
      "description": "Loss the script last reported"},
+    {"name": "Reward", "type": "number", "jsonPath": f".status.progress.metrics.{train.REWARD_METRIC}", "priority": 1,
+     "description": "Mean reward the RL script last reported"},
+    {"name": "Weights", "type": "integer", "jsonPath": f".status.progress.metrics.{train.WEIGHT_VERSION_METRIC}",
+     "priority": 1, "description": "Oldest policy weight version a rollout engine ran the last step with (RL)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 PRINTER_COLUMNS = JOB_PRINTER_COLUMNS

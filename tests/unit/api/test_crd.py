@@ -207,6 +207,8 @@ def test_printer_columns():
         "Attempt": ".status.attempts",
         "Step": ".status.progress.step",
         "Loss": ".status.progress.metrics.loss",
+        "Reward": ".status.progress.metrics.reward_mean",  # what examples/rl/grpo.py reports (issue 38)
+        "Weights": ".status.progress.metrics.weight_version",
         "Age": ".metadata.creationTimestamp",
     }
     cols = [(c["name"], c["jsonPath"]) for c in definition(crd.SERVICE_KIND)["spec"]["versions"][0]["additionalPrinterColumns"]]

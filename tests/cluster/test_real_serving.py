@@ -15,6 +15,9 @@ Serve config in place: Updating, then Ready with vLLM running the new max_model_
 under sustained load (replicas {1, 2}: Serve's autoscaler asks for a second replica, which waits
 for a second slice), scraping the Ray nodes' metrics ports meanwhile for the recorded series and
 those the chart's dashboard and alerts read.
+
+The last test runs examples/rl/grpo.py's RL job on the same head (issue 38): Ray Train on the
+training slice, a vLLM engine on the rollout slice, the weights of every step pushed to it.
 """
 
 from __future__ import annotations
@@ -427,6 +430,7 @@ def test_an_rl_job_trains_on_its_slice_and_pushes_every_step_to_vllm_rollouts(ku
             job_status(kube, ns, name)), 1200, "status.progress of step 1 or later")
         shown = describe(kube, ns, name)
         st = wait_phase(kube, ns, name, "Succeeded", 900)
+        header, row = kubectl(kube.kubeconfig, "get", "-n", ns, "tputorchjob", name, "-o", "wide").stdout.splitlines()
     finally:
         op.stop()
         dashboard.delete_backend(ns)
@@ -435,11 +439,18 @@ def test_an_rl_job_trains_on_its_slice_and_pushes_every_step_to_vllm_rollouts(ku
 
     progress = running["progress"]
     metrics = progress["metrics"]
-    assert {"reward_mean", "loss", "rollout_tokens_per_s", "engine_0_weight_version"} <= metrics.keys(), progress
+    assert {"reward_mean", "loss", "weight_version", "rollout_tokens_per_s", "engine_0_weight_version"} <= metrics.keys(), progress
     # The engine ran the reported step's rollouts with that step's weights: not stale.
-    assert metrics["engine_0_weight_version"] == progress["step"] and metrics["rollout_tokens_per_s"] > 0, progress
-    assert re.search(rf"^Progress:\s+step {progress['step']}\b.*reward_mean", shown, re.M), shown
+    assert metrics["engine_0_weight_version"] == metrics["weight_version"] == progress["step"], progress
+    assert metrics["rollout_tokens_per_s"] > 0, progress
+    # describe ran after that read (the job may be steps further): its own line holds the same.
+    seen = re.search(r"^Progress:\s+step (\d+),.*\breward_mean [0-9.]+,.*\bweight_version (\d+)\b", shown, re.M)
+    assert seen and seen[1] == seen[2] and int(seen[1]) >= progress["step"], shown
     assert st["progress"]["step"] >= progress["step"]
+    # The printer columns of `kubectl get -o wide` (left-aligned; one object, so one report).
+    column = lambda title: row[header.index(title):].split()[0]  # noqa: E731
+    step = int(column("STEP"))
+    assert column("PHASE") == "Succeeded" and column("WEIGHTS") == str(step), (header, row)
 
     records = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     ranks = [records[k] for k in sorted(records) if k.startswith("train-rank-")]
@@ -453,4 +464,5 @@ def test_an_rl_job_trains_on_its_slice_and_pushes_every_step_to_vllm_rollouts(ku
     history = records["history"]
     assert history["engine_versions"] == [[v] for v in range(RL_STEPS)], history
     assert history["reward"][-1] > history["reward"][0], history["reward"]
+    assert float(column("REWARD")) == pytest.approx(history["reward"][step], rel=1e-3), (header, row, history)
     print(f"RL on vLLM: reward by step {history['reward']}, {TIMINGS['rl_job_s']:.0f} s")

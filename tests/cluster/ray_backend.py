@@ -549,12 +549,22 @@ def _serve(argv: list[str]) -> int:
             answer = getattr(server, cmd)(**command)
         except Exception as exc:
             traceback.print_exc()
-            answer = {"error": f"{type(exc).__name__}: {exc}"}
+            answer = {"error": f"{type(exc).__name__}: {exc}{_newest_raylet_logs(args.temp_dir, exc)}"}
         out.write(json.dumps(answer) + "\n")
         out.flush()
         if cmd == "stop":
             break
     return 0
+
+
+def _newest_raylet_logs(temp_dir: str, exc: Exception, chars: int = 1500) -> str:
+    """For a node that did not register in time (Ray's "timed out during startup"): the tails of the
+    newest raylet's logs, which the session's removal at stop() would take along."""
+    if "timed out during startup" not in str(exc):
+        return ""
+    logs = Path(temp_dir).glob("session_*/logs/raylet*.*")
+    newest = sorted(logs, key=lambda p: p.stat().st_mtime)[-2:]
+    return "".join(f"\n--- {p.name} (tail) ---\n{p.read_text(errors='replace')[-chars:]}" for p in newest)
 
 
 def _stop_session(proc: subprocess.Popen) -> None:

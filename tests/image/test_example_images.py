@@ -88,9 +88,10 @@ def built(dockerfile: str) -> dict:
 def unpacked(dockerfile: str, tmp_path_factory):
     """The example image unpacked, only for the tests that look inside it (an unpack takes ~25 s
     here), once per build key: the key (the image's tag) hashes everything the build reads (the
-    stand-in Dockerfile, the whole context, the stand-in of Ray's image), so two Dockerfiles whose
-    stand-in builds are the same (examples/Dockerfile and examples/rl/Dockerfile differ only in their
-    skipped downloads and base tags) give the same files, and one unpack shows both."""
+    stand-in Dockerfile, the whole context, the stand-in of Ray's image), so Dockerfiles whose
+    stand-in builds are the same (examples/Dockerfile, examples/rl/Dockerfile and
+    examples/rl/tpu/Dockerfile differ only in their skipped downloads and base tags) give the same
+    files, and one unpack shows them all."""
     info = built(dockerfile)
     if info["tag"] not in _unpacked:
         _unpacked[info["tag"]] = unpack(info["archive"], info["tag"], tmp_path_factory.mktemp("example"))
@@ -99,8 +100,8 @@ def unpacked(dockerfile: str, tmp_path_factory):
 
 def test_what_the_image_tests_cover():
     """The subsets below are not empty (a test over none of the images would pass for nothing)."""
-    assert set(WITH_EXAMPLES) == {"examples/Dockerfile", "examples/rl/Dockerfile"}
-    assert set(WITH_GCS) == {"examples/Dockerfile", "examples/rl/Dockerfile"}
+    assert set(WITH_EXAMPLES) == {"examples/Dockerfile", "examples/rl/Dockerfile", "examples/rl/tpu/Dockerfile"}
+    assert set(WITH_GCS) == {"examples/Dockerfile", "examples/rl/Dockerfile", "examples/rl/tpu/Dockerfile"}
 
 
 @pytest.mark.parametrize("dockerfile", ALL)

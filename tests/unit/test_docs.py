@@ -185,8 +185,8 @@ def test_the_rbac_table_is_what_the_chart_grants(tmp_path):
 def test_the_example_images_pin_what_the_project_runs():
     """examples/Dockerfile: the Ray of spec's default rayVersion on Python 3.11, the torch CI trains
     the examples with (pyproject's `torch` extra), torch-tpu with a torch its wheel accepts (2.11 to
-    2.15); examples/serve/Dockerfile: the same Ray on Python 3.12 (vllm-torchtpu 0.29.0 has no 3.11
-    wheel)."""
+    2.15); examples/serve/Dockerfile and examples/rl/tpu/Dockerfile: the same Ray on Python 3.12
+    (vllm-torchtpu 0.29.0 has no 3.11 wheel)."""
     import re
     import tomllib
 
@@ -211,6 +211,19 @@ def test_the_example_images_pin_what_the_project_runs():
     gcs = [ln for ln in train.splitlines() if ln.startswith("RUN") and "smart_open" in ln]
     assert len(gcs) == 1 and gcs[0] in rollout.splitlines()
     assert "vllm==0.29.0" in rollout
+    # the TPU RL image (examples/rl/tpu/Dockerfile), every group of tpu-tpu.yaml: the serving image's
+    # Ray, Python and vllm-torchtpu (which brings torch-tpu and transformers; no torch pin of its own
+    # beside it), the same GCS clients, and a tputorch that installs on that Python
+    from packaging.specifiers import SpecifierSet
+
+    tpu_rl = (ROOT / "examples" / "rl" / "tpu" / "Dockerfile").read_text()
+    assert re.search(rf"^FROM rayproject/ray:{re.escape(ray)}-py312$", tpu_rl, re.M), tpu_rl
+    assert f"ray=={ray} vllm-torchtpu==0.29.0" in tpu_rl and "torch==" not in tpu_rl
+    assert gcs[0] in tpu_rl.splitlines()
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert SpecifierSet(requires).contains("3.12") and SpecifierSet(requires).contains("3.11"), requires
+    example = yaml.safe_load((ROOT / "examples" / "rl" / "tpu-tpu.yaml").read_text())["spec"]
+    assert example["image"].endswith("/ray-vllm-torchtpu-rl:2.60.0") and not any("image" in g for g in example["groups"])
 
 
 def entrypoints() -> list[tuple[str, list[str], dict]]:

@@ -52,6 +52,7 @@ example-images:
 	BUILDER=buildah hack/image.sh example examples/Dockerfile . tputorch-examples
 	BUILDER=buildah hack/image.sh example examples/serve/Dockerfile examples/serve tputorch-examples-serve
 	BUILDER=buildah hack/image.sh example examples/rl/Dockerfile . tputorch-examples-rl
+	BUILDER=buildah hack/image.sh example examples/rl/tpu/Dockerfile . tputorch-examples-rl-tpu
 
 # Every test: unit, integration (packaging), image, Ray and cluster; the cluster tests bring the local
 # cluster up (and down) themselves. Nothing else needs to run before it on a fresh clone.

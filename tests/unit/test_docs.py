@@ -201,6 +201,11 @@ def test_the_example_images_pin_what_the_project_runs():
     pinned = re.search(r"\btorch==([\d.]+)", train).group(1)
     assert ci_torch == f"torch=={pinned}"
     assert (2, 11) <= tuple(int(x) for x in pinned.split(".")[:2]) <= (2, 15)
+    # transformers: grpo.py's driver and trainer on this image (tpu-gpu.yaml, --engine vllm), at
+    # least what vLLM 0.29.0 asks for (the serving venv's requirement)
+    (need,) = re.findall(r"^transformers>=([\d.]+)$", (ROOT / "hack" / "vllm-cpu" / "requirements.txt").read_text(), re.M)
+    have = re.search(r"\btransformers==([\d.]+)", train).group(1)
+    assert tuple(map(int, have.split("."))) >= tuple(map(int, need.split("."))), (have, need)
     for pin in ("torch-tpu==0.2.0", "libtpu==0.0.50", "smart_open[gcs]==", "google-cloud-storage=="):
         assert pin in train, pin
     assert f'"ray[serve]=={ray}"' in serve and '"vllm-torchtpu==0.29.0"' in serve

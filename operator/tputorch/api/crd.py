@@ -679,6 +679,14 @@ def _service_spec_schema() -> dict:
                         "KubeRay fails the service and releases its slices if it is not ready this long after "
                         "creation (ray.io/initializing-timeout); 0: never.",
                         minimum=0, maximum=7 * 86400, default=spec.SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"]),
+                    "clusterDeletionDelaySeconds": _int(
+                        "Seconds KubeRay keeps the old RayCluster after an upgrade switched to a new one "
+                        "(rayClusterDeletionDelaySeconds; unset: KubeRay's 60): a stream still running on it is cut then.",
+                        minimum=0, maximum=spec.MAX_CLUSTER_DELETION_DELAY_S),
+                    "gracefulShutdownTimeoutSeconds": _int(
+                        "Seconds Serve gives a replica it stops (scale-down, redeploy) to finish its in-flight requests "
+                        "(graceful_shutdown_timeout_s; unset: Serve's 20).",
+                        minimum=1, maximum=spec.MAX_GRACEFUL_SHUTDOWN_S),
                 },
                 **{"x-kubernetes-validations": [{
                     # has(): the API server checks this rule against the block's default ({}) too,

@@ -50,7 +50,12 @@ SECRET_REF_FIELDS = {"name", "key"}
 ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
 REPLICA_FIELDS = {"min", "max"}
 SERVE_FIELDS = {"targetOngoingRequests", "maxOngoingRequests", "healthCheckPeriodSeconds", "healthCheckTimeoutSeconds",
-                "initializingTimeoutSeconds"}
+                "initializingTimeoutSeconds", "clusterDeletionDelaySeconds", "gracefulShutdownTimeoutSeconds"}
+# Optional, unset: KubeRay's and Serve's own defaults (60 s; 20 s). Long streamed completions want more:
+# KubeRay deletes the old RayCluster this long after an upgrade's switch (cutting its streams), and Serve
+# gives a replica it stops (scale-down, in-place redeploy) this long to finish its requests.
+MAX_CLUSTER_DELETION_DELAY_S = 86400
+MAX_GRACEFUL_SHUTDOWN_S = 86400
 # KubeRay 1.5's RayService upgrade strategies (spec.upgradeStrategy.type) that run without a feature
 # gate. NewCluster (KubeRay's default): a cluster-spec edit starts a whole second RayCluster, i.e. a
 # second set of slices, and switches over when it serves. None: cluster-spec edits are not rolled
@@ -138,6 +143,8 @@ class ServiceSpec(CommonSpec):
     health_check_period_s: int = SERVICE_DEFAULTS["serve.healthCheckPeriodSeconds"]
     health_check_timeout_s: int = SERVICE_DEFAULTS["serve.healthCheckTimeoutSeconds"]
     initializing_timeout_s: int = SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"]
+    cluster_deletion_delay_s: int | None = None  # RayService rayClusterDeletionDelaySeconds; None: KubeRay's 60 s
+    graceful_shutdown_timeout_s: int | None = None  # Serve's graceful_shutdown_timeout_s; None: Serve's 20 s
     cache_path: str | None = None  # spec.model.cacheVolume's mountPath
     upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
     exposure: Exposure = Exposure()  # who may call the Serve port (its NetworkPolicy)
@@ -304,6 +311,10 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
                       default=SERVICE_DEFAULTS["serve.healthCheckTimeoutSeconds"], check=between(1, 86400))
     init_timeout = r.value(serve, "initializingTimeoutSeconds", "spec.serve.initializingTimeoutSeconds", int,
                            default=SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"], check=between(0, 7 * 86400))
+    deletion_delay = r.value(serve, "clusterDeletionDelaySeconds", "spec.serve.clusterDeletionDelaySeconds", int,
+                             check=between(0, MAX_CLUSTER_DELETION_DELAY_S))
+    graceful = r.value(serve, "gracefulShutdownTimeoutSeconds", "spec.serve.gracefulShutdownTimeoutSeconds", int,
+                       check=between(1, MAX_GRACEFUL_SHUTDOWN_S))
     strategy = r.value(spec, "upgradeStrategy", "spec.upgradeStrategy", str, default=SERVICE_DEFAULTS["upgradeStrategy"],
                        check=lambda v: None if v in UPGRADE_STRATEGIES else
                        f"must be one of {', '.join(UPGRADE_STRATEGIES)} (KubeRay's RayService upgrade strategies)")
@@ -328,6 +339,8 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         health_check_period_s=period,
         health_check_timeout_s=timeout,
         initializing_timeout_s=init_timeout,
+        cluster_deletion_delay_s=deletion_delay,
+        graceful_shutdown_timeout_s=graceful,
         upgrade_strategy=strategy,
         cache_path=cache_path,
         exposure=exposure,

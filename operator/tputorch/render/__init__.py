@@ -376,6 +376,7 @@ def serve_config(svc: ServiceSpec) -> dict:
         "max_ongoing_requests": svc.max_ongoing_requests,
         "health_check_period_s": svc.health_check_period_s,
         "health_check_timeout_s": svc.health_check_timeout_s,
+        "graceful_shutdown_timeout_s": svc.graceful_shutdown_timeout_s,
         # Google's vLLM TorchTPU sample pins the LLMServer replica to a TPU host with a sliver of
         # the resource Ray gives every TPU host; without it the replica may land on the head.
         "replica_resources": {f"accelerator_type:{svc.slice.generation.ray_accelerator_type}": 0.001},
@@ -491,6 +492,7 @@ def _rayservice(svc: ServiceSpec) -> dict:
         "annotations": rayservice_annotations(svc),
         "upgrade_strategy": svc.upgrade_strategy,
         "serve_service": serve_service(svc),
+        "cluster_deletion_delay_s": svc.cluster_deletion_delay_s,
         "serve_config_v2": yaml.safe_dump(serve_config(svc), sort_keys=False, default_flow_style=False),
         # Autoscaling always on: KubeRay's cluster hash leaves out replicas/min/max but not
         # enableInTreeAutoscaling, so a replicas edit from {1,1} to {1,3} would otherwise start a
@@ -636,6 +638,8 @@ def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
     # rayClusterConfig.suspend is Kueue's (its RayService integration holds a queued service there):
     # a patch that nulled it would start a service Kueue has not admitted.
     spec["rayClusterConfig"].pop("suspend", None)
+    # spec.serve.clusterDeletionDelaySeconds unset: KubeRay's own 60 s again, also when observed has no spec.
+    spec.setdefault("rayClusterDeletionDelaySeconds", None)
     head = spec["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
     for key in _OPTIONAL_HEAD_KEYS:
         head.setdefault(key, None)

@@ -131,6 +131,12 @@ def test_both_kinds_expose_the_same_reconcile_attributes():
         ({"serve": {"healthCheckTimeoutSeconds": "15m"}}, "spec.serve.healthCheckTimeoutSeconds", "must be an integer"),
         ({"serve": {"initializingTimeoutSeconds": -1}}, "spec.serve.initializingTimeoutSeconds", "must be between 0"),
         ({"serve": {"numReplicas": 2}}, "spec.serve.numReplicas", "is not a known field"),
+        ({"serve": {"clusterDeletionDelaySeconds": -1}}, "spec.serve.clusterDeletionDelaySeconds", "must be between 0 and 86400"),
+        ({"serve": {"clusterDeletionDelaySeconds": 86401}}, "spec.serve.clusterDeletionDelaySeconds", "must be between 0 and 86400"),
+        ({"serve": {"clusterDeletionDelaySeconds": "10m"}}, "spec.serve.clusterDeletionDelaySeconds", "must be an integer"),
+        ({"serve": {"gracefulShutdownTimeoutSeconds": 0}}, "spec.serve.gracefulShutdownTimeoutSeconds", "must be between 1 and 86400"),
+        ({"serve": {"gracefulShutdownTimeoutSeconds": 86401}}, "spec.serve.gracefulShutdownTimeoutSeconds", "must be between 1 and 86400"),
+        ({"serve": {"gracefulShutdownTimeoutSeconds": 2.5}}, "spec.serve.gracefulShutdownTimeoutSeconds", "must be an integer"),
         ({"upgradeStrategy": "NewClusterWithIncrementalUpgrade"}, "spec.upgradeStrategy", "must be one of NewCluster, None"),
         ({"env": [{"name": "RAY_TPU_RESOURCE_PER_CHIP", "value": "1"}]}, "spec.env[0].name", "TPU7x"),
     ],
@@ -213,6 +219,17 @@ def test_serve_options_and_upgrade_strategy_defaults_and_values():
     svc = spec.parse_service(service_body(serve={"targetOngoingRequests": 4, "maxOngoingRequests": 4,
                                                  "initializingTimeoutSeconds": 0}, upgradeStrategy="None"))
     assert (svc.target_ongoing_requests, svc.max_ongoing_requests, svc.initializing_timeout_s, svc.upgrade_strategy) == (4, 4, 0, "None")
+
+
+def test_stream_knobs_are_unset_by_default_and_parsed_when_given():
+    """spec.serve.clusterDeletionDelaySeconds and gracefulShutdownTimeoutSeconds (issue 37): unset
+    leaves KubeRay's and Serve's own defaults; 0 is a valid delay (KubeRay's minimum), not unset."""
+    svc = spec.parse_service(service_body())
+    assert (svc.cluster_deletion_delay_s, svc.graceful_shutdown_timeout_s) == (None, None)
+    svc = spec.parse_service(service_body(serve={"clusterDeletionDelaySeconds": 0, "gracefulShutdownTimeoutSeconds": 1}))
+    assert (svc.cluster_deletion_delay_s, svc.graceful_shutdown_timeout_s) == (0, 1)
+    svc = spec.parse_service(service_body(serve={"clusterDeletionDelaySeconds": 86400, "gracefulShutdownTimeoutSeconds": 86400}))
+    assert (svc.cluster_deletion_delay_s, svc.graceful_shutdown_timeout_s) == (86400, 86400)
 
 
 def test_engine_args_in_vllms_spelling_pass():

@@ -510,6 +510,33 @@ def test_rayservice_carries_the_initializing_timeout_and_the_upgrade_strategy():
     assert patch["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION] is None
 
 
+def _llm_deployment_config(rs):
+    return yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"]["llm_configs"][0]["deployment_config"]
+
+
+def test_stream_knobs_render_only_when_set():
+    """Issue 37: the cluster deletion delay becomes the RayService's rayClusterDeletionDelaySeconds
+    and the graceful shutdown Serve's graceful_shutdown_timeout_s; unset, neither key is written
+    (KubeRay's 60 s and Serve's 20 s apply, and the RayService is what it was before the fields)."""
+    rs = rendered_service({})
+    assert "rayClusterDeletionDelaySeconds" not in rs["spec"]
+    assert "graceful_shutdown_timeout_s" not in _llm_deployment_config(rs)
+    rs = rendered_service({"serve": {"clusterDeletionDelaySeconds": 3600, "gracefulShutdownTimeoutSeconds": 900}})
+    assert rs["spec"]["rayClusterDeletionDelaySeconds"] == 3600
+    assert _llm_deployment_config(rs)["graceful_shutdown_timeout_s"] == 900
+    assert rendered_service({"serve": {"clusterDeletionDelaySeconds": 0}})["spec"]["rayClusterDeletionDelaySeconds"] == 0
+
+
+def test_dropping_the_cluster_deletion_delay_removes_it_from_the_rayservice():
+    set_ = rendered_service({"serve": {"clusterDeletionDelaySeconds": 3600}})
+    unset = spec.parse_service(service_body())
+    for observed in (set_, {"metadata": set_["metadata"]}):  # with and without the observed spec
+        patch = render.rayservice_patch(unset, observed)
+        assert patch["spec"]["rayClusterDeletionDelaySeconds"] is None
+    edited = spec.parse_service(service_body(serve={"clusterDeletionDelaySeconds": 120}))
+    assert render.rayservice_patch(edited, set_)["spec"]["rayClusterDeletionDelaySeconds"] == 120
+
+
 def test_a_queued_service_gets_its_initializing_timeout_on_admission_plus_the_time_it_waited():
     """Issue 35: KubeRay 1.6.1+ counts the timeout from its Ready condition's lastTransitionTime
     with reason Initializing (set in its first reconcile, at creation) and checks it every reconcile,

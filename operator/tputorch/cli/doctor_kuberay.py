@@ -39,6 +39,7 @@ def representative_children() -> dict[str, list[dict]]:
     service = {**base, "kind": crd.SERVICE_KIND, "spec": {
         "tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "doctor",
         "model": {"source": "doctor/model"}, "replicas": {"min": 1, "max": 2},
+        "serve": {"clusterDeletionDelaySeconds": 600},
         "volumes": [{"name": "data", "mountPath": "/data", "gcs": {"bucket": "doctor"}}]}}
     rayjob = render.render_any(spec.parse_any(job))
     render.with_ray_token_secret(rayjob, "doctor-ray-token")

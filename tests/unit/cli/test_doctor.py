@@ -200,6 +200,16 @@ def test_the_children_checked_carry_the_optional_fields_the_operator_writes():
     assert cluster["authOptions"]["secretName"]
     assert any("labels" in g for g in cluster["workerGroupSpecs"])
     assert children["RayService"][0]["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+    # spec.serve.clusterDeletionDelaySeconds (issue 37): KubeRay 1.4 and older lack the field.
+    assert children["RayService"][0]["spec"]["rayClusterDeletionDelaySeconds"] == 600
+
+
+def test_a_rayservice_crd_without_the_cluster_deletion_delay_fails_naming_it():
+    facts = healthy_facts()
+    rayservice = doctor.representative_children()["RayService"][0]
+    facts["crds"]["rayservices.ray.io"] = kuberay_crd(schema_for(rayservice, drop="spec.rayClusterDeletionDelaySeconds"))
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-crd/rayservices.ray.io"]
+    assert result.status == FAIL and result.details == ["spec.rayClusterDeletionDelaySeconds"]
 
 
 def test_unserved_fields_follow_lists_maps_and_preserved_subtrees():

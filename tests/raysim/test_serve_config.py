@@ -7,6 +7,7 @@ accelerator backend LLMConfig resolves to computes the placement bundles a repli
 
 from __future__ import annotations
 
+import inspect
 import pathlib
 
 import pytest
@@ -14,6 +15,7 @@ import yaml
 from ray._private.accelerators.tpu import TPUAcceleratorManager
 from ray.llm._internal.serve.core.configs.accelerators import TPUAccelerator, TPUConfig
 from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
+from ray import serve
 from ray.serve.schema import ServeDeploySchema
 from ray.util.tpu import get_tpu_version_from_type
 
@@ -64,6 +66,11 @@ def test_golden_serve_config_validates_with_rays_own_schemas(path):
     assert (app.route_prefix, app.import_path) == ("/", "ray.serve.llm:build_openai_app")
     (cfg,) = llm_configs(rayservice)
     llm = LLMConfig(**cfg)  # unknown or wrongly typed keys raise here
+    # ... but not in deployment_config: Serve's DeploymentConfig ignores a key it does not know (a
+    # misspelt graceful_shutdown_timeout_s would be dropped silently); every key must be an option
+    # of serve.deployment
+    known = set(inspect.signature(serve.deployment).parameters) - {"_func_or_class"}
+    assert set(llm.deployment_config) <= known, sorted(set(llm.deployment_config) - known)
     assert llm.accelerator_type == cfg["accelerator_type"]
     assert llm.accelerator_config.topology == rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"][topology.GKE_TOPOLOGY_LABEL]
     scaling = llm.deployment_config["autoscaling_config"]

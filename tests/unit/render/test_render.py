@@ -216,7 +216,9 @@ SERVICE_CASES = {
     },
     "service-v6e-2x2-single-host": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"}},
     "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
-    "service-v6e-4x4-replicas-1-3": {"replicas": {"min": 1, "max": 3}},
+    # long streams over several replicas: the old cluster kept 10 min after a switch, 5 min to finish a stream
+    "service-v6e-4x4-replicas-1-3": {"replicas": {"min": 1, "max": 3},
+                                     "serve": {"clusterDeletionDelaySeconds": 600, "gracefulShutdownTimeoutSeconds": 300}},
     "service-v6e-4x4-internal-lb": {"exposure": {"clients": "Listed", "from": [{"cidr": "10.128.0.0/20"}], "serveService": {
         "type": "LoadBalancer", "annotations": {"networking.gke.io/load-balancer-type": "Internal"},
         "loadBalancerSourceRanges": ["10.128.0.0/20"]}}},

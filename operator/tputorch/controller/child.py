@@ -124,8 +124,8 @@ class ChildStep:
         log.info("%s %s/%s patched: %s", kind.child.kind, namespace, name, sorted(patch.get("spec") or patch))
         return "child-patched", child
 
-    async def _token(self, kind: Kind, key: Key, child: dict) -> bool:
-        problem = await self.tokens.ensure(kind, key, child)
+    async def _token(self, kind: Kind, key: Key, child: dict, just_created: bool = False) -> bool:
+        problem = await self.tokens.ensure(kind, key, child, just_created)
         if problem is not None:
             self.problems[key] = problem
             return False
@@ -172,7 +172,7 @@ class ChildStep:
         log.info("%s %s/%s created (%s %s slice, %d hosts)%s", kind.child.kind, namespace, name,
                  spec.slice.generation.name, spec.slice.topology, spec.slice.hosts,
                  "; its Ray token Secret next" if kind.own_ray_token else "")
-        if not await self._token(kind, key, created):
+        if not await self._token(kind, key, created, just_created=True):
             return "retry", created
         return "created", created
 

@@ -131,7 +131,7 @@ class RayTokenSecrets:
     def forget(self, key: Key, uid: str | None) -> None:
         self.made.pop(key, None)
 
-    async def ensure(self, kind: Kind, key: Key, child: dict) -> tuple[str, str] | None:
+    async def ensure(self, kind: Kind, key: Key, child: dict, just_created: bool = False) -> tuple[str, str] | None:
         """Made once per process per child: level-based, so a child whose Secret an earlier process
         never made (it died or was refused in between) gets it. Created only, as the operator may
         not read Secrets: a 409 is this child's own (the name is the child's alone, the token is
@@ -143,7 +143,10 @@ class RayTokenSecrets:
         namespace = key[1]
         try:
             await self.kube.create_secret(namespace, render.ray_token_secret(child, self.ray_tokens.token(namespace, name)))
-            log.debug("Secret %s/%s (the Ray token of %s %s) created", namespace, name, kind.child.kind, key[2])
+            # Right after its child's create (whose line says it comes next): debug, a line costs CPU in
+            # a burst. For a child that existed without it (a process died or was refused before): info.
+            log.log(logging.DEBUG if just_created else logging.INFO, "Secret %s/%s (the Ray token of %s %s) created",
+                    namespace, name, kind.child.kind, key[2])
         except ApiException as err:
             if err.status != 409:
                 detail = api_message(err) or f"HTTP {err.status} {err.reason}"

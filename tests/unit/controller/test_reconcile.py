@@ -79,7 +79,7 @@ def test_a_new_job_gets_its_rayjob_owned_by_its_uid():
     assert condition(last_status(ctl.kube), "RayJobCreated")["status"] == "True"
 
 
-def test_the_ray_token_secret_comes_right_after_the_rayjob_which_names_and_owns_it():
+def test_the_ray_token_secret_comes_right_after_the_rayjob_which_names_and_owns_it(caplog):
     """Owned by the RayJob, not the job: deleting a running TPUTorchJob deletes the RayJob, whose
     finalizer (KubeRay's StopJob) still calls the head with the token; a Secret owned by the job
     would be gone first and hold the RayJob for ever."""
@@ -88,7 +88,10 @@ def test_the_ray_token_secret_comes_right_after_the_rayjob_which_names_and_owns_
     tokens = RayTokens(b"k" * 32)
     ctl = controller(ray_tokens=tokens)
     ctl.parents[KIND].remember(job())
-    assert run(ctl.reconcile(KEY)) == "created"
+    with caplog.at_level("INFO", logger="tputorch"):
+        assert run(ctl.reconcile(KEY)) == "created"
+    # one info line for both (a line costs CPU in a burst): the RayJob's says its Secret comes next
+    assert "its Ray token Secret next" in caplog.text and "(the Ray token of" not in caplog.text
     rayjob_ = ctl.kube.objects[("rayjobs", "ml", "demo")]
     name = rayjob_["spec"]["rayClusterSpec"]["authOptions"]["secretName"]
     assert rayjob_["spec"]["rayClusterSpec"]["authOptions"]["mode"] == "token"
@@ -133,15 +136,18 @@ RUNNING = {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
 
 
 @pytest.mark.parametrize("there", [False, True])
-def test_a_new_process_makes_the_token_secret_of_a_rayjob_it_finds_once(there):
+def test_a_new_process_makes_the_token_secret_of_a_rayjob_it_finds_once(there, caplog):
     """Level-based: the process that created the RayJob may have died before its Secret (KubeRay's
     pods would wait for it for ever). A fresh process makes it, or finds it there (409: the name is
-    that RayJob's alone, its token derived), and asks no more."""
+    that RayJob's alone, its token derived), and asks no more. Made so, it is logged at info (a
+    repair worth reading; made right after its RayJob it is a debug line, see the test above)."""
     ctl = setup(job(), with_token(rayjob("uid-new", status=RUNNING)))
     ctl.writes.interval = 0
     if there:
         ctl.kube.objects[("secrets", "ml", "demo-ray-token-abc123")] = {"made": "earlier"}
-    run(ctl.reconcile(KEY))
+    with caplog.at_level("INFO", logger="tputorch"):
+        run(ctl.reconcile(KEY))
+    assert ("Secret ml/demo-ray-token-abc123 (the Ray token of RayJob demo) created" in caplog.text) == (not there)
     assert [c[1:] for c in ctl.kube.called("create")] == [("secrets", "ml", "demo-ray-token-abc123")]
     secret = ctl.kube.objects[("secrets", "ml", "demo-ray-token-abc123")]
     if not there:

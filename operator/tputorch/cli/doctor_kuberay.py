@@ -27,7 +27,7 @@ KUBERAY_CRDS = {"RayJob": "rayjobs.ray.io", "RayCluster": "rayclusters.ray.io", 
 def representative_children() -> dict[str, list[dict]]:
     """RayJob and RayService bodies as the operator writes them, with every optional part it can
     write (extra worker groups with Ray labels, autoscaling, runtime env, storage, the token
-    Secret's name), so each field the operator writes is checked against the cluster's CRDs."""
+    Secret's name, the deletion delay, the serve Service), so each field the operator writes is checked against the cluster's CRDs."""
     base = {"apiVersion": crd.API_VERSION, "metadata": {"name": "doctor", "namespace": "default"}}
     job = {**base, "kind": crd.KIND, "spec": {
         "tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "doctor", "entrypoint": "python -c pass",
@@ -40,6 +40,8 @@ def representative_children() -> dict[str, list[dict]]:
         "tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "doctor",
         "model": {"source": "doctor/model"}, "replicas": {"min": 1, "max": 2},
         "serve": {"clusterDeletionDelaySeconds": 600},
+        "exposure": {"serveService": {"type": "LoadBalancer", "annotations": {"doctor": "x"},
+                                      "loadBalancerSourceRanges": ["10.0.0.0/8"]}},
         "volumes": [{"name": "data", "mountPath": "/data", "gcs": {"bucket": "doctor"}}]}}
     rayjob = render.render_any(spec.parse_any(job))
     render.with_ray_token_secret(rayjob, "doctor-ray-token")

@@ -202,6 +202,19 @@ def test_the_children_checked_carry_the_optional_fields_the_operator_writes():
     assert children["RayService"][0]["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
     # spec.serve.clusterDeletionDelaySeconds (issue 37): KubeRay 1.4 and older lack the field.
     assert children["RayService"][0]["spec"]["rayClusterDeletionDelaySeconds"] == 600
+    # spec.exposure.serveService (issue 37) becomes the RayService's serveService, its type and
+    # load balancer fields included, so a CRD that prunes any of them is named.
+    served = children["RayService"][0]["spec"]["serveService"]
+    assert served["spec"]["type"] == "LoadBalancer" and served["spec"]["loadBalancerSourceRanges"]
+    assert served["metadata"]["annotations"]
+
+
+def test_a_rayservice_crd_without_the_serve_service_fails_naming_it():
+    facts = healthy_facts()
+    rayservice = doctor.representative_children()["RayService"][0]
+    facts["crds"]["rayservices.ray.io"] = kuberay_crd(schema_for(rayservice, drop="spec.serveService"))
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-crd/rayservices.ray.io"]
+    assert result.status == FAIL and result.details == ["spec.serveService"]
 
 
 def test_a_rayservice_crd_without_the_cluster_deletion_delay_fails_naming_it():

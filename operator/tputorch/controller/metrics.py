@@ -88,7 +88,9 @@ class Metrics:
         self.status_patches = Counter("tputorch_status_patches", "Status patches written, by kind.", ["kind"],
                                       registry=r)
         self.status_deferred = Counter("tputorch_status_patches_deferred",
-                                       "Progress-only status writes put off (coalesced), by kind.", ["kind"], registry=r)
+                                       "Status writes put off, by kind: progress within the write budget "
+                                       "(coalesced), or a first status while other objects wait (a burst).",
+                                       ["kind"], registry=r)
         self.events_posted = Counter("tputorch_events_posted", "Events posted.", registry=r)
         self.events_dropped = Counter("tputorch_events_dropped",
                                       "Events not posted, by why (spam filter, queue full, error).", ["why"],

@@ -87,7 +87,9 @@ class Controller:
         # the steps, in the order the reconcile takes them
         self.specs = Specs()
         self.kueue_cap = KueueCap(self.stores)
-        self.writes = StatusWrites(kube, self.recorder, requeue, status_interval, monotonic)
+        self.writes = StatusWrites(kube, self.recorder, requeue, status_interval, monotonic,
+                                   others_waiting=lambda: self.queue.busy(),
+                                   park=lambda key, most: self.queue.add_when_idle(key, most))
         self.kueue = KueueAdmission(kube, self.stores)
         self.tokens = RayTokenSecrets(kube, ray_tokens)
         self.child = ChildStep(kube, self.stores, self.tokens, self.writes, self.kueue.manages)
@@ -276,8 +278,9 @@ class Controller:
         if kind.reads_progress:
             current = self.progress.apply(key, meta.get("uid"), current,
                                           render.ray_token_secret_name(ours) if ours is not None else None)
-        # The write right after our own create is on the job's critical path: never put off.
-        await self.writes.write(kind, parent, previous, current, at_once=result == "created")
+        # The write right after our own create is not put off by the budget; in a burst, the
+        # object's first status waits for the other objects' creates (writes.py).
+        await self.writes.write(kind, parent, previous, current, at_once=result == "created", first_may_wait=True)
         if queue is not None:  # after the status: a failing Workload patch must not freeze it
             await self.kueue.carry_suspend(kind, spec, ours)
         if self.attempts.must_end(kind, self.writes.previous(parent), ours):

@@ -7,6 +7,9 @@
 - ``retry(key)`` re-adds the key after a per-key exponential backoff, capped; ``forget(key)``
   resets it after a success. Only the earliest pending delayed add of a key is kept.
 - A key made ready wakes one waiting worker, not all of them (as a condition variable's signal).
+- ``add_when_idle(key, max_wait)`` parks a key until no key waits in the queue (or ``max_wait``
+  has passed): work that can follow the others' (a job's first status write in a burst) does not
+  compete with them. An add of a parked key changes nothing: it is reconciled when let out.
 - Retries of all keys together also draw on one token bucket (client-go's default controller rate
   limiter is the larger of the two delays): when many objects fail at once, as in an API-server
   outage, their retries are spread out instead of all landing on the recovering server together.
@@ -65,13 +68,20 @@ class WorkQueue:
         self._processing: set = set()
         self._timers: dict[Hashable, tuple[float, asyncio.TimerHandle]] = {}
         self._waiters: deque[asyncio.Future] = deque()  # idle workers in get(), oldest first
+        self._parked: dict[Hashable, asyncio.TimerHandle] = {}  # key -> its max_wait timer
+        self._released: set = set()  # keys let out of parking, until a worker takes them
 
     def __len__(self) -> int:
         return len(self._queue)
 
+    def busy(self) -> bool:
+        """Keys wait for a worker, besides those just let out of parking (which must not park
+        each other again)."""
+        return len(self._queue) > len(self._released)
+
     def add(self, key: Hashable) -> None:
-        if key in self._dirty:
-            return
+        if key in self._dirty or key in self._parked:
+            return  # a parked key comes when the queue runs dry: it is reconciled from what holds then
         self._dirty.add(key)
         if self.metrics is not None:
             self.metrics.queue_adds.inc()
@@ -89,6 +99,24 @@ class WorkQueue:
                 return  # an earlier add is already due
             pending[1].cancel()
         self._timers[key] = (when, loop.call_at(when, self._fire, key))
+
+    def add_when_idle(self, key: Hashable, max_wait: float) -> None:
+        """Add ``key`` once no key waits in the queue, or after ``max_wait`` seconds at the latest."""
+        if key not in self._parked:
+            self._parked[key] = asyncio.get_running_loop().call_later(max_wait, self._unpark, key)
+        if not self._queue:
+            self._unpark_all()
+
+    def _unpark(self, key: Hashable) -> None:
+        timer = self._parked.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+            self._released.add(key)
+            self.add(key)
+
+    def _unpark_all(self) -> None:
+        for key in list(self._parked):
+            self._unpark(key)
 
     def _fire(self, key: Hashable) -> None:
         self._timers.pop(key, None)
@@ -113,10 +141,14 @@ class WorkQueue:
         pending = self._timers.pop(key, None)
         if pending is not None:
             pending[1].cancel()
+        parked = self._parked.pop(key, None)
+        if parked is not None:
+            parked.cancel()
+        self._released.discard(key)
 
     def known(self) -> set:
         """Keys the queue holds any state for (for the sweep after a re-list)."""
-        return set(self.backoff.failures) | set(self._timers)
+        return set(self.backoff.failures) | set(self._timers) | set(self._parked)
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -138,6 +170,9 @@ class WorkQueue:
         key = self._queue.popleft()
         self._processing.add(key)
         self._dirty.discard(key)
+        self._released.discard(key)
+        if not self._queue:
+            self._unpark_all()  # no key waits any more: what was parked behind them goes now
         added = self._added_at.pop(key, None)
         if added is not None and self.metrics is not None:
             self.metrics.queue_wait.observe(time.monotonic() - added)

@@ -1,6 +1,7 @@
 """Step: the status write, within its budget (a progress-only write at most once per interval; a
-phase change at once), and sticky terminal phases (a finished object's status never goes back).
-Its state: the status written but not yet seen back, when each object was last written, and the
+phase change at once; an object's first status after the creates of a burst), and sticky terminal
+phases (a finished object's status never goes back). Its state: the status written but not yet
+seen back, when each object was last written, since when its first status has waited, and the
 terminal status each object reached."""
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ log = logging.getLogger("tputorch")
 # (`tputorch run --status-interval`); a phase change is written at once.
 STATUS_INTERVAL = 2.0
 
+# In a burst an object's first status waits while other objects wait for their reconcile, at most
+# this long: their creates (the RayJob a slice starts from) go to the API server first (issue 40).
+FIRST_STATUS_HOLD = 2.0
+
 
 def progress_only(previous: dict, current: dict) -> bool:
     """The change says how far the object got (host counts, messages, KubeRay's fields, a condition
@@ -39,20 +44,31 @@ def write_delay(previous: dict, current: dict, last_write: float | None, now: fl
     return max(0.0, last_write + interval - now)
 
 
+def first_status_waits(previous: dict, others_waiting: bool, held_for: float, hold: float) -> bool:
+    """An object's first status (it has none yet) waits while other objects wait for their
+    reconcile, for at most ``hold`` seconds in all."""
+    return not previous and others_waiting and held_for < hold
+
+
 class StatusWrites:
     def __init__(self, kube, recorder: EventRecorder, requeue: Callable[[tuple, float], None],
-                 interval: float = STATUS_INTERVAL, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 interval: float = STATUS_INTERVAL, monotonic: Callable[[], float] = time.monotonic,
+                 others_waiting: Callable[[], bool] = lambda: False,
+                 park: Callable[[tuple, float], None] | None = None, hold: float = FIRST_STATUS_HOLD) -> None:
         self.kube, self.recorder, self.requeue = kube, recorder, requeue  # requeue(key, after seconds)
         self.interval, self.monotonic = interval, monotonic
+        # park(key, at most seconds): the key comes back once no other key waits (workqueue.py)
+        self.others_waiting, self.park, self.hold = others_waiting, park, hold
         self.written: dict[str, tuple[str, dict]] = {}  # uid -> (resourceVersion it was derived from, status)
         self.last_write: dict[str, float] = {}  # uid -> when its status was last written (monotonic)
+        self.held_since: dict[str, float] = {}  # uid -> since when its first status has waited (monotonic)
         self.terminal: dict[str, dict] = {}  # uid -> the terminal status it reached (never goes back)
 
     def keys(self) -> set:
         return set()  # kept by uid: dropped through forget
 
     def forget(self, key, uid: str | None) -> None:
-        for state in (self.written, self.last_write, self.terminal):
+        for state in (self.written, self.last_write, self.held_since, self.terminal):
             state.pop(uid, None)
 
     def previous(self, parent: dict) -> dict:
@@ -90,12 +106,15 @@ class StatusWrites:
                      kind.child.kind, terminal.get("phase"))
         return terminal
 
-    async def write(self, kind: Kind, parent: dict, previous: dict, current: dict, at_once: bool = False) -> bool:
+    async def write(self, kind: Kind, parent: dict, previous: dict, current: dict, at_once: bool = False,
+                    first_may_wait: bool = False) -> bool:
         meta = parent["metadata"]
         patch = statuses.patch_for(previous, current)
         if patch is None:
             return False
         namespace, name = meta["namespace"], meta["name"]
+        if first_may_wait and self._hold_first(kind, meta, previous):
+            return False
         if not at_once and self._put_off(kind, meta, previous, current):
             return False
         try:
@@ -106,6 +125,7 @@ class StatusWrites:
             raise
         self.written[meta["uid"]] = (meta.get("resourceVersion"), current)
         self.last_write[meta["uid"]] = self.monotonic()
+        self.held_since.pop(meta["uid"], None)
         if kind.finished(current):  # not only from statuses read: the written cache is dropped by any rv bump
             self.terminal[meta["uid"]] = current
         METRICS.status_patched(kind.resource.kind)
@@ -125,5 +145,19 @@ class StatusWrites:
         if delay <= 0:
             return False
         self.requeue((kind.resource.kind, meta["namespace"], meta["name"]), delay)
+        METRICS.status_put_off(kind.resource.kind)
+        return True
+
+    def _hold_first(self, kind: Kind, meta: dict, previous: dict) -> bool:
+        """A burst: this object's first status waits until no other object waits for its reconcile
+        (the key is parked in the queue), at most ``hold`` seconds from its first wait."""
+        if self.park is None or previous:
+            return False
+        now, uid = self.monotonic(), meta.get("uid")
+        held_for = now - self.held_since.get(uid, now)
+        if not first_status_waits(previous, self.others_waiting(), held_for, self.hold):
+            return False
+        self.held_since.setdefault(uid, now)
+        self.park((kind.resource.kind, meta["namespace"], meta["name"]), self.hold - held_for)
         METRICS.status_put_off(kind.resource.kind)
         return True

@@ -527,3 +527,35 @@ def test_a_cluster_wide_403_covers_every_namespace():
     assert inf.forbidden_in("anything")[0] == "list"
     inf.relist(None)
     assert inf.forbidden_in("anything") is None and [e for e, _ in changes].count("ALLOWED") == 1
+
+
+def test_a_parked_key_comes_back_when_the_queue_runs_dry_or_after_its_max_wait():
+    async def scenario():
+        q = WorkQueue()
+        q.add("b")
+        q.add_when_idle("a", 60.0)
+        q.add_when_idle("a", 0.0)  # parked already: its first max_wait holds
+        parked = (len(q), q.busy())
+        assert await q.get() == "b"  # the last waiting key taken: "a" is let out
+        released = (len(q), q.busy())  # "a" alone waits, and it may not park behind itself
+        assert await q.get() == "a"
+        q.done("a")
+        q.done("b")
+        q.add("c")
+        q.add_when_idle("d", 0.01)
+        await asyncio.sleep(0.05)  # "c" still waits, but "d"'s max_wait is over
+        timed_out = list(q._queue)
+        q.add_when_idle("e", 60.0)
+        q.drop("e")
+        return parked, released, timed_out, q._parked
+    parked, released, timed_out, left = asyncio.run(scenario())
+    assert parked == (1, True) and released == (1, False)
+    assert timed_out == ["c", "d"] and left == {}
+
+
+def test_a_key_parked_on_an_empty_queue_goes_at_once():
+    async def scenario():
+        q = WorkQueue()
+        q.add_when_idle("a", 60.0)
+        return list(q._queue), q.busy()
+    assert asyncio.run(scenario()) == (["a"], False)

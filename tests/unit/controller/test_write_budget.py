@@ -317,3 +317,57 @@ def test_a_status_write_never_waits_for_its_event():
     ctl.parents[KIND]._put(job)
     assert asyncio.run(asyncio.wait_for(ctl.reconcile(KEY), 1)) == "created"
     assert len(ctl.recorder.pending) == 1
+
+
+# ---------------------------------------------------------------- a burst (issue 40)
+
+def burst_controller(t: list[float]):
+    """Two new jobs; the first is reconciled while the second still waits in the queue."""
+    ctl = controller(FakeKube(), monotonic=lambda: t[0])
+    for i, name in enumerate(("first", "second")):
+        job = body(name=name)
+        job["metadata"].update(uid=f"uid-{i}", resourceVersion=str(i + 1))
+        ctl.parents[KIND]._put(job)
+    return ctl
+
+
+def test_in_a_burst_a_first_status_waits_for_the_other_jobs_creates_then_is_written():
+    async def scenario():
+        t = [0.0]
+        ctl = burst_controller(t)
+        first, second = (KIND, "ml", "first"), (KIND, "ml", "second")
+        ctl.queue.add(second)  # another job waits for its reconcile
+        assert await ctl.reconcile(first) == "created"
+        held = len(ctl.kube.called("patch_status"))
+        assert await asyncio.wait_for(ctl.queue.get(), 1) == second  # the queue runs dry: the parked key is let out
+        released = len(ctl.queue)
+        assert await ctl.reconcile(second) == "created"  # nothing else waits: written at once
+        assert await asyncio.wait_for(ctl.queue.get(), 1) == first
+        assert await ctl.reconcile(first) == "unchanged"
+        return held, released, [c[3] for c in ctl.kube.called("patch_status")], ctl.writes.held_since
+    held, released, written, held_since = asyncio.run(scenario())
+    assert held == 0 and released == 1  # RayJob created, its status put off behind the other job
+    assert written == ["second", "first"] and held_since == {}
+
+
+def test_a_first_status_waits_at_most_the_hold_while_others_keep_waiting():
+    async def scenario():
+        t = [0.0]
+        ctl = burst_controller(t)
+        ctl.queue.add((KIND, "ml", "second"))
+        await ctl.reconcile((KIND, "ml", "first"))
+        t[0] = writes.FIRST_STATUS_HOLD - 0.5  # others still wait: parked again for what is left
+        await ctl.reconcile((KIND, "ml", "first"))
+        before = len(ctl.kube.called("patch_status"))
+        t[0] = writes.FIRST_STATUS_HOLD  # the hold is over: written though others still wait
+        await ctl.reconcile((KIND, "ml", "first"))
+        return before, [c[3] for c in ctl.kube.called("patch_status")]
+    before, written = asyncio.run(scenario())
+    assert before == 0 and written == ["first"]
+
+
+def test_first_status_waits_only_for_an_object_without_status_while_others_wait():
+    assert writes.first_status_waits({}, True, 0.0, 2.0)
+    assert not writes.first_status_waits({}, False, 0.0, 2.0)
+    assert not writes.first_status_waits({}, True, 2.0, 2.0)
+    assert not writes.first_status_waits({"phase": "Pending"}, True, 0.0, 2.0)

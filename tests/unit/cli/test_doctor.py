@@ -209,20 +209,13 @@ def test_the_children_checked_carry_the_optional_fields_the_operator_writes():
     assert served["metadata"]["annotations"]
 
 
-def test_a_rayservice_crd_without_the_serve_service_fails_naming_it():
+@pytest.mark.parametrize("field", ["spec.serveService", "spec.rayClusterDeletionDelaySeconds"])
+def test_a_rayservice_crd_without_a_serving_field_fails_naming_it(field):
     facts = healthy_facts()
     rayservice = doctor.representative_children()["RayService"][0]
-    facts["crds"]["rayservices.ray.io"] = kuberay_crd(schema_for(rayservice, drop="spec.serveService"))
+    facts["crds"]["rayservices.ray.io"] = kuberay_crd(schema_for(rayservice, drop=field))
     result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-crd/rayservices.ray.io"]
-    assert result.status == FAIL and result.details == ["spec.serveService"]
-
-
-def test_a_rayservice_crd_without_the_cluster_deletion_delay_fails_naming_it():
-    facts = healthy_facts()
-    rayservice = doctor.representative_children()["RayService"][0]
-    facts["crds"]["rayservices.ray.io"] = kuberay_crd(schema_for(rayservice, drop="spec.rayClusterDeletionDelaySeconds"))
-    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-crd/rayservices.ray.io"]
-    assert result.status == FAIL and result.details == ["spec.rayClusterDeletionDelaySeconds"]
+    assert result.status == FAIL and result.details == [field]
 
 
 def test_unserved_fields_follow_lists_maps_and_preserved_subtrees():

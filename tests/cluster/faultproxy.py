@@ -59,6 +59,7 @@ class FaultProxy:
     def __init__(self, upstream: tuple[str, int], ca_file: str, name: str = "proxy") -> None:
         self.upstream, self.name = upstream, name
         self.ssl = ssl.create_default_context(cafile=ca_file)
+        self.ssl.maximum_version = ssl.TLSVersion.TLSv1_2  # see _TLS
         self.mode = "pass"
         self.since = time.time()  # when the mode last changed
         self.writes: list[Write] = []
@@ -157,14 +158,18 @@ class FaultProxy:
             return
         try:
             raw = socket.create_connection(self.upstream, timeout=10)
-            upstream = self.ssl.wrap_socket(raw, server_hostname=self.upstream[0])
-            upstream.settimeout(None)
         except OSError:
             self._end(client)
             return
+        try:
+            upstream = _TLS(raw, self.ssl, self.upstream[0])
+            raw.settimeout(None)
+        except (OSError, ssl.SSLError):
+            self._end(client, raw)
+            return
         with self._lock:
-            self._conns.add(upstream)
-        pair = _Pair(self, client, upstream)
+            self._conns.add(raw)
+        pair = _Pair(self, client, raw)
         threading.Thread(target=self._down, args=(upstream, client, pair), name=f"{self.name}-down",
                          daemon=True).start()
         self._up(client, upstream, pair)
@@ -217,6 +222,56 @@ class FaultProxy:
                 s.close()
             except OSError:
                 pass
+
+
+class _TLS:
+    """TLS to the API server through memory BIOs: the SSL object is used only under a lock and
+    never while a socket call blocks. The two directions' threads used to share one SSLSocket
+    (SSL_read in one while SSL_write ran in the other), which OpenSSL does not allow: the suite's
+    process aborted once inside SSL_read during a fault episode. TLS 1.2 at most, so that after the
+    handshake reading never makes a record to send (TLS 1.3's post-handshake messages can)."""
+
+    def __init__(self, raw: socket.socket, context: ssl.SSLContext, hostname: str) -> None:
+        self.raw = raw
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._in, self._out, server_hostname=hostname)
+        self._tls_lock = threading.Lock()  # the SSL object: never held across a socket call
+        self._send_lock = threading.Lock()  # records go out in the order they were made
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self.raw.sendall(self._out.read())
+                if not self._fill():
+                    raise OSError("the API server closed the connection during the TLS handshake")
+        self.raw.sendall(self._out.read())
+
+    def _fill(self) -> bool:
+        data = self.raw.recv(65536)
+        if data:
+            with self._tls_lock:
+                self._in.write(data)
+        return bool(data)
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            with self._tls_lock:
+                try:
+                    return self._tls.read(size)
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError:
+                    return b""  # the API server's close_notify
+            if not self._fill():
+                return b""
+
+    def sendall(self, data: bytes) -> None:
+        with self._send_lock:
+            with self._tls_lock:
+                self._tls.write(data)
+                records = self._out.read()
+            self.raw.sendall(records)
 
 
 class _Pair:

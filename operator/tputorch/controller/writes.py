@@ -151,7 +151,7 @@ class StatusWrites:
     def _hold_first(self, kind: Kind, meta: dict, previous: dict) -> bool:
         """A burst: this object's first status waits until no other object waits for its reconcile
         (the key is parked in the queue), at most ``hold`` seconds from its first wait."""
-        if self.park is None or previous:
+        if self.park is None:
             return False
         now, uid = self.monotonic(), meta.get("uid")
         held_for = now - self.held_since.get(uid, now)

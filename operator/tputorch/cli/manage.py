@@ -40,8 +40,19 @@ def parse_for(text: str) -> tuple[str, str]:
     return what, value
 
 
+def describes_current_spec(obj: dict) -> bool:
+    """Right after an edit (`kubectl apply`, then `tputorch wait`) the status still describes the
+    previous generation until the operator has seen the edit: its Ready (or Failed) is not the
+    edit's. A status without observedGeneration (an older operator's) counts as current."""
+    observed = (obj.get("status") or {}).get("observedGeneration")
+    generation = (obj.get("metadata") or {}).get("generation")
+    return not (isinstance(observed, int) and isinstance(generation, int) and observed < generation)
+
+
 def met(obj: dict, what: str, value: str) -> bool:
     status = obj.get("status") or {}
+    if not describes_current_spec(obj):
+        return False
     if what == "phase":
         return status.get("phase") == value
     return any(c.get("type") == value and c.get("status") == "True" for c in status.get("conditions") or [])
@@ -251,6 +262,8 @@ def cmd_wait(a) -> int:
             if obj is None:
                 print(f"{kind.kind} {api.namespace}/{a.name} was deleted", file=sys.stderr)
                 return FAILED
+            if not describes_current_spec(obj):
+                continue
             if met(obj, what, value):
                 print(f"{kind.kind.lower()}.tputorch.io/{a.name} {what} {value}")
                 return OK

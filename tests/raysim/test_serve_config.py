@@ -44,6 +44,19 @@ def llm_configs(rayservice: dict) -> list[dict]:
     return [cfg for app in config["applications"] for cfg in app["args"]["llm_configs"]]
 
 
+def rays_deployment_name(llm: LLMConfig) -> str:
+    """Ray Serve LLM's own _get_deployment_name (core/server/builder.py), the function alone: the
+    module imports vLLM, which this environment does not have."""
+    import ast
+    from ray.llm._internal.serve.core import server
+
+    source = (pathlib.Path(server.__file__).parent / "builder.py").read_text()
+    (fn,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "_get_deployment_name"]
+    scope: dict = {"LLMConfig": LLMConfig}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "builder.py", "exec"), scope)  # noqa: S102 (Ray's code)
+    return scope["_get_deployment_name"](llm)
+
+
 def bundles(cfg: dict) -> tuple[LLMConfig, list[dict]]:
     """The placement bundles of one replica, as Ray computes them for the config."""
     llm = LLMConfig(**cfg)
@@ -73,7 +86,13 @@ def test_golden_serve_config_validates_with_rays_own_schemas(path):
     assert set(llm.deployment_config) <= known, sorted(set(llm.deployment_config) - known)
     assert llm.accelerator_type == cfg["accelerator_type"]
     assert llm.accelerator_config.topology == rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"][topology.GKE_TOPOLOGY_LABEL]
-    scaling = llm.deployment_config["autoscaling_config"]
+    # The replica count is the app's deployments override (a lightweight update when edited), and
+    # it names the LLMServer deployment Ray Serve LLM builds from this llm_config (Serve refuses an
+    # override of a deployment the application does not have).
+    assert "autoscaling_config" not in llm.deployment_config
+    (override,) = app.deployments
+    assert override.name == "LLMServer:" + rays_deployment_name(llm), override.name
+    scaling = override.autoscaling_config
     group = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     assert (scaling["min_replicas"], scaling["max_replicas"]) == (group["minReplicas"], group["maxReplicas"])
 
@@ -143,3 +162,15 @@ def test_ray_refuses_an_unknown_llm_config_key():
     (cfg,) = llm_configs(render.rayservice(service("v6e", "4x4")))
     with pytest.raises(ValueError):
         LLMConfig(**{**cfg, "topology": "4x4"})
+
+
+@pytest.mark.parametrize("model_name", ["qwen3", "Qwen/Qwen3-0.6B", "org/a.b/c_d-1.5"])
+def test_the_replicas_override_names_the_deployment_ray_serve_llm_builds(model_name):
+    svc = spec.parse_service({
+        "kind": "TPUTorchService", "metadata": {"name": "svc", "namespace": "default"},
+        "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.invalid/vllm:1",
+                 "model": {"source": "Qwen/Qwen3-0.6B", "name": model_name}}})
+    (app,) = ServeDeploySchema(**yaml.safe_load(render.rayservice(svc)["spec"]["serveConfigV2"])).applications
+    (cfg,) = app.args["llm_configs"]
+    (override,) = app.deployments
+    assert override.name == "LLMServer:" + rays_deployment_name(LLMConfig(**cfg)), override.name

@@ -173,7 +173,9 @@ def test_services_parse_or_fail_cleanly_and_most_render():
         kwargs = cfg["engine_kwargs"]
         assert kwargs["tensor_parallel_size"] * kwargs["pipeline_parallel_size"] == svc.slice.chips
         assert "distributed_executor_backend" not in kwargs
-        scaling = cfg["deployment_config"]["autoscaling_config"]
+        (override,) = app["deployments"]
+        assert override["name"] == render.llm_deployment_name(svc.model_name)
+        scaling = override["autoscaling_config"]
         group = worker_group(rs)
         assert (group["minReplicas"], group["maxReplicas"]) == (scaling["min_replicas"], scaling["max_replicas"])
         assert 1 <= scaling["min_replicas"] <= scaling["max_replicas"]

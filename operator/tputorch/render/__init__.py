@@ -370,6 +370,7 @@ def serve_config(svc: ServiceSpec) -> dict:
         "topology": svc.slice.topology,
         "engine_kwargs": engine_kwargs(svc),
         "runtime_env": svc.runtime_env,
+        "llm_deployment_name": llm_deployment_name(svc.model_name),
         "min_replicas": svc.min_replicas,
         "max_replicas": svc.max_replicas,
         "target_ongoing_requests": svc.target_ongoing_requests,
@@ -382,6 +383,13 @@ def serve_config(svc: ServiceSpec) -> dict:
         "replica_resources": {f"accelerator_type:{svc.slice.generation.ray_accelerator_type}": 0.001},
         "replica_label_selector": replica_label_selector(svc),
     }))
+
+
+def llm_deployment_name(model_id: str) -> str:
+    """The name Ray 2.60 Serve LLM's build_openai_app gives the model's LLMServer deployment (the
+    class name, then the model id with '/' and '.' replaced), which a Serve config's deployments
+    override must name: Serve refuses an override of a deployment the application does not have."""
+    return "LLMServer:" + model_id.replace("/", "--").replace(".", "_")
 
 
 # Ray's node label of a TPU host's index in its slice (from the GKE webhook's TPU_WORKER_ID).

@@ -254,6 +254,13 @@ def llm_config(rayservice):
     return cfg
 
 
+def autoscaling(rayservice):
+    (app,) = serve_config(rayservice)["applications"]
+    (override,) = app["deployments"]
+    assert override["name"] == f"LLMServer:{llm_config(rayservice)['model_loading_config']['model_id']}"
+    return override["autoscaling_config"]
+
+
 @pytest.mark.parametrize("case", sorted(SERVICE_CASES))
 def test_service_golden(case):
     text = render.to_yaml(rendered_service(SERVICE_CASES[case], name=case.removeprefix("service-")[:47]))
@@ -275,9 +282,10 @@ def test_reference_service_serve_config():
     assert cfg["accelerator_config"] == {"kind": "tpu", "topology": "4x4"}
     assert cfg["engine_kwargs"] == {"tensor_parallel_size": 16, "pipeline_parallel_size": 1, "enable_expert_parallel": True, "max_model_len": 8192,
                                     "enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+    # Ray Serve LLM's defaults for the two request limits are 1e9: never left to them. The replica
+    # count is the app's deployments override (outside the args: an edit of it is applied in place).
+    assert autoscaling(rs) == {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 32}
     assert cfg["deployment_config"] == {
-        # Ray Serve LLM's defaults for the two request limits are 1e9: never left to them.
-        "autoscaling_config": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 32},
         "max_ongoing_requests": 128,
         # Google's vLLM TorchTPU Ray Serve sample: minutes of weight loading and XLA compile.
         "health_check_period_s": 30, "health_check_timeout_s": 900,
@@ -363,8 +371,10 @@ def test_replicas_drive_the_worker_group_serve_autoscaling_and_kuberays_autoscal
     scaled = rendered_service({"replicas": {"min": 1, "max": 3}, "serve": {"targetOngoingRequests": 8}})
     (group,) = scaled["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 3)
-    assert llm_config(scaled)["deployment_config"]["autoscaling_config"] == {
-        "min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8}
+    assert autoscaling(scaled) == {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8}
+    # A replicas edit leaves the application's args as they were: Serve applies it without a new replica.
+    assert serve_config(scaled)["applications"][0]["args"] == serve_config(
+        rendered_service({"replicas": {"min": 2}}))["applications"][0]["args"]
     # The autoscaler is on either way: KubeRay's cluster hash leaves replicas/min/max out but not
     # enableInTreeAutoscaling, so {1,1} -> {1,3} must not change anything else in the cluster.
     one = rendered_service({"replicas": {"min": 1, "max": 1}})["spec"]["rayClusterConfig"]

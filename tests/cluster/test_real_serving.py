@@ -9,12 +9,14 @@ differences of hack/fakedash/cpu_serving.py applied; KubeRay's Serve proxy healt
 serve Service's port 8000 reach the head's real Serve proxy. The model is made here
 (tests/serving/tinymodel.py): nothing comes from a hub.
 
-The first test then kills the LLM replica's Ray actor (the status leaves Ready, and is Ready again,
-answering, once Serve has replaced it), edits the service's engine args (KubeRay redeploys the
-Serve config in place: Updating, then Ready with vLLM running the new max_model_len) and puts it
-under sustained load (replicas {1, 2}: Serve's autoscaler asks for a second replica, which waits
-for a second slice), scraping the Ray nodes' metrics ports meanwhile for the recorded series and
-those the chart's dashboard and alerts read.
+The first test calls a tool in OpenAI's shape (the reference service's hermes tool calling), kills
+the LLM replica's Ray actor (the status leaves Ready, and is Ready again, answering, once Serve has
+replaced it), edits the service's engine args (KubeRay redeploys the Serve config in place:
+Updating, then Ready with vLLM running the new max_model_len, and `tputorch wait --for phase=Ready`
+run right after the apply returns only then), edits replicas.max (the running RayCluster's bounds
+follow, in place) and puts it under sustained load (Serve's autoscaler asks for more replicas,
+each waiting for a slice of its own), scraping the Ray nodes' metrics ports meanwhile for the
+recorded series and those the chart's dashboard and alerts read.
 
 The last test runs examples/rl/grpo.py's RL job on the same head (issue 38): Ray Train on the
 training slice, a vLLM engine on the rollout slice, the weights of every step pushed to it.
@@ -26,6 +28,7 @@ import copy
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -53,6 +56,13 @@ pytestmark = pytest.mark.realray
 
 GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchservices"
 TIMINGS: dict[str, float] = {}
+# replicas.max after the replicas edit (2 before it).
+MAX_REPLICAS = 3
+TOOL_CALLING = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+SLICE_TOOL = {"type": "function", "function": {
+    "name": "reserve_slice", "description": "Reserve a TPU slice of the given topology.",
+    "parameters": {"type": "object", "properties": {"topology": {"type": "string", "enum": ["2x2", "4x4"]}},
+                   "required": ["topology"], "additionalProperties": False}}}
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +144,9 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     # the load below, one replica serves.
     body = cpu_variant.service_body(str(tiny_model), name)
     body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2})
+    # Tool calling as the reference service (examples/serve/qwen3-moe-v6e-4x4.yaml) asks for it.
+    engine = body["spec"]["engine"]
+    body["spec"]["engine"] = {**engine, "args": {**engine["args"], **TOOL_CALLING}}
     deploy(kube, serving_ray, ns, body)
     st, seen = follow(kube, ns, name, "Ready", 900)
     TIMINGS["apply_to_ready_s"] = time.monotonic() - t0
@@ -159,9 +172,12 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     llm = llm_deployment(app)
     assert {r["node_id"] for r in llm["replicas"]} <= set(serving_ray.current["node_ids"].values()), llm["replicas"]
 
+    tools_are_called_in_openais_shape(st["endpoint"], dashboard.url, name)
+
     replica_killed_and_replaced(kube, ns, name, serving_ray, dashboard)
-    engine_args_edit_goes_in_place(kube, ns, name, body, serving_ray, dashboard, answer["usage"]["prompt_tokens"])
-    serve_scales_to_two_under_load(kube, ns, name, serving_ray, dashboard)
+    body = engine_args_edit_goes_in_place(kube, ns, name, body, serving_ray, dashboard, answer["usage"]["prompt_tokens"])
+    replicas_edit_reaches_the_raycluster(kube, ns, name, body, serving_ray)
+    serve_scales_up_under_load(kube, ns, name, serving_ray, dashboard)
 
 
 class ScrapesWhileServing:
@@ -233,8 +249,30 @@ def llm_deployment(app: dict) -> dict:
     return next(d for n, d in app["deployments"].items() if n.startswith("LLMServer"))
 
 
+def tools_are_called_in_openais_shape(endpoint: str, proxy: str, name: str) -> None:
+    """engine.args' frontend arguments reach vLLM's OpenAI frontend through Ray Serve LLM: vLLM
+    answers `tool_choice: auto` only with --enable-auto-tool-choice and a --tool-call-parser (400
+    otherwise); a named tool choice is held by vLLM 0.29 to the parser's own format (hermes:
+    `<tool_call>{"name": ..., "arguments": ...}</tool_call>`), which the hermes parser then turns
+    into OpenAI's tool_calls. The tiny model's weights are random: greedy, it fills the format's
+    free whitespace until max_tokens; a seeded sample closes the call (86 of the 200 tokens)."""
+    ask = "Reserve a 4x4 slice."
+    auto = serving_chain.chat(endpoint, proxy, name, content=ask, tools=[SLICE_TOOL], tool_choice="auto")
+    assert auto["object"] == "chat.completion" and auto["choices"][0]["message"]["role"] == "assistant", auto
+    named = serving_chain.chat(endpoint, proxy, name, content=ask, max_tokens=200, seed=1, tools=[SLICE_TOOL],
+                               tool_choice={"type": "function", "function": {"name": "reserve_slice"}})
+    (choice,) = named["choices"]
+    (call,) = choice["message"].get("tool_calls") or [None]
+    assert call and call["type"] == "function" and call["id"], named
+    assert call["function"]["name"] == "reserve_slice", named
+    assert json.loads(call["function"]["arguments"])["topology"] in ("2x2", "4x4"), named
+    assert choice["finish_reason"] in ("stop", "tool_calls") and not choice["message"]["content"], named
+    print(f"tool calling: auto answered ({auto['choices'][0]['finish_reason']}), named: {call['function']} "
+          f"in {named['usage']['completion_tokens']} tokens")
+
+
 def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving_ray: RealRay, dashboard,
-                                   prompt_tokens: int) -> None:
+                                   prompt_tokens: int) -> dict:
     """An edit of engine args changes only the serveConfigV2: KubeRay's RayService controller
     (1.5 and 1.6) keeps the cluster (its hash leaves the Serve config out) and PUTs the new config
     to the active cluster's head, whatever spec.upgradeStrategy says; Serve replaces the replica."""
@@ -255,6 +293,23 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
     engine["args"] = {**engine["args"], "max_num_seqs": 4}
     kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-",
             input=yaml.safe_dump({**edited, "metadata": {**edited["metadata"], "namespace": ns}}))
+    # As a user would, right after the apply: `tputorch wait` returns on the edit's Ready, not on
+    # the Ready the status still holds from before the operator saw the edit.
+    waiter = subprocess.Popen([sys.executable, "-m", "tputorch", "wait", name, "-n", ns, "--for", "phase=Ready",
+                               "--timeout", "15m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "KUBECONFIG": kube.kubeconfig, "PYTHONPATH": str(REPO / "operator")})
+    waited: dict = {}
+
+    def wait_returned() -> None:
+        out, err = waiter.communicate(timeout=960)
+        # What Serve runs the moment `tputorch wait` returned.
+        app = serving_chain.serve_application(serving_ray, render.SERVE_APP)
+        waited.update(rc=waiter.returncode, out=out + err, t=time.monotonic() - t0,
+                      max_model_len=app["deployed_app_config"]["args"]["llm_configs"][0]["engine_kwargs"].get(
+                          "max_model_len"), app_status=app["status"])
+
+    waiting = threading.Thread(target=wait_returned, daemon=True)
+    waiting.start()
     seen: list[str] = []
     clusters: set[str] = set()
     pending: set[str] = set()
@@ -293,17 +348,69 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
     code, text = serving_chain.chat_refused(endpoint, proxy, name, **whole)
     assert code == 400 and re.search(r"max_model_len\S*=128\b", text), (code, text)
     assert serving_chain.chat(endpoint, proxy, name)["usage"]["completion_tokens"] > 0
+    waiting.join(120)
+    TIMINGS["edit_to_tputorch_wait_s"] = waited.get("t", -1)
+    print(f"tputorch wait after the edit: {waited}")
+    assert waited["rc"] == 0 and "phase Ready" in waited["out"], waited
+    assert (waited["max_model_len"], waited["app_status"]) == (128, "RUNNING"), waited
+    return edited
 
 
-def serve_scales_to_two_under_load(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
-    """replicas {1, 2}, targetOngoingRequests 2 and 8 requests at a time: Serve's autoscaler (with
-    the operator's autoscaling_config and Serve's own delays) asks for a second replica, which,
-    holding a whole slice as on a TPU, waits for a second slice: Ray's pending placement group of
-    the slice's chips, the demand Ray's autoscaler turns into a second slice on GKE."""
+def replicas_edit_reaches_the_raycluster(kube, ns: str, name: str, body: dict, serving_ray: RealRay) -> None:
+    """spec.replicas.max 2 -> MAX_REPLICAS. KubeRay's cluster hash leaves replicas and min/max out
+    (kuberay#2331, #4568): the RayService's copy of the bounds changes, its running RayCluster's
+    would not, and Ray's autoscaler reads the RayCluster's. The operator patches the RayCluster it
+    owns: the same cluster, in place, with the new bounds; Serve gets the new max_replicas through
+    the Serve config (a lightweight update: the running replica stays)."""
+    rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
+    cluster = rs["status"]["activeServiceStatus"]["rayClusterName"]
+    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+        "replicas"] if r["state"] == "RUNNING"}
+    edited = copy.deepcopy(body)
+    edited["spec"]["replicas"] = {"min": 1, "max": MAX_REPLICAS}
+    t0 = time.monotonic()
+    kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-",
+            input=yaml.safe_dump({**edited, "metadata": {**edited["metadata"], "namespace": ns}}))
+    phases: list[str] = []
+
+    def bounds_everywhere():
+        obj = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        st = obj.get("status") or {}
+        if st.get("phase") and (not phases or phases[-1] != st["phase"]):
+            phases.append(st["phase"])
+        (group,) = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)["spec"][
+            "workerGroupSpecs"]
+        scaling = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))["deployment_config"][
+            "autoscaling_config"]
+        done = ((group["minReplicas"], group["maxReplicas"]) == (1, MAX_REPLICAS)
+                and scaling["max_replicas"] == MAX_REPLICAS and st.get("phase") == "Ready"
+                and st.get("observedGeneration") == obj["metadata"]["generation"])
+        return group if done else None
+
+    group = kube.wait(bounds_everywhere, 300, f"the RayCluster {cluster} and Serve to take replicas.max {MAX_REPLICAS}",
+                      interval=1)
+    TIMINGS["replicas_edit_to_raycluster_s"] = time.monotonic() - t0
+    clusters = {c["metadata"]["name"] for c in kube.custom.list_namespaced_custom_object(
+        "ray.io", "v1", ns, "rayclusters")["items"]}
+    print(f"replicas edit: phases {phases}, RayClusters {clusters}, worker group {group['groupName']} "
+          f"replicas {group.get('replicas')} min {group['minReplicas']} max {group['maxReplicas']}")
+    assert clusters == {cluster}, clusters  # in place: no second cluster
+    assert group.get("replicas") == 1 and set(phases) <= {"Ready", "Updating"}, (group, phases)
+    after = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+        "replicas"] if r["state"] == "RUNNING"}
+    assert after == before, (before, after)
+
+
+def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
+    """replicas {1, MAX_REPLICAS}, targetOngoingRequests 2 and 8 requests at a time: Serve's
+    autoscaler (with the operator's autoscaling_config and Serve's own delays) asks for more
+    replicas, each of which, holding a whole slice as on a TPU, waits for a slice of its own: Ray's
+    pending placement groups of the slice's chips, the demand Ray's autoscaler turns into slices on
+    GKE (up to the RayCluster's maxReplicas, which the edit before raised)."""
     endpoint, proxy = f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1", dashboard.url
     llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
     scaling = llm["deployment_config"]["autoscaling_config"]
-    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, 2, 2), scaling
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, MAX_REPLICAS, 2), scaling
     assert llm["target_num_replicas"] == 1 and not serving_chain.pending_placement_groups(serving_ray), llm
     stop = threading.Event()
     answered, errors = [], []
@@ -333,15 +440,16 @@ def serve_scales_to_two_under_load(kube, ns: str, name: str, serving_ray: RealRa
             phase()
             scrapes.scrape()
             d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
-            if d["target_num_replicas"] != 2 or len([r for r in d["replicas"] if r["state"] != "STOPPING"]) != 2:
+            if (d["target_num_replicas"] != MAX_REPLICAS
+                    or len([r for r in d["replicas"] if r["state"] != "STOPPING"]) != MAX_REPLICAS):
                 return None
             groups = [g for g in serving_chain.pending_placement_groups(serving_ray)
                       if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4]]
-            return (d, groups) if groups else None
+            return (d, groups) if len(groups) == MAX_REPLICAS - 1 else None
 
-        llm, groups = kube.wait(second_waits_for_a_slice, 600, "Serve's second LLM replica and its slice's demand",
+        llm, groups = kube.wait(second_waits_for_a_slice, 600, "Serve's added LLM replicas and their slices' demand",
                                 interval=2)
-        TIMINGS["load_to_second_replica_s"] = time.monotonic() - t0
+        TIMINGS["load_to_added_replicas_s"] = time.monotonic() - t0
 
         def kuberay_reports_it():  # what the operator reads: KubeRay's copy of Serve's status
             phase()
@@ -362,9 +470,9 @@ def serve_scales_to_two_under_load(kube, ns: str, name: str, serving_ray: RealRa
     print(f"under load: target_num_replicas {llm['target_num_replicas']}, replicas {replicas}, pending "
           f"{[[b['unit_resources'] for b in g['bundles']] for g in groups]}, {len(answered)} answered, "
           f"{len(errors)} errors")
-    # One replica serves on the slice; the other is not placed (no slice for it) and waits.
-    assert sorted(state for state, _ in replicas.values()) == ["RUNNING", "STARTING"], replicas
-    assert [node for state, node in replicas.values() if state == "STARTING"] == [None], replicas
+    # One replica serves on the slice; the others are not placed (no slice for them) and wait.
+    assert sorted(state for state, _ in replicas.values()) == ["RUNNING"] + ["STARTING"] * (MAX_REPLICAS - 1), replicas
+    assert [node for state, node in replicas.values() if state == "STARTING"] == [None] * (MAX_REPLICAS - 1), replicas
     assert answered and not errors, errors[:3]
     assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
     # Serving all along, on the one replica it has, while the deployment scales.

@@ -240,9 +240,11 @@ def _rayjob(name: str, ns: str, topo: str) -> dict:
 
 # --- measure 1: end to end with KubeRay --------------------------------------------------------------
 
-def end_to_end(bench: burst.Bench, samples: int, concurrent: int) -> dict:
+def end_to_end(bench: burst.Bench, samples: int, concurrent: int, rounds: int = 1) -> dict:
     """One v6e 4x4 job at a time (``samples`` each way, alternating which goes first), then
-    ``concurrent`` v6e 2x2 jobs at once each way (4x4 slices for all would need 4 nodes each)."""
+    ``concurrent`` v6e 2x2 jobs at once each way (4x4 slices for all would need 4 nodes each),
+    ``rounds`` times with the order turned each round (the side that goes second runs while the
+    first one's clean-up still settles): p50 over every round's jobs, and each round's ratio."""
     op_ns, hand_ns = bench.namespace("e2e-operator", samples), bench.namespace("e2e-hand", samples)
     op = OperatorProcess(bench.kubeconfig, bench.log_dir / "e2e-operator.log", [op_ns]).start()
     watches = {}
@@ -298,17 +300,28 @@ def end_to_end(bench: burst.Bench, samples: int, concurrent: int) -> dict:
         print(f"   one at a time: operator p50 {single['operator']['p50_s']:.3f}s, "
               f"hand {single['hand']['p50_s']:.3f}s ({result['single_p50_ratio']:.2f}x)", flush=True)
         if concurrent:
-            many = {}
-            for side in ("hand", "operator"):
-                started = time.monotonic()
-                lat = one(side, [f"many-{i:03d}" for i in range(concurrent)], "2x2", 1)
-                many[side] = {"n": len(lat), "of": concurrent, "p50_s": percentile(lat, 0.5),
-                              "p99_s": percentile(lat, 0.99), "max_s": max(lat, default=float("nan")),
-                              "load": load(), "wall_s": time.monotonic() - started}
+            pooled: dict[str, list[float]] = {"hand": [], "operator": []}
+            loads: dict[str, list[float]] = {"hand": [], "operator": []}
+            per_round = []
+            for r in range(rounds):
+                this = {}
+                for side in ("hand", "operator") if r % 2 == 0 else ("operator", "hand"):
+                    lat = one(side, [f"many-{r}-{i:03d}" for i in range(concurrent)], "2x2", 1)
+                    pooled[side] += lat
+                    loads[side].append(load())
+                    this[side] = percentile(lat, 0.5)
+                this["p50_ratio"] = this["operator"] / this["hand"]
+                per_round.append(this)
+                print(f"   {concurrent} at once, round {r + 1}/{rounds}: operator p50 {this['operator']:.2f}s, "
+                      f"hand {this['hand']:.2f}s ({this['p50_ratio']:.2f}x)", flush=True)
+            many = {side: {"n": len(lat), "of": concurrent * rounds, "p50_s": percentile(lat, 0.5),
+                           "p99_s": percentile(lat, 0.99), "max_s": max(lat, default=float("nan")),
+                           "load": max(loads[side])} for side, lat in pooled.items()}
             many["p50_ratio"] = many["operator"]["p50_s"] / many["hand"]["p50_s"]
             many["max_ratio"] = many["operator"]["max_s"] / many["hand"]["max_s"]
+            many["rounds"] = per_round
             result["concurrent"] = many
-            print(f"   {concurrent} at once: operator p50 {many['operator']['p50_s']:.2f}s, "
+            print(f"   {concurrent} at once, {rounds} round(s) pooled: operator p50 {many['operator']['p50_s']:.2f}s, "
                   f"hand {many['hand']['p50_s']:.2f}s ({many['p50_ratio']:.2f}x)", flush=True)
         result["writes_per_job"] = {side: {k: v / max(1, result["writes_jobs"][side]) for k, v in w.items()}
                                     for side, w in result["writes"].items()}

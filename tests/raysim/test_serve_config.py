@@ -39,9 +39,17 @@ def service(accelerator: str, topology_: str, chips_per_host: int | None = None,
     })
 
 
-def llm_configs(rayservice: dict) -> list[dict]:
+def llm_configs(rayservice: dict, with_router: bool = False) -> list[dict]:
+    """The LLMConfigs of a rendered RayService; without `with_router`, their request router left
+    out: Serve imports a router to validate it, and Ray Serve LLM's routers import vLLM, which this
+    environment lacks (PrefixAware's router is validated by the real serving chain instead:
+    tests/cluster/test_real_serving.py runs it)."""
     config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
-    return [cfg for app in config["applications"] for cfg in app["args"]["llm_configs"]]
+    configs = [cfg for app in config["applications"] for cfg in app["args"]["llm_configs"]]
+    if not with_router:
+        for cfg in configs:
+            cfg["deployment_config"].pop("request_router_config", None)
+    return configs
 
 
 def rays_deployment_name(llm: LLMConfig) -> str:
@@ -78,21 +86,25 @@ def test_golden_serve_config_validates_with_rays_own_schemas(path):
     (app,) = schema.applications
     assert (app.route_prefix, app.import_path) == ("/", "ray.serve.llm:build_openai_app")
     (cfg,) = llm_configs(rayservice)
+    (raw,) = llm_configs(rayservice, with_router=True)
+    router = raw["deployment_config"].get("request_router_config")
+    assert router in (None, {"request_router_class": render.REQUEST_ROUTERS["PrefixAware"]}), router
     llm = LLMConfig(**cfg)  # unknown or wrongly typed keys raise here
     # ... but not in deployment_config: Serve's DeploymentConfig ignores a key it does not know (a
     # misspelt graceful_shutdown_timeout_s would be dropped silently); every key must be an option
     # of serve.deployment
     known = set(inspect.signature(serve.deployment).parameters) - {"_func_or_class"}
-    assert set(llm.deployment_config) <= known, sorted(set(llm.deployment_config) - known)
+    assert set(llm.deployment_config) | ({"request_router_config"} if router else set()) <= known, sorted(
+        set(llm.deployment_config) - known)
     assert llm.accelerator_type == cfg["accelerator_type"]
     assert llm.accelerator_config.topology == rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"][topology.GKE_TOPOLOGY_LABEL]
     # The replica count is the app's deployments override (a lightweight update when edited), and
     # it names the LLMServer deployment Ray Serve LLM builds from this llm_config (Serve refuses an
     # override of a deployment the application does not have).
     assert "autoscaling_config" not in llm.deployment_config
-    (override,) = app.deployments
-    assert override.name == "LLMServer:" + rays_deployment_name(llm), override.name
-    scaling = override.autoscaling_config
+    overrides = {d.name: d for d in app.deployments}
+    assert set(overrides) - {"OpenAiIngress"} == {"LLMServer:" + rays_deployment_name(llm)}, sorted(overrides)
+    scaling = overrides["LLMServer:" + rays_deployment_name(llm)].autoscaling_config
     group = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     assert (scaling["min_replicas"], scaling["max_replicas"]) == (group["minReplicas"], group["maxReplicas"])
 
@@ -172,5 +184,5 @@ def test_the_replicas_override_names_the_deployment_ray_serve_llm_builds(model_n
                  "model": {"source": "Qwen/Qwen3-0.6B", "name": model_name}}})
     (app,) = ServeDeploySchema(**yaml.safe_load(render.rayservice(svc)["spec"]["serveConfigV2"])).applications
     (cfg,) = app.args["llm_configs"]
-    (override,) = app.deployments
+    (override,) = app.deployments  # the ingress is overridden only when spec.serve.ingressReplicas is set
     assert override.name == "LLMServer:" + rays_deployment_name(LLMConfig(**cfg)), override.name

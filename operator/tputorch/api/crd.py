@@ -687,6 +687,15 @@ def _service_spec_schema() -> dict:
                         "Seconds Serve gives a replica it stops (scale-down, redeploy) to finish its in-flight requests "
                         "(graceful_shutdown_timeout_s; unset: Serve's 20).",
                         minimum=1, maximum=spec.MAX_GRACEFUL_SHUTDOWN_S),
+                    "routing": _string(
+                        "How Serve picks a replica for a request. PowerOfTwo: Serve's own (the less loaded of two). "
+                        "PrefixAware: Ray Serve LLM's PrefixCacheAffinityRouter, the replica that served the longest "
+                        "prefix of the prompt while load is even (vLLM's prefix cache hits); for more than one replica.",
+                        enum=list(spec.SERVE_ROUTINGS), default=spec.SERVICE_DEFAULTS["serve.routing"]),
+                    "ingressReplicas": _int(
+                        "Replicas of Ray Serve LLM's OpenAiIngress, which takes every request's HTTP and streams the "
+                        "tokens back (Ray's default: one); CPU actors on the slice's hosts.",
+                        minimum=1, maximum=spec.MAX_INGRESS_REPLICAS, default=spec.SERVICE_DEFAULTS["serve.ingressReplicas"]),
                 },
                 **{"x-kubernetes-validations": [{
                     # has(): the API server checks this rule against the block's default ({}) too,

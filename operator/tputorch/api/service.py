@@ -50,7 +50,8 @@ SECRET_REF_FIELDS = {"name", "key"}
 ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
 REPLICA_FIELDS = {"min", "max"}
 SERVE_FIELDS = {"targetOngoingRequests", "maxOngoingRequests", "healthCheckPeriodSeconds", "healthCheckTimeoutSeconds",
-                "initializingTimeoutSeconds", "clusterDeletionDelaySeconds", "gracefulShutdownTimeoutSeconds"}
+                "initializingTimeoutSeconds", "clusterDeletionDelaySeconds", "gracefulShutdownTimeoutSeconds", "routing",
+                "ingressReplicas"}
 # Optional, unset: KubeRay's and Serve's own defaults (60 s; 20 s). Long streamed completions want more:
 # KubeRay deletes the old RayCluster this long after an upgrade's switch (cutting its streams), and Serve
 # gives a replica it stops (scale-down, in-place redeploy) this long to finish its requests.
@@ -62,6 +63,11 @@ MAX_GRACEFUL_SHUTDOWN_S = 86400
 # out (serveConfigV2 edits still are, in place). NewClusterWithIncrementalUpgrade needs KubeRay's
 # RayServiceIncrementalUpgrade gate and the Gateway API: not offered.
 UPGRADE_STRATEGIES = ("NewCluster", "None")
+# How Serve picks the replica for a request: PowerOfTwo is Serve's own (the less loaded of two at
+# random); PrefixAware is Ray Serve LLM's PrefixCacheAffinityRouter (a request goes to the replica
+# that served the longest prefix of its prompt, so vLLM's prefix cache hits, while load is even).
+SERVE_ROUTINGS = ("PowerOfTwo", "PrefixAware")
+MAX_INGRESS_REPLICAS = 64
 # engine.args keys the operator owns: the first-class fields (in vLLM's spelling), what Ray Serve
 # LLM sets itself (model, served_model_name from spec.model) and the executor, which Ray forces
 # to "ray" on TPU.
@@ -112,6 +118,10 @@ SERVICE_DEFAULTS: dict[str, Any] = {
     # (slice provisioning, image pull, weights, compile) before KubeRay fails it and releases the
     # slices. 0: never.
     "serve.initializingTimeoutSeconds": 3600,
+    "serve.routing": "PowerOfTwo",
+    # Ray Serve LLM's OpenAiIngress: one replica (min = max = 1) takes every request's HTTP and
+    # streams the tokens back; more for many concurrent streams.
+    "serve.ingressReplicas": 1,
     "upgradeStrategy": "NewCluster",
 }
 # Environment the operator sets on a service's pods (render.py), never the user's to repeat.
@@ -145,6 +155,8 @@ class ServiceSpec(CommonSpec):
     initializing_timeout_s: int = SERVICE_DEFAULTS["serve.initializingTimeoutSeconds"]
     cluster_deletion_delay_s: int | None = None  # RayService rayClusterDeletionDelaySeconds; None: KubeRay's 60 s
     graceful_shutdown_timeout_s: int | None = None  # Serve's graceful_shutdown_timeout_s; None: Serve's 20 s
+    routing: str = SERVICE_DEFAULTS["serve.routing"]  # one of SERVE_ROUTINGS
+    ingress_replicas: int = SERVICE_DEFAULTS["serve.ingressReplicas"]
     cache_path: str | None = None  # spec.model.cacheVolume's mountPath
     upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
     exposure: Exposure = Exposure()  # who may call the Serve port (its NetworkPolicy)
@@ -315,6 +327,10 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
                              check=between(0, MAX_CLUSTER_DELETION_DELAY_S))
     graceful = r.value(serve, "gracefulShutdownTimeoutSeconds", "spec.serve.gracefulShutdownTimeoutSeconds", int,
                        check=between(1, MAX_GRACEFUL_SHUTDOWN_S))
+    routing = r.value(serve, "routing", "spec.serve.routing", str, default=SERVICE_DEFAULTS["serve.routing"],
+                      check=lambda v: None if v in SERVE_ROUTINGS else f"must be one of {', '.join(SERVE_ROUTINGS)}")
+    ingress = r.value(serve, "ingressReplicas", "spec.serve.ingressReplicas", int,
+                      default=SERVICE_DEFAULTS["serve.ingressReplicas"], check=between(1, MAX_INGRESS_REPLICAS))
     strategy = r.value(spec, "upgradeStrategy", "spec.upgradeStrategy", str, default=SERVICE_DEFAULTS["upgradeStrategy"],
                        check=lambda v: None if v in UPGRADE_STRATEGIES else
                        f"must be one of {', '.join(UPGRADE_STRATEGIES)} (KubeRay's RayService upgrade strategies)")
@@ -341,6 +357,8 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         initializing_timeout_s=init_timeout,
         cluster_deletion_delay_s=deletion_delay,
         graceful_shutdown_timeout_s=graceful,
+        routing=routing,
+        ingress_replicas=ingress,
         upgrade_strategy=strategy,
         cache_path=cache_path,
         exposure=exposure,

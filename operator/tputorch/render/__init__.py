@@ -358,6 +358,11 @@ def engine_kwargs(svc: ServiceSpec) -> dict:
 SERVE_KEEP_ALIVE_S = 620
 
 
+# spec.serve.routing -> the request router Serve loads for the LLMServer deployment (Ray 2.60's
+# public import path); PowerOfTwo is Serve's default router, so nothing is written for it.
+REQUEST_ROUTERS = {"PrefixAware": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"}
+
+
 def serve_config(svc: ServiceSpec) -> dict:
     """Ray Serve's config (serveConfigV2, before it becomes YAML) for the service's model."""
     return json.loads(_template("serveconfig.json.j2").render({
@@ -371,6 +376,8 @@ def serve_config(svc: ServiceSpec) -> dict:
         "engine_kwargs": engine_kwargs(svc),
         "runtime_env": svc.runtime_env,
         "llm_deployment_name": llm_deployment_name(svc.model_name),
+        "ingress_deployment_name": INGRESS_DEPLOYMENT_NAME,
+        "ingress_replicas": svc.ingress_replicas,
         "min_replicas": svc.min_replicas,
         "max_replicas": svc.max_replicas,
         "target_ongoing_requests": svc.target_ongoing_requests,
@@ -378,11 +385,18 @@ def serve_config(svc: ServiceSpec) -> dict:
         "health_check_period_s": svc.health_check_period_s,
         "health_check_timeout_s": svc.health_check_timeout_s,
         "graceful_shutdown_timeout_s": svc.graceful_shutdown_timeout_s,
+        "request_router_class": REQUEST_ROUTERS.get(svc.routing),
         # Google's vLLM TorchTPU sample pins the LLMServer replica to a TPU host with a sliver of
         # the resource Ray gives every TPU host; without it the replica may land on the head.
         "replica_resources": {f"accelerator_type:{svc.slice.generation.ray_accelerator_type}": 0.001},
         "replica_label_selector": replica_label_selector(svc),
     }))
+
+
+# Ray 2.60 Serve LLM's ingress deployment (build_openai_app's OpenAiIngress): min = max = 1 replica
+# of its own. spec.serve.ingressReplicas other than 1 overrides both; left at 1 nothing is written,
+# so a service that does not set it keeps the Serve config it had.
+INGRESS_DEPLOYMENT_NAME = "OpenAiIngress"
 
 
 def llm_deployment_name(model_id: str) -> str:

@@ -137,6 +137,8 @@ def test_both_kinds_expose_the_same_reconcile_attributes():
         ({"serve": {"gracefulShutdownTimeoutSeconds": 0}}, "spec.serve.gracefulShutdownTimeoutSeconds", "must be between 1 and 86400"),
         ({"serve": {"gracefulShutdownTimeoutSeconds": 86401}}, "spec.serve.gracefulShutdownTimeoutSeconds", "must be between 1 and 86400"),
         ({"serve": {"gracefulShutdownTimeoutSeconds": 2.5}}, "spec.serve.gracefulShutdownTimeoutSeconds", "must be an integer"),
+        ({"serve": {"routing": "RoundRobin"}}, "spec.serve.routing", "must be one of PowerOfTwo, PrefixAware"),
+        ({"serve": {"ingressReplicas": 0}}, "spec.serve.ingressReplicas", "must be between 1 and 64"),
         ({"upgradeStrategy": "NewClusterWithIncrementalUpgrade"}, "spec.upgradeStrategy", "must be one of NewCluster, None"),
         ({"env": [{"name": "RAY_TPU_RESOURCE_PER_CHIP", "value": "1"}]}, "spec.env[0].name", "TPU7x"),
     ],

@@ -16,6 +16,7 @@ from tputorch.api import service, spec, topology
 from ..jobs import body
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 CASES = {
     "v6e-1x1": {"tpu": {"topology": "1x1"}},
@@ -218,7 +219,8 @@ SERVICE_CASES = {
     "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
     # long streams over several replicas: the old cluster kept 10 min after a switch, 5 min to finish a stream
     "service-v6e-4x4-replicas-1-3": {"replicas": {"min": 1, "max": 3},
-                                     "serve": {"clusterDeletionDelaySeconds": 600, "gracefulShutdownTimeoutSeconds": 300}},
+                                     "serve": {"clusterDeletionDelaySeconds": 600, "gracefulShutdownTimeoutSeconds": 300,
+                                               "routing": "PrefixAware", "ingressReplicas": 2}},
     "service-v6e-4x4-internal-lb": {"exposure": {"clients": "Listed", "from": [{"cidr": "10.128.0.0/20"}], "serveService": {
         "type": "LoadBalancer", "annotations": {"networking.gke.io/load-balancer-type": "Internal"},
         "loadBalancerSourceRanges": ["10.128.0.0/20"]}}},
@@ -537,6 +539,25 @@ def test_stream_knobs_render_only_when_set():
     assert rs["spec"]["rayClusterDeletionDelaySeconds"] == 3600
     assert _llm_deployment_config(rs)["graceful_shutdown_timeout_s"] == 900
     assert rendered_service({"serve": {"clusterDeletionDelaySeconds": 0}})["spec"]["rayClusterDeletionDelaySeconds"] == 0
+
+
+def test_prefix_aware_routing_is_ray_serve_llms_router_and_powers_of_two_writes_nothing():
+    assert "request_router_config" not in _llm_deployment_config(rendered_service({}))
+    assert "request_router_config" not in _llm_deployment_config(rendered_service({"serve": {"routing": "PowerOfTwo"}}))
+    assert _llm_deployment_config(rendered_service({"serve": {"routing": "PrefixAware"}}))["request_router_config"] == {
+        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"}
+
+
+def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress():
+    (app,) = serve_config(rendered_service({}))["applications"]
+    assert [d["name"] for d in app["deployments"]] == ["LLMServer:svc"]  # Ray's own single ingress replica
+    (app,) = serve_config(rendered_service({"serve": {"ingressReplicas": 3}}))["applications"]
+    llm, ingress = app["deployments"]
+    assert ingress == {"name": "OpenAiIngress", "autoscaling_config": {"min_replicas": 3, "max_replicas": 3}}
+    # The names are those Ray 2.60 Serve LLM gave the deployments on the real chain (recorded there).
+    recorded = json.loads((REPO / "hack" / "fakedash" / "recorded" / "serve-deploy.json").read_text())
+    assert {"OpenAiIngress", render.llm_deployment_name("tiny")} <= set(
+        recorded[-1]["details"]["applications"]["llm"]["deployments"])
 
 
 def test_dropping_the_cluster_deletion_delay_removes_it_from_the_rayservice():

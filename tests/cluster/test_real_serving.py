@@ -143,7 +143,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     # Autoscaled between 1 and 2 replicas, Serve aiming at 2 ongoing requests per replica: until
     # the load below, one replica serves.
     body = cpu_variant.service_body(str(tiny_model), name)
-    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2})
+    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2, "routing": "PrefixAware"})
     # Tool calling as the reference service (examples/serve/qwen3-moe-v6e-4x4.yaml) asks for it.
     engine = body["spec"]["engine"]
     body["spec"]["engine"] = {**engine, "args": {**engine["args"], **TOOL_CALLING}}
@@ -171,6 +171,9 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     # The LLM replica runs on the simulated TPU host (the operator's pin), not on the head.
     llm = llm_deployment(app)
     assert {r["node_id"] for r in llm["replicas"]} <= set(serving_ray.current["node_ids"].values()), llm["replicas"]
+    # serve.routing PrefixAware: Serve loaded Ray Serve LLM's prefix-cache router for the model.
+    router = llm["deployment_config"].get("request_router_config") or {}
+    assert "PrefixCacheAffinityRouter" in json.dumps(router), router
 
     tools_are_called_in_openais_shape(st["endpoint"], dashboard.url, name)
 
@@ -271,6 +274,54 @@ def tools_are_called_in_openais_shape(endpoint: str, proxy: str, name: str) -> N
           f"in {named['usage']['completion_tokens']} tokens")
 
 
+class StatusRecording:
+    """KubeRay's RayService statuses around an edit, each with what Serve ran when it was read (a
+    new RayService resourceVersion or a change of Serve's state is a new entry). With
+    RECORD_STATUSES=1 they are written to tests/unit/status/data/recorded-serve-edit.json, which
+    test_status_service.py replays through the operator's status derivation (the bodies there name
+    a model path of no machine; the spec hashes map the recorded RayServices onto them)."""
+
+    PATH = REPO / "tests" / "unit" / "status" / "data" / "recorded-serve-edit.json"
+    MODEL = "/models/tiny"
+
+    def __init__(self, body: dict, edited: dict, rayservice: dict):
+        self.bodies = [self._portable(b) for b in (body, edited)]
+        self.before = self._snapshot(rayservice, serve_runs_edit=False)
+        self.after: list[dict] = []
+
+    def _portable(self, body: dict) -> dict:
+        b = copy.deepcopy(body)
+        b["spec"]["model"]["source"] = self.MODEL
+        return b
+
+    @staticmethod
+    def _snapshot(rs: dict, serve_runs_edit: bool) -> dict:
+        return {"now": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "generation": rs["metadata"]["generation"],
+                "resourceVersion": rs["metadata"]["resourceVersion"],
+                "spec_hash": rs["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION],
+                "status": rs.get("status") or {}, "serve_runs_edit": serve_runs_edit}
+
+    def see(self, rs: dict, serve_runs_edit: bool) -> None:
+        last = self.after[-1] if self.after else self.before
+        if (rs["metadata"]["resourceVersion"], serve_runs_edit) != (last["resourceVersion"], last["serve_runs_edit"]):
+            self.after.append(self._snapshot(rs, serve_runs_edit))
+
+    def done(self, cluster: str) -> None:
+        stale = sum(1 for a in self.after if a["status"].get("observedGeneration") == a["generation"] > self.before[
+                    "generation"] and not a["serve_runs_edit"]
+                    and ((a["status"].get("activeServiceStatus") or {}).get("applicationStatuses") or {}).get(
+                        render.SERVE_APP, {}).get("status") == "RUNNING")
+        print(f"RayService statuses after the edit: {len(self.after)}, of which {stale} KubeRay's stale RUNNING "
+              "of the new generation")
+        if os.environ.get("RECORD_STATUSES") != "1":
+            return
+        service, edited = self.bodies
+        self.PATH.write_text(json.dumps({
+            "recorded": "tests/cluster/test_real_serving.py, RECORD_STATUSES=1 (KubeRay 1.6.2, Ray 2.60, vLLM 0.29 on CPU)",
+            "service": service, "edited": edited, "cluster": cluster, "hash_before": self.before["spec_hash"],
+            "hash_after": self.after[-1]["spec_hash"], "before": self.before, "after": self.after}, indent=1) + "\n")
+
+
 def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving_ray: RealRay, dashboard,
                                    prompt_tokens: int) -> dict:
     """An edit of engine args changes only the serveConfigV2: KubeRay's RayService controller
@@ -291,6 +342,7 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
     engine = edited["spec"]["engine"]
     engine["maxModelLen"] = 128
     engine["args"] = {**engine["args"], "max_num_seqs": 4}
+    record = StatusRecording(body, edited, kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name))
     kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-",
             input=yaml.safe_dump({**edited, "metadata": {**edited["metadata"], "namespace": ns}}))
     # As a user would, right after the apply: `tputorch wait` returns on the edit's Ready, not on
@@ -322,17 +374,20 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
             seen.append(phase)
         if phase == "Failed":  # not a step on the way: fail now rather than at the timeout
             pytest.fail(f"{name} Failed after the engine args edit (phases {seen}): {st.get('message')}")
-        rs_status = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name).get("status") or {}
+        rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
+        rs_status = rs.get("status") or {}
         pending.add((rs_status.get("pendingServiceStatus") or {}).get("rayClusterName") or "")
         upgrading.update(c["status"] for c in rs_status.get("conditions") or [] if c["type"] == "UpgradeInProgress")
         clusters.update(c["metadata"]["name"] for c in kube.custom.list_namespaced_custom_object(
             "ray.io", "v1", ns, "rayclusters")["items"])
         app = serving_chain.serve_application(serving_ray, render.SERVE_APP)
         kwargs = app["deployed_app_config"]["args"]["llm_configs"][0]["engine_kwargs"]
+        record.see(rs, serve_runs_edit=app["status"] == "RUNNING" and kwargs.get("max_model_len") == 128)
         return app if phase == "Ready" and app["status"] == "RUNNING" and kwargs.get("max_model_len") == 128 else None
 
     app = kube.wait(applied, 900, f"TPUTorchService {ns}/{name} Ready with the edited engine args", interval=1)
     TIMINGS["edit_to_ready_s"] = time.monotonic() - t0
+    record.done(cluster)
     print(f"engine args edit: phases {seen}, RayClusters {clusters}, pending {pending}, UpgradeInProgress {upgrading}")
     # The promised transition: Updating while Serve redeploys, then Ready; nothing else.
     assert seen[0] in ("Ready", "Updating") and "Updating" in seen and seen[-1] == "Ready", seen

@@ -450,3 +450,49 @@ def test_a_serving_service_whose_pods_cannot_be_read_stays_ready_and_says_so():
     c = cond(st, "SliceReady")
     assert (c["status"], c["reason"]) == ("Unknown", "PodsForbidden")
     assert st["phase"] == derive("running", [])["phase"] == "Ready"
+
+
+# KubeRay 1.6.2's RayService statuses around an engine-args edit, recorded on the real serving chain
+# (tests/cluster/test_real_serving.py with RECORD_STATUSES=1), each with what Serve ran at that moment.
+RECORDED_EDIT = pathlib.Path(__file__).parent / "data" / "recorded-serve-edit.json"
+
+
+def _recorded_edit():
+    import json
+
+    return json.loads(RECORDED_EDIT.read_text())
+
+
+def test_the_recorded_serve_edit_is_ready_only_once_serve_runs_the_edit():
+    """Replayed through the operator's derivation in the order the real chain wrote them: no status
+    of the edit's generation says Ready while Serve still ran the old engine args (KubeRay's first
+    status of a new generation carries the old config's RUNNING), and the last one does."""
+    rec = _recorded_edit()
+    before, after = (spec.parse_service(rec[k]) for k in ("service", "edited"))
+    # The recording's spec hashes are of the chain's model path; the bodies here name another.
+    svc_of = {rec["hash_before"]: before, rec["hash_after"]: after}
+    pods = [host("w0", True, cluster=rec["cluster"])]
+
+    def rayservice_of(snap):
+        obj = render.rayservice(svc_of[snap["spec_hash"]])
+        obj["metadata"]["generation"] = snap["generation"]
+        obj["status"] = snap["status"]
+        return obj
+
+    first = rec["before"]
+    previous = status.derive_service(before, 1, rayservice_of(first), pods, {}, first["now"])
+    assert previous["phase"] == "Ready", previous
+    phases, stale = [], 0
+    for snap in rec["after"]:
+        st = status.derive_service(after, 2, rayservice_of(snap), pods, previous, snap["now"])
+        phases.append(st["phase"])
+        app = (snap["status"].get("activeServiceStatus") or {}).get("applicationStatuses", {}).get(render.SERVE_APP, {})
+        if snap["status"].get("observedGeneration") == snap["generation"] > first["generation"] \
+                and not snap["serve_runs_edit"] and app.get("status") == "RUNNING":
+            stale += 1  # KubeRay's stale RUNNING of the new generation, which must not read as Ready
+        assert st["phase"] != "Ready" or snap["serve_runs_edit"], (snap["now"], st["phase"], cond(st, "SpecApplied"))
+        previous = st
+    assert phases[-1] == "Ready" and rec["after"][-1]["serve_runs_edit"], phases
+    assert "Updating" in phases, phases
+    assert stale, "the recording holds no stale RUNNING of the new generation: record it again"
+    print(f"recorded edit: {len(rec['after'])} statuses, {stale} stale RUNNING of the new generation, phases {phases}")

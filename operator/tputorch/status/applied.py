@@ -12,7 +12,10 @@ and applies some edits never:
   reload is seen once the application is reported not RUNNING for the new generation; or, for a
   reload too quick for that, once KubeRay has written no status for RELOAD_QUIET_S after that
   first one: it reads the applications every 2 s (ServiceDefaultRequeueDuration) and writes any
-  change, so its reads since the PUT all found the same RUNNING.
+  change, so its reads since the PUT all found the same RUNNING. An edit of the deployments
+  override alone (replicas, targetOngoingRequests, ingressReplicas) leaves the args as they were:
+  Serve applies it to the running replicas, the application stays RUNNING, and the quiet rule
+  decides.
 - An edit of the slice's pod spec makes a new RayCluster (UpgradeInProgress) unless
   spec.upgradeStrategy is None: then KubeRay neither replaces nor updates the running cluster and
   stays Ready on the old spec.

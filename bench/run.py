@@ -240,7 +240,7 @@ def sections(results: dict) -> list[tuple[str, list[str], list[list]]]:
         if "concurrent" in e:
             m = e["concurrent"]
             rounds = f" ({len(m['rounds'])} rounds)" if len(m.get("rounds", [])) > 1 else ""
-            rows.append([f"{m['operator']['of'] // max(1, len(m.get('rounds', [])))} v6e 2x2 at once{rounds}",
+            rows.append([f"{m['operator'].get('at_once', m['operator']['of'])} v6e 2x2 at once{rounds}",
                          m["operator"]["n"], m["hand"]["p50_s"],
                          m["operator"]["p50_s"], m["p50_ratio"], m["hand"]["max_s"], m["operator"]["max_s"],
                          f"{m['hand']['load']}/{m['operator']['load']}"])

@@ -314,7 +314,7 @@ def end_to_end(bench: burst.Bench, samples: int, concurrent: int, rounds: int = 
                 per_round.append(this)
                 print(f"   {concurrent} at once, round {r + 1}/{rounds}: operator p50 {this['operator']:.2f}s, "
                       f"hand {this['hand']:.2f}s ({this['p50_ratio']:.2f}x)", flush=True)
-            many = {side: {"n": len(lat), "of": concurrent * rounds, "p50_s": percentile(lat, 0.5),
+            many = {side: {"n": len(lat), "of": concurrent * rounds, "at_once": concurrent, "p50_s": percentile(lat, 0.5),
                            "p99_s": percentile(lat, 0.99), "max_s": max(lat, default=float("nan")),
                            "load": max(loads[side])} for side, lat in pooled.items()}
             many["p50_ratio"] = many["operator"]["p50_s"] / many["hand"]["p50_s"]

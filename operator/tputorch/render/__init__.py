@@ -21,7 +21,7 @@ from ..api import storage, topology
 from ..api.network import Peer, ServeService
 from .. import train
 from ..api.service import cache_env
-from ..api.spec import HF_TOKEN_ENV, FieldError, InvalidSpec, JobSpec, ServiceSpec
+from ..api.spec import HF_TOKEN_ENV, SERVICE_DEFAULTS, FieldError, InvalidSpec, JobSpec, ServiceSpec
 from . import groups as _groups
 
 MANAGED_BY = "tputorch-operator"
@@ -377,7 +377,7 @@ def serve_config(svc: ServiceSpec) -> dict:
         "runtime_env": svc.runtime_env,
         "llm_deployment_name": llm_deployment_name(svc.model_name),
         "ingress_deployment_name": INGRESS_DEPLOYMENT_NAME,
-        "ingress_replicas": svc.ingress_replicas,
+        "ingress_replicas": ingress_replicas_override(svc),
         "min_replicas": svc.min_replicas,
         "max_replicas": svc.max_replicas,
         "target_ongoing_requests": svc.target_ongoing_requests,
@@ -397,6 +397,12 @@ def serve_config(svc: ServiceSpec) -> dict:
 # of its own. spec.serve.ingressReplicas other than 1 overrides both; left at 1 nothing is written,
 # so a service that does not set it keeps the Serve config it had.
 INGRESS_DEPLOYMENT_NAME = "OpenAiIngress"
+
+
+def ingress_replicas_override(svc: ServiceSpec) -> int | None:
+    """OpenAiIngress's replica count to write, or None to leave Ray's own single replica."""
+    default = SERVICE_DEFAULTS["serve.ingressReplicas"]
+    return svc.ingress_replicas if svc.ingress_replicas != default else None
 
 
 def llm_deployment_name(model_id: str) -> str:

@@ -1,6 +1,7 @@
 """TPUTorchService status from KubeRay v1.5 RayService statuses and the slice's pods."""
 
 import copy
+import json
 import pathlib
 
 import pytest
@@ -457,17 +458,12 @@ def test_a_serving_service_whose_pods_cannot_be_read_stays_ready_and_says_so():
 RECORDED_EDIT = pathlib.Path(__file__).parent / "data" / "recorded-serve-edit.json"
 
 
-def _recorded_edit():
-    import json
-
-    return json.loads(RECORDED_EDIT.read_text())
-
 
 def test_the_recorded_serve_edit_is_ready_only_once_serve_runs_the_edit():
     """Replayed through the operator's derivation in the order the real chain wrote them: no status
     of the edit's generation says Ready while Serve still ran the old engine args (KubeRay's first
     status of a new generation carries the old config's RUNNING), and the last one does."""
-    rec = _recorded_edit()
+    rec = json.loads(RECORDED_EDIT.read_text())
     before, after = (spec.parse_service(rec[k]) for k in ("service", "edited"))
     # The recording's spec hashes are of the chain's model path; the bodies here name another.
     svc_of = {rec["hash_before"]: before, rec["hash_after"]: after}

@@ -93,6 +93,7 @@ def test_a_deleted_node_is_the_infrastructures_failure(kube, namespace, operator
     finally:
         kube.wait(lambda: kubectl(kube.kubeconfig, "get", "node", node, check=False).returncode != 0, 60, f"node {node} gone")
         kubectl(kube.kubeconfig, "create", "--validate=false", "-f", "-", input=yaml.safe_dump(saved))
+        kubectl(kube.kubeconfig, "wait", "--for=condition=Ready", f"node/{node}", "--timeout=60s")
     wait_phase(kube, namespace, "node-gone", "Running", 180)
     assert job_status(kube, namespace, "node-gone")["attempts"] == 2
 

@@ -46,3 +46,27 @@ def test_nodes_and_pods_stay_ready_on_a_busy_machine(kube, namespace, health_wat
     assert watch.watched_s >= HEALTH_WATCH_S
     assert watch.polls > 0.5 * watch.watched_s / watch.interval, (watch.polls, watch.errors)
     assert not watch.lapses, f"readiness lost during {watch.watched_s:.0f}s: {watch.lapses[:20]}"
+
+
+def test_what_counts_as_a_lapse():
+    """The watch's rules on objects as the API returns them: a node the lifecycle controller
+    marked Unknown or False is a lapse; a node that has just registered (no Ready yet) is not."""
+    from types import SimpleNamespace as O
+
+    from node_health import node_lapse, pod_lapse
+
+    def node(*conditions):
+        return O(metadata=O(name="n"), status=O(conditions=[O(type="Ready", status=s, reason=r) for s, r in conditions]))
+
+    assert node_lapse(node(("True", "KubeletReady"))) is None
+    assert node_lapse(node()) is None
+    assert node_lapse(node(("Unknown", "NodeStatusUnknown"))) == "node n Ready=Unknown (NodeStatusUnknown)"
+    assert node_lapse(node(("False", "KubeletNotReady"))) == "node n Ready=False (KubeletNotReady)"
+
+    def pod(status, reason, phase="Running"):
+        return O(metadata=O(namespace="ns", name="p", deletion_timestamp=None),
+                 status=O(phase=phase, conditions=[O(type="Ready", status=status, reason=reason, message="m")]))
+
+    assert pod_lapse(pod("False", "ContainersNotReady")) is None
+    assert pod_lapse(pod("False", "PodCompleted", phase="Succeeded")) is None
+    assert pod_lapse(pod("False", None)) == "pod ns/p Ready=False (None: m)"

@@ -649,13 +649,16 @@ def _service_spec_schema() -> dict:
                 type="object",
                 default={},
                 properties={
-                    "min": _int("Fewest replicas.", minimum=1, maximum=common.MAX_REPLICAS,
-                                default=spec.SERVICE_DEFAULTS["replicas.min"]),
-                    "max": _int("Most replicas; default: min.", minimum=1, maximum=common.MAX_REPLICAS),
+                    "min": _int("Fewest replicas; 0 scales to zero (no slice while idle, single-host slices only).",
+                                minimum=0, maximum=common.MAX_REPLICAS, default=spec.SERVICE_DEFAULTS["replicas.min"]),
+                    "max": _int("Most replicas; default: min (required when min is 0).", minimum=1, maximum=common.MAX_REPLICAS),
                 },
                 **{"x-kubernetes-validations": [{
                     "rule": "!has(self.max) || self.min <= self.max",
                     "message": "spec.replicas.max must be at least spec.replicas.min",
+                }, {
+                    "rule": "self.min > 0 || has(self.max)",
+                    "message": "spec.replicas.max is required when spec.replicas.min is 0 (scale to zero)",
                 }]},
             ),
             "serve": _s(

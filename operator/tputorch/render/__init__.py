@@ -274,7 +274,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         # spec.groups (a job's only): render/groups.py
         "groups": [],
         "train_ray_labels": None,
-        "train_ray_resources": None,
+        "worker_ray_resources": None,
     }
 
 
@@ -376,8 +376,9 @@ def serve_config(svc: ServiceSpec) -> dict:
         "engine_kwargs": engine_kwargs(svc),
         "runtime_env": svc.runtime_env,
         "llm_deployment_name": llm_deployment_name(svc.model_name),
-        "ingress_deployment_name": INGRESS_DEPLOYMENT_NAME,
-        "ingress_replicas": ingress_replicas_override(svc),
+        # JSON in the override's own key order (tojson would sort it): the serveConfigV2 text of a
+        # service that sets ingressReplicas stays the one it had.
+        "ingress_override": json.dumps(ingress) if (ingress := ingress_override(svc)) else None,
         "min_replicas": svc.min_replicas,
         "max_replicas": svc.max_replicas,
         "target_ongoing_requests": svc.target_ongoing_requests,
@@ -388,21 +389,60 @@ def serve_config(svc: ServiceSpec) -> dict:
         "request_router_class": REQUEST_ROUTERS.get(svc.routing),
         # Google's vLLM TorchTPU sample pins the LLMServer replica to a TPU host with a sliver of
         # the resource Ray gives every TPU host; without it the replica may land on the head.
-        "replica_resources": {f"accelerator_type:{svc.slice.generation.ray_accelerator_type}": 0.001},
+        "replica_resources": {accelerator_resource(svc): 0.001},
         "replica_label_selector": replica_label_selector(svc),
     }))
 
 
+def autoscaler_visible_resources(svc: ServiceSpec) -> dict[str, str] | None:
+    """The worker group's Ray resources (KubeRay's group `resources`) that Ray's autoscaler must see
+    to add a slice for a new replica. Its node types come from the RayCluster alone (CPU, TPU,
+    memory, TPU-<pod type>-head), never from a running host, and a replica's demand for a resource
+    no node type lists is infeasible: the LLMServer replica asks for accelerator_type:<type> (the
+    pin in serve_config, and Serve LLM's slice bundles), which Ray gives a TPU host only once it
+    runs. So an autoscaled service lists it (Ray sets the same value on the host). A service with a
+    fixed count (min == max) writes nothing: its cluster is as before."""
+    if not svc.autoscaling or svc.queue_name:
+        return None
+    return {accelerator_resource(svc): "1"}
+
+
+def accelerator_resource(svc: ServiceSpec) -> str:
+    """Ray's resource of every TPU host of the service's generation (accelerator_type:TPU-V6E)."""
+    return f"accelerator_type:{svc.slice.generation.ray_accelerator_type}"
+
+
 # Ray 2.60 Serve LLM's ingress deployment (build_openai_app's OpenAiIngress): min = max = 1 replica
-# of its own. spec.serve.ingressReplicas other than 1 overrides both; left at 1 nothing is written,
-# so a service that does not set it keeps the Serve config it had.
+# of its own. spec.serve.ingressReplicas other than 1 overrides both (ingress_override).
 INGRESS_DEPLOYMENT_NAME = "OpenAiIngress"
 
 
-def ingress_replicas_override(svc: ServiceSpec) -> int | None:
-    """OpenAiIngress's replica count to write, or None to leave Ray's own single replica."""
-    default = SERVICE_DEFAULTS["serve.ingressReplicas"]
-    return svc.ingress_replicas if svc.ingress_replicas != default else None
+# Scale to zero (spec.replicas.min 0): the ingress (1 CPU by default) would run on a TPU host, the
+# head having num-cpus 0, and hold that slice for ever. On the head with no CPU, beside the Serve
+# proxy Serve always runs there (0 CPU), it outlives the slices, takes the first request and holds
+# it while Serve's LLMServer scales up from zero. node:__internal_head__ is Ray's resource of the
+# head node (the one Serve pins its own controller with).
+INGRESS_ON_HEAD = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
+# Serve LLM's ingress answers 408 once a request has waited RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT (600 s
+# in Ray 2.60); a request that wakes a service waits for a slice to be provisioned, the image, the
+# weights and the compile (a cold XLA compile alone can take 10-30 min).
+ROUTER_TIMEOUT_ENV = "RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT"
+SCALE_FROM_ZERO_TIMEOUT_S = 1800
+
+
+def ingress_override(svc: ServiceSpec) -> dict | None:
+    """The OpenAiIngress deployments override: its replica count when spec.serve.ingressReplicas
+    is not Ray's own 1, and its place on the head under scale to zero; None when neither applies,
+    so a service that sets neither keeps the Serve config it had."""
+    scales_to_zero = svc.min_replicas == 0
+    if not scales_to_zero and svc.ingress_replicas == SERVICE_DEFAULTS["serve.ingressReplicas"]:
+        return None
+    count = svc.ingress_replicas
+    override = {"name": INGRESS_DEPLOYMENT_NAME, "autoscaling_config": {"min_replicas": count, "max_replicas": count}}
+    if scales_to_zero:
+        override["ray_actor_options"] = {**INGRESS_ON_HEAD, "runtime_env": {
+            "env_vars": {ROUTER_TIMEOUT_ENV: str(SCALE_FROM_ZERO_TIMEOUT_S)}}}
+    return override
 
 
 def llm_deployment_name(model_id: str) -> str:
@@ -528,8 +568,9 @@ def _rayservice(svc: ServiceSpec) -> dict:
         # Except under Kueue: its RayService webhook refuses Ray's autoscaler (a queued service has a
         # fixed number of slices, spec rule).
         # num-cpus 0 on the head (as Google's sample): no Serve replica or vLLM worker is placed on it.
-        "cluster": cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
-                                   autoscaling=not svc.queue_name, head_start_params={"num-cpus": "0"}),
+        "cluster": {**cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
+                                      autoscaling=not svc.queue_name, head_start_params={"num-cpus": "0"}),
+                    "worker_ray_resources": autoscaler_visible_resources(svc)},
     }), "RayService")
     obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)
     return obj

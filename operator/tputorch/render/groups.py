@@ -27,10 +27,10 @@ def train_slice_extras(job) -> dict:
     """What the training slice's worker group gets when the job has groups (nothing otherwise, so
     a job without groups renders as before)."""
     if not job.groups:
-        return {"train_ray_labels": None, "train_ray_resources": None}
+        return {"train_ray_labels": None, "worker_ray_resources": None}
     return {
         "train_ray_labels": ray_labels(TRAIN_GROUP),
-        "train_ray_resources": {train.TRAIN_RESOURCE: str(job.slice.chips_per_host)},
+        "worker_ray_resources": {train.TRAIN_RESOURCE: str(job.slice.chips_per_host)},
     }
 
 

@@ -21,6 +21,21 @@ from .kueue import Admission
 # (the others route requests: OpenAiIngress, LLMRouter).
 LLM_DEPLOYMENT_PREFIX = "LLMServer"
 
+SCALED_TO_ZERO = "ScaledToZero"
+
+
+def _first_request_wait() -> str:
+    return (f"Serve LLM answers a request 408 after {render.SCALE_FROM_ZERO_TIMEOUT_S} s: the slice's provisioning, "
+            "the image, the weights and the compile must fit")
+
+
+def scaled_to_zero_message(svc: ServiceSpec) -> str:
+    s = svc.slice
+    return (f"scaled to zero: no slice is held while {svc.model_name} is idle; the next request waits while Ray's "
+            f"autoscaler brings a {s.generation.name} {s.topology} slice back and the model loads "
+            f"({_first_request_wait()})")
+
+
 def endpoint(svc: ServiceSpec) -> str:
     """The OpenAI base URL inside the cluster: KubeRay's serve Service <name>-serve-svc."""
     return f"http://{svc.name}-serve-svc.{svc.namespace}.svc.cluster.local:{render.SERVE_PORT}/v1"
@@ -181,9 +196,13 @@ def derive_service(
     no_pool = no_node_pool(pods, render.worker_node_selector(svc))
     no_webhook = tpu_webhook_missing(pods, s.hosts)
     slices_message = f"{ready_replicas}/{replicas} slice replica(s) up, {ready}/{replicas * s.hosts} TPU hosts running"
+    # Scale to zero: no slice is wanted until Serve asks for a replica, then that one is.
+    wanted = svc.min_replicas or min(replicas, 1)
     if no_webhook:
         slice_ready = condition(SLICE_READY, False, no_webhook[0], no_webhook[1], generation)
-    elif rayservice is not None and ready_replicas >= svc.min_replicas:
+    elif rayservice is not None and wanted == 0:
+        slice_ready = condition(SLICE_READY, True, SCALED_TO_ZERO, scaled_to_zero_message(svc), generation)
+    elif rayservice is not None and ready_replicas >= wanted:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", slices_message, generation)
     elif no_pool:
         slice_ready = condition(SLICE_READY, False, no_pool[0], no_pool[1], generation)
@@ -245,7 +264,14 @@ def derive_service(
             text = app_message or kuberay_ready.get("message") or "the service failed"
         conditions.append(condition(FAILED, True, reason, text, generation))
 
-    if phase == "Ready":
+    if phase == "Ready" and wanted == 0:
+        message = scaled_to_zero_message(svc)
+    elif phase == "Ready" and ready_replicas == 0 and svc.min_replicas == 0:
+        message = (f"waking from zero: a {s.generation.name} {s.topology} slice is starting for {svc.model_name}; "
+                   f"requests wait until it serves ({_first_request_wait()})")
+        if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
+            message += f"; {slice_ready['message']}"
+    elif phase == "Ready":
         message = f"serving {svc.model_name} on {ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
         if spec_applied is not None and not spec_applied.applied:
             message += f"; the last edit is not applied: {spec_applied.message}"

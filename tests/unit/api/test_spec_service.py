@@ -33,6 +33,11 @@ def test_minimal_service_gets_the_documented_defaults():
     assert svc.ray_version == "2.60.0" and (svc.worker.cpu, svc.head.memory) == ("8", "8Gi")
 
 
+def test_scale_to_zero_on_a_single_host_slice():
+    svc = spec.parse_service(service_body(tpu={"accelerator": "v6e", "topology": "2x2"}, replicas={"min": 0, "max": 2}))
+    assert (svc.min_replicas, svc.max_replicas, svc.autoscaling) == (0, 2, True)
+
+
 def test_the_reference_service():
     svc = spec.parse_service(service_body(
         model={"name": "qwen3-30b-a3b", "hfTokenSecret": {"name": "hf-token", "key": "token"}},
@@ -87,7 +92,14 @@ def test_both_kinds_expose_the_same_reconcile_attributes():
         ({"model": {"source": "q", "hfTokenSecret": {"name": "Bad_Name", "key": "t"}}}, "spec.model.hfTokenSecret.name", "a Secret name"),
         ({"model": {"source": "q", "hfTokenSecret": {"name": "hf", "key": "a b"}}}, "spec.model.hfTokenSecret.key", "must be a Secret key"),
         ({"model": {"source": "q", "format": "gguf"}}, "spec.model.format", "is not a known field"),
-        ({"replicas": {"min": 0}}, "spec.replicas.min", "must be between 1 and 64"),
+        ({"replicas": {"min": -1}}, "spec.replicas.min", "must be between 0 and 64"),
+        ({"replicas": {"min": 0, "max": 2}}, "spec.replicas.min", "must be at least 1 on a multi-host slice (v6e 4x4: 4 hosts)"),
+        ({"tpu": {"accelerator": "v6e", "topology": "2x2"}, "replicas": {"min": 0}}, "spec.replicas.max",
+         "is required when spec.replicas.min is 0 (scale to zero)"),
+        ({"tpu": {"accelerator": "v6e", "topology": "2x2"}, "replicas": {"min": 0, "max": 0}}, "spec.replicas.max",
+         "must be between 1 and 64"),
+        ({"tpu": {"accelerator": "v6e", "topology": "2x2"}, "replicas": {"min": 0, "max": 1}, "queueName": "q"},
+         "spec.replicas.min", "must be at least 1 when spec.queueName is set"),
         ({"replicas": {"max": 10**6}}, "spec.replicas.max", "must be between 1 and 64"),
         ({"replicas": {"min": 3, "max": 2}}, "spec.replicas.max", "must be at least spec.replicas.min (3)"),
         ({"replicas": {"max": "3"}}, "spec.replicas.max", "must be an integer"),

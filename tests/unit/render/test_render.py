@@ -216,6 +216,9 @@ SERVICE_CASES = {
                    "args": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}},
     },
     "service-v6e-2x2-single-host": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"}},
+    # scale to zero: no slice while idle, the ingress on the head (single-host slices only)
+    "service-v6e-2x2-scale-to-zero": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"},
+                                      "replicas": {"min": 0, "max": 2}},
     "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
     # long streams over several replicas: the old cluster kept 10 min after a switch, 5 min to finish a stream
     "service-v6e-4x4-replicas-1-3": {"replicas": {"min": 1, "max": 3},
@@ -378,8 +381,10 @@ def test_replicas_drive_the_worker_group_serve_autoscaling_and_kuberays_autoscal
     assert serve_config(scaled)["applications"][0]["args"] == serve_config(
         rendered_service({"replicas": {"min": 2}}))["applications"][0]["args"]
     # The autoscaler is on either way: KubeRay's cluster hash leaves replicas/min/max out but not
-    # enableInTreeAutoscaling, so {1,1} -> {1,3} must not change anything else in the cluster.
+    # enableInTreeAutoscaling, so an edit within autoscaled bounds ({1,2} -> {1,3}, {1,3} -> {0,3})
+    # changes nothing else in the cluster.
     one = rendered_service({"replicas": {"min": 1, "max": 1}})["spec"]["rayClusterConfig"]
+    two = rendered_service({"replicas": {"min": 1, "max": 2}})["spec"]["rayClusterConfig"]
     three = scaled["spec"]["rayClusterConfig"]
 
     def kuberay_hash_view(cluster):
@@ -389,8 +394,18 @@ def test_replicas_drive_the_worker_group_serve_autoscaling_and_kuberays_autoscal
                 g.pop(k)
         return c
 
-    assert kuberay_hash_view(one) == kuberay_hash_view(three)
+    assert kuberay_hash_view(two) == kuberay_hash_view(three)
     assert one["enableInTreeAutoscaling"] is True
+    # A fixed count lists no Ray resources for the autoscaler (the cluster it had); an autoscaled one
+    # does, so {1,1} -> {1,3} is a new cluster (test_autoscaler_demand: why the autoscaler needs it).
+    assert "resources" not in one["workerGroupSpecs"][0]
+    assert three["workerGroupSpecs"][0]["resources"] == {"accelerator_type:TPU-V6E": "1"}
+    assert kuberay_hash_view(one) != kuberay_hash_view(three)
+    single_host = {"tpu": {"accelerator": "v6e", "topology": "2x2"}}
+    zero = rendered_service({**single_host, "replicas": {"min": 0, "max": 2}})["spec"]["rayClusterConfig"]
+    assert kuberay_hash_view(zero) == kuberay_hash_view(
+        rendered_service({**single_host, "replicas": {"min": 1, "max": 2}})["spec"]["rayClusterConfig"])
+    assert (zero["workerGroupSpecs"][0]["replicas"], zero["workerGroupSpecs"][0]["minReplicas"]) == (0, 0)
 
 
 def test_hf_token_reaches_head_and_workers_from_the_secret():
@@ -558,6 +573,23 @@ def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress()
     recorded = json.loads((REPO / "hack" / "fakedash" / "recorded" / "serve-deploy.json").read_text())
     assert {"OpenAiIngress", render.llm_deployment_name("tiny")} <= set(
         recorded[-1]["details"]["applications"]["llm"]["deployments"])
+
+
+def test_scale_to_zero_puts_the_ingress_on_the_head_and_lets_a_request_wait_for_a_slice():
+    (app,) = serve_config(rendered_service(SERVICE_CASES["service-v6e-2x2-scale-to-zero"]))["applications"]
+    llm, ingress = app["deployments"]
+    assert (llm["autoscaling_config"]["min_replicas"], llm["autoscaling_config"]["max_replicas"]) == (0, 2)
+    # Ray Serve LLM would take its ingress to 0 too only when the args' own min is 0 (they carry none)
+    assert ingress["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 1}
+    options = ingress["ray_actor_options"]
+    assert (options["num_cpus"], options["resources"]) == (0, {"node:__internal_head__": 0.001})
+    assert options["runtime_env"]["env_vars"] == {"RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT": "1800"}
+    # ingressReplicas still sets the count; above zero the ingress stays where Serve puts it
+    (app,) = serve_config(rendered_service({**SERVICE_CASES["service-v6e-2x2-scale-to-zero"],
+                                            "serve": {"ingressReplicas": 2}}))["applications"]
+    assert app["deployments"][1]["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 2}
+    (app,) = serve_config(rendered_service({"replicas": {"min": 1, "max": 2}, "serve": {"ingressReplicas": 2}}))["applications"]
+    assert "ray_actor_options" not in app["deployments"][1]
 
 
 def test_dropping_the_cluster_deletion_delay_removes_it_from_the_rayservice():

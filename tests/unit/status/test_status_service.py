@@ -492,3 +492,42 @@ def test_the_recorded_serve_edit_is_ready_only_once_serve_runs_the_edit():
     assert "Updating" in phases, phases
     assert stale, "the recording holds no stale RUNNING of the new generation: record it again"
     print(f"recorded edit: {len(rec['after'])} statuses, {stale} stale RUNNING of the new generation, phases {phases}")
+
+
+ZERO = spec.parse_service(service_body(tpu={"accelerator": "v6e", "topology": "2x2"}, replicas={"min": 0, "max": 2}))
+
+
+def _scaled(desired_hosts: int, llm_status: str, message: str = "") -> dict:
+    """KubeRay's status of a scale-to-zero service: the head alone serves (its proxy is a Serve
+    endpoint), the worker group at `desired_hosts` (Ray's autoscaler writes it)."""
+    rs = copy.deepcopy(rayservice("running", ZERO))
+    active = rs["status"]["activeServiceStatus"]
+    active["rayClusterStatus"] = {"desiredWorkerReplicas": desired_hosts, "readyWorkerReplicas": 0}
+    active["applicationStatuses"]["llm"]["serveDeploymentStatuses"] = {
+        "LLMServer:qwen": {"status": llm_status, **({"message": message} if message else {})},
+        "OpenAiIngress": {"status": "HEALTHY"}}
+    return rs
+
+
+def test_a_service_scaled_to_zero_is_ready_and_says_what_the_next_request_waits_for():
+    head = host("head", True, role="head")
+    st = status.derive_service(ZERO, 3, _scaled(0, "HEALTHY"), [head], {}, T0)
+    assert st["phase"] == "Ready" and (st["replicas"], st["readyReplicas"], st["hosts"]) == (0, 0, 0)
+    assert cond(st, "SliceReady")["status"] == "True" and cond(st, "SliceReady")["reason"] == "ScaledToZero"
+    assert st["message"].startswith("scaled to zero: no slice is held while qwen is idle")
+    assert "v6e 2x2 slice back" in st["message"] and "408 after 1800 s" in st["message"]
+
+
+def test_a_service_waking_from_zero_stays_ready_and_says_requests_wait():
+    """Serve asked for a replica (UPSCALING, as Ray 2.60 words it from zero), the autoscaler for a
+    slice (one host desired), none is up yet; then the slice cannot be scheduled."""
+    head = host("head", True, role="head")
+    rs = _scaled(1, "UPSCALING", "Upscaling from 0 to 1 replicas.")
+    waking = status.derive_service(ZERO, 3, rs, [head, host("w0", False)], {}, T0)
+    assert waking["phase"] == "Ready" and waking["replicasReady"] == "0/1"
+    assert cond(waking, "SliceReady")["status"] == "False" and cond(waking, "SliceReady")["reason"] == "WaitingForHosts"
+    assert waking["message"].startswith("waking from zero: a v6e 2x2 slice is starting for qwen; requests wait")
+    stuck = status.derive_service(ZERO, 3, rs, [head, _unschedulable(host("w0", False))], {}, T0)
+    assert cond(stuck, "SliceReady")["reason"] == "Unschedulable" and "Insufficient google.com/tpu" in stuck["message"]
+    up = status.derive_service(ZERO, 3, _scaled(1, "HEALTHY"), [head, host("w0", True)], waking, T1)
+    assert up["message"] == "serving qwen on 1 replica(s) of a v6e 2x2 slice" and cond(up, "SliceReady")["reason"] == "AllHostsReady"

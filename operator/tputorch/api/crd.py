@@ -690,6 +690,10 @@ def _service_spec_schema() -> dict:
                         "Seconds Serve gives a replica it stops (scale-down, redeploy) to finish its in-flight requests "
                         "(graceful_shutdown_timeout_s; unset: Serve's 20).",
                         minimum=1, maximum=spec.MAX_GRACEFUL_SHUTDOWN_S),
+                    "scaleToZeroDelaySeconds": _int(
+                        "With replicas.min 0: seconds an idle model keeps its last replica before Serve stops it and the "
+                        "slice can be given back (downscale_to_zero_delay_s; unset: Serve's downscale_delay_s, 600).",
+                        minimum=0, maximum=spec.MAX_SCALE_TO_ZERO_DELAY_S),
                     "routing": _string(
                         "How Serve picks a replica for a request. PowerOfTwo: Serve's own (the less loaded of two). "
                         "PrefixAware: Ray Serve LLM's PrefixCacheAffinityRouter, the replica that served the longest "

@@ -51,12 +51,15 @@ ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertPara
 REPLICA_FIELDS = {"min", "max"}
 SERVE_FIELDS = {"targetOngoingRequests", "maxOngoingRequests", "healthCheckPeriodSeconds", "healthCheckTimeoutSeconds",
                 "initializingTimeoutSeconds", "clusterDeletionDelaySeconds", "gracefulShutdownTimeoutSeconds", "routing",
-                "ingressReplicas"}
+                "ingressReplicas", "scaleToZeroDelaySeconds"}
 # Optional, unset: KubeRay's and Serve's own defaults (60 s; 20 s). Long streamed completions want more:
 # KubeRay deletes the old RayCluster this long after an upgrade's switch (cutting its streams), and Serve
 # gives a replica it stops (scale-down, in-place redeploy) this long to finish its requests.
 MAX_CLUSTER_DELETION_DELAY_S = 86400
 MAX_GRACEFUL_SHUTDOWN_S = 86400
+# spec.serve.scaleToZeroDelaySeconds: how long an idle model keeps its last replica (Serve's
+# downscale_to_zero_delay_s; unset, Serve waits its downscale_delay_s, 600 s).
+MAX_SCALE_TO_ZERO_DELAY_S = 86400
 # KubeRay 1.5's RayService upgrade strategies (spec.upgradeStrategy.type) that run without a feature
 # gate. NewCluster (KubeRay's default): a cluster-spec edit starts a whole second RayCluster, i.e. a
 # second set of slices, and switches over when it serves. None: cluster-spec edits are not rolled
@@ -157,6 +160,7 @@ class ServiceSpec(CommonSpec):
     graceful_shutdown_timeout_s: int | None = None  # Serve's graceful_shutdown_timeout_s; None: Serve's 20 s
     routing: str = SERVICE_DEFAULTS["serve.routing"]  # one of SERVE_ROUTINGS
     ingress_replicas: int = SERVICE_DEFAULTS["serve.ingressReplicas"]
+    scale_to_zero_delay_s: int | None = None  # Serve's downscale_to_zero_delay_s; None: its downscale_delay_s
     cache_path: str | None = None  # spec.model.cacheVolume's mountPath
     upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
     exposure: Exposure = Exposure()  # who may call the Serve port (its NetworkPolicy)
@@ -348,6 +352,11 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
                       check=lambda v: None if v in SERVE_ROUTINGS else f"must be one of {', '.join(SERVE_ROUTINGS)}")
     ingress = r.value(serve, "ingressReplicas", "spec.serve.ingressReplicas", int,
                       default=SERVICE_DEFAULTS["serve.ingressReplicas"], check=between(1, MAX_INGRESS_REPLICAS))
+    to_zero_delay = r.value(serve, "scaleToZeroDelaySeconds", "spec.serve.scaleToZeroDelaySeconds", int,
+                            check=between(0, MAX_SCALE_TO_ZERO_DELAY_S))
+    if to_zero_delay is not None and min_replicas:
+        r.error("spec.serve.scaleToZeroDelaySeconds", to_zero_delay, "is set only with spec.replicas.min 0 (scale to "
+                f"zero): it is how long an idle model keeps its last replica, and spec.replicas.min is {min_replicas}")
     strategy = r.value(spec, "upgradeStrategy", "spec.upgradeStrategy", str, default=SERVICE_DEFAULTS["upgradeStrategy"],
                        check=lambda v: None if v in UPGRADE_STRATEGIES else
                        f"must be one of {', '.join(UPGRADE_STRATEGIES)} (KubeRay's RayService upgrade strategies)")
@@ -376,6 +385,7 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         graceful_shutdown_timeout_s=graceful,
         routing=routing,
         ingress_replicas=ingress,
+        scale_to_zero_delay_s=to_zero_delay,
         upgrade_strategy=strategy,
         cache_path=cache_path,
         exposure=exposure,

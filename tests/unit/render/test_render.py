@@ -218,7 +218,7 @@ SERVICE_CASES = {
     "service-v6e-2x2-single-host": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"}},
     # scale to zero: no slice while idle, the ingress on the head (single-host slices only)
     "service-v6e-2x2-scale-to-zero": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"},
-                                      "replicas": {"min": 0, "max": 2}},
+                                      "replicas": {"min": 0, "max": 2}, "serve": {"scaleToZeroDelaySeconds": 300}},
     "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
     # long streams over several replicas: the old cluster kept 10 min after a switch, 5 min to finish a stream
     "service-v6e-4x4-replicas-1-3": {"replicas": {"min": 1, "max": 3},
@@ -578,7 +578,9 @@ def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress()
 def test_scale_to_zero_puts_the_ingress_on_the_head_and_lets_a_request_wait_for_a_slice():
     (app,) = serve_config(rendered_service(SERVICE_CASES["service-v6e-2x2-scale-to-zero"]))["applications"]
     llm, ingress = app["deployments"]
-    assert (llm["autoscaling_config"]["min_replicas"], llm["autoscaling_config"]["max_replicas"]) == (0, 2)
+    assert llm["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 2, "target_ongoing_requests": 32,
+                                         "downscale_to_zero_delay_s": 300}
+    assert "downscale_to_zero_delay_s" not in autoscaling(rendered_service({"replicas": {"min": 1, "max": 2}}))
     # Ray Serve LLM would take its ingress to 0 too only when the args' own min is 0 (they carry none)
     assert ingress["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 1}
     options = ingress["ray_actor_options"]

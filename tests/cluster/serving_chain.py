@@ -88,7 +88,7 @@ def start_serving_ray(workdir: Path, python: str) -> RealRay:
 
 
 def chat(endpoint: str, proxy: str, model: str, content: str = "What is a TPU slice?", max_tokens: int = 16,
-         **params) -> dict:
+         timeout: float = 120, **params) -> dict:
     """POST a chat completion to a service's in-cluster endpoint through the local cluster's proxy
     (the stand-in dashboard), as `curl -x <proxy>` would. `params` go into the request as they are
     (e.g. vLLM's `ignore_eos`)."""
@@ -97,7 +97,7 @@ def chat(endpoint: str, proxy: str, model: str, content: str = "What is a TPU sl
                                  data=json.dumps({"model": model, "max_tokens": max_tokens, "messages": [
                                      {"role": "user", "content": content}], **params}).encode(),
                                  headers={"Content-Type": "application/json"})
-    with opener.open(req, timeout=120) as resp:
+    with opener.open(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 
 

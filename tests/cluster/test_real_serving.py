@@ -183,6 +183,48 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     serve_scales_up_under_load(kube, ns, name, serving_ray, dashboard)
 
 
+def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zero(kube, serving_namespace, operator,
+                                                                                   serving_ray, tiny_model, dashboard):
+    """replicas.min 0 (issue 37) with Ray Serve LLM and vLLM: the service is Ready with no model
+    replica, Serve LLM's ingress on the head (the operator's override), the first request waits
+    while Serve starts a replica from zero and is answered, and the model goes back to zero replicas
+    once idle (serve.scaleToZeroDelaySeconds). Serve's side only: no Ray autoscaler runs on the local
+    chain, so the simulated slice stays attached where on GKE the autoscaler would give it back and
+    bring it again (tests/raysim/test_autoscaler_demand.py checks that decision with Ray's scheduler)."""
+    ns, name = serving_namespace, "idle"
+    body = cpu_variant.service_body(str(tiny_model), name)
+    body["spec"].update(replicas={"min": 0, "max": 1}, serve={"scaleToZeroDelaySeconds": 5})
+    t0 = time.monotonic()
+    deploy(kube, serving_ray, ns, body)
+    st, _ = follow(kube, ns, name, "Ready", 600)
+    TIMINGS["zero_apply_to_ready_s"] = time.monotonic() - t0
+    slice_ready = next(c for c in st["conditions"] if c["type"] == "SliceReady")
+    assert (slice_ready["reason"], st["replicasReady"]) == ("ScaledToZero", "0/0"), st
+    assert st["message"].startswith(f"scaled to zero: no slice is held while {name} is idle"), st["message"]
+    details = serving_chain.head_json(serving_ray, "/api/serve/applications/")
+    app = details["applications"][render.SERVE_APP]
+    assert app["status"] == "RUNNING" and llm_deployment(app)["replicas"] == [], app
+    # Serve LLM's ingress runs on the head (the node of Serve's controller), with the longer wait.
+    ingress = app["deployments"]["OpenAiIngress"]
+    assert [r["node_id"] for r in ingress["replicas"]] == [details["controller_info"]["node_id"]], ingress
+    assert ingress["deployment_config"]["ray_actor_options"]["runtime_env"]["env_vars"] == {
+        render.ROUTER_TIMEOUT_ENV: str(render.SCALE_FROM_ZERO_TIMEOUT_S)}, ingress
+
+    t1 = time.monotonic()
+    answer = serving_chain.chat(st["endpoint"], dashboard.url, name, timeout=280)
+    TIMINGS["zero_first_request_s"] = time.monotonic() - t1
+    assert answer["usage"]["completion_tokens"] > 0, answer
+    llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+    assert [r["state"] for r in llm["replicas"]] == ["RUNNING"], llm
+    assert {r["node_id"] for r in llm["replicas"]} <= set(serving_ray.current["node_ids"].values()), llm
+
+    t2 = time.monotonic()
+    kube.wait(lambda: not llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))["replicas"],
+              180, "the idle model back at zero replicas")
+    TIMINGS["zero_idle_to_zero_s"] = time.monotonic() - t2
+    assert status(kube, ns, name)["phase"] == "Ready"
+
+
 class ScrapesWhileServing:
     """Prometheus scrapes of every Ray node's metrics port (8080 on GKE) while the chain serves:
     vLLM's engine series (Ray Serve LLM records them as Ray metrics), Serve's and Ray's. Under load,

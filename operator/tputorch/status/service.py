@@ -8,7 +8,7 @@ from typing import Iterable
 from .. import render
 from ..api.spec import ServiceSpec
 from .conditions import (
-    CLUSTER_LABEL, FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED, VALIDATED, admitted_condition,
+    CLUSTER_LABEL, FAILED, QUEUE_PHASES, ROLE_LABEL, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED, VALIDATED, admitted_condition,
     child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
     ready_slices, running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing,
 )
@@ -29,11 +29,12 @@ def _first_request_wait() -> str:
             "the image, the weights and the compile must fit")
 
 
-def scaled_to_zero_message(svc: ServiceSpec) -> str:
+def scaled_to_zero_message(svc: ServiceSpec, hosts_running: int = 0) -> str:
     s = svc.slice
-    return (f"scaled to zero: no slice is held while {svc.model_name} is idle; the next request waits while Ray's "
-            f"autoscaler brings a {s.generation.name} {s.topology} slice back and the model loads "
-            f"({_first_request_wait()})")
+    held = (f"scaling to zero: Ray's autoscaler is giving back the slice ({hosts_running} host(s) still running)"
+            if hosts_running else f"scaled to zero: no slice is held while {svc.model_name} is idle")
+    return (f"{held}; the next request waits while Ray's autoscaler brings a {s.generation.name} {s.topology} slice "
+            f"back and the model loads ({_first_request_wait()})")
 
 
 def endpoint(svc: ServiceSpec) -> str:
@@ -196,13 +197,15 @@ def derive_service(
     no_pool = no_node_pool(pods, render.worker_node_selector(svc))
     no_webhook = tpu_webhook_missing(pods, s.hosts)
     slices_message = f"{ready_replicas}/{replicas} slice replica(s) up, {ready}/{replicas * s.hosts} TPU hosts running"
-    # Scale to zero: no slice is wanted until Serve asks for a replica, then that one is.
-    wanted = svc.min_replicas or min(replicas, 1)
+    # Scale to zero: no slice is wanted until Serve asks for a replica, then that one is. With none
+    # wanted, the head alone must run (its Serve proxy takes the next request).
+    slices_wanted = svc.min_replicas or min(replicas, 1)
+    head_runs = any(labels_of(p).get(ROLE_LABEL) == "head" and running(p) for p in pods)
     if no_webhook:
         slice_ready = condition(SLICE_READY, False, no_webhook[0], no_webhook[1], generation)
-    elif rayservice is not None and wanted == 0:
-        slice_ready = condition(SLICE_READY, True, SCALED_TO_ZERO, scaled_to_zero_message(svc), generation)
-    elif rayservice is not None and ready_replicas >= wanted:
+    elif rayservice is not None and slices_wanted == 0 and head_runs and not (unschedulable or stuck):
+        slice_ready = condition(SLICE_READY, True, SCALED_TO_ZERO, scaled_to_zero_message(svc, ready), generation)
+    elif rayservice is not None and slices_wanted and ready_replicas >= slices_wanted:
         slice_ready = condition(SLICE_READY, True, "AllHostsReady", slices_message, generation)
     elif no_pool:
         slice_ready = condition(SLICE_READY, False, no_pool[0], no_pool[1], generation)
@@ -264,15 +267,16 @@ def derive_service(
             text = app_message or kuberay_ready.get("message") or "the service failed"
         conditions.append(condition(FAILED, True, reason, text, generation))
 
-    if phase == "Ready" and wanted == 0:
-        message = scaled_to_zero_message(svc)
-    elif phase == "Ready" and ready_replicas == 0 and svc.min_replicas == 0:
-        message = (f"waking from zero: a {s.generation.name} {s.topology} slice is starting for {svc.model_name}; "
-                   f"requests wait until it serves ({_first_request_wait()})")
-        if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
-            message += f"; {slice_ready['message']}"
-    elif phase == "Ready":
-        message = f"serving {svc.model_name} on {ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
+    if phase == "Ready":
+        if slices_wanted == 0:
+            message = scaled_to_zero_message(svc, ready)
+        elif ready_replicas == 0 and svc.min_replicas == 0:
+            message = (f"waking from zero: a {s.generation.name} {s.topology} slice is starting for {svc.model_name}; "
+                       f"requests wait until it serves ({_first_request_wait()})")
+            if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
+                message += f"; {slice_ready['message']}"
+        else:
+            message = f"serving {svc.model_name} on {ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
         if spec_applied is not None and not spec_applied.applied:
             message += f"; the last edit is not applied: {spec_applied.message}"
     elif phase in ("Degraded", "Recovering"):

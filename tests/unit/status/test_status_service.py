@@ -500,7 +500,11 @@ ZERO = spec.parse_service(service_body(tpu={"accelerator": "v6e", "topology": "2
 def _scaled(desired_hosts: int, llm_status: str, message: str = "") -> dict:
     """KubeRay's status of a scale-to-zero service: the head alone serves (its proxy is a Serve
     endpoint), the worker group at `desired_hosts` (Ray's autoscaler writes it)."""
-    rs = copy.deepcopy(rayservice("running", ZERO))
+    return _scaled_as(ZERO, desired_hosts, llm_status, message)
+
+
+def _scaled_as(svc, desired_hosts: int, llm_status: str = "HEALTHY", message: str = "") -> dict:
+    rs = copy.deepcopy(rayservice("running", svc))
     active = rs["status"]["activeServiceStatus"]
     active["rayClusterStatus"] = {"desiredWorkerReplicas": desired_hosts, "readyWorkerReplicas": 0}
     active["applicationStatuses"]["llm"]["serveDeploymentStatuses"] = {
@@ -531,3 +535,31 @@ def test_a_service_waking_from_zero_stays_ready_and_says_requests_wait():
     assert cond(stuck, "SliceReady")["reason"] == "Unschedulable" and "Insufficient google.com/tpu" in stuck["message"]
     up = status.derive_service(ZERO, 3, _scaled(1, "HEALTHY"), [head, host("w0", True)], waking, T1)
     assert up["message"] == "serving qwen on 1 replica(s) of a v6e 2x2 slice" and cond(up, "SliceReady")["reason"] == "AllHostsReady"
+
+
+def test_a_scale_to_zero_service_whose_head_cannot_start_is_pending_and_says_why():
+    """No slice is wanted, but the head must run (its Serve proxy takes the next request): a head
+    that cannot be scheduled is Pending with the scheduler's reason, not ScaledToZero."""
+    rs = _scaled(0, "HEALTHY")
+    rs["status"]["activeServiceStatus"]["applicationStatuses"] = {}
+    rs["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "Initializing", "message": ""}]
+    st = status.derive_service(ZERO, 3, rs, [_unschedulable(host("head", False, role="head"))], {}, T0)
+    assert st["phase"] == "Pending" and cond(st, "SliceReady")["reason"] == "Unschedulable", st
+    starting = status.derive_service(ZERO, 3, rs, [host("head", False, role="head")], {}, T0)
+    assert cond(starting, "SliceReady")["reason"] == "WaitingForHosts" and starting["phase"] == "Pending", starting
+
+
+def test_a_scale_to_zero_service_says_when_the_slice_is_being_given_back_and_an_edit_not_applied():
+    head = host("head", True, role="head")
+    leaving = status.derive_service(ZERO, 3, _scaled(0, "HEALTHY"), [head, host("w0", True)], {}, T0)
+    assert leaving["message"].startswith("scaling to zero: Ray's autoscaler is giving back the slice (1 host(s)")
+    old = spec.parse_service(service_body(tpu={"accelerator": "v6e", "topology": "2x2"}, replicas={"min": 0, "max": 2},
+                                          upgradeStrategy="None"))
+    before = status.derive_service(old, 1, _scaled_as(old, 0), [head], {}, T0)
+    edited = spec.parse_service(service_body(tpu={"accelerator": "v6e", "topology": "2x2"}, replicas={"min": 0, "max": 2},
+                                             upgradeStrategy="None", image="example.com/ray-vllm-torchtpu:2.60.1"))
+    rs = _scaled_as(edited, 0)
+    rs["metadata"]["generation"] = rs["status"]["observedGeneration"] = 2
+    st = status.derive_service(edited, 2, rs, [head], before, T1)
+    assert st["phase"] == "Ready" and st["message"].startswith("scaled to zero")
+    assert "the last edit is not applied" in st["message"], st["message"]

@@ -114,9 +114,12 @@ def status(kube, ns: str, name: str) -> dict:
 
 
 def deploy(kube, ray: RealRay, ns: str, body: dict) -> None:
-    """Attach the slice the operator renders for `body` to the real head, then apply it."""
+    """Attach the slice the operator renders for `body` to the real head, then apply it. A service
+    that scales to zero renders no slice at first: the one attached is the slice Ray's autoscaler
+    would bring back for its first replica (no autoscaler runs here)."""
     body = {**body, "metadata": {**body["metadata"], "namespace": ns}}
-    ray.attach(render.rayservice(spec.parse_service(body)))
+    one_slice = {**body, "spec": {**body["spec"], "replicas": {"min": 1, "max": 1}, "serve": {}}}
+    ray.attach(render.rayservice(spec.parse_service(one_slice if body["spec"].get("replicas", {}).get("min") == 0 else body)))
     kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
 
 

@@ -657,7 +657,7 @@ def _service_spec_schema() -> dict:
                     "rule": "!has(self.max) || self.min <= self.max",
                     "message": "spec.replicas.max must be at least spec.replicas.min",
                 }, {
-                    "rule": "self.min > 0 || has(self.max)",
+                    "rule": "!has(self.min) || self.min > 0 || has(self.max)",
                     "message": "spec.replicas.max is required when spec.replicas.min is 0 (scale to zero)",
                 }]},
             ),

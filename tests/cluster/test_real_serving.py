@@ -118,8 +118,10 @@ def deploy(kube, ray: RealRay, ns: str, body: dict) -> None:
     that scales to zero renders no slice at first: the one attached is the slice Ray's autoscaler
     would bring back for its first replica (no autoscaler runs here)."""
     body = {**body, "metadata": {**body["metadata"], "namespace": ns}}
-    one_slice = {**body, "spec": {**body["spec"], "replicas": {"min": 1, "max": 1}, "serve": {}}}
-    ray.attach(render.rayservice(spec.parse_service(one_slice if body["spec"].get("replicas", {}).get("min") == 0 else body)))
+    attached = body
+    if body["spec"].get("replicas", {}).get("min") == 0:
+        attached = {**body, "spec": {**body["spec"], "replicas": {"min": 1, "max": 1}, "serve": {}}}
+    ray.attach(render.rayservice(spec.parse_service(attached)))
     kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
 
 

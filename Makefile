@@ -56,15 +56,16 @@ example-images:
 
 # Every test: unit, integration (packaging), image, Ray and cluster; the cluster tests bring the local
 # cluster up (and down) themselves. Nothing else needs to run before it on a fresh clone.
-# The run gets temp locations of its own, as a new machine has them (issue 31): Ray's default temp dir
-# (RAY_TMPDIR), pytest's base temp and every cache a test fills under the temp root (TMPDIR: torch's
-# inductor header, vLLM's dist dirs, helm's); removed after the run. So a used machine (CI's) cannot
-# pass through what an earlier run left in /tmp. KEEP_TMP=1 keeps it for a post-mortem.
+# hack/test.sh runs tests/cluster and the rest side by side (the rest at a lower CPU priority, its
+# output after the cluster's), each with temp locations of its own, as a new machine has them (issue
+# 31): Ray's default temp dir (RAY_TMPDIR), pytest's base temp and every cache a test fills under the
+# temp root (TMPDIR: torch's inductor header, vLLM's dist dirs, helm's); removed after the run. So a
+# used machine (CI's) cannot pass through what an earlier run left in /tmp. KEEP_TMP=1 keeps it for
+# a post-mortem.
 RUN_TMP_ROOT ?= /tmp
+export RUN_TMP_ROOT KEEP_TMP
 test: install binaries image
-	@run=$$(mktemp -d $(RUN_TMP_ROOT)/tt-run-XXXXXX); echo "make test: this run's temp root is $$run"; \
-	TMPDIR=$$run RAY_TMPDIR=$$run $(PY) -m pytest tests --basetemp=$$run/pytest --durations=40; rc=$$?; \
-	if [ -z "$(KEEP_TMP)" ]; then rm -rf $$run; fi; exit $$rc
+	hack/test.sh
 
 unit: install
 	$(PY) -m pytest tests/unit

@@ -25,6 +25,9 @@ start=$SECONDS
 in_own_tmp "$run/local" nice -n "${LOCAL_NICE:-5}" "$PY" -m pytest tests --ignore=tests/cluster \
   --basetemp="$run/local/pytest" --durations=20 "$@" >"$run/local.log" 2>&1 &
 local_pid=$!
+# A background job of a script ignores Ctrl-C: stop it with the foreground run (Ray's reaper takes
+# its Ray processes along).
+trap 'kill -TERM "$local_pid" 2>/dev/null; exit 130' INT TERM
 echo "make test: tests outside tests/cluster run beside it (pid $local_pid, nice ${LOCAL_NICE:-5}); their output follows"
 
 in_own_tmp "$run/cluster" "$PY" -m pytest tests/cluster --basetemp="$run/cluster/pytest" --durations=40 "$@"

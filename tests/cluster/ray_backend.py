@@ -60,6 +60,23 @@ RAY_ENV = {
     # default wait, and the raylet then aborts: wait longer.
     "RAY_agent_register_timeout_ms": "180000", "RAY_raylet_start_wait_time_s": "180",
 }
+# An AF_UNIX socket path holds at most 107 bytes, and Ray 2.60 puts each dashboard module's socket at
+# <temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/dash_<Module> (the longest module name is
+# TaskEventsHead, 14 bytes; 16 leaves room). Deeper than that (make test's per-half temp roots), the
+# dashboard dies at start: "Module MetricsHead failed to start. Received EOF from pipe".
+UNIX_SOCKET_PATH_MAX = 107
+RAY_SOCKET_TAIL = len("/session_2026-12-05_19-45-13_160239_4194304/sockets/dash_") + 16
+
+
+def ray_temp_dir(prefix: str = "tt-ray-") -> str:
+    """A new, empty temp dir for a Ray head: under the temp root (TMPDIR) when Ray's socket paths
+    fit below it, else under /tmp (still this head's own dir, removed by whoever made it)."""
+    root = tempfile.gettempdir()
+    if len(os.path.join(root, prefix + "x" * 8).encode()) + RAY_SOCKET_TAIL > UNIX_SOCKET_PATH_MAX:
+        root = "/tmp"
+    return tempfile.mkdtemp(prefix=prefix, dir=root)
+
+
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 REPORTED: dict[str, dict[str, float]] = {}  # figures the tests print at the session's end (conftest.py)
 
@@ -137,8 +154,8 @@ class RealRay:
 
     def __init__(self, workdir: Path | None = None, python: str | None = None, env: dict | None = None) -> None:
         # Ray's socket paths must stay short: its temp dir is right under the temp root (make test: the
-        # run's own, as on a new machine), not deep in pytest's tmp_path.
-        self.temp_dir = tempfile.mkdtemp(prefix="tt-ray-")
+        # run's own, as on a new machine) when they fit there, never deep in pytest's tmp_path.
+        self.temp_dir = ray_temp_dir()
         self.workdir = Path(workdir or self.temp_dir)
         self.dashboard_port = free_port()
         self.token = secrets.token_urlsafe(32)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
 import tinymodel  # noqa: E402
 import cpu_variant  # noqa: E402
-from ray_backend import _node_ports, _patient_node_start  # noqa: E402  (Ray's node start on a busy machine)
+from ray_backend import _node_ports, _patient_node_start, ray_temp_dir  # noqa: E402  (Ray's node start on a busy machine; its temp dir)
 
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -78,7 +78,7 @@ def main(out_dir: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model = tinymodel.make(Path(tempfile.gettempdir()) / "tputorch-tiny-llama")
     port, serve_port = free_port(), free_port()
-    tmp = tempfile.mkdtemp(prefix="ray-serving-")
+    tmp = ray_temp_dir("ray-serving-")
     # As tests/cluster/ray_backend.py starts its head: free ports for every agent (Ray's fixed
     # waits for them fail on a busy machine) and a patient node registration.
     from ray._private import ray_constants

@@ -74,7 +74,8 @@ Control API (any request whose path starts with /_control/, sent directly, not t
   PUT    /_control/default                       {"status": "PENDING", "serve_ready_after": 2.0}
   GET|PUT|DELETE /_control/backends/<ns>[/<raycluster>]    {"url": "http://127.0.0.1:8265"}; optional
                                                  "token" (the real head's auth token), "serve_url",
-                                                 "serve_variant", "probe_period" (s)
+                                                 "serve_variant", "serve_env" (the LLM replica's
+                                                 extra env, cpu_serving.py), "probe_period" (s)
   GET    /_control/backends
   GET    /_control/submitters[?namespace=]       submitter pods the runner ran (pid, exit code, log)
   GET    /_control/submitters/<ns>/<pod>/log     what that pod's command printed (text)

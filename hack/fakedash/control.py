@@ -59,6 +59,13 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
                 return 400, {"error": f"serve_url {serve_url!r}: must be http://127.0.0.1:<port> (loopback only)"}
             if variant not in (None, "cpu"):
                 return 400, {"error": f"serve_variant {variant!r}: must be \"cpu\" or absent"}
+            # The LLM replica's extra env (cpu_serving.py, 5.): what the pods would give it.
+            serve_env = body.get("serve_env")
+            if serve_env is not None and (variant != "cpu" or not isinstance(serve_env, dict) or not all(
+                    isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str)
+                    for k, v in serve_env.items())):
+                return 400, {"error": f"serve_env {serve_env!r}: must be env var names to strings, "
+                                      "with serve_variant \"cpu\""}
             period = body.get("probe_period")
             if period is not None and (isinstance(period, bool) or not isinstance(period, (int, float)) or period <= 0):
                 return 400, {"error": f"probe_period {period!r}: must be a number of seconds > 0 or absent"}
@@ -68,7 +75,7 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
             state.backends[key] = url.rstrip("/")
             state.serve_backends.pop(key, None)
             if serve_url:
-                state.serve_backends[key] = {"url": serve_url.rstrip("/"), "variant": variant}
+                state.serve_backends[key] = {"url": serve_url.rstrip("/"), "variant": variant, "env": serve_env}
             if body.get("token"):  # the real head's own token (it runs with RAY_AUTH_MODE=token)
                 state.backend_tokens[url.rstrip("/")] = str(body["token"])
         elif method == "DELETE":
@@ -81,6 +88,7 @@ def handle(state: State, method: str, parts: list[str], query: dict, body: dict,
         serve = state.serve_backends.get(key) or {}
         period = state.probe_periods.get(key)
         return 200, {"url": url, **({"serve_url": serve["url"], "serve_variant": serve["variant"]} if serve else {}),
+                     **({"serve_env": serve["env"]} if serve.get("env") is not None else {}),
                      **({"probe_period": period} if period is not None else {})}
     if parts == ["submitters"] and method == "GET":
         return 200, [r for r in state.runs.values() if "namespace" not in q or r["namespace"] == q["namespace"]]

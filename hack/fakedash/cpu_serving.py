@@ -9,7 +9,15 @@ second replica needs a second slice here as on GKE, not the first host's spare C
 The stand-in dashboard applies `to_cpu` to a Serve config KubeRay PUTs to a real backend registered
 with `"serve_variant": "cpu"`; tests/serving/cpu_variant.py applies it to the rendered config.
 Not listed because it is not in the config: Serve's HTTP proxy listens on 127.0.0.1 on a free port
-(the real head starts Serve with those options; on GKE it is 0.0.0.0:8000 in each pod)."""
+(the real head starts Serve with those options; on GKE it is 0.0.0.0:8000 in each pod).
+
+One difference comes from the pods rather than the TPU: on GKE the LLM replica is a process of a
+TPU host's pod and inherits the pod's environment, here it is a process of the local head, which
+no pod's env reaches. A backend registered with `"serve_env"` (5.) gives the replica what the pods
+carry that the model's loading reads: the model cache's HF_HOME and VLLM_CACHE_ROOT, taken from
+the RayService's worker pod template by `pod_cache_env` with the cache volume's mountPath replaced
+by the local directory standing for its PVC, and HF_ENDPOINT, the hub the model comes from (a fake
+one here, tests/serving/fakehub.py; the real Hub on GKE, where it is not set)."""
 
 from __future__ import annotations
 
@@ -18,10 +26,13 @@ import math
 
 # Environment of the LLM replica (and its engine processes) on CPU.
 CPU_ENV = {
-    "HF_HUB_OFFLINE": "1",          # no hub here: the model is a local path
+    "HF_HUB_OFFLINE": "1",          # no hub here (unless a serve_env names one): the model is a local path
     "VLLM_HOST_IP": "127.0.0.1",    # one loopback host
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; vLLM's CPU KV cache takes 90 % of RAM otherwise
 }
+# What the operator sets on the pods from spec.model.cacheVolume (tputorch.api.service.CACHE_ENV;
+# not imported: the stand-in runs without the operator's package).
+POD_CACHE_ENV = ("HF_HOME", "VLLM_CACHE_ROOT")
 
 
 def slice_bundles(accelerator_type: str, topology: str) -> list[dict]:
@@ -36,7 +47,51 @@ def slice_bundles(accelerator_type: str, topology: str) -> list[dict]:
     return [{"TPU": min(chips, per_host)} for _ in range(max(1, chips // per_host))]
 
 
-def to_cpu_llm_config(llm: dict) -> dict:
+def replica_env(serve_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The env vars the CPU chain gives the LLM replica: CPU_ENV, and a backend's serve_env over it.
+    With HF_ENDPOINT in serve_env the model comes from that hub: HF_HUB_OFFLINE is "0", not absent,
+    because the local head runs with CPU_ENV (tests/cluster/serving_chain.py) and its workers
+    inherit HF_HUB_OFFLINE=1 unless told otherwise."""
+    env = dict(CPU_ENV)
+    if (serve_env or {}).get("HF_ENDPOINT"):
+        env["HF_HUB_OFFLINE"] = "0"
+    return {**env, **(serve_env or {})}
+
+
+def pod_cache_env(rayservice: dict, claim_dirs: dict[str, str]) -> dict[str, str]:
+    """POD_CACHE_ENV as a RayService's TPU host pods get it (its worker groups' first container),
+    each path under the cache volume's mountPath moved to the local directory standing for the
+    volume's PersistentVolumeClaim (`claim_dirs`: claimName -> directory). Refuses a group without
+    them, groups that disagree, and a path on no PVC of `claim_dirs` (the replica would then write
+    to a path of no volume, silently)."""
+    found: dict[str, str] | None = None
+    for group in rayservice["spec"]["rayClusterConfig"].get("workerGroupSpecs") or []:
+        pod = group["template"]["spec"]
+        container = pod["containers"][0]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes") or []
+                  if "persistentVolumeClaim" in v}
+        env = {}
+        for var in container.get("env") or []:
+            if var["name"] not in POD_CACHE_ENV:
+                continue
+            path = var["value"]
+            mount = next((m for m in container.get("volumeMounts") or []
+                          if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")), None)
+            claim = claims.get(mount["name"]) if mount else None
+            if claim not in claim_dirs:
+                raise ValueError(f"{var['name']}={path} of group {group['groupName']}: not on a PVC of {sorted(claim_dirs)}")
+            env[var["name"]] = claim_dirs[claim].rstrip("/") + path[len(mount["mountPath"].rstrip("/")):]
+        if set(env) != set(POD_CACHE_ENV):
+            raise ValueError(f"group {group['groupName']} sets {sorted(env)} of {list(POD_CACHE_ENV)}")
+        if found is not None and env != found:
+            raise ValueError(f"worker groups disagree on the cache env: {found} and {env}")
+        found = env
+    if found is None:
+        raise ValueError("no worker group")
+    return found
+
+
+def to_cpu_llm_config(llm: dict, serve_env: dict[str, str] | None = None) -> dict:
     llm = copy.deepcopy(llm)
     tpu = llm.get("accelerator_config") or {}
     if tpu.get("kind") == "tpu" and tpu.get("topology") and llm.get("accelerator_type"):
@@ -51,18 +106,20 @@ def to_cpu_llm_config(llm: dict) -> dict:
     llm["accelerator_config"] = {"kind": "cpu"}
     # 2. One CPU engine process instead of tensor/pipeline parallelism over the slice's chips.
     llm.setdefault("engine_kwargs", {}).update(tensor_parallel_size=1, pipeline_parallel_size=1)
-    # 3. The CPU environment above, under whatever the operator set.
+    # 3. The CPU environment above, under whatever the operator set; 5. with the backend's
+    #    serve_env (the pods' model cache env and the hub: see the module's docstring) over it.
     runtime_env = dict(llm.get("runtime_env") or {})
-    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **CPU_ENV}
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **replica_env(serve_env)}
     llm["runtime_env"] = runtime_env
     return llm
 
 
-def to_cpu(config: dict) -> dict:
+def to_cpu(config: dict, serve_env: dict[str, str] | None = None) -> dict:
     """The serveConfigV2 (as a dict) with every Serve LLM application's LLM configs made CPU ones."""
     config = copy.deepcopy(config)
     for app in config.get("applications") or []:
         args = app.get("args") or {}
         if isinstance(args.get("llm_configs"), list):
-            args["llm_configs"] = [to_cpu_llm_config(c) if isinstance(c, dict) else c for c in args["llm_configs"]]
+            args["llm_configs"] = [to_cpu_llm_config(c, serve_env) if isinstance(c, dict) else c
+                                   for c in args["llm_configs"]]
     return config

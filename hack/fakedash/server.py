@@ -141,7 +141,7 @@ def make_handler(state: State, log, kube: Kube | None, network: Network | None =
             serve = state.serve_backend(ns, cluster)
             if method == "PUT" and parts == ["api", "serve", "applications"] and isinstance(body, dict) \
                     and serve and serve.get("variant") == "cpu":
-                body = cpu_serving.to_cpu(body)  # the listed CPU differences, nothing else
+                body = cpu_serving.to_cpu(body, serve.get("env"))  # the listed CPU differences, nothing else
                 raw = json.dumps(body).encode()
             if method == "POST" and parts == ["api", "jobs"] and isinstance(body, dict):
                 body = with_driver_env(body, head_env(kube.raycluster(ns, cluster)) if kube else {})

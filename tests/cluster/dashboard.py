@@ -109,15 +109,17 @@ class DashboardClient:
 
     def set_backend(self, namespace: str, url: str, cluster: str | None = None, serve_url: str | None = None,
                     serve_variant: str | None = None, probe_period: float | None = None,
-                    token: str | None = None) -> None:
+                    token: str | None = None, serve_env: dict[str, str] | None = None) -> None:
         """Send this namespace's (or one RayCluster's) dashboard calls to a real Ray dashboard; with
         `serve_url`, its Serve proxy calls (KubeRay's health check, the serve Service's port 8000)
         to that head's Serve HTTP proxy, and with serve_variant="cpu" the Serve configs KubeRay
         PUTs are made CPU ones (hack/fakedash/cpu_serving.py). `probe_period`: seconds between the
         readiness probes of its pods instead of the pods' periodSeconds (hack/fakedash/prober.py).
         `token`: that head's own auth token (each call is first checked against its RayCluster's,
-        then forwarded with this one)."""
+        then forwarded with this one). `serve_env` (with serve_variant="cpu"): env vars the LLM
+        replica gets besides the CPU ones, what the pods would give it (cpu_serving.py, 5.)."""
         body = {"url": url, **({"serve_url": serve_url, "serve_variant": serve_variant} if serve_url else {}),
+                **({"serve_env": serve_env} if serve_env is not None else {}),
                 **({"probe_period": probe_period} if probe_period is not None else {}),
                 **({"token": token} if token else {})}
         self._call("PUT", f"/backends/{namespace}" + (f"/{cluster}" if cluster else ""), body)

@@ -46,3 +46,69 @@ def test_the_slice_a_cpu_replica_reserves_is_rays_tpu_slice():
         chips = math.prod(int(d) for d in topology.split("x"))
         expected = [{"TPU": min(chips, per_host)}] * max(1, chips // per_host)
         assert cpu_serving.slice_bundles(accelerator_type, topology) == expected, (accelerator_type, topology)
+
+
+def cached_service(claim: str = "tiny-models"):
+    body = cpu_variant.service_body("tputorch/tiny")
+    body["spec"]["volumes"] = [{"name": "models", "mountPath": "/models", "pvc": {"claimName": claim}}]
+    body["spec"]["model"]["cacheVolume"] = "models"
+    from tputorch.api import spec
+
+    return spec.parse_service(body)
+
+
+def test_the_replicas_cache_env_is_the_pods_with_the_pvc_made_a_local_directory():
+    """cpu_serving 5.: the model cache env of the TPU host pods the operator renders (HF_HOME and
+    VLLM_CACHE_ROOT under spec.model.cacheVolume's mountPath), the PVC's mountPath replaced by the
+    local directory that stands for it."""
+    import pytest
+
+    from fakedash import cpu_serving
+
+    rayservice = render.rayservice(cached_service())
+    env = cpu_serving.pod_cache_env(rayservice, {"tiny-models": "/tmp/pvc/"})
+    assert env == {"HF_HOME": "/tmp/pvc/huggingface", "VLLM_CACHE_ROOT": "/tmp/pvc/vllm/v6e-2x2"}
+    # The pods do carry them (under /models), and a path on no listed PVC is refused, not guessed.
+    (group,) = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    pod_env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
+    assert (pod_env["HF_HOME"], pod_env["VLLM_CACHE_ROOT"]) == ("/models/huggingface", "/models/vllm/v6e-2x2")
+    with pytest.raises(ValueError, match="not on a PVC"):
+        cpu_serving.pod_cache_env(rayservice, {"other-claim": "/tmp/pvc"})
+    with pytest.raises(ValueError, match="sets \\[\\]"):
+        cpu_serving.pod_cache_env(render.rayservice(cpu_variant.service("tputorch/tiny")), {"tiny-models": "/tmp/pvc"})
+
+
+def test_a_serve_env_with_a_hub_turns_offline_mode_off_and_adds_only_itself():
+    from fakedash import cpu_serving
+
+    ours = render.serve_config(cached_service())
+    serve_env = {"HF_HOME": "/tmp/pvc/huggingface", "VLLM_CACHE_ROOT": "/tmp/pvc/vllm/v6e-2x2",
+                 "HF_ENDPOINT": "http://127.0.0.1:18080"}
+    (plain,) = cpu_serving.to_cpu(ours)["applications"][0]["args"]["llm_configs"]
+    (hub,) = cpu_serving.to_cpu(ours, serve_env)["applications"][0]["args"]["llm_configs"]
+    assert plain["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
+    # "0", not absent: the local head runs with HF_HUB_OFFLINE=1 and its workers inherit it.
+    assert hub["runtime_env"]["env_vars"] == {**plain["runtime_env"]["env_vars"], **serve_env, "HF_HUB_OFFLINE": "0"}
+    assert {k: v for k, v in hub.items() if k != "runtime_env"} == {k: v for k, v in plain.items() if k != "runtime_env"}
+    # Cache env alone (a local-path model on a cache volume) stays offline.
+    (cache_only,) = cpu_serving.to_cpu(ours, {"HF_HOME": "/tmp/pvc/huggingface"})["applications"][0]["args"]["llm_configs"]
+    assert cache_only["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_stand_in_keeps_a_backends_serve_env_only_for_the_cpu_variant():
+    from fakedash import control
+    from fakedash.state import State
+
+    state = State()
+    backend = {"url": "http://127.0.0.1:8265", "serve_url": "http://127.0.0.1:18000", "serve_variant": "cpu",
+               "serve_env": {"HF_ENDPOINT": "http://127.0.0.1:18080"}}
+    assert control.handle(state, "PUT", ["backends", "ns"], {}, backend, 0)[0] == 200
+    assert state.serve_backend("ns", "any")["env"] == backend["serve_env"]
+    assert control.handle(state, "GET", ["backends", "ns"], {}, {}, 0)[1]["serve_env"] == backend["serve_env"]
+    for bad in ({**backend, "serve_variant": None}, {**backend, "serve_env": {"1X": "y"}},
+                {**backend, "serve_env": {"X": 1}}, {**backend, "serve_env": ["X=y"]}):
+        code, answer = control.handle(state, "PUT", ["backends", "ns"], {}, bad, 0)
+        assert code == 400 and "serve_env" in answer["error"], (bad, answer)
+    # Registered again without it: the replica gets the CPU env alone.
+    control.handle(state, "PUT", ["backends", "ns"], {}, {k: v for k, v in backend.items() if k != "serve_env"}, 0)
+    assert state.serve_backend("ns", "any")["env"] is None

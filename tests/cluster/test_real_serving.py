@@ -215,14 +215,14 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     assert "Deploying" in seen and seen.index("Deploying") < seen.index("Ready"), seen
     assert st["endpoint"] == f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1"
 
-    # What runs on Ray is the operator's serveConfigV2 with only the listed CPU differences.
+    # What runs on Ray is the operator's serveConfigV2 with only the listed CPU differences (and the pods' env).
     rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
     ours = yaml.safe_load(rs["spec"]["serveConfigV2"])
     details = http_json("GET", f"{serving_ray.url}/api/serve/applications/", timeout=60, token=serving_ray.token)
     app = details["applications"][render.SERVE_APP]
     assert app["status"] == "RUNNING"
     deployed = app["deployed_app_config"]
-    (expected,) = cpu_serving.to_cpu(ours)["applications"]
+    (expected,) = cpu_serving.to_cpu(ours, serve_env)["applications"]
     assert deployed["import_path"] == expected["import_path"] and deployed["args"] == expected["args"], deployed
     assert {d["status"] for d in app["deployments"].values()} == {"HEALTHY"}
     # The LLM replica runs on the simulated TPU host (the operator's pin), not on the head.

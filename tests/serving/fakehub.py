@@ -280,10 +280,13 @@ class _Handler(BaseHTTPRequestHandler):
                     entry["bytes"] += len(chunk)  # counted as sent, chunk by chunk
         return f"{repo.id}/{f.rel}", bool(wanted)
 
-    def _json(self, entry: dict, body, commit: str | None, send_body: bool) -> None:
+    def _json(self, entry: dict, body, commit: str | None, send_body: bool, code: int = 200,
+              headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
-        entry["status"] = 200
-        self.send_response(200)
+        entry["status"] = code
+        self.send_response(code)
+        for header, value in (headers or {}).items():
+            self.send_header(header, value)
         if commit:
             self.send_header("X-Repo-Commit", commit)
         self.send_header("Content-Type", "application/json")
@@ -294,19 +297,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, entry: dict, code: int, error_code: str | None, message: str, commit: str | None,
                send_body: bool) -> None:
-        data = json.dumps({"error": message}).encode()
-        entry["status"] = code
-        self.send_response(code)
-        if error_code:
-            self.send_header("X-Error-Code", error_code)
-        self.send_header("X-Error-Message", message)
-        if commit:
-            self.send_header("X-Repo-Commit", commit)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if send_body:
-            self.wfile.write(data)
+        # huggingface_hub reads X-Error-Code (RepoNotFound, EntryNotFound, ...) to pick its exception.
+        headers = {"X-Error-Code": error_code} if error_code else {}
+        self._json(entry, {"error": message}, commit, send_body, code, {**headers, "X-Error-Message": message})
 
 
 def main(argv: list[str]) -> int:

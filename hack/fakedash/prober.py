@@ -56,6 +56,9 @@ WORKER_ID_LABEL = "ray.io/tpu-worker-id"         # Ray's node label, from TPU_WO
 # top-level labels on both; tputorch.train.GROUP_LABEL, not imported: the stand-in runs without it).
 GROUP_LABEL = "tputorch.io/group"
 SERVE_PORT_LABEL = "tputorch.local/serve-proxy-port"  # a simulated host's own Serve proxy port
+# A simulated slice attached for one worker pod replica (a slice added after the first, as Ray's
+# autoscaler adds one): its nodes stand for that replica's pods only.
+POD_REPLICA_LABEL = "tputorch.local/pod-replica"
 # KubeRay's defaults (utils/constant.go) and the `ray start` params that change them.
 AGENT, DASHBOARD, SERVE = "agent", "dashboard", "serve"
 DEFAULT_PORTS = {AGENT: 52365, DASHBOARD: 8265, SERVE: 8000}
@@ -164,21 +167,27 @@ def stand_in_passes(check: Check, serving: bool, replica_host: bool) -> bool:
 def node_for(pod: dict, nodes: list[dict]) -> dict | None:
     """The Ray node (an entry of the dashboard's /nodes?view=summary `raylet`) that stands for the pod:
     the head node for the head pod, else the newest node with the pod's TPU worker id and, for a pod
-    of spec.groups, its group (a CPU or GPU group's pod, without a TPU worker id: a node of its group)."""
+    of spec.groups, its group (a CPU or GPU group's pod, without a TPU worker id: a node of its group);
+    a node attached for a pod replica (POD_REPLICA_LABEL) stands for that replica's pods only, and
+    before the other nodes."""
     labels = pod["metadata"].get("labels") or {}
     if labels.get(NODE_TYPE_LABEL) == "head":
         mine = [n for n in nodes if n.get("isHeadNode")]
     else:
         worker_id, group = plain_env(_ray_container(pod)).get("TPU_WORKER_ID"), labels.get(GROUP_LABEL)
+        replica = labels.get(REPLICA_LABEL) or pod["metadata"]["name"]  # KubeRay labels multi-host replicas only
 
         def stands_for(node: dict) -> bool:
             node_labels = node.get("labels") or {}
             if node.get("isHeadNode") or (group is not None and node_labels.get(GROUP_LABEL) != group):
                 return False
+            if node_labels.get(POD_REPLICA_LABEL, replica) != replica:
+                return False
             return node_labels.get(WORKER_ID_LABEL) == worker_id if worker_id is not None else group is not None
 
         mine = [n for n in nodes if stands_for(n)]
-    return max(mine, key=lambda n: int(n.get("startTimeMs") or 0)) if mine else None
+    return max(mine, key=lambda n: (POD_REPLICA_LABEL in (n.get("labels") or {}), int(n.get("startTimeMs") or 0)),
+               default=None)
 
 
 def node_endpoints(node: dict | None, dashboard_url: str, serve_url: str | None) -> dict[str, str]:

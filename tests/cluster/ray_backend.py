@@ -23,6 +23,7 @@ kills every Ray process on the machine by name).
     ray = RealRay(workdir).start()          # head + dashboard, warmed with a no-op job
     ray.attach(rayjob_dict)                 # worker nodes of that slice and of its spec.groups (kept
                                             # for the same shape; a killed host is started again)
+    ray.add_slice(rayservice, replica)      # one more slice of that shape, for KubeRay's pod replica
     ray.kill_host(1)                        # remove host 1's Ray node (a preempted TPU VM)
     ray.url                                 # http://127.0.0.1:<dashboard port>
     ray.token                               # the head's auth token (ray.headers() for a call)
@@ -50,7 +51,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack"))
-from fakedash.prober import SERVE_PORT_LABEL  # noqa: E402 (the label the stand-in's prober reads)
+from fakedash.prober import POD_REPLICA_LABEL, SERVE_PORT_LABEL  # noqa: E402 (labels the stand-in's prober reads)
 # The simulated-slice code of the Ray tests: the one place to change if that folder moves.
 SLICESIM = REPO / "tests" / "raysim" / "slicesim.py"
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB
@@ -220,6 +221,16 @@ class RealRay:
         self.timings.update(answer["timings"])
         return self.current
 
+    def add_slice(self, rayservice: dict, replica: str) -> dict[int, str]:
+        """Attach one more slice of `rayservice`'s shape, standing for the worker pod replica
+        `replica` that KubeRay made when the group's replicas went up (as Ray's autoscaler raises
+        them on GKE): the Ray nodes that pod's hosts would start, labelled as that replica's (the
+        stand-in's prober probes its pods against them). Returns {TPU worker id: node id}."""
+        return self._call({"cmd": "add_slice", "rayjob": rayservice, "replica": replica})["node_ids"]
+
+    def remove_slice(self, replica: str) -> None:
+        self._call({"cmd": "remove_slice", "replica": replica})
+
     def kill_host(self, index: int) -> str:
         """Kill the Ray node of host `index` (TPU_WORKER_ID) of the attached slice; returns its node
         id. The next attach() of the same slice starts a new node for it."""
@@ -301,6 +312,7 @@ class _Server:
         self.key = None
         self.sim = None
         self.groups = {}  # spec.groups' name -> its simulated hosts (slicesim.SimSlice)
+        self.added = {}  # pod replica name -> contextlib.ExitStack of a slice add_slice attached
 
     def start(self, warm: bool) -> dict:
         import ray
@@ -358,8 +370,7 @@ class _Server:
         # Ray writes its default temp dir's files without making the dir (RAY_TMPDIR is ours: start).
         os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
         slicesim = load_slicesim()
-        if "rayClusterConfig" in rayjob.get("spec", {}):  # a RayService: the same cluster spec
-            rayjob = {**rayjob, "spec": {"rayClusterSpec": rayjob["spec"]["rayClusterConfig"]}}
+        rayjob = _as_rayjob(rayjob)
         probe = slicesim.slice_from_rayjob(rayjob)
         groups = _groups(slicesim, rayjob)
         key = (probe.pod_type, probe.topology, probe.chips_per_host, len(probe.hosts),
@@ -391,6 +402,26 @@ class _Server:
                           "groups": {name: sorted(g.node_ids.values()) for name, g in self.groups.items()}},
                 "timings": timings}
 
+    def add_slice(self, rayjob: dict, replica: str) -> dict:
+        import contextlib
+
+        slicesim = load_slicesim()
+        rayjob = _as_rayjob(rayjob)
+        probe = slicesim.slice_from_rayjob(rayjob)
+        sim = slicesim.slice_from_rayjob(rayjob, slice_name=f"sim-{probe.pod_type}-{probe.topology}-{replica}")
+        sim.hosts = [_own_serve_port(h, {POD_REPLICA_LABEL: replica}) for h in sim.hosts]
+        self.remove_slice(replica)
+        stack = contextlib.ExitStack()
+        stack.enter_context(slicesim.attached(self.cluster, sim))
+        self.added[replica] = stack
+        return {"node_ids": sim.node_ids}
+
+    def remove_slice(self, replica: str) -> dict:
+        stack = self.added.pop(replica, None)
+        if stack is not None:
+            stack.close()
+        return {}
+
     def kill_host(self, index: int) -> dict:
         """Remove one attached host's Ray node with Ray's own Cluster.remove_node (its raylet and
         every worker process on it die at once, as on a preempted TPU VM)."""
@@ -400,6 +431,8 @@ class _Server:
         return {"node_id": node_id}
 
     def detach(self) -> dict:
+        for replica in list(self.added):
+            self.remove_slice(replica)
         if self.hosts is not None:
             self.hosts.close()
         self.hosts = self.key = self.sim = None
@@ -492,15 +525,23 @@ def _groups(slicesim, rayjob: dict) -> dict:
     return out
 
 
-def _own_serve_port(host):
+def _own_serve_port(host, labels: dict[str, str] | None = None):
     """The host with a Serve proxy port of its own (Ray Serve's per-worker-node override; all nodes
     share 127.0.0.1 here, on GKE each pod has its own :8000), named in a node label so that the stand-in
-    dashboard's prober can run a RayService worker pod's readiness probe against this node's proxy."""
+    dashboard's prober can run a RayService worker pod's readiness probe against this node's proxy;
+    and `labels`, more node labels."""
     import dataclasses
 
     port = str(free_port())
     return dataclasses.replace(host, env={**host.env, "RAY_SERVE_WORKER_PROXY_HTTP_PORT": port},
-                               labels={**host.labels, SERVE_PORT_LABEL: port})
+                               labels={**host.labels, SERVE_PORT_LABEL: port, **(labels or {})})
+
+
+def _as_rayjob(obj: dict) -> dict:
+    """A RayService as slicesim reads a RayJob: its rayClusterConfig is the same cluster spec."""
+    if "rayClusterConfig" in obj.get("spec", {}):
+        return {**obj, "spec": {"rayClusterSpec": obj["spec"]["rayClusterConfig"]}}
+    return obj
 
 
 def _answers(url: str) -> bool:

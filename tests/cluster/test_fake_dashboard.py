@@ -435,8 +435,9 @@ def test_prober_applies_kubelets_thresholds():
     assert prober.next_ready(True, None, False, svc, 0.0) == (False, 0.0)
 
 
-def _node(worker_id=None, head=False, agent=40001, started=1, serve_port=None, group=None):
-    labels = {"ray.io/node-id": f"n{agent}", **({"tputorch.io/group": group} if group else {})}
+def _node(worker_id=None, head=False, agent=40001, started=1, serve_port=None, group=None, replica=None):
+    labels = {"ray.io/node-id": f"n{agent}", **({"tputorch.io/group": group} if group else {}),
+              **({"tputorch.local/pod-replica": replica} if replica else {})}
     if worker_id is not None:
         labels["ray.io/tpu-worker-id"] = worker_id
     if serve_port:
@@ -462,6 +463,12 @@ def test_prober_maps_a_pod_to_the_ray_node_that_stands_for_it():
     assert prober.node_for(_pod("r0", worker_id="0", group="rollout"), grouped) is rollout
     assert prober.node_for(_pod("c", group="reward"), grouped) is reward
     assert prober.node_for(_pod("g", group="gen"), grouped) is None, "no node of its group"
+    # A second single-host slice attached for the pod replica KubeRay added (worker id 0 as well):
+    # its node stands for that replica's pod only, the first slice's node for the first pod.
+    first, added = _node("0", agent=40007, started=5), _node("0", agent=40008, started=6, replica="svc-w-b")
+    two = [head, first, added]
+    assert prober.node_for(_pod("a0", worker_id="0", replica="svc-w-a"), two) is first, "not the newer added slice"
+    assert prober.node_for(_pod("b0", worker_id="0", replica="svc-w-b"), two) is added
     dash, serve = "http://127.0.0.1:8265", "http://127.0.0.1:8000"
     assert prober.node_endpoints(head, dash, serve) == {"agent": "http://127.0.0.1:40000", "dashboard": dash, "serve": serve}
     assert prober.node_endpoints(new, dash, serve) == {"agent": "http://127.0.0.1:40002", "serve": "http://127.0.0.1:40102"}

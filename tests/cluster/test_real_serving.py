@@ -22,7 +22,10 @@ Updating, then Ready with vLLM running the new max_model_len, and `tputorch wait
 run right after the apply returns only then), edits replicas.max (the running RayCluster's bounds
 follow, in place) and puts it under sustained load (Serve's autoscaler asks for more replicas,
 each waiting for a slice of its own), scraping the Ray nodes' metrics ports meanwhile for the
-recorded series and those the chart's dashboard and alerts read.
+recorded series and those the chart's dashboard and alerts read; then it does what Ray's
+autoscaler would (none runs here): the worker group one replica up, KubeRay's new pod, a second
+slice attached for it, and Serve places a waiting replica there (weights from the cache volume),
+the status counting two slices, with no request failing throughout.
 
 The last test runs examples/rl/grpo.py's RL job on the same head (issue 38): Ray Train on the
 training slice, a vLLM engine on the rollout slice, the weights of every step pushed to it.
@@ -644,10 +647,14 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
         reported = kube.wait(kuberay_reports_it, 120, f"KubeRay to report the LLM deployment {llm['status']}")
         phase()
         scrapes.check()
+        t1 = time.monotonic()
+        added, added_nodes, placed, st = a_second_slice_serves_the_next_replica(kube, ns, name, serving_ray, phase)
+        TIMINGS["second_slice_to_second_replica_s"] = time.monotonic() - t1
     finally:
         stop.set()
         for t in clients:
             t.join(180)
+    serving_ray.remove_slice(added)  # the head's other services have one slice
     replicas = {r["replica_id"]: (r["state"], r.get("node_id")) for r in llm["replicas"]}
     print(f"under load: target_num_replicas {llm['target_num_replicas']}, replicas {replicas}, pending "
           f"{[[b['unit_resources'] for b in g['bundles']] for g in groups]}, {len(answered)} answered, "
@@ -655,12 +662,68 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
     # One replica serves on the slice; the others are not placed (no slice for them) and wait.
     assert sorted(state for state, _ in replicas.values()) == ["RUNNING"] + ["STARTING"] * (MAX_REPLICAS - 1), replicas
     assert [node for state, node in replicas.values() if state == "STARTING"] == [None] * (MAX_REPLICAS - 1), replicas
+    # Then a second slice (what Ray's autoscaler adds for that demand): a replica runs on each slice,
+    # the third still waits, and the status counts the two slices.
+    after = {r["replica_id"]: (r["state"], r.get("node_id")) for r in placed["replicas"]}
+    print(f"second slice: replicas {after}; status {st['replicasReady']} {st['message']!r}")
+    assert sorted(state for state, _ in after.values()) == ["RUNNING", "RUNNING", "STARTING"], after
+    first_node = next(node for state, node in replicas.values() if state == "RUNNING")
+    assert sorted(node for state, node in after.values() if state == "RUNNING") == sorted(
+        [first_node, *added_nodes.values()]), after
+    assert (st["phase"], st["replicasReady"]) == ("Ready", "2/2"), st
+    assert st["message"].startswith(f"serving {name} on 2 replica(s)"), st["message"]
     assert answered and not errors, errors[:3]
     assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
     # Serving all along, on the one replica it has, while the deployment scales.
     print(f"under load: Serve's LLM deployment {llm['status']} ({llm.get('message')!r}), as KubeRay reports it "
           f"{reported}; phases {phases}")
     assert llm["status"] == "UPSCALING" and phases == ["Ready"], (llm["status"], phases)
+
+
+def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray: RealRay,
+                                           phase) -> tuple[str, dict, dict, dict]:
+    """What Ray's autoscaler does on GKE with the LLM replicas' pending demand, replayed (none runs
+    here): the RayCluster's TPU worker group one replica up, as the autoscaler writes it. KubeRay
+    makes the pod (on the second v6e 2x2 node pool), the pod's TPU host joins Ray (attached here as
+    that pod's slice), and Serve places a waiting LLM replica on it, which loads the model from the
+    cache volume. Returns the added pod replica, its slice's Ray nodes, Serve's LLM deployment with
+    two replicas running, and the service's status once it counts both slices."""
+    rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
+    cluster = rs["status"]["activeServiceStatus"]["rayClusterName"]
+    rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
+    (index,) = [i for i, g in enumerate(rc["spec"]["workerGroupSpecs"]) if g["groupName"] == render.WORKER_GROUP]
+    kubectl(kube.kubeconfig, "patch", "raycluster", cluster, "-n", ns, "--type=json", "-p", json.dumps(
+        [{"op": "replace", "path": f"/spec/workerGroupSpecs/{index}/replicas", "value": 2}]))
+
+    def two_hosts_running():
+        phase()
+        pods = kube.core.list_namespaced_pod(
+            ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={render.WORKER_GROUP}").items
+        running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        return running if len(running) == 2 else None
+
+    newest = max(kube.wait(two_hosts_running, 180, "KubeRay's second TPU host pod running"),
+                 key=lambda p: p.metadata.creation_timestamp)
+    added = (newest.metadata.labels or {}).get("ray.io/worker-group-replica-name") or newest.metadata.name
+    nodes = serving_ray.add_slice(rs, added)
+
+    def two_replicas_running():
+        phase()
+        d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+        return d if len({r["node_id"] for r in d["replicas"] if r["state"] == "RUNNING"}) == 2 else None
+
+    def counted():
+        phase()
+        st = status(kube, ns, name)
+        return st if st.get("replicasReady") == "2/2" and st.get("message", "").startswith(
+            f"serving {name} on 2") else None
+
+    try:
+        placed = kube.wait(two_replicas_running, 420, "Serve's second LLM replica running on the added slice", interval=2)
+        return added, nodes, placed, kube.wait(counted, 120, "the status to count both slices")
+    except BaseException:
+        serving_ray.remove_slice(added)
+        raise
 
 
 def test_a_model_that_cannot_load_fails_with_rays_message(kube, serving_namespace, operator, serving_ray):

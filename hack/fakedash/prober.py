@@ -164,6 +164,12 @@ def stand_in_passes(check: Check, serving: bool, replica_host: bool) -> bool:
     return serving and replica_host if check.endpoint == SERVE else True
 
 
+def pod_replica(pod: dict) -> str:
+    """The worker pod replica a pod belongs to: KubeRay's replica label (it labels multi-host
+    replicas only), else the pod itself (a single-host replica is one pod)."""
+    return (pod["metadata"].get("labels") or {}).get(REPLICA_LABEL) or pod["metadata"]["name"]
+
+
 def node_for(pod: dict, nodes: list[dict]) -> dict | None:
     """The Ray node (an entry of the dashboard's /nodes?view=summary `raylet`) that stands for the pod:
     the head node for the head pod, else the newest node with the pod's TPU worker id and, for a pod
@@ -175,7 +181,7 @@ def node_for(pod: dict, nodes: list[dict]) -> dict | None:
         mine = [n for n in nodes if n.get("isHeadNode")]
     else:
         worker_id, group = plain_env(_ray_container(pod)).get("TPU_WORKER_ID"), labels.get(GROUP_LABEL)
-        replica = labels.get(REPLICA_LABEL) or pod["metadata"]["name"]  # KubeRay labels multi-host replicas only
+        replica = pod_replica(pod)
 
         def stands_for(node: dict) -> bool:
             node_labels = node.get("labels") or {}

@@ -406,9 +406,7 @@ class _Server:
         import contextlib
 
         slicesim = load_slicesim()
-        rayjob = _as_rayjob(rayjob)
-        probe = slicesim.slice_from_rayjob(rayjob)
-        sim = slicesim.slice_from_rayjob(rayjob, slice_name=f"sim-{probe.pod_type}-{probe.topology}-{replica}")
+        sim = slicesim.slice_from_rayjob(_as_rayjob(rayjob), slice_name=f"sim-{replica}")
         sim.hosts = [_own_serve_port(h, {POD_REPLICA_LABEL: replica}) for h in sim.hosts]
         self.remove_slice(replica)
         stack = contextlib.ExitStack()

@@ -4,6 +4,7 @@ make test gives each half a temp root of its own (hack/test.sh); under one, the 
 sockets once ran one byte over and every real-Ray test errored at setup (CI, stop 48)."""
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -36,13 +37,13 @@ def test_the_head_dir_is_under_the_temp_root_when_its_sockets_fit_else_under_tmp
     root = base / below
     root.mkdir(parents=True, exist_ok=True)
     monkeypatch.setattr(tempfile, "tempdir", str(root))
+    made = ray_temp_dir()
     try:
-        made = ray_temp_dir()
         assert Path(made).parent == (root if stays else Path("/tmp"))
         assert len(longest_socket_path(made).encode()) <= UNIX_SOCKET_PATH_MAX
         assert os.listdir(made) == []
-        os.rmdir(made)
-    finally:
+    finally:  # the head's dir too when it went to /tmp, outside `base`
+        shutil.rmtree(made, ignore_errors=True)
         for d in sorted(base.rglob("*"), reverse=True):
             d.rmdir()
         base.rmdir()

@@ -60,7 +60,7 @@ sys.path.insert(0, str(REPO / "hack"))
 import cpu_variant  # noqa: E402
 import fakehub  # noqa: E402
 import metric_series  # noqa: E402
-from fakedash import cpu_serving  # noqa: E402
+from fakedash import cpu_serving, prober  # noqa: E402
 
 pytestmark = pytest.mark.realray
 
@@ -704,7 +704,7 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
 
     newest = max(kube.wait(two_hosts_running, 180, "KubeRay's second TPU host pod running"),
                  key=lambda p: p.metadata.creation_timestamp)
-    added = (newest.metadata.labels or {}).get("ray.io/worker-group-replica-name") or newest.metadata.name
+    added = prober.pod_replica(kube.core.api_client.sanitize_for_serialization(newest))
     nodes = serving_ray.add_slice(rs, added)
 
     def two_replicas_running():

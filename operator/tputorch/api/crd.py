@@ -694,6 +694,11 @@ def _service_spec_schema() -> dict:
                         "With replicas.min 0: seconds an idle model keeps its last replica before Serve stops it and the "
                         "slice can be given back (downscale_to_zero_delay_s; unset: Serve's downscale_delay_s, 600).",
                         minimum=0, maximum=spec.MAX_SCALE_TO_ZERO_DELAY_S),
+                    "downscaleDelaySeconds": _int(
+                        "With replicas.max above replicas.min: seconds the load must stay low before Serve stops a "
+                        "replica above the minimum; its slice is then idle and Ray's autoscaler gives it back after the "
+                        "cluster's idle timeout (downscale_delay_s; unset: Serve's 600).",
+                        minimum=0, maximum=spec.MAX_DOWNSCALE_DELAY_S),
                     "routing": _string(
                         "How Serve picks a replica for a request. PowerOfTwo: Serve's own (the less loaded of two). "
                         "PrefixAware: Ray Serve LLM's PrefixCacheAffinityRouter, the replica that served the longest "

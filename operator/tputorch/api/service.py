@@ -51,7 +51,7 @@ ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertPara
 REPLICA_FIELDS = {"min", "max"}
 SERVE_FIELDS = {"targetOngoingRequests", "maxOngoingRequests", "healthCheckPeriodSeconds", "healthCheckTimeoutSeconds",
                 "initializingTimeoutSeconds", "clusterDeletionDelaySeconds", "gracefulShutdownTimeoutSeconds", "routing",
-                "ingressReplicas", "scaleToZeroDelaySeconds"}
+                "ingressReplicas", "scaleToZeroDelaySeconds", "downscaleDelaySeconds"}
 # Optional, unset: KubeRay's and Serve's own defaults (60 s; 20 s). Long streamed completions want more:
 # KubeRay deletes the old RayCluster this long after an upgrade's switch (cutting its streams), and Serve
 # gives a replica it stops (scale-down, in-place redeploy) this long to finish its requests.
@@ -60,6 +60,10 @@ MAX_GRACEFUL_SHUTDOWN_S = 86400
 # spec.serve.scaleToZeroDelaySeconds: how long an idle model keeps its last replica (Serve's
 # downscale_to_zero_delay_s; unset, Serve waits its downscale_delay_s, 600 s).
 MAX_SCALE_TO_ZERO_DELAY_S = 86400
+# spec.serve.downscaleDelaySeconds: how long load must stay low before Serve stops a replica above
+# replicas.min (its downscale_delay_s, unset 600 s); the slice under it is then idle, and Ray's
+# autoscaler gives it back after the cluster's idle timeout (render.SLICE_IDLE_TIMEOUT_S).
+MAX_DOWNSCALE_DELAY_S = 86400
 # KubeRay 1.5's RayService upgrade strategies (spec.upgradeStrategy.type) that run without a feature
 # gate. NewCluster (KubeRay's default): a cluster-spec edit starts a whole second RayCluster, i.e. a
 # second set of slices, and switches over when it serves. None: cluster-spec edits are not rolled
@@ -161,6 +165,7 @@ class ServiceSpec(CommonSpec):
     routing: str = SERVICE_DEFAULTS["serve.routing"]  # one of SERVE_ROUTINGS
     ingress_replicas: int = SERVICE_DEFAULTS["serve.ingressReplicas"]
     scale_to_zero_delay_s: int | None = None  # Serve's downscale_to_zero_delay_s; None: its downscale_delay_s
+    downscale_delay_s: int | None = None  # Serve's downscale_delay_s; None: its own (600 s)
     cache_path: str | None = None  # spec.model.cacheVolume's mountPath
     upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
     exposure: Exposure = Exposure()  # who may call the Serve port (its NetworkPolicy)
@@ -357,6 +362,11 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     if to_zero_delay is not None and min_replicas:
         r.error("spec.serve.scaleToZeroDelaySeconds", to_zero_delay, "is set only with spec.replicas.min 0 (scale to "
                 f"zero): it is how long an idle model keeps its last replica, and spec.replicas.min is {min_replicas}")
+    downscale_delay = r.value(serve, "downscaleDelaySeconds", "spec.serve.downscaleDelaySeconds", int,
+                              check=between(0, MAX_DOWNSCALE_DELAY_S))
+    if downscale_delay is not None and min_replicas == max_replicas:
+        r.error("spec.serve.downscaleDelaySeconds", downscale_delay, "is set only with spec.replicas.max above "
+                f"spec.replicas.min (autoscaled): both are {min_replicas}, so Serve never stops a replica for low load")
     strategy = r.value(spec, "upgradeStrategy", "spec.upgradeStrategy", str, default=SERVICE_DEFAULTS["upgradeStrategy"],
                        check=lambda v: None if v in UPGRADE_STRATEGIES else
                        f"must be one of {', '.join(UPGRADE_STRATEGIES)} (KubeRay's RayService upgrade strategies)")
@@ -386,6 +396,7 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         routing=routing,
         ingress_replicas=ingress,
         scale_to_zero_delay_s=to_zero_delay,
+        downscale_delay_s=downscale_delay,
         upgrade_strategy=strategy,
         cache_path=cache_path,
         exposure=exposure,

@@ -383,6 +383,7 @@ def serve_config(svc: ServiceSpec) -> dict:
         "max_replicas": svc.max_replicas,
         "target_ongoing_requests": svc.target_ongoing_requests,
         "downscale_to_zero_delay_s": svc.scale_to_zero_delay_s,
+        "downscale_delay_s": svc.downscale_delay_s,
         "max_ongoing_requests": svc.max_ongoing_requests,
         "health_check_period_s": svc.health_check_period_s,
         "health_check_timeout_s": svc.health_check_timeout_s,

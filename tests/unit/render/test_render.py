@@ -581,6 +581,10 @@ def test_scale_to_zero_puts_the_ingress_on_the_head_and_lets_a_request_wait_for_
     assert llm["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 2, "target_ongoing_requests": 32,
                                          "downscale_to_zero_delay_s": 300}
     assert "downscale_to_zero_delay_s" not in autoscaling(rendered_service({"replicas": {"min": 1, "max": 2}}))
+    # serve.downscaleDelaySeconds: Serve's own delay before it stops a replica above the minimum.
+    assert "downscale_delay_s" not in autoscaling(rendered_service({"replicas": {"min": 1, "max": 2}}))
+    assert autoscaling(rendered_service({"replicas": {"min": 1, "max": 2}, "serve": {"downscaleDelaySeconds": 30}}))[
+        "downscale_delay_s"] == 30
     # Ray Serve LLM would take its ingress to 0 too only when the args' own min is 0 (they carry none)
     assert ingress["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 1}
     options = ingress["ray_actor_options"]

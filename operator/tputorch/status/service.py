@@ -29,6 +29,18 @@ def _first_request_wait() -> str:
             "the image, the weights and the compile must fit")
 
 
+# SliceReady's reason while the service serves on at least replicas.min slices and Ray's autoscaler
+# has asked for more that are not up yet (starting, or waiting for capacity).
+SCALING_UP = "ScalingUp"
+
+
+def scaling_up_message(missing: int, no_pool: tuple[str, str] | None, unschedulable: str | None,
+                       stuck: tuple[str, str] | None) -> str:
+    """What the slices Ray's autoscaler added and that are not up yet wait for."""
+    why = (no_pool and no_pool[1]) or unschedulable or (stuck and stuck[1])
+    return f"{missing} more wanted by Ray's autoscaler " + (f"cannot start: {why}" if why else "starting")
+
+
 def scaled_to_zero_message(svc: ServiceSpec, hosts_running: int = 0) -> str:
     s = svc.slice
     held = (f"scaling to zero: Ray's autoscaler is giving back the slice ({hosts_running} host(s) still running)"
@@ -200,13 +212,18 @@ def derive_service(
     # Scale to zero: no slice is wanted until Serve asks for a replica, then that one is. With none
     # wanted, the head alone must run (its Serve proxy takes the next request).
     slices_wanted = svc.min_replicas or min(replicas, 1)
+    scaling_up = None
     head_runs = any(labels_of(p).get(ROLE_LABEL) == "head" and running(p) for p in pods)
     if no_webhook:
         slice_ready = condition(SLICE_READY, False, no_webhook[0], no_webhook[1], generation)
     elif rayservice is not None and slices_wanted == 0 and head_runs and not (unschedulable or stuck):
         slice_ready = condition(SLICE_READY, True, SCALED_TO_ZERO, scaled_to_zero_message(svc, ready), generation)
     elif rayservice is not None and slices_wanted and ready_replicas >= slices_wanted:
-        slice_ready = condition(SLICE_READY, True, "AllHostsReady", slices_message, generation)
+        # Serving on what is up; more slices, asked for by Ray's autoscaler, may not be up yet.
+        scaling_up = (scaling_up_message(replicas - ready_replicas, no_pool, unschedulable, stuck)
+                      if ready_replicas < replicas else None)
+        slice_ready = (condition(SLICE_READY, True, SCALING_UP, f"{slices_message}; {scaling_up}", generation)
+                       if scaling_up else condition(SLICE_READY, True, "AllHostsReady", slices_message, generation))
     elif no_pool:
         slice_ready = condition(SLICE_READY, False, no_pool[0], no_pool[1], generation)
     elif unschedulable:
@@ -277,6 +294,8 @@ def derive_service(
                 message += f"; {slice_ready['message']}"
         else:
             message = f"serving {svc.model_name} on {ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
+            if scaling_up:
+                message += f"; {scaling_up}"
         if spec_applied is not None and not spec_applied.applied:
             message += f"; the last edit is not applied: {spec_applied.message}"
     elif phase in ("Degraded", "Recovering"):

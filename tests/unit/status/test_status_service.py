@@ -393,6 +393,29 @@ def test_a_service_scaling_up_on_load_stays_ready():
         assert status.derive_service(SVC, 3, scaling, slice_hosts(4), ready, T1)["phase"] != "Ready", sick
 
 
+def test_a_slice_asked_for_by_rays_autoscaler_that_cannot_be_placed_is_said_while_serving():
+    """As on the real chain (test_real_serving.py): Ray's autoscaler raised the worker group for a
+    waiting replica, KubeRay made its pods and the scheduler has no node for them. The service
+    serves on the slice it has (Ready, SliceReady True) and says what the added one waits for."""
+    ready = derive("running", slice_hosts(4, replica="tpu-slice-aaaaa"))
+    pods = slice_hosts(4, replica="tpu-slice-aaaaa") + [_unschedulable(host(f"x{i}", False, replica="tpu-slice-bbbbb"))
+                                                        for i in range(4)]
+    st = derive("scaled-up", pods, previous=ready, now=T1)
+    c = cond(st, "SliceReady")
+    waiting = ("1 more wanted by Ray's autoscaler cannot start: pod x0: Unschedulable: no nodes are available: "
+               "Insufficient google.com/tpu.")
+    assert (c["status"], c["reason"]) == ("True", "ScalingUp"), c
+    assert c["message"] == f"1/2 slice replica(s) up, 4/8 TPU hosts running; {waiting}"
+    assert (st["phase"], st["replicasReady"]) == ("Ready", "1/2")
+    assert st["message"] == f"serving qwen on 1 replica(s) of a v6e 4x4 slice; {waiting}"
+    assert ("Normal", "ScalingUp") in [(e.type, e.reason) for e in status.events(ready, st)]
+    # Hosts of the added slice still starting: said so; all up: AllHostsReady again.
+    starting = derive("scaled-up", slice_hosts(4, replica="tpu-slice-aaaaa") + slice_hosts(2, replica="tpu-slice-bbbbb"))
+    assert cond(starting, "SliceReady")["message"].endswith("; 1 more wanted by Ray's autoscaler starting")
+    both = derive("scaled-up", slice_hosts(4, replica="tpu-slice-aaaaa") + slice_hosts(4, replica="tpu-slice-bbbbb"))
+    assert cond(both, "SliceReady")["reason"] == "AllHostsReady" and both["message"].endswith("slice")
+
+
 @pytest.mark.parametrize("reason,message", [
     ("ImagePullBackOff", 'Back-off pulling image "example.com/nope:1"'),
     ("CreateContainerConfigError", 'secret "hf-token" not found'),

@@ -167,6 +167,7 @@ class RealRay:
         self.python = python or sys.executable
         self.env = dict(env or {})  # more environment for every Ray process of this head
         self.serve_port: int | None = None
+        self.gcs_address: str | None = None
 
     @property
     def url(self) -> str:
@@ -207,7 +208,9 @@ class RealRay:
                                      cwd=self.workdir, start_new_session=True)
         log.close()
         try:
-            self.timings.update(self._call({"cmd": "start", "warm": warm})["timings"])
+            answer = self._call({"cmd": "start", "warm": warm})
+            self.timings.update(answer["timings"])
+            self.gcs_address = answer["gcs_address"]  # what Ray's autoscaler connects to (real_autoscaler.py)
         except BaseException:
             self.stop()
             raise
@@ -360,7 +363,7 @@ class _Server:
             if job["status"] != "SUCCEEDED":
                 raise RuntimeError(f"warm-up job: {job}")
             timings["warmup_job_s"] = time.monotonic() - t1
-        return {"timings": timings}
+        return {"timings": timings, "gcs_address": self.cluster.address}
 
     def attach(self, rayjob: dict) -> dict:
         import contextlib

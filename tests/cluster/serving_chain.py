@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 TINYMODEL = REPO / "tests" / "serving" / "tinymodel.py"
 # Serve tries a failing replica's constructor 3 times before DEPLOY_FAILED, each time importing
 # vLLM anew (~1 min here): once is enough to see Ray's failure (same status and message).
-SERVING_RAY_ENV = {"RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1"}
+# And the head of an autoscaled service runs Ray's autoscaler v2 (KubeRay sets this on the head of
+# a RayCluster with autoscalerOptions.version v2, as the operator renders them).
+SERVING_RAY_ENV = {"RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1", "RAY_enable_autoscaler_v2": "true"}
 
 
 class ChainError(RuntimeError):

@@ -22,10 +22,13 @@ Updating, then Ready with vLLM running the new max_model_len, and `tputorch wait
 run right after the apply returns only then), edits replicas.max (the running RayCluster's bounds
 follow, in place) and puts it under sustained load (Serve's autoscaler asks for more replicas,
 each waiting for a slice of its own), scraping the Ray nodes' metrics ports meanwhile for the
-recorded series and those the chart's dashboard and alerts read; then it does what Ray's
-autoscaler would (none runs here): the worker group one replica up, KubeRay's new pod, a second
-slice attached for it, and Serve places a waiting replica there (weights from the cache volume),
-the status counting two slices, with no request failing throughout.
+recorded series and those the chart's dashboard and alerts read. Ray's own autoscaler v2 runs for
+that load (real_autoscaler.py, as KubeRay's autoscaler container runs it): it raises the worker
+group for the waiting replicas, KubeRay makes the pods, a second slice is attached for the one a
+node pool can take, and Serve places a waiting replica there (weights from the cache volume), the
+status counting two slices and saying what the third waits for, with no request failing
+throughout; once the load is gone, Serve goes back to one replica and the autoscaler drains the
+idle slice and gives its pod back.
 
 The last test runs examples/rl/grpo.py's RL job on the same head (issue 38): Ray Train on the
 training slice, a vLLM engine on the rollout slice, the weights of every step pushed to it.
@@ -49,6 +52,7 @@ import yaml
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 import serving_chain
 from ray_backend import REPORTED, RealRay, http_json, wait
+from real_autoscaler import RealAutoscaler
 
 from tputorch import render
 from tputorch.api import spec
@@ -194,7 +198,8 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     # the load below, one replica serves. The model by repo id from the hub, cached on a PVC.
     claim, cache_dir = model_cache
     body = cpu_variant.service_body(HUB_REPO, name)
-    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2, "routing": "PrefixAware"},
+    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2, "routing": "PrefixAware",
+                                                               "downscaleDelaySeconds": 5},
                         volumes=[{"name": "models", "mountPath": "/models", "pvc": {"claimName": claim}}])
     body["spec"]["model"]["cacheVolume"] = "models"
     # Tool calling as the reference service (examples/serve/qwen3-moe-v6e-4x4.yaml) asks for it.
@@ -615,11 +620,16 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
             phases.append(p)
         return p
 
+    rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
+    cluster = rs["status"]["activeServiceStatus"]["rayClusterName"]
+    autoscaler = RealAutoscaler(kube, serving_ray.python, serving_ray, ns, cluster,
+                                Path(serving_ray.workdir) / f"autoscaler-{cluster}").start()
     t0 = time.monotonic()
     clients = [threading.Thread(target=client, daemon=True) for _ in range(8)]
     for t in clients:
         t.start()
     scrapes = ScrapesWhileServing(serving_ray)
+    added = None
     try:
         def second_waits_for_a_slice():
             phase()
@@ -648,13 +658,23 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
         phase()
         scrapes.check()
         t1 = time.monotonic()
-        added, added_nodes, placed, st = a_second_slice_serves_the_next_replica(kube, ns, name, serving_ray, phase)
+        added, added_nodes, placed, st = a_second_slice_serves_the_next_replica(kube, ns, name, serving_ray, phase,
+                                                                                autoscaler)
         TIMINGS["second_slice_to_second_replica_s"] = time.monotonic() - t1
+        stop.set()
+        for t in clients:
+            t.join(180)
+        t2 = time.monotonic()
+        given_back, remaining = an_idle_slice_is_given_back(kube, ns, name, cluster, serving_ray, autoscaler,
+                                                            (added, *prober_replicas(kube, ns, cluster)))
+        TIMINGS["load_gone_to_slice_given_back_s"] = time.monotonic() - t2
     finally:
         stop.set()
         for t in clients:
             t.join(180)
-    serving_ray.remove_slice(added)  # the head's other services have one slice
+        autoscaler.stop()
+        if added:
+            serving_ray.remove_slice(added)  # the head's other services have one slice
     replicas = {r["replica_id"]: (r["state"], r.get("node_id")) for r in llm["replicas"]}
     print(f"under load: target_num_replicas {llm['target_num_replicas']}, replicas {replicas}, pending "
           f"{[[b['unit_resources'] for b in g['bundles']] for g in groups]}, {len(answered)} answered, "
@@ -662,16 +682,27 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
     # One replica serves on the slice; the others are not placed (no slice for them) and wait.
     assert sorted(state for state, _ in replicas.values()) == ["RUNNING"] + ["STARTING"] * (MAX_REPLICAS - 1), replicas
     assert [node for state, node in replicas.values() if state == "STARTING"] == [None] * (MAX_REPLICAS - 1), replicas
-    # Then a second slice (what Ray's autoscaler adds for that demand): a replica runs on each slice,
-    # the third still waits, and the status counts the two slices.
+    # Then a second slice (what Ray's autoscaler added for that demand): a replica runs on each slice,
+    # a third (if Serve still wants it: its downscale delay is 5 s here) still waits, and the status
+    # counts the two slices.
     after = {r["replica_id"]: (r["state"], r.get("node_id")) for r in placed["replicas"]}
     print(f"second slice: replicas {after}; status {st['replicasReady']} {st['message']!r}")
-    assert sorted(state for state, _ in after.values()) == ["RUNNING", "RUNNING", "STARTING"], after
+    states = sorted(state for state, _ in after.values())
+    assert states[:2] == ["RUNNING", "RUNNING"] and set(states[2:]) <= {"STARTING"}, after
     first_node = next(node for state, node in replicas.values() if state == "RUNNING")
     assert sorted(node for state, node in after.values() if state == "RUNNING") == sorted(
         [first_node, *added_nodes.values()]), after
-    assert (st["phase"], st["replicasReady"]) == ("Ready", "2/2"), st
-    assert st["message"].startswith(f"serving {name} on 2 replica(s)"), st["message"]
+    # Ray's autoscaler asked for a slice per waiting replica: the third has no node pool left here
+    # (on GKE it waits for capacity), and the status says so while it serves on two.
+    assert (st["phase"], st["replicasReady"]) == ("Ready", "2/3"), st
+    assert st["message"].startswith(f"serving {name} on 2 replica(s) of a v6e 2x2 slice; 1 more wanted by Ray's "
+                                    "autoscaler cannot start: pod "), st["message"]
+    assert "Unschedulable" in st["message"], st["message"]
+    # Load gone: Serve went back to one replica and Ray's autoscaler gave the idle slice back.
+    print(f"given back: pod replica {given_back}; status {remaining['replicasReady']} {remaining['message']!r}")
+    assert (remaining["phase"], remaining["replicasReady"]) == ("Ready", "1/2"), remaining
+    assert remaining["message"].startswith(f"serving {name} on 1 replica(s) of a v6e 2x2 slice; 1 more wanted by "
+                                           "Ray's autoscaler cannot start: pod "), remaining["message"]
     assert answered and not errors, errors[:3]
     assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
     # Serving all along, on the one replica it has, while the deployment scales.
@@ -680,20 +711,83 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
     assert llm["status"] == "UPSCALING" and phases == ["Ready"], (llm["status"], phases)
 
 
-def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray: RealRay,
-                                           phase) -> tuple[str, dict, dict, dict]:
-    """What Ray's autoscaler does on GKE with the LLM replicas' pending demand, replayed (none runs
-    here): the RayCluster's TPU worker group one replica up, as the autoscaler writes it. KubeRay
-    makes the pod (on the second v6e 2x2 node pool), the pod's TPU host joins Ray (attached here as
+def prober_replicas(kube, ns: str, cluster: str) -> list[str]:
+    """The pod replicas of the cluster's running TPU host pods."""
+    pods = kube.core.list_namespaced_pod(ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={render.WORKER_GROUP}")
+    return [prober.pod_replica(kube.core.api_client.sanitize_for_serialization(p)) for p in pods.items
+            if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+
+def an_idle_slice_is_given_back(kube, ns: str, name: str, cluster: str, serving_ray: RealRay,
+                                autoscaler: RealAutoscaler, replicas: tuple[str, ...]) -> tuple[str, dict]:
+    """The load gone, Serve stops the replicas above replicas.min after serve.downscaleDelaySeconds,
+    and Ray's autoscaler gives back the slice left idle once it has been idle for the cluster's idle
+    timeout: it drains the slice's Ray node (its raylet exits), then writes the group one replica
+    down with that pod in workersToDelete, and KubeRay deletes the pod. The operator's idle timeout
+    (render.SLICE_IDLE_TIMEOUT_S, longer than a slice takes to come) is made 10 s here, on the
+    RayCluster, where the autoscaler reads it at every loop. Returns the pod replica given back
+    and the service's status once it counts the slice that is left."""
+    added, *running = replicas
+    kubectl(kube.kubeconfig, "patch", "raycluster", cluster, "-n", ns, "--type=merge",
+            "-p", json.dumps({"spec": {"autoscalerOptions": {"idleTimeoutSeconds": 10}}}))
+
+    def one_replica():
+        d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+        return d if d["target_num_replicas"] == 1 and [r["state"] for r in d["replicas"]] == ["RUNNING"] else None
+
+    def given_back():
+        rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
+        (group,) = [g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == render.WORKER_GROUP]
+        gone = set(running) - set(prober_replicas(kube, ns, cluster))
+        return gone if group.get("replicas") == MAX_REPLICAS - 1 and len(gone) == 1 else None
+
+    try:
+        kube.wait(one_replica, 180, "Serve back to one LLM replica", interval=2)
+        (replica,) = kube.wait(given_back, 180, "Ray's autoscaler to give an idle slice back", interval=2)
+    except BaseException:
+        print(f"Ray's autoscaler's log:\n{autoscaler.log()[-6000:]}")
+        raise
+    # The slice's hosts go with its pod (their raylets already exited, drained): Serve's replica
+    # left may be on either slice. The first slice's hosts come back at the next attach.
+    if replica == added:
+        serving_ray.remove_slice(added)
+    else:
+        for index in list(serving_ray.current["node_ids"]):
+            serving_ray.kill_host(int(index))
+
+    def counted():  # and the slice given back no longer wanted (KubeRay's count, which lags a little)
+        st = status(kube, ns, name)
+        return st if (st.get("readyReplicas"), st.get("replicas")) == (1, MAX_REPLICAS - 1) else None
+
+    return replica, kube.wait(counted, 120, "the status to count the slice left")
+
+
+def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray: RealRay, phase,
+                                           autoscaler: RealAutoscaler) -> tuple[str, dict, dict, dict]:
+    """Ray's own autoscaler (real_autoscaler.py) turns the waiting LLM replicas' demand into TPU
+    worker pods: it raises the RayCluster's TPU worker group by one replica per waiting placement
+    group (to maxReplicas), KubeRay makes the pods, the one the second v6e 2x2 node pool can hold
+    runs (the other stays Pending: no third pool here), its TPU host joins Ray (attached here as
     that pod's slice), and Serve places a waiting LLM replica on it, which loads the model from the
     cache volume. Returns the added pod replica, its slice's Ray nodes, Serve's LLM deployment with
     two replicas running, and the service's status once it counts both slices."""
     rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
     cluster = rs["status"]["activeServiceStatus"]["rayClusterName"]
-    rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
-    (index,) = [i for i, g in enumerate(rc["spec"]["workerGroupSpecs"]) if g["groupName"] == render.WORKER_GROUP]
-    kubectl(kube.kubeconfig, "patch", "raycluster", cluster, "-n", ns, "--type=json", "-p", json.dumps(
-        [{"op": "replace", "path": f"/spec/workerGroupSpecs/{index}/replicas", "value": 2}]))
+
+    def autoscaler_raised_the_group():
+        phase()
+        rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
+        (group,) = [g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == render.WORKER_GROUP]
+        return group if group.get("replicas") == MAX_REPLICAS else None
+
+    try:
+        group = kube.wait(autoscaler_raised_the_group, 120,
+                          f"Ray's autoscaler to raise {render.WORKER_GROUP} to {MAX_REPLICAS} replicas", interval=2)
+    except BaseException:
+        print(f"Ray's autoscaler's log:\n{autoscaler.log()[-6000:]}")
+        raise
+    print(f"Ray's autoscaler wrote replicas {group['replicas']} (min {group['minReplicas']}, "
+          f"max {group['maxReplicas']})")
 
     def two_hosts_running():
         phase()
@@ -715,7 +809,7 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
     def counted():
         phase()
         st = status(kube, ns, name)
-        return st if st.get("replicasReady") == "2/2" and st.get("message", "").startswith(
+        return st if st.get("readyReplicas") == 2 and st.get("message", "").startswith(
             f"serving {name} on 2") else None
 
     try:

@@ -116,3 +116,54 @@ def test_a_multi_host_replica_pinned_to_worker_0_is_infeasible_for_the_autoscale
     reply = schedule(svc, replica_demand(options))
     assert len(reply.infeasible_resource_requests) == 1
     assert launched(reply) == {TPU_GROUP: 4}  # only the min count (one 4-host slice), nothing for the demand
+
+
+def test_the_real_chains_autoscaler_is_told_which_pod_each_ray_node_stands_for():
+    """tests/cluster/real_autoscaler.py: the local chain's Ray nodes carry no pod name (one real head
+    for every head pod; the first slice attached before its pod exists), so Ray's autoscaler is told
+    it by the stand-in's probe rule. A node goes to the oldest running pod it can stand for, a
+    replica's own slice to that replica's pod; a pod not running has no node."""
+    import importlib.util
+    import pathlib
+
+    from ray.core.generated.autoscaler_pb2 import NodeState
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "cluster" / "real_autoscaler.py"
+    spec_ = importlib.util.spec_from_file_location("real_autoscaler", path)
+    real_autoscaler = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(real_autoscaler)
+
+    def pod(name, group, created, phase="Running", worker_id=None, replica=None):
+        env = [{"name": "TPU_WORKER_ID", "value": worker_id}] if worker_id is not None else []
+        labels = {"ray.io/cluster": "svc", "ray.io/group": group,
+                  "ray.io/node-type": "head" if group == "headgroup" else "worker"}
+        if replica:
+            labels["ray.io/worker-group-replica-name"] = replica
+        return {"metadata": {"name": name, "labels": labels, "creationTimestamp": created},
+                "spec": {"containers": [{"name": "ray-worker", "env": env}]}, "status": {"phase": phase}}
+
+    def node(node_id, head=False, **labels):
+        n = NodeState(node_id=node_id, labels=labels)
+        if head:
+            n.total_resources["node:__internal_head__"] = 1
+        return n
+
+    class Pods:
+        def get(self, path):
+            assert path == "pods?labelSelector=ray.io/cluster=svc", path
+            return {"items": [
+                pod("svc-head-x", "headgroup", "2026-12-06T03:00:00Z"),
+                pod("svc-tpu-slice-worker-b", TPU_GROUP, "2026-12-06T03:05:00Z", worker_id="0"),
+                pod("svc-tpu-slice-worker-a", TPU_GROUP, "2026-12-06T03:00:01Z", worker_id="0"),
+                pod("svc-tpu-slice-worker-c", TPU_GROUP, "2026-12-06T03:05:00Z", "Pending", worker_id="0")]}
+
+    first, added, other = b"first", b"added", b"other"
+    nodes = [node(b"head", head=True), node(first, **{"ray.io/tpu-worker-id": "0"}),
+             node(other, **{"ray.io/tpu-worker-id": "0", "tputorch.local/pod-replica": "svc-tpu-slice-worker-z"})]
+    assert real_autoscaler._pods_as_node_ids(Pods(), "svc", nodes) == {
+        b"head": ("svc-head-x", "headgroup"), first: ("svc-tpu-slice-worker-a", TPU_GROUP)}
+    # Once the second pod's slice is attached, its node is that pod's; the first slice stays the first pod's.
+    nodes.append(node(added, **{"ray.io/tpu-worker-id": "0", "tputorch.local/pod-replica": "svc-tpu-slice-worker-b"}))
+    assert real_autoscaler._pods_as_node_ids(Pods(), "svc", nodes) == {
+        b"head": ("svc-head-x", "headgroup"), first: ("svc-tpu-slice-worker-a", TPU_GROUP),
+        added: ("svc-tpu-slice-worker-b", TPU_GROUP)}

@@ -315,6 +315,17 @@ def ready_hosts(pods: Iterable[dict], cluster_status: dict, up=_ready) -> int:
     return int(cluster_status.get("readyWorkerReplicas") or 0)
 
 
+def wanted_hosts(pods: Iterable[dict], cluster_status: dict, pods_read: bool = True) -> int:
+    """TPU host pods wanted now: the ones KubeRay keeps (not being deleted), which follow the
+    RayCluster's replicas as soon as Ray's autoscaler writes them. KubeRay 1.6 writes a RayService's
+    copy of its cluster's status (desiredWorkerReplicas) only when a Serve status changes
+    (utils.inconsistentRayServiceStatus), so after the autoscaler gives a slice back the copy stays
+    high for as long as Serve says nothing new; it is the answer only when the pods cannot be read."""
+    if not pods_read:
+        return int(cluster_status.get("desiredWorkerReplicas") or 0)
+    return sum(1 for p in _workers(pods) if not (p.get("metadata") or {}).get("deletionTimestamp"))
+
+
 def ready_slices(pods: Iterable[dict], hosts_per_slice: int, ready: int, up=_ready) -> int:
     """Slice replicas whose every host is Ready. Grouped by KubeRay's replica label where the pods
     carry it; otherwise whole slices' worth of ready hosts (KubeRay creates a slice's hosts together)."""

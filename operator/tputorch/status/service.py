@@ -10,7 +10,7 @@ from ..api.spec import ServiceSpec
 from .conditions import (
     CLUSTER_LABEL, FAILED, QUEUE_PHASES, ROLE_LABEL, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED, VALIDATED, admitted_condition,
     child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
-    ready_slices, running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing,
+    ready_slices, running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing, wanted_hosts,
 )
 from . import applied as appl
 from . import auth
@@ -182,7 +182,7 @@ def derive_service(
     # pod builder). A host counts once its pod runs.
     ready = ready_hosts(pods, cluster_status, up=running)
     ready_replicas = ready_slices(pods, s.hosts, ready, up=running)
-    desired_hosts = int(cluster_status.get("desiredWorkerReplicas") or 0)
+    desired_hosts = wanted_hosts(pods, cluster_status, pods_read=pods_problem is None)
     replicas = max(svc.min_replicas, min(desired_hosts // s.hosts, svc.max_replicas))
     # Our edits reach the RayService by its spec hash; until KubeRay has seen the new generation
     # (and the hash is the desired one) the service is updating, not ready.

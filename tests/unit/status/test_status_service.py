@@ -574,8 +574,17 @@ def test_a_scale_to_zero_service_whose_head_cannot_start_is_pending_and_says_why
 
 def test_a_scale_to_zero_service_says_when_the_slice_is_being_given_back_and_an_edit_not_applied():
     head = host("head", True, role="head")
-    leaving = status.derive_service(ZERO, 3, _scaled(0, "HEALTHY"), [head, host("w0", True)], {}, T0)
+    # Ray's autoscaler put the pod in workersToDelete and KubeRay deletes it: still running, going.
+    going = host("w0", True)
+    going["metadata"]["deletionTimestamp"] = T0
+    leaving = status.derive_service(ZERO, 3, _scaled(0, "HEALTHY"), [head, going], {}, T0)
     assert leaving["message"].startswith("scaling to zero: Ray's autoscaler is giving back the slice (1 host(s)")
+    # KubeRay 1.6's RayService copy of its cluster's status is written only when a Serve status
+    # changes: after the autoscaler gave the slice back it may still want one. The pods say 0.
+    stale = _scaled(0, "HEALTHY")
+    stale["status"]["activeServiceStatus"]["rayClusterStatus"]["desiredWorkerReplicas"] = 1
+    gone = status.derive_service(ZERO, 3, stale, [head], {}, T0)
+    assert (gone["replicasReady"], cond(gone, "SliceReady")["reason"]) == ("0/0", "ScaledToZero"), gone
     old = spec.parse_service(service_body(tpu={"accelerator": "v6e", "topology": "2x2"}, replicas={"min": 0, "max": 2},
                                           upgradeStrategy="None"))
     before = status.derive_service(old, 1, _scaled_as(old, 0), [head], {}, T0)

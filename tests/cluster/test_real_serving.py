@@ -26,8 +26,7 @@ recorded series and those the chart's dashboard and alerts read. Ray's own autos
 that load (real_autoscaler.py, as KubeRay's autoscaler container runs it): it raises the worker
 group for the waiting replicas, KubeRay makes the pods, a second slice is attached for the one a
 node pool can take, and Serve places a waiting replica there (weights from the cache volume), the
-status counting two slices and saying what the third waits for, with no request failing
-throughout; once the load is gone, Serve goes back to one replica and the autoscaler drains the
+status counting two slices, with no request failing throughout; once the load is gone, Serve goes back to one replica and the autoscaler drains the
 idle slice and gives its pod back.
 
 The last test runs examples/rl/grpo.py's RL job on the same head (issue 38): Ray Train on the
@@ -72,6 +71,11 @@ GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchservices"
 TIMINGS: dict[str, float] = {}
 # replicas.max after the replicas edit (2 before it).
 MAX_REPLICAS = 3
+# The load: requests at a time, and Serve's target per replica: Serve asks for replicas.max
+# (MAX_REPLICAS) under it. (At exactly two replicas' worth, LOAD_CLIENTS / TARGET_ONGOING = 2, Serve's
+# 5 s downscale delay let it fall back to one before the second slice came.)
+LOAD_CLIENTS, TARGET_ONGOING = 8, 2
+LOAD_REPLICAS = MAX_REPLICAS
 # The tiny model's repo id on the fake Hub, and the claim of the cache volume the first test mounts.
 HUB_REPO = "tputorch/tiny"
 CACHE_CLAIM = "model-cache"
@@ -162,16 +166,24 @@ def status(kube, ns: str, name: str) -> dict:
     return kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
 
 
-def deploy(kube, ray: RealRay, ns: str, body: dict) -> None:
-    """Attach the slice the operator renders for `body` to the real head, then apply it. A service
-    that scales to zero renders no slice at first: the one attached is the slice Ray's autoscaler
-    would bring back for its first replica (no autoscaler runs here)."""
-    body = {**body, "metadata": {**body["metadata"], "namespace": ns}}
-    attached = body
+def rendered_slice(body: dict) -> dict:
+    """The operator's RayService for `body`, whose TPU worker group is one slice: a service that
+    scales to zero renders none at first, so one replica's worth of it (the slice Ray's autoscaler
+    brings back for its first replica)."""
     if body["spec"].get("replicas", {}).get("min") == 0:
-        attached = {**body, "spec": {**body["spec"], "replicas": {"min": 1, "max": 1}, "serve": {}}}
-    ray.attach(render.rayservice(spec.parse_service(attached)))
+        body = {**body, "spec": {**body["spec"], "replicas": {"min": 1, "max": 1}, "serve": {}}}
+    return render.rayservice(spec.parse_service(body))
+
+
+def apply(kube, ns: str, body: dict) -> None:
+    body = {**body, "metadata": {**body["metadata"], "namespace": ns}}
     kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+
+
+def deploy(kube, ray: RealRay, ns: str, body: dict) -> None:
+    """Attach the slice the operator renders for `body` to the real head, then apply it."""
+    ray.attach(rendered_slice(body))
+    apply(kube, ns, body)
 
 
 def follow(kube, ns: str, name: str, until: str, timeout: float) -> tuple[dict, list[str]]:
@@ -198,7 +210,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     # the load below, one replica serves. The model by repo id from the hub, cached on a PVC.
     claim, cache_dir = model_cache
     body = cpu_variant.service_body(HUB_REPO, name)
-    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": 2, "routing": "PrefixAware",
+    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": TARGET_ONGOING, "routing": "PrefixAware",
                                                                "downscaleDelaySeconds": 5},
                         volumes=[{"name": "models", "mountPath": "/models", "pvc": {"claimName": claim}}])
     body["spec"]["model"]["cacheVolume"] = "models"
@@ -283,17 +295,20 @@ def no_file_downloaded_since(hub: fakehub.FakeHub, downloaded: dict, since: int,
 
 def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zero(kube, serving_namespace, operator,
                                                                                    serving_ray, tiny_model, dashboard):
-    """replicas.min 0 (issue 37) with Ray Serve LLM and vLLM: the service is Ready with no model
-    replica, Serve LLM's ingress on the head (the operator's override), the first request waits
-    while Serve starts a replica from zero and is answered, and the model goes back to zero replicas
-    once idle (serve.scaleToZeroDelaySeconds). Serve's side only: no Ray autoscaler runs on the local
-    chain, so the simulated slice stays attached where on GKE the autoscaler would give it back and
-    bring it again (tests/raysim/test_autoscaler_demand.py checks that decision with Ray's scheduler)."""
+    """replicas.min 0 (issue 37) with Ray Serve LLM, vLLM and Ray's own autoscaler: the service is
+    Ready with no model replica and no slice (the earlier tests' simulated slice is detached: no
+    TPU host at all), Serve LLM's ingress on the head (the operator's override). The first request
+    waits while Serve asks for a replica, Ray's autoscaler (real_autoscaler.py) raises the worker
+    group from 0, KubeRay makes the pod, that pod's slice joins (attached for it) and Serve starts
+    the replica there: answered. Idle, the model goes back to zero replicas
+    (serve.scaleToZeroDelaySeconds) and the autoscaler gives the slice back: the pod is deleted and
+    the status says no slice is held."""
     ns, name = serving_namespace, "idle"
     body = cpu_variant.service_body(str(tiny_model), name)
     body["spec"].update(replicas={"min": 0, "max": 1}, serve={"scaleToZeroDelaySeconds": 5})
+    serving_ray.detach()
     t0 = time.monotonic()
-    deploy(kube, serving_ray, ns, body)
+    apply(kube, ns, body)
     st, _ = follow(kube, ns, name, "Ready", 600)
     TIMINGS["zero_apply_to_ready_s"] = time.monotonic() - t0
     slice_ready = next(c for c in st["conditions"] if c["type"] == "SliceReady")
@@ -308,19 +323,46 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
     assert ingress["deployment_config"]["ray_actor_options"]["runtime_env"]["env_vars"] == {
         render.ROUTER_TIMEOUT_ENV: str(render.SCALE_FROM_ZERO_TIMEOUT_S)}, ingress
 
-    t1 = time.monotonic()
-    answer = serving_chain.chat(st["endpoint"], dashboard.url, name, timeout=280)
-    TIMINGS["zero_first_request_s"] = time.monotonic() - t1
-    assert answer["usage"]["completion_tokens"] > 0, answer
-    llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
-    assert [r["state"] for r in llm["replicas"]] == ["RUNNING"], llm
-    assert {r["node_id"] for r in llm["replicas"]} <= set(serving_ray.current["node_ids"].values()), llm
+    cluster = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)["status"][
+        "activeServiceStatus"]["rayClusterName"]
+    short_idle_timeout(kube, ns, cluster)
+    autoscaler = RealAutoscaler(kube, serving_ray.python, serving_ray, ns, cluster,
+                                Path(serving_ray.workdir) / f"autoscaler-{cluster}").start()
+    added, answers = None, []
+    try:
+        t1 = time.monotonic()
+        first = threading.Thread(target=lambda: answers.append(
+            serving_chain.chat(st["endpoint"], dashboard.url, name, timeout=280)), daemon=True)
+        first.start()
+        # The request's replica asks for a slice: Ray's autoscaler raises the group from 0, KubeRay makes the pod.
+        wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to raise the worker group from 0 and KubeRay's pod",
+                            lambda: worker_group(kube, ns, cluster).get("replicas") == 1 and prober_replicas(kube, ns, cluster))
+        (added,) = prober_replicas(kube, ns, cluster)
+        nodes = serving_ray.add_slice(rendered_slice(body), added)
+        first.join(300)
+        TIMINGS["zero_first_request_s"] = time.monotonic() - t1
+        assert answers and answers[0]["usage"]["completion_tokens"] > 0, answers
+        llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+        assert [r["state"] for r in llm["replicas"]] == ["RUNNING"], llm
+        assert {r["node_id"] for r in llm["replicas"]} <= set(nodes.values()), (llm, nodes)
 
-    t2 = time.monotonic()
-    kube.wait(lambda: not llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))["replicas"],
-              180, "the idle model back at zero replicas")
-    TIMINGS["zero_idle_to_zero_s"] = time.monotonic() - t2
-    assert status(kube, ns, name)["phase"] == "Ready"
+        t2 = time.monotonic()
+        kube.wait(lambda: not llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))["replicas"],
+                  180, "the idle model back at zero replicas")
+        TIMINGS["zero_idle_to_zero_s"] = time.monotonic() - t2
+        t3 = time.monotonic()
+        wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to give the idle slice back",
+                            lambda: slice_given_back(kube, ns, cluster, {added}, 0))
+        serving_ray.remove_slice(added)
+        added = None
+        TIMINGS["zero_slice_given_back_s"] = time.monotonic() - t3
+    finally:
+        autoscaler.stop()
+        if added:
+            serving_ray.remove_slice(added)
+    st = kube.wait(lambda: (lambda s: s if s.get("replicasReady") == "0/0" else None)(status(kube, ns, name)), 120,
+                   "the status to say no slice is held")
+    assert st["phase"] == "Ready" and st["message"].startswith(f"scaled to zero: no slice is held"), st
 
 
 class ScrapesWhileServing:
@@ -592,15 +634,16 @@ def replicas_edit_reaches_the_raycluster(kube, ns: str, name: str, body: dict, s
 
 
 def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
-    """replicas {1, MAX_REPLICAS}, targetOngoingRequests 2 and 8 requests at a time: Serve's
-    autoscaler (with the operator's autoscaling_config and Serve's own delays) asks for more
-    replicas, each of which, holding a whole slice as on a TPU, waits for a slice of its own: Ray's
-    pending placement groups of the slice's chips, the demand Ray's autoscaler turns into slices on
-    GKE (up to the RayCluster's maxReplicas, which the edit before raised)."""
+    """replicas {1, MAX_REPLICAS}, targetOngoingRequests TARGET_ONGOING and LOAD_CLIENTS requests at
+    a time: Serve's autoscaler (with the operator's autoscaling_config and Serve's own delays) asks
+    for LOAD_REPLICAS replicas, each of which, holding a whole slice as on a TPU, waits for a slice of
+    its own: Ray's pending placement groups of the slice's chips, the demand Ray's autoscaler
+    (running here) turns into slices, up to the RayCluster's maxReplicas, which the edit before
+    raised. Then the load stops and the idle slice is given back."""
     endpoint, proxy = f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1", dashboard.url
     llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
     scaling = llm["deployment_config"]["autoscaling_config"]
-    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, MAX_REPLICAS, 2), scaling
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, MAX_REPLICAS, TARGET_ONGOING), scaling
     assert llm["target_num_replicas"] == 1 and not serving_chain.pending_placement_groups(serving_ray), llm
     stop = threading.Event()
     answered, errors = [], []
@@ -625,7 +668,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
     autoscaler = RealAutoscaler(kube, serving_ray.python, serving_ray, ns, cluster,
                                 Path(serving_ray.workdir) / f"autoscaler-{cluster}").start()
     t0 = time.monotonic()
-    clients = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(LOAD_CLIENTS)]
     for t in clients:
         t.start()
     scrapes = ScrapesWhileServing(serving_ray)
@@ -635,12 +678,12 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
             phase()
             scrapes.scrape()
             d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
-            if (d["target_num_replicas"] != MAX_REPLICAS
-                    or len([r for r in d["replicas"] if r["state"] != "STOPPING"]) != MAX_REPLICAS):
+            if (d["target_num_replicas"] != LOAD_REPLICAS
+                    or len([r for r in d["replicas"] if r["state"] != "STOPPING"]) != LOAD_REPLICAS):
                 return None
             groups = [g for g in serving_chain.pending_placement_groups(serving_ray)
                       if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4]]
-            return (d, groups) if len(groups) == MAX_REPLICAS - 1 else None
+            return (d, groups) if len(groups) == LOAD_REPLICAS - 1 else None
 
         llm, groups = kube.wait(second_waits_for_a_slice, 600, "Serve's added LLM replicas and their slices' demand",
                                 interval=2)
@@ -680,11 +723,11 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
           f"{[[b['unit_resources'] for b in g['bundles']] for g in groups]}, {len(answered)} answered, "
           f"{len(errors)} errors")
     # One replica serves on the slice; the others are not placed (no slice for them) and wait.
-    assert sorted(state for state, _ in replicas.values()) == ["RUNNING"] + ["STARTING"] * (MAX_REPLICAS - 1), replicas
-    assert [node for state, node in replicas.values() if state == "STARTING"] == [None] * (MAX_REPLICAS - 1), replicas
+    assert sorted(state for state, _ in replicas.values()) == ["RUNNING"] + ["STARTING"] * (LOAD_REPLICAS - 1), replicas
+    assert [node for state, node in replicas.values() if state == "STARTING"] == [None] * (LOAD_REPLICAS - 1), replicas
     # Then a second slice (what Ray's autoscaler added for that demand): a replica runs on each slice,
     # a third (if Serve still wants it: its downscale delay is 5 s here) still waits, and the status
-    # counts the two slices.
+    # counts the two slices and says what the third, which no node pool here can take, waits for.
     after = {r["replica_id"]: (r["state"], r.get("node_id")) for r in placed["replicas"]}
     print(f"second slice: replicas {after}; status {st['replicasReady']} {st['message']!r}")
     states = sorted(state for state, _ in after.values())
@@ -692,17 +735,13 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
     first_node = next(node for state, node in replicas.values() if state == "RUNNING")
     assert sorted(node for state, node in after.values() if state == "RUNNING") == sorted(
         [first_node, *added_nodes.values()]), after
-    # Ray's autoscaler asked for a slice per waiting replica: the third has no node pool left here
-    # (on GKE it waits for capacity), and the status says so while it serves on two.
-    assert (st["phase"], st["replicasReady"]) == ("Ready", "2/3"), st
+    assert (st["phase"], st["replicasReady"]) == ("Ready", f"2/{MAX_REPLICAS}"), st
     assert st["message"].startswith(f"serving {name} on 2 replica(s) of a v6e 2x2 slice; 1 more wanted by Ray's "
                                     "autoscaler cannot start: pod "), st["message"]
     assert "Unschedulable" in st["message"], st["message"]
-    # Load gone: Serve went back to one replica and Ray's autoscaler gave the idle slice back.
-    print(f"given back: pod replica {given_back}; status {remaining['replicasReady']} {remaining['message']!r}")
-    assert (remaining["phase"], remaining["replicasReady"]) == ("Ready", "1/2"), remaining
-    assert remaining["message"].startswith(f"serving {name} on 1 replica(s) of a v6e 2x2 slice; 1 more wanted by "
-                                           "Ray's autoscaler cannot start: pod "), remaining["message"]
+    # Load gone: Serve went back to one replica and Ray's autoscaler gave an idle slice back.
+    print(f"given back: pod replica {given_back}; worker group replicas {remaining.get('replicas')}, "
+          f"{remaining.get('scaleStrategy')}")
     assert answered and not errors, errors[:3]
     assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
     # Serving all along, on the one replica it has, while the deployment scales.
@@ -718,74 +757,86 @@ def prober_replicas(kube, ns: str, cluster: str) -> list[str]:
             if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 
+# The cluster's idle timeout on the chain: the operator's (render.SLICE_IDLE_TIMEOUT_S, longer than a
+# slice takes to come) would keep an idle slice 30 min.
+IDLE_TIMEOUT_S = 10
+
+
+def short_idle_timeout(kube, ns: str, cluster: str) -> None:
+    """IDLE_TIMEOUT_S on the RayCluster, where Ray's autoscaler reads it at every loop."""
+    kubectl(kube.kubeconfig, "patch", "raycluster", cluster, "-n", ns, "--type=merge",
+            "-p", json.dumps({"spec": {"autoscalerOptions": {"idleTimeoutSeconds": IDLE_TIMEOUT_S}}}))
+
+
+def worker_group(kube, ns: str, cluster: str) -> dict:
+    rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
+    (group,) = [g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == render.WORKER_GROUP]
+    return group
+
+
+def wait_for_autoscaler(kube, autoscaler: RealAutoscaler, what: str, predicate, timeout: float = 180):
+    """kube.wait for what Ray's autoscaler does; its log printed if it does not."""
+    try:
+        return kube.wait(predicate, timeout, what, interval=2)
+    except BaseException:
+        print(f"Ray's autoscaler's log:\n{autoscaler.log()[-6000:]}")
+        raise
+
+
+def slice_given_back(kube, ns: str, cluster: str, running: set[str], replicas_left: int) -> str | None:
+    """The pod replica of `running` that Ray's autoscaler gave back (deleted through workersToDelete,
+    the group's replicas down to `replicas_left`), once there is exactly one."""
+    gone = running - set(prober_replicas(kube, ns, cluster))
+    return gone.pop() if worker_group(kube, ns, cluster).get("replicas") == replicas_left and len(gone) == 1 else None
+
+
 def an_idle_slice_is_given_back(kube, ns: str, name: str, cluster: str, serving_ray: RealRay,
                                 autoscaler: RealAutoscaler, replicas: tuple[str, ...]) -> tuple[str, dict]:
     """The load gone, Serve stops the replicas above replicas.min after serve.downscaleDelaySeconds,
-    and Ray's autoscaler gives back the slice left idle once it has been idle for the cluster's idle
-    timeout: it drains the slice's Ray node (its raylet exits), then writes the group one replica
-    down with that pod in workersToDelete, and KubeRay deletes the pod. The operator's idle timeout
-    (render.SLICE_IDLE_TIMEOUT_S, longer than a slice takes to come) is made 10 s here, on the
-    RayCluster, where the autoscaler reads it at every loop. Returns the pod replica given back
-    and the service's status once it counts the slice that is left."""
+    and Ray's autoscaler gives back the slice left idle once it has been idle IDLE_TIMEOUT_S: it
+    drains the slice's Ray node (its raylet exits), then writes the group one replica down with
+    that pod in workersToDelete, and KubeRay deletes the pod. Returns the pod replica given back
+    and the worker group as the autoscaler left it."""
     added, *running = replicas
-    kubectl(kube.kubeconfig, "patch", "raycluster", cluster, "-n", ns, "--type=merge",
-            "-p", json.dumps({"spec": {"autoscalerOptions": {"idleTimeoutSeconds": 10}}}))
+    short_idle_timeout(kube, ns, cluster)
 
     def one_replica():
         d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
         return d if d["target_num_replicas"] == 1 and [r["state"] for r in d["replicas"]] == ["RUNNING"] else None
 
-    def given_back():
-        rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
-        (group,) = [g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == render.WORKER_GROUP]
-        gone = set(running) - set(prober_replicas(kube, ns, cluster))
-        return gone if group.get("replicas") == MAX_REPLICAS - 1 and len(gone) == 1 else None
-
-    try:
-        kube.wait(one_replica, 180, "Serve back to one LLM replica", interval=2)
-        (replica,) = kube.wait(given_back, 180, "Ray's autoscaler to give an idle slice back", interval=2)
-    except BaseException:
-        print(f"Ray's autoscaler's log:\n{autoscaler.log()[-6000:]}")
-        raise
+    kube.wait(one_replica, 180, "Serve back to one LLM replica", interval=2)
+    replica = wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to give an idle slice back",
+                                  lambda: slice_given_back(kube, ns, cluster, set(running), MAX_REPLICAS - 1))
     # The slice's hosts go with its pod (their raylets already exited, drained): Serve's replica
-    # left may be on either slice. The first slice's hosts come back at the next attach.
+    # left may be on either slice. The first slice's hosts come back at the next attach. (The pod
+    # Ray's autoscaler still asks for, Pending until now, may take the freed node: the status is
+    # not checked here, see docs/serving.md.)
     if replica == added:
         serving_ray.remove_slice(added)
     else:
         for index in list(serving_ray.current["node_ids"]):
             serving_ray.kill_host(int(index))
-
-    def counted():  # and the slice given back no longer wanted (KubeRay's count, which lags a little)
-        st = status(kube, ns, name)
-        return st if (st.get("readyReplicas"), st.get("replicas")) == (1, MAX_REPLICAS - 1) else None
-
-    return replica, kube.wait(counted, 120, "the status to count the slice left")
+    return replica, worker_group(kube, ns, cluster)
 
 
 def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray: RealRay, phase,
                                            autoscaler: RealAutoscaler) -> tuple[str, dict, dict, dict]:
     """Ray's own autoscaler (real_autoscaler.py) turns the waiting LLM replicas' demand into TPU
     worker pods: it raises the RayCluster's TPU worker group by one replica per waiting placement
-    group (to maxReplicas), KubeRay makes the pods, the one the second v6e 2x2 node pool can hold
-    runs (the other stays Pending: no third pool here), its TPU host joins Ray (attached here as
-    that pod's slice), and Serve places a waiting LLM replica on it, which loads the model from the
-    cache volume. Returns the added pod replica, its slice's Ray nodes, Serve's LLM deployment with
+    group, KubeRay makes the pod (on the second v6e 2x2 node pool), its TPU host joins Ray (attached
+    here as that pod's slice), and Serve places the waiting LLM replica on it, which loads the
+    model from the cache volume. Returns the added pod replica, its slice's Ray nodes, Serve's LLM deployment with
     two replicas running, and the service's status once it counts both slices."""
     rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
     cluster = rs["status"]["activeServiceStatus"]["rayClusterName"]
 
     def autoscaler_raised_the_group():
         phase()
-        rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
-        (group,) = [g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == render.WORKER_GROUP]
-        return group if group.get("replicas") == MAX_REPLICAS else None
+        group = worker_group(kube, ns, cluster)
+        return group if group.get("replicas") == LOAD_REPLICAS else None
 
-    try:
-        group = kube.wait(autoscaler_raised_the_group, 120,
-                          f"Ray's autoscaler to raise {render.WORKER_GROUP} to {MAX_REPLICAS} replicas", interval=2)
-    except BaseException:
-        print(f"Ray's autoscaler's log:\n{autoscaler.log()[-6000:]}")
-        raise
+    group = wait_for_autoscaler(kube, autoscaler, f"Ray's autoscaler to raise {render.WORKER_GROUP} to "
+                                f"{LOAD_REPLICAS} replicas", autoscaler_raised_the_group, 120)
     print(f"Ray's autoscaler wrote replicas {group['replicas']} (min {group['minReplicas']}, "
           f"max {group['maxReplicas']})")
 

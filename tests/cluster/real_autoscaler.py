@@ -16,7 +16,7 @@ Two differences from the head pod, both about where things run here, never about
     `node_for`, the rule by which pods are probed against nodes); nodes that stand for no pod of
     this cluster keep none, and Ray's reconciler leaves such nodes alone.
 
-    autoscaler = RealAutoscaler(kube, python, ray, namespace, cluster, workdir).start()
+    autoscaler = RealAutoscaler(kube, ray, namespace, cluster).start()  # Ray's Python, logs in ray.workdir
     autoscaler.log()      # its monitor log
     autoscaler.stop()
 
@@ -38,9 +38,11 @@ sys.path.insert(0, str(REPO / "hack"))  # fakedash.prober: the stand-in's rule o
 
 
 class RealAutoscaler:
-    def __init__(self, kube, python: str, ray, namespace: str, cluster: str, workdir: Path) -> None:
-        self.kube, self.python, self.ray = kube, python, ray
-        self.namespace, self.cluster, self.workdir = namespace, cluster, Path(workdir)
+    def __init__(self, kube, ray, namespace: str, cluster: str) -> None:
+        # The RealRay's Python has Ray; its workdir keeps one log directory per cluster.
+        self.kube, self.python, self.ray = kube, ray.python, ray
+        self.namespace, self.cluster = namespace, cluster
+        self.workdir = Path(ray.workdir) / f"autoscaler-{cluster}"
         self.proc: subprocess.Popen | None = None
 
     def _token(self) -> str:

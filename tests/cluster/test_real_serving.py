@@ -72,9 +72,13 @@ TIMINGS: dict[str, float] = {}
 # replicas.max after the replicas edit (2 before it).
 MAX_REPLICAS = 3
 # The load: requests at a time, and Serve's target per replica: Serve asks for replicas.max
-# (MAX_REPLICAS) under it. (At exactly two replicas' worth, LOAD_CLIENTS / TARGET_ONGOING = 2, Serve's
-# 5 s downscale delay let it fall back to one before the second slice came.)
+# (MAX_REPLICAS) under it: one more than the two slices the chain gives it, so that the status has
+# a replica that cannot start to report.
 LOAD_CLIENTS, TARGET_ONGOING = 8, 2
+# serve.downscaleDelaySeconds, edited in once the load is gone. Under the load Serve keeps its 600 s
+# default: with 5 s, Serve's count of replicas wanted dipped and it fell back before the added
+# replicas were placed (load to 3 replicas asked for: 47-227 s, against 36-46 s with the default).
+DOWNSCALE_DELAY_S = 5
 LOAD_REPLICAS = MAX_REPLICAS
 # The tiny model's repo id on the fake Hub, and the claim of the cache volume the first test mounts.
 HUB_REPO = "tputorch/tiny"
@@ -166,6 +170,12 @@ def status(kube, ns: str, name: str) -> dict:
     return kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
 
 
+def active_cluster(kube, ns: str, name: str) -> str:
+    """The RayCluster that serves the RayService `name` now (KubeRay's active cluster)."""
+    rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
+    return rs["status"]["activeServiceStatus"]["rayClusterName"]
+
+
 def rendered_slice(body: dict) -> dict:
     """The operator's RayService for `body`, whose TPU worker group is one slice: a service that
     scales to zero renders none at first, so one replica's worth of it (the slice Ray's autoscaler
@@ -210,8 +220,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     # the load below, one replica serves. The model by repo id from the hub, cached on a PVC.
     claim, cache_dir = model_cache
     body = cpu_variant.service_body(HUB_REPO, name)
-    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": TARGET_ONGOING, "routing": "PrefixAware",
-                                                               "downscaleDelaySeconds": 5},
+    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": TARGET_ONGOING, "routing": "PrefixAware"},
                         volumes=[{"name": "models", "mountPath": "/models", "pvc": {"claimName": claim}}])
     body["spec"]["model"]["cacheVolume"] = "models"
     # Tool calling as the reference service (examples/serve/qwen3-moe-v6e-4x4.yaml) asks for it.
@@ -258,8 +267,8 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     replica_killed_and_replaced(kube, ns, name, serving_ray, dashboard)
     no_file_downloaded_since(model_hub, downloaded, asked, "the replacement")
     body = engine_args_edit_goes_in_place(kube, ns, name, body, serving_ray, dashboard, answer["usage"]["prompt_tokens"])
-    replicas_edit_reaches_the_raycluster(kube, ns, name, body, serving_ray)
-    serve_scales_up_under_load(kube, ns, name, serving_ray, dashboard)
+    body = replicas_edit_reaches_the_raycluster(kube, ns, name, body, serving_ray)
+    serve_scales_up_under_load(kube, ns, name, body, serving_ray, dashboard)
     # Nor did the engine args edit's replica: every replica after the first read the cache.
     no_file_downloaded_since(model_hub, downloaded, asked, "the replicas after the first")
 
@@ -323,11 +332,9 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
     assert ingress["deployment_config"]["ray_actor_options"]["runtime_env"]["env_vars"] == {
         render.ROUTER_TIMEOUT_ENV: str(render.SCALE_FROM_ZERO_TIMEOUT_S)}, ingress
 
-    cluster = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)["status"][
-        "activeServiceStatus"]["rayClusterName"]
+    cluster = active_cluster(kube, ns, name)
     short_idle_timeout(kube, ns, cluster)
-    autoscaler = RealAutoscaler(kube, serving_ray.python, serving_ray, ns, cluster,
-                                Path(serving_ray.workdir) / f"autoscaler-{cluster}").start()
+    autoscaler = RealAutoscaler(kube, serving_ray, ns, cluster).start()
     added, answers = None, []
     try:
         t1 = time.monotonic()
@@ -509,8 +516,7 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
     # Before: a request that fills the whole 256-token context is served.
     whole = {"max_tokens": 256 - prompt_tokens, "ignore_eos": True}
     assert serving_chain.chat(endpoint, proxy, name, **whole)["usage"]["completion_tokens"] == whole["max_tokens"]
-    cluster = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)["status"][
-        "activeServiceStatus"]["rayClusterName"]
+    cluster = active_cluster(kube, ns, name)
     before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
         "replicas"]}
 
@@ -520,8 +526,7 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
     engine["maxModelLen"] = 128
     engine["args"] = {**engine["args"], "max_num_seqs": 4}
     record = StatusRecording(body, edited, kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name))
-    kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-",
-            input=yaml.safe_dump({**edited, "metadata": {**edited["metadata"], "namespace": ns}}))
+    apply(kube, ns, edited)
     # As a user would, right after the apply: `tputorch wait` returns on the edit's Ready, not on
     # the Ready the status still holds from before the operator saw the edit.
     waiter = subprocess.Popen([sys.executable, "-m", "tputorch", "wait", name, "-n", ns, "--for", "phase=Ready",
@@ -588,21 +593,19 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
     return edited
 
 
-def replicas_edit_reaches_the_raycluster(kube, ns: str, name: str, body: dict, serving_ray: RealRay) -> None:
+def replicas_edit_reaches_the_raycluster(kube, ns: str, name: str, body: dict, serving_ray: RealRay) -> dict:
     """spec.replicas.max 2 -> MAX_REPLICAS. KubeRay's cluster hash leaves replicas and min/max out
     (kuberay#2331, #4568): the RayService's copy of the bounds changes, its running RayCluster's
     would not, and Ray's autoscaler reads the RayCluster's. The operator patches the RayCluster it
     owns: the same cluster, in place, with the new bounds; Serve gets the new max_replicas through
     the Serve config (a lightweight update: the running replica stays)."""
-    rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
-    cluster = rs["status"]["activeServiceStatus"]["rayClusterName"]
+    cluster = active_cluster(kube, ns, name)
     before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
         "replicas"] if r["state"] == "RUNNING"}
     edited = copy.deepcopy(body)
     edited["spec"]["replicas"] = {"min": 1, "max": MAX_REPLICAS}
     t0 = time.monotonic()
-    kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-",
-            input=yaml.safe_dump({**edited, "metadata": {**edited["metadata"], "namespace": ns}}))
+    apply(kube, ns, edited)
     phases: list[str] = []
 
     def bounds_everywhere():
@@ -631,15 +634,39 @@ def replicas_edit_reaches_the_raycluster(kube, ns: str, name: str, body: dict, s
     after = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
         "replicas"] if r["state"] == "RUNNING"}
     assert after == before, (before, after)
+    return edited
 
 
-def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
+def downscale_delay_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving_ray: RealRay) -> None:
+    """serve.downscaleDelaySeconds (Serve's default, 600 s, until now) -> DOWNSCALE_DELAY_S: a
+    deployments override like the replica bounds, so Serve takes it in place (no replica started
+    or restarted for it) and the load's replicas can go sooner."""
+    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+        "replicas"]}
+    edited = copy.deepcopy(body)
+    edited["spec"]["serve"] = {**edited["spec"]["serve"], "downscaleDelaySeconds": DOWNSCALE_DELAY_S}
+    t0 = time.monotonic()
+    apply(kube, ns, edited)
+
+    def serve_has_it():
+        d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+        return d if d["deployment_config"]["autoscaling_config"].get("downscale_delay_s") == DOWNSCALE_DELAY_S else None
+
+    llm = kube.wait(serve_has_it, 120, f"Serve to take downscale_delay_s {DOWNSCALE_DELAY_S}", interval=1)
+    TIMINGS["downscale_delay_edit_to_serve_s"] = time.monotonic() - t0
+    # In place: every replica Serve has now was there before the edit (a rebuilt application
+    # would have replaced them all).
+    assert {r["replica_id"] for r in llm["replicas"]} <= before, (before, llm["replicas"])
+
+
+def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray: RealRay, dashboard) -> None:
     """replicas {1, MAX_REPLICAS}, targetOngoingRequests TARGET_ONGOING and LOAD_CLIENTS requests at
     a time: Serve's autoscaler (with the operator's autoscaling_config and Serve's own delays) asks
     for LOAD_REPLICAS replicas, each of which, holding a whole slice as on a TPU, waits for a slice of
     its own: Ray's pending placement groups of the slice's chips, the demand Ray's autoscaler
     (running here) turns into slices, up to the RayCluster's maxReplicas, which the edit before
-    raised. Then the load stops and the idle slice is given back."""
+    raised. Then the load stops, a shorter downscale delay is edited in, and the idle slice is given
+    back."""
     endpoint, proxy = f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1", dashboard.url
     llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
     scaling = llm["deployment_config"]["autoscaling_config"]
@@ -655,6 +682,14 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
             except Exception as exc:  # noqa: BLE001 (counted, asserted below)
                 errors.append(repr(exc))
 
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(LOAD_CLIENTS)]
+
+    def stop_clients() -> None:
+        if not stop.is_set():
+            stop.set()
+            for t in clients:
+                t.join(180)
+
     phases: list[str] = []
 
     def phase() -> str:
@@ -663,12 +698,9 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
             phases.append(p)
         return p
 
-    rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
-    cluster = rs["status"]["activeServiceStatus"]["rayClusterName"]
-    autoscaler = RealAutoscaler(kube, serving_ray.python, serving_ray, ns, cluster,
-                                Path(serving_ray.workdir) / f"autoscaler-{cluster}").start()
+    cluster = active_cluster(kube, ns, name)
+    autoscaler = RealAutoscaler(kube, serving_ray, ns, cluster).start()
     t0 = time.monotonic()
-    clients = [threading.Thread(target=client, daemon=True) for _ in range(LOAD_CLIENTS)]
     for t in clients:
         t.start()
     scrapes = ScrapesWhileServing(serving_ray)
@@ -704,17 +736,14 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
         added, added_nodes, placed, st = a_second_slice_serves_the_next_replica(kube, ns, name, serving_ray, phase,
                                                                                 autoscaler)
         TIMINGS["second_slice_to_second_replica_s"] = time.monotonic() - t1
-        stop.set()
-        for t in clients:
-            t.join(180)
+        stop_clients()
         t2 = time.monotonic()
-        given_back, remaining = an_idle_slice_is_given_back(kube, ns, name, cluster, serving_ray, autoscaler,
-                                                            (added, *prober_replicas(kube, ns, cluster)))
+        downscale_delay_edit_goes_in_place(kube, ns, name, body, serving_ray)
+        given_back, remaining = an_idle_slice_is_given_back(kube, ns, cluster, serving_ray, autoscaler,
+                                                            added, prober_replicas(kube, ns, cluster))
         TIMINGS["load_gone_to_slice_given_back_s"] = time.monotonic() - t2
     finally:
-        stop.set()
-        for t in clients:
-            t.join(180)
+        stop_clients()
         autoscaler.stop()
         if added:
             serving_ray.remove_slice(added)  # the head's other services have one slice
@@ -726,8 +755,8 @@ def serve_scales_up_under_load(kube, ns: str, name: str, serving_ray: RealRay, d
     assert sorted(state for state, _ in replicas.values()) == ["RUNNING"] + ["STARTING"] * (LOAD_REPLICAS - 1), replicas
     assert [node for state, node in replicas.values() if state == "STARTING"] == [None] * (LOAD_REPLICAS - 1), replicas
     # Then a second slice (what Ray's autoscaler added for that demand): a replica runs on each slice,
-    # a third (if Serve still wants it: its downscale delay is 5 s here) still waits, and the status
-    # counts the two slices and says what the third, which no node pool here can take, waits for.
+    # a third still waits, and the status counts the two slices and says what the third, which no
+    # node pool here can take, waits for.
     after = {r["replica_id"]: (r["state"], r.get("node_id")) for r in placed["replicas"]}
     print(f"second slice: replicas {after}; status {st['replicasReady']} {st['message']!r}")
     states = sorted(state for state, _ in after.values())
@@ -790,14 +819,14 @@ def slice_given_back(kube, ns: str, cluster: str, running: set[str], replicas_le
     return gone.pop() if worker_group(kube, ns, cluster).get("replicas") == replicas_left and len(gone) == 1 else None
 
 
-def an_idle_slice_is_given_back(kube, ns: str, name: str, cluster: str, serving_ray: RealRay,
-                                autoscaler: RealAutoscaler, replicas: tuple[str, ...]) -> tuple[str, dict]:
+def an_idle_slice_is_given_back(kube, ns: str, cluster: str, serving_ray: RealRay, autoscaler: RealAutoscaler,
+                                added: str, running: list[str]) -> tuple[str, dict]:
     """The load gone, Serve stops the replicas above replicas.min after serve.downscaleDelaySeconds,
     and Ray's autoscaler gives back the slice left idle once it has been idle IDLE_TIMEOUT_S: it
     drains the slice's Ray node (its raylet exits), then writes the group one replica down with
-    that pod in workersToDelete, and KubeRay deletes the pod. Returns the pod replica given back
-    and the worker group as the autoscaler left it."""
-    added, *running = replicas
+    that pod in workersToDelete, and KubeRay deletes the pod. `running`: the pod replicas of the
+    running TPU hosts (`added`, the slice the load's replica got, among them). Returns the pod
+    replica given back and the worker group as the autoscaler left it."""
     short_idle_timeout(kube, ns, cluster)
 
     def one_replica():
@@ -827,8 +856,7 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
     here as that pod's slice), and Serve places the waiting LLM replica on it, which loads the
     model from the cache volume. Returns the added pod replica, its slice's Ray nodes, Serve's LLM deployment with
     two replicas running, and the service's status once it counts both slices."""
-    rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
-    cluster = rs["status"]["activeServiceStatus"]["rayClusterName"]
+    cluster = active_cluster(kube, ns, name)
 
     def autoscaler_raised_the_group():
         phase()
@@ -850,7 +878,7 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
     newest = max(kube.wait(two_hosts_running, 180, "KubeRay's second TPU host pod running"),
                  key=lambda p: p.metadata.creation_timestamp)
     added = prober.pod_replica(kube.core.api_client.sanitize_for_serialization(newest))
-    nodes = serving_ray.add_slice(rs, added)
+    nodes = serving_ray.add_slice(kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name), added)
 
     def two_replicas_running():
         phase()

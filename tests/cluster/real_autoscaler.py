@@ -5,6 +5,7 @@ made for that cluster's autoscaler (so with the rights KubeRay's Role gives it),
 head's GCS. What it decides, it writes to the RayCluster (`replicas`, `workersToDelete`), and
 KubeRay makes or deletes the pods.
 
+Its env is KubeRay's for that container: the RayCluster's autoscalerOptions.env, read at start.
 Two differences from the head pod, both about where things run here, never about a decision:
   * The API server and its CA are on 127.0.0.1 (Ray's own KUBERNETES_SERVICE_HOST and
     RAY_KUBERAY_CA_CERT_PATH), and the token is a file of ours instead of the projected
@@ -56,6 +57,12 @@ class RealAutoscaler:
         return self.kube.core.create_namespaced_service_account_token(
             head.spec.service_account_name, self.namespace, request).status.token
 
+    def _container_env(self) -> dict[str, str]:
+        """The RayCluster's autoscalerOptions.env, which KubeRay puts in the autoscaler container
+        (read once, as a container's env is)."""
+        rc = self.kube.custom.get_namespaced_custom_object("ray.io", "v1", self.namespace, "rayclusters", self.cluster)
+        return {e["name"]: e["value"] for e in rc["spec"].get("autoscalerOptions", {}).get("env") or [] if "value" in e}
+
     def start(self) -> "RealAutoscaler":
         self.workdir.mkdir(parents=True, exist_ok=True)
         token = self.workdir / "token"
@@ -66,6 +73,7 @@ class RealAutoscaler:
         env.update(KUBERNETES_SERVICE_HOST=server.hostname, KUBERNETES_SERVICE_PORT_HTTPS=str(server.port),
                    RAY_KUBERAY_CA_CERT_PATH=config.ssl_ca_cert, KUBERAY_CRD_VER="v1",
                    RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.ray.token, RAY_USAGE_STATS_ENABLED="0")
+        env.update(self._container_env())
         log = open(self.workdir / "autoscaler.out", "ab")
         self.proc = subprocess.Popen(
             [self.python, __file__, self.namespace, self.cluster, self.ray.gcs_address, str(token),

@@ -699,6 +699,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
         return p
 
     cluster = active_cluster(kube, ns, name)
+    short_pending_timeout(kube, ns, cluster)
     autoscaler = RealAutoscaler(kube, serving_ray, ns, cluster).start()
     t0 = time.monotonic()
     for t in clients:
@@ -741,7 +742,9 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
         downscale_delay_edit_goes_in_place(kube, ns, name, body, serving_ray)
         given_back, remaining = an_idle_slice_is_given_back(kube, ns, cluster, serving_ray, autoscaler,
                                                             added, prober_replicas(kube, ns, cluster))
-        TIMINGS["load_gone_to_slice_given_back_s"] = time.monotonic() - t2
+        TIMINGS["load_gone_to_one_slice_s"] = time.monotonic() - t2
+        settled = kube.wait(lambda: (lambda s: s if s.get("replicasReady") == "1/1" else None)(status(kube, ns, name)),
+                            120, "the status to count the one slice left")
     finally:
         stop_clients()
         autoscaler.stop()
@@ -768,9 +771,11 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
     assert st["message"].startswith(f"serving {name} on 2 replica(s) of a v6e 2x2 slice; 1 more wanted by Ray's "
                                     "autoscaler cannot start: pod "), st["message"]
     assert "Unschedulable" in st["message"], st["message"]
-    # Load gone: Serve went back to one replica and Ray's autoscaler gave an idle slice back.
+    # Load gone: Serve went back to one replica, Ray's autoscaler gave an idle slice back and
+    # cancelled the one never needed, and the status counts the slice left.
     print(f"given back: pod replica {given_back}; worker group replicas {remaining.get('replicas')}, "
-          f"{remaining.get('scaleStrategy')}")
+          f"{remaining.get('scaleStrategy')}; status {settled['replicasReady']} {settled['message']!r}")
+    assert settled["phase"] == "Ready" and settled["message"] == f"serving {name} on 1 replica(s) of a v6e 2x2 slice", settled
     assert answered and not errors, errors[:3]
     assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
     # Serving all along, on the one replica it has, while the deployment scales.
@@ -789,6 +794,21 @@ def prober_replicas(kube, ns: str, cluster: str) -> list[str]:
 # The cluster's idle timeout on the chain: the operator's (render.SLICE_IDLE_TIMEOUT_S, longer than a
 # slice takes to come) would keep an idle slice 30 min.
 IDLE_TIMEOUT_S = 10
+
+
+# The cluster's pending-slice timeout on the chain (the operator's: render.PENDING_SLICE_IDLE_TIMEOUT_S).
+PENDING_TIMEOUT_S = 10
+
+
+def short_pending_timeout(kube, ns: str, cluster: str) -> None:
+    """PENDING_TIMEOUT_S in the RayCluster's autoscalerOptions.env, which the autoscaler reads at
+    its start (as its container's env), in place of the operator's value."""
+    env = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)["spec"][
+        "autoscalerOptions"]["env"]
+    assert [e["name"] for e in env] == [render.PENDING_SLICE_IDLE_TIMEOUT_ENV], env
+    kubectl(kube.kubeconfig, "patch", "raycluster", cluster, "-n", ns, "--type=merge", "-p", json.dumps(
+        {"spec": {"autoscalerOptions": {"env": [{"name": render.PENDING_SLICE_IDLE_TIMEOUT_ENV,
+                                                  "value": str(PENDING_TIMEOUT_S)}]}}}))
 
 
 def short_idle_timeout(kube, ns: str, cluster: str) -> None:
@@ -814,9 +834,9 @@ def wait_for_autoscaler(kube, autoscaler: RealAutoscaler, what: str, predicate, 
 
 def slice_given_back(kube, ns: str, cluster: str, running: set[str], replicas_left: int) -> str | None:
     """The pod replica of `running` that Ray's autoscaler gave back (deleted through workersToDelete,
-    the group's replicas down to `replicas_left`), once there is exactly one."""
+    the group's replicas down to `replicas_left` or fewer), once there is exactly one."""
     gone = running - set(prober_replicas(kube, ns, cluster))
-    return gone.pop() if worker_group(kube, ns, cluster).get("replicas") == replicas_left and len(gone) == 1 else None
+    return gone.pop() if worker_group(kube, ns, cluster).get("replicas") <= replicas_left and len(gone) == 1 else None
 
 
 def an_idle_slice_is_given_back(kube, ns: str, cluster: str, serving_ray: RealRay, autoscaler: RealAutoscaler,
@@ -837,15 +857,26 @@ def an_idle_slice_is_given_back(kube, ns: str, cluster: str, serving_ray: RealRa
     replica = wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to give an idle slice back",
                                   lambda: slice_given_back(kube, ns, cluster, set(running), MAX_REPLICAS - 1))
     # The slice's hosts go with its pod (their raylets already exited, drained): Serve's replica
-    # left may be on either slice. The first slice's hosts come back at the next attach. (The pod
-    # Ray's autoscaler still asks for, Pending until now, may take the freed node: the status is
-    # not checked here, see docs/serving.md.)
+    # left may be on either slice. The first slice's hosts come back at the next attach.
     if replica == added:
         serving_ray.remove_slice(added)
     else:
         for index in list(serving_ray.current["node_ids"]):
             serving_ray.kill_host(int(index))
-    return replica, worker_group(kube, ns, cluster)
+
+    # The third slice, asked for under the load and Pending since (or running on the node the
+    # given-back pod freed, but without Ray), is needed by no demand now: cancelled once that has
+    # lasted PENDING_TIMEOUT_S (the operator's RAY_AUTOSCALER_PENDING_NODE_IDLE_TIMEOUT_S), so it
+    # cannot become a slice nobody uses.
+    def one_slice_left():
+        group = worker_group(kube, ns, cluster)
+        pods = kube.core.list_namespaced_pod(
+            ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={render.WORKER_GROUP}").items
+        return group if group.get("replicas") == 1 and len(pods) == 1 else None
+
+    group = wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to cancel the slice no demand needs",
+                                one_slice_left, 120)
+    return replica, group
 
 
 def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray: RealRay, phase,

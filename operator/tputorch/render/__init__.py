@@ -230,6 +230,12 @@ def autoscaler_token_volume() -> dict:
 # node pool), so that a short lull does not cost a whole new provisioning.
 AUTOSCALER_VERSION = "v2"
 SLICE_IDLE_TIMEOUT_S = 1800
+# A slice asked for and not yet running Ray (its pod Pending for capacity, or still provisioning)
+# that no demand has needed this long is cancelled: Ray's default (-1) keeps it until the 60 min
+# allocation timeout, and a slice that arrives after its load has gone then sits idle for
+# SLICE_IDLE_TIMEOUT_S more. Long enough that a lull in a burst does not cancel a slice about to come.
+PENDING_SLICE_IDLE_TIMEOUT_ENV = "RAY_AUTOSCALER_PENDING_NODE_IDLE_TIMEOUT_S"
+PENDING_SLICE_IDLE_TIMEOUT_S = 600
 
 
 def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1,
@@ -248,7 +254,9 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         # alone gets the API token (autoscaler_token), not the Ray container beside it.
         "head_automount": spec.automount_service_account_token,
         "autoscaler_options": {"securityContext": spec.security_context,
-                               **({"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": SLICE_IDLE_TIMEOUT_S}
+                               **({"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": SLICE_IDLE_TIMEOUT_S,
+                                   "env": [{"name": PENDING_SLICE_IDLE_TIMEOUT_ENV,
+                                            "value": str(PENDING_SLICE_IDLE_TIMEOUT_S)}]}
                                   if autoscaling else {}),
                                **({"volumeMounts": [AUTOSCALER_TOKEN_MOUNT]} if token_in_autoscaler else {})},
         "head_volumes": head_storage["volumes"] + ([autoscaler_token_volume()] if token_in_autoscaler else []),

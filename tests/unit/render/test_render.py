@@ -877,13 +877,17 @@ def test_the_raycluster_bounds_patch_tests_uid_and_group_and_clamps_replicas():
     assert [o["value"] for o in render.raycluster_bounds_patch(svc, rc)[2:]] == [2, 3, 3]
 
 
-def test_an_autoscaled_service_runs_autoscaler_v2_with_an_idle_timeout_above_slice_provisioning():
+def test_an_autoscaled_service_runs_autoscaler_v2_with_idle_timeouts_above_slice_provisioning():
     """Issue 35: KubeRay runs v2 only when autoscalerOptions.version says so; v1's KubeRay provider
     counts a multi-host group's replicas in pods, v2 in slices (numOfHosts)."""
     cluster = rendered_service({"replicas": {"min": 1, "max": 3}})["spec"]["rayClusterConfig"]
     options = cluster["autoscalerOptions"]
     assert cluster["enableInTreeAutoscaling"] is True and options["version"] == "v2"
     assert options["idleTimeoutSeconds"] >= 15 * 60  # a multi-host TPU node pool takes minutes to provision
+    # A slice still pending once no demand needs it is cancelled (Ray's default: never), after
+    # long enough for a multi-host slice to come, and well before Ray's 60 min allocation timeout.
+    (pending,) = [e for e in options["env"] if e["name"] == "RAY_AUTOSCALER_PENDING_NODE_IDLE_TIMEOUT_S"]
+    assert 5 * 60 <= int(pending["value"]) < 60 * 60, pending
     # v2 needs the head's and workers' restartPolicy Never or unset (KubeRay's validation)
     for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
         assert template["spec"].get("restartPolicy", "Never") == "Never"

@@ -76,8 +76,8 @@ MAX_REPLICAS = 3
 # a replica that cannot start to report.
 LOAD_CLIENTS, TARGET_ONGOING = 8, 2
 # serve.downscaleDelaySeconds, edited in once the load is gone. Under the load Serve keeps its 600 s
-# default: with 5 s, Serve's count of replicas wanted dipped and it fell back before the added
-# replicas were placed (load to 3 replicas asked for: 47-227 s, against 36-46 s with the default).
+# default, so that a dip in its count of replicas wanted cannot stop the ones waiting for a slice
+# (load to 3 replicas asked for, with 5 s throughout: 47-227 s; with the default: 36-46 s alone).
 DOWNSCALE_DELAY_S = 5
 LOAD_REPLICAS = MAX_REPLICAS
 # The tiny model's repo id on the fake Hub, and the claim of the cache volume the first test mounts.
@@ -707,20 +707,26 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
     scrapes = ScrapesWhileServing(serving_ray)
     added = None
     try:
+        steps: list[tuple] = []  # what Serve and Ray showed on the way, each change with its time
+
         def second_waits_for_a_slice():
             phase()
             scrapes.scrape()
             d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+            groups = [g for g in serving_chain.pending_placement_groups(serving_ray)
+                      if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4]]
+            step = (d["target_num_replicas"], sorted(r["state"] for r in d["replicas"]), len(groups), d["status"])
+            if not steps or steps[-1][1:] != step:
+                steps.append((round(time.monotonic() - t0, 1), *step))
             if (d["target_num_replicas"] != LOAD_REPLICAS
                     or len([r for r in d["replicas"] if r["state"] != "STOPPING"]) != LOAD_REPLICAS):
                 return None
-            groups = [g for g in serving_chain.pending_placement_groups(serving_ray)
-                      if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4]]
             return (d, groups) if len(groups) == LOAD_REPLICAS - 1 else None
 
         llm, groups = kube.wait(second_waits_for_a_slice, 600, "Serve's added LLM replicas and their slices' demand",
                                 interval=2)
         TIMINGS["load_to_added_replicas_s"] = time.monotonic() - t0
+        print(f"load to added replicas (s, target, replica states, pending slice groups, status): {steps}")
 
         def kuberay_reports_it():  # what the operator reads: KubeRay's copy of Serve's status
             phase()

@@ -718,6 +718,25 @@ def _service_spec_schema() -> dict:
                 }]},
             ),
             "exposure": _exposure_schema(),
+            "lora": _s(
+                "LoRA adapters loaded on demand (Ray Serve LLM's lora_config): each folder under path is one adapter, "
+                "asked for as model \"<spec.model.name>:<folder>\"; a replica downloads it on its first request.",
+                type="object",
+                required=["path"],
+                properties={
+                    "path": _string(
+                        "gs://<bucket>[/<folder>] holding one subfolder per adapter (PEFT's adapter_config.json and "
+                        "weights), read with the pods' ServiceAccount (Workload Identity).",
+                        pattern="^" + spec.LORA_PATH.pattern + "$", maxLength=spec.MAX_STRING),
+                    "maxAdaptersPerReplica": _int(
+                        "Adapters a replica keeps loaded (the least recently used is dropped for a new one); also "
+                        "vLLM's max_loras, the adapters one batch may mix.",
+                        minimum=1, maximum=spec.MAX_LORA_ADAPTERS, default=spec.SERVICE_DEFAULTS["lora.maxAdaptersPerReplica"]),
+                    "maxRank": _int(
+                        "The largest LoRA rank of any adapter (vLLM's max_lora_rank).",
+                        enum=list(spec.LORA_RANKS), default=spec.SERVICE_DEFAULTS["lora.maxRank"]),
+                },
+            ),
             "upgradeStrategy": _string(
                 "KubeRay's RayService upgrade strategy. NewCluster: an edit of the cluster (image, env, resources, "
                 "engine placement) starts a second RayCluster, i.e. a second set of slices, and switches over once it "

@@ -29,7 +29,7 @@ SERVICE_SINGLE_SLICE_REASON = (
 # TPUTorchService: vLLM picks its own device split from tensor/pipeline parallelism, so there is no
 # chipsPerWorker.
 SERVICE_TPU_FIELDS = TPU_FIELDS - {"chipsPerWorker"}
-SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas", "serve", "upgradeStrategy", "exposure"}
+SERVICE_SPEC_FIELDS = COMMON_FIELDS | {"model", "engine", "replicas", "serve", "upgradeStrategy", "exposure", "lora"}
 MODEL_FIELDS = {"source", "name", "hfTokenSecret", "cacheVolume"}
 # spec.model.cacheVolume: the spec.volumes entry (a GCS FUSE bucket or a PVC) that holds the
 # Hugging Face download cache and vLLM's compile cache, so that a restart, an upgrade or a new
@@ -45,6 +45,29 @@ def cache_env(cache_path: str, s: topology.Slice) -> dict[str, str]:
     directory: two services of different shapes on one volume never read each other's graphs."""
     return {"HF_HOME": f"{cache_path}/huggingface",
             "VLLM_CACHE_ROOT": f"{cache_path}/vllm/{s.generation.name}-{s.topology}"}
+
+# spec.lora: LoRA adapters loaded on demand (Ray Serve LLM's lora_config, Serve's model multiplexing).
+# Each folder under spec.lora.path is one adapter, asked for as model "<spec.model.name>:<folder>";
+# a replica downloads it on its first request and keeps the most recent maxAdaptersPerReplica.
+LORA_FIELDS = {"path", "maxAdaptersPerReplica", "maxRank"}
+# A GCS bucket (3-222 characters) and an optional folder in it: the TPU hosts read it through the
+# service's Kubernetes ServiceAccount (Workload Identity); Ray's other stores (s3://, abfss://) need
+# credentials the operator does not manage.
+LORA_PATH = re.compile(r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?")
+# vLLM 0.29's LoRAConfig.max_lora_rank choices.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MAX_LORA_ADAPTERS = 256
+# engine.args the operator sets from spec.lora: vLLM's LoRA slots match what Serve keeps per replica.
+LORA_ENGINE_ARGS = {"enable_lora": "spec.lora", "max_loras": "spec.lora.maxAdaptersPerReplica",
+                    "max_lora_rank": "spec.lora.maxRank"}
+
+
+@dataclass(frozen=True)
+class Lora:
+    path: str  # gs://bucket/folder, one subfolder per adapter
+    max_adapters: int  # per replica: Serve's max_num_adapters_per_replica and vLLM's max_loras
+    max_rank: int  # vLLM's max_lora_rank: the largest rank of any adapter
+
 
 SECRET_REF_FIELDS = {"name", "key"}
 ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
@@ -130,6 +153,9 @@ SERVICE_DEFAULTS: dict[str, Any] = {
     # streams the tokens back; more for many concurrent streams.
     "serve.ingressReplicas": 1,
     "upgradeStrategy": "NewCluster",
+    # A few adapters per replica: vLLM reserves device memory for every slot at every rank.
+    "lora.maxAdaptersPerReplica": 4,
+    "lora.maxRank": 16,  # vLLM's own default
 }
 # Environment the operator sets on a service's pods (render.py), never the user's to repeat.
 SERVICE_ENV = {
@@ -169,6 +195,7 @@ class ServiceSpec(CommonSpec):
     cache_path: str | None = None  # spec.model.cacheVolume's mountPath
     upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
     exposure: Exposure = Exposure()  # who may call the Serve port (its NetworkPolicy)
+    lora: Lora | None = None  # spec.lora: adapters loaded on demand
 
     @property
     def autoscaling(self) -> bool:
@@ -183,12 +210,13 @@ def _arg_key(key: str) -> str:
 
 _FIELD_ARG_KEYS = {_arg_key(k): (k, where) for k, where in ENGINE_FIELD_ARGS.items()}
 _OWNED_ARG_KEYS = {_arg_key(k): (k, why) for k, why in ENGINE_OWNED_ARGS.items()}
+_LORA_ARG_KEYS = {_arg_key(k): (k, where) for k, where in LORA_ENGINE_ARGS.items()}
 
 
 _ENGINE_ARG_SPELLINGS = {_arg_key(k): k for k in SERVE_ENGINE_ARGS | set(REFUSED_FRONTEND_ARGS)}
 
 
-def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
+def _parse_engine_args(r: Reader, engine: Mapping, lora_set: bool) -> dict:
     args = r.mapping(engine, "args", "spec.engine.args")
     if not freeform(r, args, "spec.engine.args"):
         return {}
@@ -204,6 +232,9 @@ def _parse_engine_args(r: Reader, engine: Mapping) -> dict:
         elif normal in _OWNED_ARG_KEYS:
             name, why = _OWNED_ARG_KEYS[normal]
             r.error(path, value, f"must not be set: {why}")
+        elif lora_set and normal in _LORA_ARG_KEYS:
+            name, where = _LORA_ARG_KEYS[normal]
+            r.error(path, value, f"must not be set with spec.lora: the operator sets {name} from {where}")
         elif _ENGINE_ARG_SPELLINGS.get(normal) in REFUSED_FRONTEND_ARGS:
             r.error(path, value, f"must not be set: {REFUSED_FRONTEND_ARGS[_ENGINE_ARG_SPELLINGS[normal]]}")
         elif key not in SERVE_ENGINE_ARGS:
@@ -238,6 +269,27 @@ def serving_problem(s: topology.Slice) -> tuple[str, str] | None:
         return ("chipsPerHost", f"must be {default_layout} for a TPUTorchService on a {s.generation.name} {s.topology} slice: "
                 f"Ray Serve LLM reserves the slice by its topology, which Ray maps to {default_layout}-chip hosts")
     return None
+
+
+def parse_lora(r: Reader, spec: Mapping, model_name: str | None) -> Lora | None:
+    lora = r.mapping(spec, "lora", "spec.lora", LORA_FIELDS)
+    if not isinstance(spec.get("lora"), Mapping):  # unset, or not an object (refused above)
+        return None
+    path = r.value(lora, "path", "spec.lora.path", str, required=True, check=lambda v: None if LORA_PATH.fullmatch(v) else (
+        "must be gs://<bucket>[/<folder>], the folder whose subfolders are the adapters (Ray Serve LLM reads it "
+        "with the pods' Workload Identity; other stores are not offered)"))
+    max_adapters = r.value(lora, "maxAdaptersPerReplica", "spec.lora.maxAdaptersPerReplica", int,
+                           default=SERVICE_DEFAULTS["lora.maxAdaptersPerReplica"], check=between(1, MAX_LORA_ADAPTERS))
+    max_rank = r.value(lora, "maxRank", "spec.lora.maxRank", int, default=SERVICE_DEFAULTS["lora.maxRank"],
+                       check=lambda v: None if v in LORA_RANKS else
+                       f"must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's max_lora_rank choices)")
+    if model_name and ":" in model_name:
+        # Ray Serve LLM splits "<model>:<adapter>" at the first colon.
+        r.error("spec.model.name", model_name, "must not contain ':' when spec.lora is set: an adapter is asked for "
+                "as model \"<spec.model.name>:<adapter>\"")
+    if path is None or max_adapters is None or max_rank is None:
+        return None
+    return Lora(path=path.rstrip("/"), max_adapters=max_adapters, max_rank=max_rank)
 
 
 def check_scale_to_zero(r, slice_, max_replicas: int | None, queue_name: str | None) -> None:
@@ -305,7 +357,8 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     expert = r.value(engine, "enableExpertParallel", "spec.engine.enableExpertParallel", bool,
                      default=SERVICE_DEFAULTS["engine.enableExpertParallel"])
     max_model_len = r.value(engine, "maxModelLen", "spec.engine.maxModelLen", int, check=between(1, INT32_MAX))
-    engine_args = _parse_engine_args(r, engine)
+    lora = parse_lora(r, spec, model_name)
+    engine_args = _parse_engine_args(r, engine, lora_set=isinstance(spec.get("lora"), Mapping))
     if tp is None and chips is not None and pp is not None:
         tp = chips // pp if chips % pp == 0 else None
         if tp is None:
@@ -400,5 +453,6 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         upgrade_strategy=strategy,
         cache_path=cache_path,
         exposure=exposure,
+        lora=lora,
     )
 

@@ -355,6 +355,9 @@ def engine_kwargs(svc: ServiceSpec) -> dict:
         kwargs["enable_expert_parallel"] = True
     if svc.max_model_len is not None:
         kwargs["max_model_len"] = svc.max_model_len
+    if svc.lora is not None:
+        # vLLM's LoRA slots: as many as Serve keeps adapters on the replica, so none waits for a slot.
+        kwargs.update(enable_lora=True, max_loras=svc.lora.max_adapters, max_lora_rank=svc.lora.max_rank)
     return kwargs
 
 
@@ -383,6 +386,8 @@ def serve_config(svc: ServiceSpec) -> dict:
         "topology": svc.slice.topology,
         "engine_kwargs": engine_kwargs(svc),
         "runtime_env": svc.runtime_env,
+        "lora_config": {"dynamic_lora_loading_path": svc.lora.path,
+                        "max_num_adapters_per_replica": svc.lora.max_adapters} if svc.lora else None,
         "llm_deployment_name": llm_deployment_name(svc.model_name),
         # JSON in the override's own key order (tojson would sort it): the serveConfigV2 text of a
         # service that sets ingressReplicas stays the one it had.

@@ -161,6 +161,24 @@ def test_both_kinds_expose_the_same_reconcile_attributes():
         ({"serve": {"ingressReplicas": 0}}, "spec.serve.ingressReplicas", "must be between 1 and 64"),
         ({"upgradeStrategy": "NewClusterWithIncrementalUpgrade"}, "spec.upgradeStrategy", "must be one of NewCluster, None"),
         ({"env": [{"name": "RAY_TPU_RESOURCE_PER_CHIP", "value": "1"}]}, "spec.env[0].name", "TPU7x"),
+        # spec.lora: a gs:// folder of adapters; vLLM's LoRA arguments are the operator's then.
+        ({"lora": {}}, "spec.lora.path", "is required"),
+        ({"lora": "gs://b/a"}, "spec.lora", "must be an object"),
+        ({"lora": {"path": "s3://b/adapters"}}, "spec.lora.path", "must be gs://<bucket>[/<folder>]"),
+        ({"lora": {"path": "gs://MyBucket/adapters"}}, "spec.lora.path", "other stores are not offered"),
+        ({"lora": {"path": "/models/adapters"}}, "spec.lora.path", "must be gs://"),
+        ({"lora": {"path": "gs://bkt/a", "maxRank": 12}}, "spec.lora.maxRank",
+         "must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (vLLM's max_lora_rank choices)"),
+        ({"lora": {"path": "gs://bkt/a", "maxAdaptersPerReplica": 0}}, "spec.lora.maxAdaptersPerReplica", "must be between 1 and 256"),
+        ({"lora": {"path": "gs://bkt/a", "adapters": ["x"]}}, "spec.lora.adapters", "is not a known field"),
+        ({"lora": {"path": "gs://bkt/a"}, "model": {"source": "q", "name": "qwen:8b"}}, "spec.model.name",
+         "must not contain ':' when spec.lora is set"),
+        ({"lora": {"path": "gs://bkt/a"}, "engine": {"args": {"enable_lora": False}}}, "spec.engine.args.enable_lora",
+         "must not be set with spec.lora: the operator sets enable_lora from spec.lora"),
+        ({"lora": {"path": "gs://bkt/a"}, "engine": {"args": {"maxLoras": 8}}}, "spec.engine.args.maxLoras",
+         "the operator sets max_loras from spec.lora.maxAdaptersPerReplica"),
+        ({"lora": {"path": "gs://bkt/a"}, "engine": {"args": {"max_lora_rank": 64}}}, "spec.engine.args.max_lora_rank",
+         "the operator sets max_lora_rank from spec.lora.maxRank"),
     ],
 )
 def test_each_rule_names_field_value_and_what_is_allowed(overrides, path, fragment):
@@ -356,3 +374,12 @@ def test_the_serve_service_defaults_to_clusterip_and_takes_a_load_balancer_with_
 def test_serve_service_errors_name_the_field_the_value_and_what_is_allowed(serve_service, path, fragment):
     err = only_error(service_body(exposure={"serveService": serve_service}))
     assert err.path == path and fragment in str(err), str(err)
+
+
+def test_lora_defaults_and_vllms_lora_args_are_the_users_without_it():
+    svc = spec.parse_service(service_body(lora={"path": "gs://my-adapters/qwen3/"}))
+    assert svc.lora == spec.Lora(path="gs://my-adapters/qwen3", max_adapters=4, max_rank=16)
+    assert spec.parse_service(service_body()).lora is None
+    # without spec.lora, vLLM's own LoRA arguments pass through (e.g. adapters baked into the image)
+    plain = spec.parse_service(service_body(engine={"args": {"enable_lora": True, "max_lora_rank": 64}}))
+    assert plain.lora is None and plain.engine_args == {"enable_lora": True, "max_lora_rank": 64}

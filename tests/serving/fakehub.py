@@ -36,8 +36,10 @@ import sys
 import tempfile
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+
+from loopback import LoopbackService
 
 # What the Hub's default .gitattributes stores in LFS: the weights.
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
@@ -103,14 +105,15 @@ class Repo:
         return entries
 
 
-class FakeHub:
+class FakeHub(LoopbackService):
+    thread_name = "fakehub"
+
     def __init__(self, repos: dict[str, Path]):
         self.repos = {repo_id: Repo(repo_id, Path(root)) for repo_id, root in repos.items()}
         self._lock = threading.Lock()
         self._full: dict[str, int] = {}
         self._ranged: dict[str, int] = {}
         self.requests: list[dict] = []  # method, path, range, status, bytes: what was asked, in order
-        self._server: ThreadingHTTPServer | None = None
 
     # -- what was sent -----------------------------------------------------------------------------
     def full_bytes(self) -> dict[str, int]:
@@ -144,35 +147,6 @@ class FakeHub:
                 counts[key] = counts.get(key, 0) + entry["bytes"]
 
     # -- the server --------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        assert self._server, "not started"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> "FakeHub":
-        hub = self
-
-        class Handler(_Handler):
-            pass
-
-        Handler.hub = hub
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="fakehub", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "FakeHub":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def repo_of(self, path: str) -> tuple[Repo | None, str]:
         """The served repo `path` starts with ("<org>/<name>/..."), and the rest of the path."""
         for repo_id, repo in self.repos.items():
@@ -182,7 +156,7 @@ class FakeHub:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    hub: FakeHub
+    service: FakeHub
     protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects of the Hub
 
     def log_message(self, *args) -> None:  # the request log is hub.requests
@@ -209,11 +183,11 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
-            self.hub._sent(entry, key, ranged)
+            self.service._sent(entry, key, ranged)
 
     # /api/models/<repo>[/revision/<rev> | /tree/<rev>[/<path>]]
     def _api(self, path: str, query: dict, entry: dict, send_body: bool) -> None:
-        repo, rest = self.hub.repo_of(path)
+        repo, rest = self.service.repo_of(path)
         if repo is None:
             return self._error(entry, 404, "RepoNotFound", f"Repository not found: {path}", None, send_body)
         if rest == "":
@@ -233,7 +207,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # /<repo>/resolve/<rev>/<path>
     def _resolve(self, path: str, entry: dict, send_body: bool) -> tuple[str | None, bool]:
-        repo, rest = self.hub.repo_of(path)
+        repo, rest = self.service.repo_of(path)
         m = re.fullmatch(r"resolve/([^/]+)/(.+)", rest)
         if repo is None or not m:
             self._error(entry, 404, "RepoNotFound", f"Repository not found: {path}", None, send_body)
@@ -329,3 +303,6 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+FakeHub.handler = _Handler

@@ -220,6 +220,21 @@ def _volumes_schema() -> dict:
                             "Cloud Storage FUSE mount options, e.g. implicit-dirs, only-dir=runs.", type="array",
                             maxItems=storage.MAX_MOUNT_OPTIONS, items={"type": "string", "minLength": 1, "maxLength": 256},
                         ),
+                        "fileCache": _s(
+                            "Cloud Storage FUSE's file cache on the node: a file read once (e.g. a model's weights) is read "
+                            "from the node afterwards (fileCacheCapacity, fileCacheForRangeRead), in the pod's "
+                            f"{storage.CACHE_VOLUME} emptyDir the operator adds, sized to the capacity.",
+                            type="object", required=["capacity"],
+                            properties={
+                                "capacity": _quantity_string("Most the cache holds for this bucket, e.g. 200Gi."),
+                                "medium": _string("Of the cache volume: \"\" (the node's boot disk, default) or Memory "
+                                                  "(the host's RAM, counted as the pod's memory).",
+                                                  enum=list(storage.EMPTY_DIR_MEDIA)),
+                                "parallelDownloads": _s(
+                                    "Fetch a file at many streams on its first read (file-cache:enable-parallel-downloads; "
+                                    "default true).", type="boolean", default=True),
+                            },
+                        ),
                     },
                 ),
                 "pvc": _s("An existing PersistentVolumeClaim in the same namespace.", type="object", required=["claimName"],

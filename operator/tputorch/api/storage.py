@@ -34,13 +34,25 @@ MAX_MOUNT_OPTIONS = 32
 ROLES = ("head", "worker")
 VOLUME_FIELDS = {"name", "mountPath", "readOnly", "mountOn", "gcs", "pvc", "emptyDir"}
 SOURCES = ("gcs", "pvc", "emptyDir")
-GCS_FIELDS = {"bucket", "mountOptions"}
+GCS_FIELDS = {"bucket", "mountOptions", "fileCache"}
+# spec.volumes[].gcs.fileCache: Cloud Storage FUSE's file cache, so that a file read once (a model's
+# weights, at every replica start, retry and upgrade on the node) is read from the node afterwards
+# and, with parallel downloads, fetched at many streams at once on its first read. The cache lives in
+# the pod's volume named CACHE_VOLUME, which GKE's sidecar uses when the pod has one: an emptyDir the
+# operator adds, sized to the capacities of the pod's cached volumes ("" the node's boot disk,
+# Memory the host's RAM; either counts against the pod's memory or ephemeral storage).
+FILE_CACHE_FIELDS = {"capacity", "medium", "parallelDownloads"}
+CACHE_VOLUME = "gke-gcsfuse-cache"
+PARALLEL_DOWNLOADS_OPTION = "file-cache:enable-parallel-downloads:true"
 PVC_FIELDS = {"claimName"}
 EMPTY_DIR_FIELDS = {"sizeLimit", "medium"}
 EMPTY_DIR_MEDIA = ("", "Memory")
 # KubeRay adds /dev/shm (volume shared-mem) to every Ray container, and ray-logs with the autoscaler.
 RESERVED_VOLUME_NAMES = {"shared-mem": "KubeRay's /dev/shm volume", "ray-logs": "KubeRay's log volume with the autoscaler",
-                         "autoscaler-api-token": "the operator's API token volume of KubeRay's autoscaler"}
+                         "autoscaler-api-token": "the operator's API token volume of KubeRay's autoscaler",
+                         CACHE_VOLUME: "GKE's Cloud Storage FUSE sidecar takes it as its file cache (set gcs.fileCache)",
+                         "gke-gcsfuse-tmp": "GKE's Cloud Storage FUSE sidecar takes it as its temp directory",
+                         "gke-gcsfuse-buffer": "GKE's Cloud Storage FUSE sidecar takes it as its write buffer"}
 RESERVED_MOUNT_PATHS = {
     "/dev/shm": "KubeRay mounts shared memory there",
     "/proc": "the container runtime refuses a mount over /proc",
@@ -59,6 +71,13 @@ CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
+class FileCache:
+    capacity: str  # a quantity: the CSI driver's fileCacheCapacity
+    medium: str  # of the pod's CACHE_VOLUME: "" or Memory
+    parallel_downloads: bool
+
+
+@dataclass(frozen=True)
 class Volume:
     name: str
     mount_path: str
@@ -70,12 +89,20 @@ class Volume:
     claim_name: str | None = None
     size_limit: str | None = None
     medium: str = ""
+    file_cache: FileCache | None = None  # gcs only
 
     def pod_volume(self, security_context: Mapping[str, Any]) -> dict:
         """The pod's volume (core/v1 Volume); a gcs volume's files owned by the containers' user."""
         if self.source == "gcs":
             attributes = {"bucketName": self.bucket}
             options = fuse_owner_options(security_context, self.mount_options) + self.mount_options
+            if self.file_cache:
+                # Range reads too: safetensors are read at offsets (each tensor where it lies), and
+                # without it a read that does not start at 0 bypasses the cache.
+                attributes.update(fileCacheCapacity=self.file_cache.capacity, fileCacheForRangeRead="true")
+                if self.file_cache.parallel_downloads and not any(o.startswith("file-cache:enable-parallel-downloads")
+                                                                  for o in options):
+                    options += (PARALLEL_DOWNLOADS_OPTION,)
             if options:
                 attributes["mountOptions"] = ",".join(options)
             return {"name": self.name, "csi": {"driver": GCS_FUSE_DRIVER, "readOnly": self.read_only,
@@ -198,6 +225,7 @@ def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
                 if not isinstance(option, str) or not option or "," in option or len(option) > 256:
                     r.error(f"{path}.gcs.mountOptions[{j}]", option, "must be a non-empty string without commas, such as implicit-dirs")
             fields["mount_options"] = tuple(o for o in options if isinstance(o, str))
+            fields["file_cache"] = _parse_file_cache(r, block, f"{path}.gcs.fileCache", quantity)
         elif source == "pvc":
             fields["claim_name"] = r.value(block, "claimName", f"{path}.pvc.claimName", str, required=True,
                                            check=lambda v: None if len(v) <= 253 and CLAIM_NAME.fullmatch(v) else "must be a PersistentVolumeClaim name (a DNS subdomain)")
@@ -210,7 +238,48 @@ def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
                 r.error(f"{path}.readOnly", read_only, "must not be true for an emptyDir: nothing could ever write to it")
         volumes.append(Volume(name=name, mount_path=mount_path, read_only=read_only,
                               mount_on=tuple(x for x in ROLES if x in mount_on), source=source, **fields))
+    check_file_caches(r, tuple(volumes))
     return tuple(volumes)
+
+
+def _parse_file_cache(r, gcs: Mapping, path: str, quantity) -> FileCache | None:
+    block = r.mapping(gcs, "fileCache", path, FILE_CACHE_FIELDS)
+    if not isinstance(gcs.get("fileCache"), Mapping):
+        return None
+    def positive(v) -> str | None:
+        if problem := quantity(v):
+            return problem
+        return "must be greater than zero (leave fileCache out for no cache)" if float(str(v).rstrip("kMGTPEmi")) == 0 else None
+
+    capacity = r.value(block, "capacity", f"{path}.capacity", (str, int), required=True, check=positive)
+    medium = r.value(block, "medium", f"{path}.medium", str, default="",
+                     check=lambda v: None if v in EMPTY_DIR_MEDIA else "must be \"\" (the node's disk) or Memory")
+    parallel = r.value(block, "parallelDownloads", f"{path}.parallelDownloads", bool, default=True)
+    if capacity is None or medium is None or parallel is None:
+        return None
+    return FileCache(capacity=str(capacity), medium=medium, parallel_downloads=parallel)
+
+
+def check_file_caches(r, volumes: tuple[Volume, ...]) -> None:
+    """A pod has one cache volume: the cached gcs volumes it mounts must agree on its medium."""
+    for role in ROLES:
+        media = sorted({v.file_cache.medium for v in volumes if v.file_cache and role in v.mount_on})
+        if len(media) > 1:
+            r.error("spec.volumes", media, f"gcs.fileCache.medium must be the same for every gcs volume with a fileCache "
+                    f"mounted on the {role}: a pod has one file cache volume ({CACHE_VOLUME})")
+            return
+
+
+def cache_volume(volumes: list[Volume]) -> dict | None:
+    """The pod's CACHE_VOLUME for the cached gcs volumes among ``volumes`` (one pod's), if any."""
+    from .common import quantity_value  # common imports this module
+
+    caches = [v.file_cache for v in volumes if v.file_cache]
+    if not caches:
+        return None
+    size = caches[0].capacity if len(caches) == 1 else str(int(sum(quantity_value(c.capacity) for c in caches)))
+    empty_dir = {"sizeLimit": size, **({"medium": caches[0].medium} if caches[0].medium else {})}
+    return {"name": CACHE_VOLUME, "emptyDir": empty_dir}
 
 
 def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...], quantity) -> dict[str, str]:
@@ -233,4 +302,7 @@ def pod_storage(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: s
     annotations: dict[str, str] = {}
     if any(v.source == "gcs" for v in mine):
         annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar}
-    return {"volumes": [v.pod_volume(security_context) for v in mine], "mounts": [v.mount() for v in mine], "annotations": annotations}
+    pod_volumes = [v.pod_volume(security_context) for v in mine]
+    if (cache := cache_volume(mine)) is not None:
+        pod_volumes.append(cache)
+    return {"volumes": pod_volumes, "mounts": [v.mount() for v in mine], "annotations": annotations}

@@ -154,6 +154,17 @@ def test_a_service_takes_the_same_block():
     ([{**SCRATCH, "emptyDir": {"medium": "HugePages"}}], "spec.volumes[0].emptyDir.medium", "Memory"),
     ([{**SCRATCH, "readOnly": True}], "spec.volumes[0].readOnly", "nothing could ever write to it"),
     ([{**GCS, "size": 1}], "spec.volumes[0].size", "is not a known field"),
+    ([{**GCS, "name": "gke-gcsfuse-cache"}], "spec.volumes[0].name", "takes it as its file cache (set gcs.fileCache)"),
+    ([{**GCS, "gcs": {"bucket": "b1", "fileCache": {}}}], "spec.volumes[0].gcs.fileCache.capacity", "is required"),
+    ([{**GCS, "gcs": {"bucket": "b1", "fileCache": {"capacity": "0Gi"}}}], "spec.volumes[0].gcs.fileCache.capacity",
+     "must be greater than zero (leave fileCache out for no cache)"),
+    ([{**GCS, "gcs": {"bucket": "b1", "fileCache": {"capacity": "lots"}}}], "spec.volumes[0].gcs.fileCache.capacity", "Kubernetes quantity"),
+    ([{**GCS, "gcs": {"bucket": "b1", "fileCache": {"capacity": "1Gi", "medium": "SSD"}}}], "spec.volumes[0].gcs.fileCache.medium",
+     "must be \"\" (the node's disk) or Memory"),
+    ([{**GCS, "gcs": {"bucket": "b1", "fileCache": {"capacity": "1Gi", "ttl": 5}}}], "spec.volumes[0].gcs.fileCache.ttl", "is not a known field"),
+    ([{**GCS, "gcs": {"bucket": "b1", "fileCache": {"capacity": "1Gi"}}},
+      {**GCS, "name": "b", "mountPath": "/b", "gcs": {"bucket": "b2", "fileCache": {"capacity": "1Gi", "medium": "Memory"}}}],
+     "spec.volumes", "gcs.fileCache.medium must be the same for every gcs volume with a fileCache mounted on the head"),
     ([dict(GCS, name=f"v{i}", mountPath=f"/v{i}") for i in range(storage.MAX_VOLUMES + 1)], "spec.volumes", "at most 16 volumes"),
 ])
 def test_bad_volumes_are_named(volumes, path, fragment):
@@ -171,3 +182,30 @@ def test_sidecar_settings_need_a_gcs_volume_and_quantities():
 def test_bad_ephemeral_storage_is_named():
     assert ("spec.worker.ephemeralStorage", "must be a Kubernetes quantity such as 4, 500m, 16Gi") in errors_of(
         body(worker={"ephemeralStorage": "big"}))
+
+
+def test_a_file_cache_is_the_csi_drivers_attributes_and_the_pods_cache_volume():
+    weights = {"name": "weights", "mountPath": "/models", "readOnly": True, "mountOn": ["worker"],
+               "gcs": {"bucket": "my-models", "fileCache": {"capacity": "200Gi"}}}
+    head, worker = pods(render.rayjob(spec.parse(body(volumes=[weights, GCS]))))
+    csi = worker["spec"]["volumes"][0]["csi"]["volumeAttributes"]
+    assert csi == {"bucketName": "my-models", "fileCacheCapacity": "200Gi", "fileCacheForRangeRead": "true",
+                   "mountOptions": "uid=1000,gid=100,file-mode=664,dir-mode=775,file-cache:enable-parallel-downloads:true"}
+    # One cache volume per pod, sized to what its cached buckets may hold; none where nothing is cached.
+    assert worker["spec"]["volumes"][-1] == {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": "200Gi"}}
+    assert "gke-gcsfuse-cache" not in [v["name"] for v in head["spec"]["volumes"]]
+    assert [m["name"] for m in worker["spec"]["containers"][0]["volumeMounts"]] == ["weights", "ckpt"]  # the sidecar's, not Ray's
+
+
+def test_file_caches_share_the_pods_cache_volume_and_the_users_options_win():
+    a = {"name": "a", "mountPath": "/a", "gcs": {"bucket": "b-a", "fileCache": {"capacity": "1Gi", "medium": "Memory"}}}
+    b = {"name": "b", "mountPath": "/b", "gcs": {"bucket": "b-b", "mountOptions": ["file-cache:enable-parallel-downloads:false"],
+                                                 "fileCache": {"capacity": "512Mi", "medium": "Memory", "parallelDownloads": True}}}
+    c = {"name": "c", "mountPath": "/c", "gcs": {"bucket": "b-c", "fileCache": {"capacity": "1Gi", "medium": "Memory",
+                                                                              "parallelDownloads": False}}}
+    head, _ = pods(render.rayjob(spec.parse(body(volumes=[a, b, c]))))
+    assert head["spec"]["volumes"][-1] == {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": str(2 * 2**30 + 2**29), "medium": "Memory"}}
+    options = [v["csi"]["volumeAttributes"]["mountOptions"].split(",") for v in head["spec"]["volumes"][:3]]
+    assert options[0][-1] == "file-cache:enable-parallel-downloads:true"
+    assert options[1][-1] == "file-cache:enable-parallel-downloads:false" and len(options[1]) == 5
+    assert not any(o.startswith("file-cache") for o in options[2])

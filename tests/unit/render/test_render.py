@@ -229,7 +229,8 @@ SERVICE_CASES = {
         "loadBalancerSourceRanges": ["10.128.0.0/20"]}}},
     "service-v6e-4x4-spot": {"tpu": {"spot": True}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "serve", "effect": "NoSchedule"}]},
     "service-v6e-4x4-weights-gcs": {
-        "volumes": [{"name": "weights", "mountPath": "/models", "readOnly": True, "gcs": {"bucket": "my-models", "mountOptions": ["implicit-dirs"]}},
+        "volumes": [{"name": "weights", "mountPath": "/models", "readOnly": True,
+                     "gcs": {"bucket": "my-models", "mountOptions": ["implicit-dirs"], "fileCache": {"capacity": "100Gi"}}},
                     {"name": "cache", "mountPath": "/cache", "gcs": {"bucket": "my-serving-cache"}}],
         "gcsFuseSidecar": {"cpuLimit": "0", "memoryLimit": "0", "ephemeralStorageLimit": "0"},
         "model": {"source": "/models/Qwen3-30B-A3B", "name": "qwen3", "cacheVolume": "cache"},

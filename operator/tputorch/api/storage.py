@@ -232,8 +232,7 @@ def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
         else:
             size = r.value(block, "sizeLimit", f"{path}.emptyDir.sizeLimit", (str, int), check=quantity)
             fields["size_limit"] = None if size is None else str(size)
-            fields["medium"] = r.value(block, "medium", f"{path}.emptyDir.medium", str, default="",
-                                       check=lambda v: None if v in EMPTY_DIR_MEDIA else "must be \"\" (the node's disk) or Memory")
+            fields["medium"] = r.value(block, "medium", f"{path}.emptyDir.medium", str, default="", check=_medium_problem)
             if read_only:
                 r.error(f"{path}.readOnly", read_only, "must not be true for an emptyDir: nothing could ever write to it")
         volumes.append(Volume(name=name, mount_path=mount_path, read_only=read_only,
@@ -242,18 +241,23 @@ def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
     return tuple(volumes)
 
 
+def _medium_problem(v: str) -> str | None:
+    """An emptyDir's medium: the scratch volume's and the file cache's."""
+    return None if v in EMPTY_DIR_MEDIA else "must be \"\" (the node's disk) or Memory"
+
+
 def _parse_file_cache(r, gcs: Mapping, path: str, quantity) -> FileCache | None:
     block = r.mapping(gcs, "fileCache", path, FILE_CACHE_FIELDS)
     if not isinstance(gcs.get("fileCache"), Mapping):
         return None
+
     def positive(v) -> str | None:
         if problem := quantity(v):
             return problem
         return "must be greater than zero (leave fileCache out for no cache)" if float(str(v).rstrip("kMGTPEmi")) == 0 else None
 
     capacity = r.value(block, "capacity", f"{path}.capacity", (str, int), required=True, check=positive)
-    medium = r.value(block, "medium", f"{path}.medium", str, default="",
-                     check=lambda v: None if v in EMPTY_DIR_MEDIA else "must be \"\" (the node's disk) or Memory")
+    medium = r.value(block, "medium", f"{path}.medium", str, default="", check=_medium_problem)
     parallel = r.value(block, "parallelDownloads", f"{path}.parallelDownloads", bool, default=True)
     if capacity is None or medium is None or parallel is None:
         return None

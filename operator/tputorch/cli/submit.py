@@ -188,6 +188,8 @@ def service_from_flags(a: argparse.Namespace, namespace: str) -> tuple[dict, lis
     body_spec["model"] = model
     if a.tp is not None:
         body_spec["engine"] = {"tensorParallelSize": a.tp}
+    if a.lora_path:
+        body_spec["lora"] = {"path": a.lora_path}
     replicas = {k: v for k, v in (("min", a.min_replicas), ("max", a.max_replicas)) if v is not None}
     if replicas:
         body_spec["replicas"] = replicas
@@ -463,6 +465,8 @@ def register(sub) -> None:
     v.add_argument("--served-model-name", help="the name clients ask for (default: the service's name)")
     v.add_argument("--hf-token-secret", metavar="SECRET:KEY", help="the Secret (and its key) holding a Hugging Face token")
     v.add_argument("--tp", type=int, metavar="N", help="tensor parallel size")
+    v.add_argument("--lora-path", metavar="GS_URI", help="gs://bucket/folder of LoRA adapters, one subfolder each "
+                   "(asked for as model <name>:<subfolder>)")
     v.add_argument("--min-replicas", type=int)
     v.add_argument("--max-replicas", type=int)
     v.add_argument("--name", help="service name (default: serve-xxxxx)")

@@ -173,6 +173,18 @@ def test_serve_is_validated_by_the_operators_service_parser(capsys):
     assert not any(line.startswith(("spec.tpu", "spec.model.hfTokenSecret")) for line in lines), "covered by the flags' errors"
     code, _, err = run(capsys, "serve", "--tpu", "v6e-2x4", "--image", "i", "--model", "m", "--tp", "3")
     assert code == 2 and err.startswith("spec.engine.tensorParallelSize: 3")
+    code, _, err = run(capsys, "serve", "--tpu", "v6e-2x4", "--image", "i", "--model", "m", "--lora-path", "s3://b/a")
+    assert code == 2 and err.startswith("spec.lora.path: 's3://b/a' must be gs://<bucket>[/<folder>]"), err
+
+
+def test_serve_with_lora_adapters(capsys):
+    code, out, err = run(capsys, "serve", "--tpu", "v6e-2x4", "--image", "i", "--model", "m", "--served-model-name", "qwen3",
+                         "--lora-path", "gs://my-adapters/qwen3", "--name", "q", "--dry-run")
+    assert code == 0, err
+    service, rayservice = yaml.safe_load_all(out)
+    assert service["spec"]["lora"] == {"path": "gs://my-adapters/qwen3"}
+    assert spec.parse_service(service).lora == spec.Lora(path="gs://my-adapters/qwen3", max_adapters=4, max_rank=16)
+    assert "dynamic_lora_loading_path: gs://my-adapters/qwen3" in rayservice["spec"]["serveConfigV2"]
 
 
 def test_the_operator_never_imports_rich():

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make test: every test, in two pytest runs side by side.
-#   tests/cluster     the local cluster's tests, in the foreground: the suite's critical path (~44 min),
+#   tests/cluster     the local cluster's tests, in the foreground: the suite's critical path (~43 min),
 #                     mostly waiting on the API server, KubeRay, Ray heads and vLLM starts
 #   everything else   unit, image, packaging, serving and tests/raysim (~10 min, CPU-bound), in the
 #                     background at a lower CPU priority (nice), so it fills the cluster run's waits

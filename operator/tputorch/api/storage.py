@@ -251,10 +251,12 @@ def _parse_file_cache(r, gcs: Mapping, path: str, quantity) -> FileCache | None:
     if not isinstance(gcs.get("fileCache"), Mapping):
         return None
 
+    from .common import ZERO_QUANTITY  # common imports this module
+
     def positive(v) -> str | None:
         if problem := quantity(v):
             return problem
-        return "must be greater than zero (leave fileCache out for no cache)" if float(str(v).rstrip("kMGTPEmi")) == 0 else None
+        return "must be greater than zero (leave fileCache out for no cache)" if ZERO_QUANTITY.fullmatch(str(v)) else None
 
     capacity = r.value(block, "capacity", f"{path}.capacity", (str, int), required=True, check=positive)
     medium = r.value(block, "medium", f"{path}.medium", str, default="", check=_medium_problem)

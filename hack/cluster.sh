@@ -34,7 +34,40 @@ OPTIONAL=" kueue "   # components that only run when asked for (status does not 
 log() { echo "[cluster $(date +%H:%M:%S)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# free_port: a loopback port free now that nothing else will be handed later. The components bind
+# their ports again at every restart, up to an hour after `up` picked them: a port from the kernel's
+# ephemeral range (ip_local_port_range, 32768-60999 by default) can by then be some client's local
+# port, and Ray's workers take 10002-19999. So ports come from 20000-32767, and never one that this
+# cluster's ports.env already holds (CI once saw Kueue never become ready 40 minutes in).
+free_port() {
+  "$PY" - "$DIR/ports.env" <<'PYEOF'
+import random, re, socket, sys
+try:
+    taken = {int(p) for p in re.findall(r"=(\d+)", open(sys.argv[1]).read())}
+except OSError:
+    taken = set()
+lo, hi = 20000, 32767
+try:
+    eph = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+    hi = min(hi, int(eph[0]) - 1)
+except (OSError, ValueError, IndexError):
+    pass
+if hi < lo:  # an ephemeral range reaching below 20000 leaves no safe range: take what the kernel gives
+    lo = hi = 0
+for port in random.sample(range(lo, hi + 1), hi - lo + 1):
+    if port in taken:
+        continue
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        print(s.getsockname()[1])
+    break
+else:
+    sys.exit(f"no free port in 127.0.0.1:{lo}-{hi}")
+PYEOF
+}
 
 pidfile() { echo "$DIR/pids/$1.pid"; }
 # running <pid>: exists and is not a zombie (an exited child waits for its reaper as a zombie)
@@ -58,13 +91,23 @@ start() {
 }
 
 # wait_for <what> <seconds> <command...>
+# A component that exits while waited for fails at once; either way its log's tail is printed,
+# since CI keeps only what the test run printed.
 wait_for() {
   local what=$1 secs=$2; shift 2
   local end=$((SECONDS + secs))
   until "$@" >/dev/null 2>&1; do
-    if ((SECONDS >= end)); then die "timed out after ${secs}s waiting for $what (see $DIR/logs/)"; fi
+    if [[ -f $(pidfile "$what") ]] && ! alive "$what"; then
+      log_tail "$what"; die "$what exited while starting (see $DIR/logs/$what.log)"
+    fi
+    if ((SECONDS >= end)); then log_tail "$what"; die "timed out after ${secs}s waiting for $what (see $DIR/logs/)"; fi
     sleep 0.5
   done
+}
+log_tail() {
+  local f=$DIR/logs/$1.log
+  [[ -f $f ]] || return 0
+  log "last lines of $f:"; tail -n 25 "$f" | sed 's/^/    /' >&2
 }
 
 load_env() { [[ -f $DIR/ports.env ]] && source "$DIR/ports.env"; return 0; }

@@ -34,9 +34,13 @@ def delete_namespace(kube, name: str, wait: bool = True) -> None:
     for group, version, plural in _HELD:
         try:
             # The answer (the deleted objects) left undecoded: a hostile test object nested deeper
-            # than Python's JSON decoder recurses would fail the teardown (test_tenancy.py's).
-            kube.custom.delete_collection_namespaced_custom_object(group, version, name, plural, propagation_policy="Background",
-                                                                   _preload_content=False).release_conn()
+            # than Python's JSON decoder recurses would fail the teardown (test_tenancy.py's). It is
+            # read to its end all the same: a pooled connection with an unread body gives the next
+            # request on it that body as its status line (urllib3 then retries, with a warning).
+            answer = kube.custom.delete_collection_namespaced_custom_object(
+                group, version, name, plural, propagation_policy="Background", _preload_content=False)
+            answer.drain_conn()
+            answer.release_conn()
         except client.ApiException as exc:
             if exc.status not in (404, 405):  # no such namespace, or the kind's CRD is not installed
                 raise

@@ -264,6 +264,19 @@ def probed_pods(pods: list[dict], lost_nodes: set[str] = frozenset()) -> list[tu
     return out
 
 
+def hosts_up(pods: list[dict], lost_nodes: set[str] = frozenset()) -> dict[tuple[str, str], bool]:
+    """(namespace, RayCluster) -> whether all its worker pods (the TPU hosts) run, on a node that
+    is not lost; False for a cluster none of whose workers exist yet."""
+    up: dict[tuple[str, str], bool] = {}
+    for p in pods:
+        if (p["metadata"].get("labels") or {}).get(NODE_TYPE_LABEL) != "worker" or p["metadata"].get("deletionTimestamp"):
+            continue
+        running = (p.get("status") or {}).get("phase") == "Running" and (p.get("spec") or {}).get("nodeName") not in lost_nodes
+        key = _cluster_key(p)
+        up[key] = up.get(key, True) and running
+    return up
+
+
 def stand_in_results(pods: list[tuple[dict, Probe]], serving: dict[tuple[str, str], bool]) -> dict[tuple[str, str], bool]:
     """(namespace, pod) -> whether its probe passes now, for stand-in pods.
     `serving`: (namespace, RayCluster) -> whether its Serve applications run.
@@ -283,6 +296,7 @@ class Prober(Poller):
     def __init__(self, state: State, kube: Kube, log, interval: float = 1.0) -> None:
         super().__init__(kube, log, interval)
         self.state = state
+        state.hosts_watched = True
         self.seen: dict[tuple[str, str, str], tuple[bool | None, float | None]] = {}  # (ns, pod, uid) -> next_ready's
 
     def _nodes(self, url: str, token: str | None) -> list[dict] | None:
@@ -301,10 +315,14 @@ class Prober(Poller):
         lost = {n["metadata"]["name"] for n in self.kube.call("GET", "/api/v1/nodes")["items"]
                 if not any(c.get("type") == "Ready" and c.get("status") == "True"
                            for c in (n.get("status") or {}).get("conditions") or [])}
-        pods = probed_pods(self.kube.call("GET", f"/api/v1/pods?labelSelector={sel}")["items"], lost)
+        every = self.kube.call("GET", f"/api/v1/pods?labelSelector={sel}")["items"]
+        pods = probed_pods(every, lost)
+        up = hosts_up(every, lost)
         now = time.time()
         with self.state.lock:
-            serving = {key: serve_api.serve_running(c["serve"], self.state.serve_ready_after, now)
+            for key, c in self.state.clusters.items():
+                c["hosts_up"] = up.get(key, False)
+            serving = {key: serve_api.serve_running(c["serve"], self.state.serve_ready_after, now, c["hosts_up"])
                        for key, c in self.state.clusters.items()}
             backends = {_cluster_key(p): self.state.backend(*_cluster_key(p)) for p, _ in pods}
             serve_urls = {k: (self.state.serve_backend(*k) or {}).get("url") for k, url in backends.items() if url}

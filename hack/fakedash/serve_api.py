@@ -1,6 +1,9 @@
 """Ray Serve's REST API (`/api/serve/applications/`) as the stand-in answers it for one RayCluster:
 the config last PUT is kept, and GET reports its applications DEPLOYING until `ready_after` seconds
-after the PUT, then RUNNING, unless the control API set a status."""
+after the PUT, then RUNNING, unless the control API set a status. An LLM application whose
+replicas start on TPU hosts (the operator's pin, ray_actor_options.resources) stays DEPLOYING
+while its RayCluster's TPU hosts are not all running, as Ray Serve keeps a replica that cannot be
+placed pending: its first RUNNING waits for them (the prober tells which clusters have them up)."""
 
 from __future__ import annotations
 
@@ -57,9 +60,23 @@ def _model_id(app: dict) -> str:
     return str(((configs[0] or {}).get("model_loading_config") or {}).get("model_id", "model"))
 
 
-def serve_details(serve: dict | None, ready_after: float, now: float) -> dict:
+def _needs_hosts(app: dict) -> bool:
+    """Whether the application's first RUNNING waits for the TPU hosts: an LLM application with at
+    least one replica at start (a scale-to-zero one starts with none, RUNNING at once)."""
+    if app.get("import_path") != LLM_IMPORT_PATH:
+        return False
+    for d in app.get("deployments") or []:
+        auto = (d or {}).get("autoscaling_config") or {}
+        if auto.get("min_replicas") == 0 and auto.get("initial_replicas") in (None, 0):
+            return False
+    return True
+
+
+def serve_details(serve: dict | None, ready_after: float, now: float, hosts_up: bool = True) -> dict:
     """Ray Serve's GET /api/serve/applications/ answer (ServeInstanceDetails, the fields KubeRay's
-    ServeDetails reads plus a few more) for the config last put on a RayCluster."""
+    ServeDetails reads plus a few more) for the config last put on a RayCluster. `hosts_up`: the
+    RayCluster's TPU hosts all run; a config that has once been RUNNING stays so (losing a replica
+    later is the control API's to play)."""
     details = {"deploy_mode": "MULTI_APP", "proxy_location": "EveryNode", "controller_info": {},
                "http_options": {"host": "0.0.0.0", "port": 8000}, "proxies": {}, "target_capacity": None,
                "applications": {}}
@@ -72,8 +89,9 @@ def serve_details(serve: dict | None, ready_after: float, now: float) -> dict:
         name = app.get("name") or "default"
         if override:
             status, message = override["status"], override.get("message", "")
-        elif now - serve["deployed_at"] >= ready_after:
+        elif now - serve["deployed_at"] >= ready_after and (hosts_up or serve.get("running_at") or not _needs_hosts(app)):
             status, message = "RUNNING", ""
+            serve.setdefault("running_at", now)
         else:
             status, message = "DEPLOYING", "Deploying app (fake dashboard)."
         recorded = recorded_app(status, _model_id(app)) if app.get("import_path") == LLM_IMPORT_PATH else None
@@ -94,8 +112,8 @@ def serve_details(serve: dict | None, ready_after: float, now: float) -> dict:
     return details
 
 
-def serve_running(serve: dict | None, ready_after: float, now: float) -> bool:
-    apps = serve_details(serve, ready_after, now)["applications"]
+def serve_running(serve: dict | None, ready_after: float, now: float, hosts_up: bool = True) -> bool:
+    apps = serve_details(serve, ready_after, now, hosts_up)["applications"]
     return bool(apps) and all(a["status"] == "RUNNING" for a in apps.values())
 
 
@@ -111,7 +129,7 @@ def handle(state: State, method: str, path: str, cluster: dict, body, now: float
     """One call on `/api/serve/applications/` of RayCluster `cluster` (a State.cluster() dict)."""
     now = time.time() if now is None else now
     if method == "GET":
-        return 200, serve_details(cluster["serve"], state.serve_ready_after, now)
+        return 200, serve_details(cluster["serve"], state.serve_ready_after, now, cluster.get("hosts_up", not state.hosts_watched))
     if method == "PUT":
         if not isinstance(body, dict) or not isinstance(body.get("applications"), list):
             return 400, {"error": "expected a ServeDeploySchema JSON object with an 'applications' list"}

@@ -48,6 +48,9 @@ class State:
         self.backend_tokens: dict[str, str] = {}           # real dashboard URL -> its head's auth token
         self.runs: dict[tuple[str, str], dict] = {}       # (ns, pod) -> submitter run
         self.seq = 0
+        # Whether a prober reads the pods (a stand-in with an API server): only then is a cluster's
+        # "hosts_up" known; without one every cluster's hosts count as up.
+        self.hosts_watched = False
 
     def cluster(self, ns: str, name: str) -> dict:
         c = self.clusters.get((ns, name))

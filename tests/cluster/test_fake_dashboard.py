@@ -337,6 +337,42 @@ def test_serve_api_alone_deploys_then_runs_on_its_clock():
     assert serve_api.handle(st, "POST", "/api/serve/applications/", c, None)[0] == 404
 
 
+def test_an_llm_application_first_runs_once_its_tpu_hosts_run():
+    """Ray Serve keeps an LLM replica pinned to a TPU host pending until one is there: the stand-in's
+    application stays DEPLOYING past its clock until the prober sees the cluster's hosts run."""
+    llm = {"applications": [{"name": "llm", "import_path": serve_api.LLM_IMPORT_PATH, "args": {"llm_configs": [
+        {"model_loading_config": {"model_id": "m"}}]}, "deployments": [
+        {"name": "LLMServer:m", "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}]}]}
+    st = state.State(serve_ready_after=10)
+    st.hosts_watched = True
+    c = st.cluster("ns", "svc-abcde")
+    serve_api.handle(st, "PUT", "", c, llm, now=100.0)
+
+    def app_status(now):
+        return serve_api.handle(st, "GET", "", c, None, now=now)[1]["applications"]["llm"]["status"]
+    assert app_status(200.0) == "DEPLOYING"  # no host seen yet
+    c["hosts_up"] = True
+    assert app_status(201.0) == "RUNNING"
+    c["hosts_up"] = False  # a host lost later: the control API plays what Serve then says
+    assert app_status(202.0) == "RUNNING"
+    # Scale to zero starts with no replica: RUNNING on its clock, no host needed.
+    zero = json.loads(json.dumps(llm))
+    zero["applications"][0]["deployments"][0]["autoscaling_config"]["min_replicas"] = 0
+    c2 = st.cluster("ns", "zero-abcde")
+    serve_api.handle(st, "PUT", "", c2, zero, now=100.0)
+    assert serve_api.handle(st, "GET", "", c2, None, now=110.0)[1]["applications"]["llm"]["status"] == "RUNNING"
+    # Which clusters have their hosts up, from the pods the prober lists.
+    from fakedash import prober
+
+    def pod(cluster, role, phase, node="n1"):
+        return {"metadata": {"namespace": "ns", "name": f"{cluster}-{role}-{phase}", "labels": {
+            "ray.io/cluster": cluster, "ray.io/node-type": role}}, "spec": {"nodeName": node}, "status": {"phase": phase}}
+    pods = [pod("a", "head", "Running"), pod("a", "worker", "Running"), pod("a", "worker", "Pending"),
+            pod("b", "head", "Running"), pod("b", "worker", "Running"), pod("c", "head", "Running"),
+            pod("d", "worker", "Running", node="lost")]
+    assert prober.hosts_up(pods, {"lost"}) == {("ns", "a"): False, ("ns", "b"): True, ("ns", "d"): False}
+
+
 def test_control_alone_sets_serve_status_and_checks_it():
     st = state.State()
     serve_api.handle(st, "PUT", "", st.cluster("ns", "svc-abcde"), SERVE_CONFIG, now=0.0)

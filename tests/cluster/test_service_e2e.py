@@ -5,6 +5,7 @@ goes Pending -> Deploying -> Ready with its endpoint and KubeRay's `<name>-serve
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -248,3 +249,71 @@ def test_a_model_that_cannot_load_has_its_slice_freed_by_kuberays_initializing_t
     assert st["phase"] == "Failed" and "released" in condition(st, "Failed")["message"]
     kube.wait(lambda: not kube.core.list_namespaced_pod(cannot_load, label_selector="tputorch.io/service=noload").items,
               120, "the slice's pods gone")
+
+
+# -- edits KubeRay 1.6 never applies, and a new cluster that cannot start (issue 35, item 8) -----
+# Each case on KubeRay 1.6.2's real RayService controller: what KubeRay does with the edit (no new
+# RayCluster, or one that cannot be scheduled), the status it writes (recorded for the unit tests in
+# tests/unit/status/data/rayservice-recorded.yaml: set TPUTORCH_RECORD_RAYSERVICES=1 to write it
+# again), what the operator says, and what `tputorch wait` does with it.
+NEVER_APPLIED_EDITS = {
+    # name: (the service's extra spec, the edit, SpecApplied's reason, the phase)
+    "none-image": ({"upgradeStrategy": "None"}, {"image": "example.com/ray-vllm-torchtpu:2.60.1"},
+                   "UpgradeStrategyNone", "Ready"),
+    "tolerations": ({}, {"tolerations": [{"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]},
+                    "TolerationsNotApplied", "Ready"),
+    # the local cluster's one v5p 2x2x2 slice: the upgrade's new RayCluster finds no second one
+    "no-capacity": ({"tpu": {"accelerator": "v5p", "topology": "2x2x2"}}, {"image": "example.com/ray-vllm-torchtpu:2.60.1"},
+                    "Unschedulable", "Updating"),
+}
+
+
+def test_edits_kuberay_never_applies_and_an_upgrade_that_cannot_start_are_said(kube, namespace, operator, dashboard):
+    import recorded_rayservices
+    from test_cli_submit import tputorch
+    dashboard.set_serve_ready_after(1)
+    for name, (extra, _, _, _) in NEVER_APPLIED_EDITS.items():
+        apply(kube, namespace, service_body(name, **extra))
+    for name in NEVER_APPLIED_EDITS:
+        wait_phase(kube, namespace, name, "Ready")
+    clusters = {name: rayservice(kube, namespace, name)["status"]["activeServiceStatus"]["rayClusterName"]
+                for name in NEVER_APPLIED_EDITS}
+    live = {name: rayservice(kube, namespace, name) for name in NEVER_APPLIED_EDITS}
+    for name, (extra, edit, _, _) in NEVER_APPLIED_EDITS.items():
+        apply(kube, namespace, service_body(name, **{**extra, **edit}))
+
+    def said(name):
+        st = status(kube, namespace, name)
+        c = condition(st, "SpecApplied") or {}
+        return st if st.get("observedGeneration") == 2 and c.get("reason") == NEVER_APPLIED_EDITS[name][2] else None
+    for name, (_, _, reason, phase) in NEVER_APPLIED_EDITS.items():
+        st = kube.wait(lambda n=name: said(n), 60, f"{name}: SpecApplied {reason}")
+        assert st["phase"] == phase and condition(st, "SpecApplied")["status"] == "False", st
+        assert condition(st, "Ready")["status"] == "True", st  # the old spec serves all along
+    # What KubeRay did with each edit, seen over 3 of its 2 s requeues after the operator's patch.
+    kube.wait(lambda: (rayservice(kube, namespace, "no-capacity")["status"].get("pendingServiceStatus") or {}).get("rayClusterName"),
+              30, "the pending RayCluster of no-capacity")
+    time.sleep(6)
+    edited = {name: rayservice(kube, namespace, name) for name in NEVER_APPLIED_EDITS}
+    for name in ("none-image", "tolerations"):
+        st = edited[name]["status"]
+        assert not (st.get("pendingServiceStatus") or {}).get("rayClusterName"), (name, st)
+        assert st["activeServiceStatus"]["rayClusterName"] == clusters[name], (name, st)
+    rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", clusters["none-image"])
+    assert rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"].endswith(":2.60.0")  # not updated either
+    rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", clusters["tolerations"])
+    assert not any(t.get("key") == "team" for t in rc["spec"]["workerGroupSpecs"][0]["template"]["spec"].get("tolerations") or [])
+    pending = edited["no-capacity"]["status"]["pendingServiceStatus"]["rayClusterName"]
+    assert pending != clusters["no-capacity"]
+    # The operator's statuses were derived from these KubeRay statuses: they are the recorded ones.
+    recorded_rayservices.check_or_record({"before": live, "edited": edited})
+    # `tputorch wait --for phase=Ready` ends at once, failed, for an edit that is never applied;
+    # for the upgrade that cannot start it waits (the phase is Updating) until its timeout.
+    for name in ("none-image", "tolerations"):
+        waited = tputorch(kube, "wait", name, "-n", namespace, "--for", "phase=Ready", "--timeout", "1m")
+        assert waited.returncode == 1 and "keeps serving its previous spec (Ready)" in waited.stderr, waited
+        assert condition(status(kube, namespace, name), "SpecApplied")["message"] in waited.stderr, waited
+    waited = tputorch(kube, "wait", "no-capacity", "-n", namespace, "--for", "phase=Ready", "--timeout", "3s")
+    assert waited.returncode == 1 and "timed out after 3s" in waited.stderr, waited
+    st = status(kube, namespace, "no-capacity")
+    assert f"the new RayCluster {pending} cannot start" in condition(st, "SpecApplied")["message"], st

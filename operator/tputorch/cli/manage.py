@@ -264,10 +264,13 @@ def cmd_wait(a) -> int:
                 return FAILED
             if not describes_current_spec(obj):
                 continue
+            v = progress.view(kind.kind, obj)
+            if v.not_applied:  # Ready, but the old spec's: the edit waited for never comes
+                print(progress.final_text(v, FAILED), file=sys.stderr)
+                return FAILED
             if met(obj, what, value):
                 print(f"{kind.kind.lower()}.tputorch.io/{a.name} {what} {value}")
                 return OK
-            v = progress.view(kind.kind, obj)
             code = progress.outcome(v, value if what == "phase" else "")
             if code not in (None, OK):  # ended, and not the way waited for
                 print(progress.final_text(v, code), file=sys.stderr)

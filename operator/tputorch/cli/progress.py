@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from ..status.applied import NEVER_APPLIED
+
 # Exit codes of the user commands.
 OK, FAILED, INVALID, INTERRUPTED = 0, 1, 2, 130
 
@@ -37,13 +39,15 @@ class View:
     reason: str | None  # the failure's reason (KubeRay's, or ValidationFailed)
     attempt: int = 1  # a job's current attempt (status.attempts)
     progress: str = ""  # what the training script last reported (status.progress), for a person
+    not_applied: str | None = None  # a service's edit that KubeRay will never apply: why (SpecApplied)
 
     def to_json(self) -> dict:
         """camelCase, as the Kubernetes objects it comes from."""
         return {"kind": self.kind, "name": self.name, "namespace": self.namespace, "phase": self.phase,
                 "hosts": self.hosts, "readyHosts": self.ready_hosts, "waiting": self.waiting,
                 "rayJobStatus": self.ray_status, "message": self.message, "endpoint": self.endpoint,
-                "reason": self.reason, "attempt": self.attempt, "progress": self.progress}
+                "reason": self.reason, "attempt": self.attempt, "progress": self.progress,
+                "notApplied": self.not_applied}
 
     @property
     def hosts_text(self) -> str:
@@ -60,6 +64,15 @@ def _waiting(status: dict) -> str | None:
         cond = conds.get(ctype) or {}
         if cond.get("status") == "False" and cond.get("reason") not in _QUIET_WAITING:
             return cond.get("message") or cond.get("reason")
+    return None
+
+
+def _not_applied(status: dict) -> str | None:
+    """SpecApplied False for a reason after which the service serves its old spec for ever
+    (upgradeStrategy None, a tolerations edit on KubeRay 1.6): its message."""
+    cond = _conditions(status).get("SpecApplied") or {}
+    if cond.get("status") == "False" and cond.get("reason") in NEVER_APPLIED:
+        return cond.get("message") or cond.get("reason")
     return None
 
 
@@ -97,6 +110,7 @@ def view(kind: str, obj: dict) -> View:
         reason=(failed.get("reason") or "Failed") if phase == "Failed" else None,
         attempt=status.get("attempts") if isinstance(status.get("attempts"), int) else 1,
         progress=progress_text(status),
+        not_applied=_not_applied(status) if kind == SERVICE_KIND else None,
     )
 
 
@@ -104,8 +118,11 @@ def outcome(v: View, target: str) -> int | None:
     """The exit code once the object has reached `target` or can no longer reach it; None meanwhile.
 
     A job ends Succeeded or Failed; a service is waited for until Ready (or Failed). A spec the
-    operator refused is INVALID, as a spec refused locally is.
+    operator refused is INVALID, as a spec refused locally is. A service edit KubeRay will never
+    apply is FAILED although the phase stays Ready: the Ready is the old spec's.
     """
+    if v.not_applied:
+        return FAILED
     if v.phase == target:
         return OK
     if v.phase == "Failed":
@@ -141,6 +158,8 @@ def final_text(v: View, code: int) -> str:
         return f"{who} is Ready; endpoint: {v.endpoint or '(not reported)'}"
     if code == OK:
         return f"{who} {v.phase}"
+    if v.not_applied:
+        return f"{who} keeps serving its previous spec ({v.phase}): the last edit is not applied: {v.not_applied}"
     return f"{who} {v.phase or 'ended'} ({v.reason or 'no reason given'}): {v.message}".rstrip(": ")
 
 

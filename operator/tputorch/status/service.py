@@ -88,6 +88,19 @@ def _serving(app: dict) -> tuple[bool, str, str]:
                                                 (f": {message}" if message else ""), detail) if x)
 
 
+def _ready_during_upgrade(serving_cluster: str, previous: dict, generation: int) -> dict:
+    """Ready while KubeRay upgrades to a new RayCluster, whose status then carries no applications
+    for the serving one: KubeRay 1.6 reads only the pending cluster's Serve applications during an
+    upgrade and writes the active cluster's as none (rayservice_controller.go, recorded from KubeRay
+    1.6.2). The serving cluster's state is the last one read (its Ready kept); KubeRay's own Ready
+    (Serve endpoints) is true here."""
+    last = next((c for c in previous.get("conditions") or [] if isinstance(c, dict) and c.get("type") == READY), None)
+    if last and last.get("status") in ("True", "False"):
+        return condition(READY, last["status"] == "True", last.get("reason") or "Serving", last.get("message") or "", generation)
+    return condition(READY, True, "Serving", f"KubeRay reports Serve endpoints; it does not read RayCluster "
+                     f"{serving_cluster}'s applications while it upgrades to a new one", generation)
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -248,6 +261,8 @@ def derive_service(
         ready_cond = condition(READY, False, "WaitingForKubeRay", "KubeRay has not reported on the RayService yet", generation)
     elif kuberay_ready.get("status") != "True":
         ready_cond = condition(READY, False, kuberay_ready.get("reason") or "Unknown", kuberay_ready.get("message") or "", generation)
+    elif not _application(active) and active.get("rayClusterName") and pending.get("rayClusterName"):
+        ready_cond = _ready_during_upgrade(active["rayClusterName"], previous, generation)
     else:
         serving, reason, why = _serving(_application(active))
         ready_cond = condition(READY, serving, reason, why, generation)

@@ -85,6 +85,17 @@ def test_a_service_is_followed_until_ready_and_shows_its_endpoint():
     assert progress.final_text(v, progress.OK).endswith("is Ready; endpoint: http://llm-serve.t:8000")
 
 
+def test_a_service_edit_under_way_is_waited_for_and_one_never_applied_ends_the_wait():
+    def svc(reason):
+        return {"metadata": {"name": "llm", "namespace": "t"}, "status": {"phase": "Updating" if reason == "Upgrading" else "Ready",
+                "conditions": [{"type": "SpecApplied", "status": "False", "reason": reason, "message": f"because {reason}"}]}}
+    assert progress.outcome(progress.view("TPUTorchService", svc("Upgrading")), "Ready") is None
+    for reason in ("UpgradeStrategyNone", "TolerationsNotApplied"):
+        v = progress.view("TPUTorchService", svc(reason))
+        assert (progress.outcome(v, "Ready"), v.not_applied) == (progress.FAILED, f"because {reason}")
+        assert v.to_json()["notApplied"] == f"because {reason}"
+
+
 def test_plain_renderer_prints_a_line_per_change_only():
     out, err = io.StringIO(), io.StringIO()
     r = progress.PlainRenderer(out, err)

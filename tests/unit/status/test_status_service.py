@@ -171,6 +171,7 @@ def test_upgrade_strategy_none_says_a_cluster_edit_is_not_applied():
     assert "spec.upgradeStrategy is None" in c["message"] and "RayCluster qwen-k2x9p" in c["message"]
     assert "the last edit is not applied" in st["message"]
     assert ("Warning", "UpgradeStrategyNone") in [(e.type, e.reason) for e in status.events(before, st)]
+    assert_wait_fails_with(st, "spec.upgradeStrategy is None")
     # The same edit under NewCluster is an upgrade (KubeRay makes a pending cluster).
     assert cond(derive("upgrading", slice_hosts(4)), "SpecApplied")["reason"] == "Upgrading"
 
@@ -189,6 +190,55 @@ def test_a_tolerations_edit_is_never_applied_on_kuberay_1_6():
         c = cond(st, "SpecApplied")
         assert (st["phase"], c["status"], c["reason"]) == ("Ready", "False", "TolerationsNotApplied"), (strategy, st)
         assert "delete and re-create" in c["message"]
+        assert_wait_fails_with(st, "delete and re-create")
+
+
+def assert_wait_fails_with(st, text):
+    """`tputorch wait --for phase=Ready` (and `tputorch serve`) on this status: it ends at once,
+    failed, saying why, although the phase is Ready (the old spec's)."""
+    from tputorch.cli import progress
+    v = progress.view("TPUTorchService", {"metadata": {"name": "qwen", "namespace": "ml"}, "status": st})
+    assert st["phase"] == "Ready" and progress.outcome(v, "Ready") == progress.FAILED
+    message = progress.final_text(v, progress.FAILED)
+    assert message.startswith("TPUTorchService ml/qwen keeps serving its previous spec (Ready)") and text in message, message
+
+
+RECORDED_EDITS = yaml.safe_load((pathlib.Path(__file__).parent / "data" / "rayservice-recorded.yaml").read_text())
+
+
+@pytest.mark.parametrize("name,spec_before,edit,phase,reason,says", [
+    ("none-image", {"upgradeStrategy": "None"}, {"image": "example.com/ray-vllm-torchtpu:2.60.1"},
+     "Ready", "UpgradeStrategyNone", "spec.upgradeStrategy is None"),
+    ("tolerations", {}, {"tolerations": [{"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]},
+     "Ready", "TolerationsNotApplied", "delete and re-create"),
+    ("no-capacity", {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}}, {"image": "example.com/ray-vllm-torchtpu:2.60.1"},
+     "Updating", "Unschedulable", "cannot start: pod"),
+])
+def test_edits_on_statuses_recorded_from_kuberay_1_6_2(name, spec_before, edit, phase, reason, says):
+    """The statuses KubeRay 1.6.2 wrote before and after each edit on the local cluster
+    (tests/cluster/test_service_e2e.py, which checks each run that KubeRay still writes them)."""
+    base = {"tpu": {"accelerator": "v6e", "topology": "2x2"}, **spec_before}
+    old, new = spec.parse_service(service_body(name, **base)), spec.parse_service(service_body(name, **{**base, **edit}))
+
+    def observed(stage, svc):
+        rs = render.rayservice(svc)
+        rs["metadata"]["generation"] = RECORDED_EDITS[name][stage]["generation"]
+        rs["status"] = RECORDED_EDITS[name][stage]["status"]
+        return rs
+    active = RECORDED_EDITS[name]["before"]["status"]["activeServiceStatus"]["rayClusterName"]
+    pods = slice_hosts(old.slice.hosts, n=old.slice.hosts, cluster=active)
+    before = status.derive_service(old, 1, observed("before", old), pods, {}, T0)
+    assert before["phase"] == "Ready" and cond(before, "SpecApplied")["status"] == "True", before
+    pending = (RECORDED_EDITS[name]["edited"]["status"].get("pendingServiceStatus") or {}).get("rayClusterName")
+    if pending:  # the new RayCluster's hosts: no second slice of this shape
+        pods += [_unschedulable(host(f"{pending}-w{i}", False, cluster=pending)) for i in range(new.slice.hosts)]
+    st = status.derive_service(new, 2, observed("edited", new), pods, before, T1)
+    c = cond(st, "SpecApplied")
+    assert (st["phase"], c["status"], c["reason"]) == (phase, "False", reason), st
+    assert says in c["message"], c
+    assert cond(st, "SliceReady")["status"] == "True" and cond(st, "Ready")["status"] == "True", st["conditions"]  # still serving
+    if phase == "Ready":
+        assert_wait_fails_with(st, says)
 
 
 def test_a_crash_looping_host_is_not_up():

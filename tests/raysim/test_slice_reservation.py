@@ -96,7 +96,7 @@ def groups() -> set[str]:
 
 def remove_groups(ids) -> None:
     """Placement groups a killed replica made: Ray removes them with their creator, in its own time
-    (seen: minutes on a loaded machine), and the session's other tests share these nodes."""
+    (seen: still there 10 s after the kill), and the session's other tests share these nodes."""
     from ray.util.placement_group import PlacementGroup
     from ray._raylet import PlacementGroupID
     for pid in ids:

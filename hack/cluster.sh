@@ -97,7 +97,9 @@ wait_for() {
   local what=$1 secs=$2; shift 2
   local end=$((SECONDS + secs))
   until "$@" >/dev/null 2>&1; do
-    if [[ -f $(pidfile "$what") ]] && ! alive "$what"; then
+    # Its pid, not its command line: until the started process has exec'd, its command line is
+    # still this script's (a first run that checked `alive` here called a starting Kueue exited).
+    if [[ -f $(pidfile "$what") ]] && ! running "$(cat "$(pidfile "$what")")"; then
       log_tail "$what"; die "$what exited while starting (see $DIR/logs/$what.log)"
     fi
     if ((SECONDS >= end)); then log_tail "$what"; die "timed out after ${secs}s waiting for $what (see $DIR/logs/)"; fi

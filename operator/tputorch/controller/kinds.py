@@ -200,6 +200,8 @@ def slim_pod(obj: dict) -> dict:
                  "labels": {k: labels[k] for k in _POD_LABELS if k in labels}}
     if meta.get("deletionTimestamp"):
         slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+        if meta.get("deletionGracePeriodSeconds") is not None:  # when the deletion was asked (status/attempts.py)
+            slim_meta["deletionGracePeriodSeconds"] = meta["deletionGracePeriodSeconds"]
     slim_status = {"conditions": conditions}
     for key in ("phase", "reason", "message"):
         if status.get(key):

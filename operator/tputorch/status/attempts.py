@@ -9,6 +9,7 @@ cannot run with a host missing.
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -79,16 +80,35 @@ def pod_lost(pod: Mapping) -> tuple[str, str] | None:
     return None
 
 
-def host_lost(pods: Iterable[Mapping], deleted: Iterable[Mapping] = ()) -> Ending | None:
+def _instant(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def deleted_after(pod: Mapping, ended_at: str | None) -> bool:
+    """Whether the pod's deletion was asked for at or after ``ended_at`` (the RayJob's endTime):
+    KubeRay tearing down a finished job's cluster, not a cause of the job's end. The API server sets
+    deletionTimestamp to the request's time plus the grace period; a pod last seen without one
+    cannot be told apart and counts as lost."""
+    stamp = _meta(pod).get("deletionTimestamp")
+    if not ended_at or not stamp:
+        return False
+    asked = _instant(stamp) - datetime.timedelta(seconds=_meta(pod).get("deletionGracePeriodSeconds") or 0)
+    return asked >= _instant(ended_at)
+
+
+def host_lost(pods: Iterable[Mapping], deleted: Iterable[Mapping] = (), ended_at: str | None = None) -> Ending | None:
     """The first pod of the attempt's cluster that is lost (head first, then by name), or one that
-    was deleted outright (``deleted``: the pods as last seen before they vanished)."""
+    was deleted outright (``deleted``: the pods as last seen before they vanished). With
+    ``ended_at`` (the Ray job has ended), a pod only deleted, and that after the end, is not lost."""
     found = []
     for pod in pods:
         lost = pod_lost(pod)
-        if lost:
+        if lost and not (lost[0] == "PodDeleted" and deleted_after(pod, ended_at)):
             found.append((_role(pod) != "head", _meta(pod).get("name", ""), lost))
     for pod in deleted:
         lost = pod_lost(pod) or ("PodDeleted", f"{_role(pod)} pod {_meta(pod).get('name', '?')} was deleted")
+        if lost[0] == "PodDeleted" and deleted_after(pod, ended_at):
+            continue
         found.append((_role(pod) != "head", _meta(pod).get("name", ""), lost))
     if not found:
         return None
@@ -114,7 +134,11 @@ def classify(rayjob_status: Mapping, pods: Iterable[Mapping], deleted: Iterable[
     job_status = rayjob_status.get("jobStatus") or ""
     if deployment == "Complete" and job_status == "SUCCEEDED":
         return Ending(SUCCEEDED, "JobSucceeded", rayjob_status.get("message") or "the Ray job succeeded")
-    lost = host_lost(pods, deleted)
+    # Watches are not ordered: under load the pods KubeRay deletes once the job has ended (its
+    # shutdownAfterJobFinishes) can be seen before the RayJob's end, and must not make a script's
+    # failure the infrastructure's (seen once: a failing job retried on a new cluster).
+    ended_at = rayjob_status.get("endTime") if deployment in ("Complete", "Failed") else None
+    lost = host_lost(pods, deleted, ended_at)
     if lost is not None:
         return lost
     if deployment not in ("Complete", "Failed", "ValidationFailed"):

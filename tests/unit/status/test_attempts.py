@@ -81,6 +81,29 @@ def test_a_failure_after_a_host_was_lost_is_the_infrastructures():
     assert ending.result == attempts.INFRASTRUCTURE
 
 
+def test_pods_kuberay_deletes_after_the_job_ended_do_not_make_its_failure_the_infrastructures():
+    """KubeRay deletes a finished job's cluster; under load the operator may see those deletions
+    before the RayJob's end. A deletion asked for (deletionTimestamp less the grace period) at or
+    after the RayJob's endTime is that teardown; one asked for before it lost the job a host."""
+    ended = {**APP_FAILED, "endTime": "2026-12-01T10:00:00Z"}
+    torn_down = [pod("demo-head", "head", meta={"deletionTimestamp": "2026-12-01T10:00:31Z", "deletionGracePeriodSeconds": 30}),
+                 pod("demo-tpu-0", meta={"deletionTimestamp": "2026-12-01T10:00:30Z", "deletionGracePeriodSeconds": 30})]
+    assert attempts.classify(ended, healthy()[2:] + torn_down[:1], deleted=torn_down[1:]).result == attempts.APPLICATION
+    # Asked for 10 s before the end (deletionTimestamp 10:00:20 less 30 s): the head was lost first.
+    lost_first = pod("demo-head", "head", meta={"deletionTimestamp": "2026-12-01T10:00:20Z", "deletionGracePeriodSeconds": 30})
+    ending = attempts.classify(ended, healthy()[1:] + [lost_first])
+    assert (ending.result, ending.reason) == (attempts.INFRASTRUCTURE, "HeadLost")
+    # A pod that vanished without a deletionTimestamp seen: cannot be told apart, lost.
+    assert attempts.classify(ended, healthy()[1:], deleted=[pod("demo-head", "head")]).result == attempts.INFRASTRUCTURE
+    # A node's end of a pod after the job's end still counts (only a plain deletion is teardown).
+    gone_node = disrupted("DeletionByPodGC")
+    gone_node["metadata"].update(deletionTimestamp="2026-12-01T10:00:31Z", deletionGracePeriodSeconds=30)
+    assert attempts.classify(ended, healthy()[:2] + [gone_node]).result == attempts.INFRASTRUCTURE
+    # The slimmed pod the operator stores keeps what this needs.
+    from tputorch.controller.kinds import slim_pod
+    assert slim_pod(torn_down[0])["metadata"]["deletionGracePeriodSeconds"] == 30
+
+
 def test_a_deadline_is_final_and_success_is_success():
     deadline = {"jobDeploymentStatus": "Failed", "jobStatus": "RUNNING", "reason": "DeadlineExceeded"}
     assert attempts.classify(deadline, healthy()).result == attempts.FINAL

@@ -349,6 +349,17 @@ def descendants(pid: int | None = None) -> list[tuple[int, str]]:
     return found
 
 
+def remove_placement_groups(ids) -> None:
+    """Remove placement groups by their hex ids: those a test's ended driver or killed actor left,
+    which Ray removes with their owner only in its own time."""
+    import ray
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup
+
+    for pid in ids:
+        ray.util.remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pid)))
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.5):
     deadline = time.monotonic() + timeout
     while True:

@@ -228,12 +228,9 @@ def test_lowercase_accelerator_type_never_schedules(ray_cluster, slice_hosts, tm
     # cleanup time is not what this test checks, so a group still there after 60 s is removed here
     # (an infeasible group holds nothing; removed so that no later test meets it).
     if not slicesim.wait_until(lambda: not _pending_bundles("accelerator_type:v6e"), timeout=60):
-        from ray.util.placement_group import PlacementGroup
-        from ray._raylet import PlacementGroupID
         left = _pending_bundles("accelerator_type:v6e")
         print(f"Ray had not removed the ended driver's placement group(s) after 60 s; removing {len(left)}")
-        for g in left:
-            ray.util.remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(g["placement_group_id"])))
+        slicesim.remove_placement_groups(g["placement_group_id"] for g in left)
         assert slicesim.wait_until(lambda: not _pending_bundles("accelerator_type:v6e"), timeout=60)
 
 

@@ -94,15 +94,6 @@ def groups() -> set[str]:
     return {pid for pid, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
 
 
-def remove_groups(ids) -> None:
-    """Placement groups a killed replica made: Ray removes them with their creator, in its own time
-    (seen: still there 10 s after the kill), and the session's other tests share these nodes."""
-    from ray.util.placement_group import PlacementGroup
-    from ray._raylet import PlacementGroupID
-    for pid in ids:
-        ray.util.remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pid)))
-
-
 def test_the_pinned_replica_starts_on_worker_0_and_reserves_the_slice_however_hosts_join(ray_cluster, slice_hosts):
     slice_hosts.detach()  # this test adds its slice's hosts one at a time
     cfg, options, sim = rendered("v5p", "2x2x2")
@@ -134,7 +125,9 @@ def test_the_pinned_replica_starts_on_worker_0_and_reserves_the_slice_however_ho
     finally:
         for a in actors:
             ray.kill(a)
-        remove_groups(groups() - before)
+        # A killed replica's groups: Ray removes them with their creator in its own time (seen: still
+        # there 10 s after the kill), and the session's other tests share these nodes.
+        slicesim.remove_placement_groups(groups() - before)
         for node in nodes.values():
             slicesim.remove_if_present(ray_cluster, node)
         sim.node_ids.clear()

@@ -8,6 +8,7 @@ in one function. Nothing here raises anything but InvalidSpec from a kind's pars
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
@@ -269,6 +270,20 @@ def quantity_value(v: Any) -> Decimal:
     text = str(v)
     digits = text.rstrip("kMGTPEmi")
     return Decimal(digits) * QUANTITY_SUFFIXES[text[len(digits):]]
+
+
+BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
+
+
+def bytes_quantity(n: Decimal | int) -> str:
+    """A number of bytes as a quantity: whole bytes (rounded up), in the largest binary unit that
+    holds it exactly (214748364800 -> 200Gi), else plain bytes."""
+    whole = math.ceil(Decimal(n))
+    for i, suffix in enumerate(BINARY_SUFFIXES):
+        unit = 1024 ** (len(BINARY_SUFFIXES) - i)
+        if whole and whole % unit == 0:
+            return f"{whole // unit}{suffix}"
+    return str(whole)
 
 
 def memory_quantity(v: Any) -> str | None:
@@ -683,6 +698,10 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
                 "preempts only the work it queues")
     volumes = storage.parse_volumes(r, spec, quantity)
     sidecar = storage.parse_sidecar(r, spec, volumes, quantity)
+    for role, resources in (("head", head), ("worker", worker)):
+        problem = storage.ephemeral_storage_problem(resources.ephemeral_storage, storage.node_disk(volumes, role), role)
+        if problem:
+            r.error(f"spec.{role}.ephemeralStorage", resources.ephemeral_storage, problem)
     security_context = parse_security_context(r, spec)
     automount = r.value(spec, "automountServiceAccountToken", "spec.automountServiceAccountToken", bool)
     if automount is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Mapping
 
 # GKE's Cloud Storage FUSE CSI driver: the pod annotation that makes its webhook inject the
@@ -286,6 +287,80 @@ def cache_volume(volumes: list[Volume]) -> dict | None:
     size = caches[0].capacity if len(caches) == 1 else str(int(sum(quantity_value(c.capacity) for c in caches)))
     empty_dir = {"sizeLimit": size, **({"medium": caches[0].medium} if caches[0].medium else {})}
     return {"name": CACHE_VOLUME, "emptyDir": empty_dir}
+
+
+# What of a pod lands on its node's disk with a size the spec gives: the cache volume (the capacities
+# of the pod's cached buckets) and each emptyDir with a sizeLimit, unless medium Memory (RAM, counted
+# as the pod's memory). The kubelet counts them in the pod's ephemeral storage and evicts the pod when
+# one outgrows its sizeLimit or the pod its containers' limits, but the scheduler places a pod by its
+# containers' ephemeral-storage requests alone, never by a sizeLimit: without a request, a TPU host
+# whose cache will hold 200Gi may land on a node with 47 GB allocatable (GKE's 100 GB boot disk) and
+# lose its slice when the cache fills. An emptyDir without a sizeLimit has no size to reserve.
+#
+# The Ray container therefore requests the volumes plus DISK_HEADROOM, without a limit. Headroom:
+# under disk pressure the kubelet evicts first the pods whose usage exceeds their request, and a
+# request of the volumes alone is exceeded by the first line of log once they are full; 1Gi holds
+# what the Ray container writes itself (its runtime-rotated stdout log, Ray's session logs under
+# /tmp/ray, its writable layer) at ordinary rates and costs little next to the volumes. No limit:
+# a limit would evict the slice at a number the operator guessed (the container's own writes above
+# it, or, as the kubelet sums the containers' limits into a pod-level one, the pod's emptyDirs
+# above it), while each volume is bounded already by its own sizeLimit (the cache by its capacity).
+# A pod with nothing of known size on the disk gets no request, as before.
+DISK_HEADROOM = "1Gi"
+
+
+@dataclass(frozen=True)
+class NodeDisk:
+    """The volumes of one role's pod that land on the node's disk: (what, quantity) each."""
+
+    parts: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def total(self) -> Decimal:
+        from .common import quantity_value  # common imports this module
+
+        return sum((quantity_value(q) for _, q in self.parts), Decimal(0))
+
+    def text(self) -> str:
+        return ", ".join(f"{what} {q}" for what, q in self.parts)
+
+
+def node_disk(volumes: tuple[Volume, ...], role: str) -> NodeDisk:
+    """What of ``role``'s pod lands on the node's disk, in spec.volumes order."""
+    parts = []
+    for v in volumes:
+        if role not in v.mount_on:
+            continue
+        if v.file_cache and v.file_cache.medium == "":
+            parts.append((f"{v.name} gcs.fileCache.capacity ({CACHE_VOLUME})", v.file_cache.capacity))
+        elif v.source == "emptyDir" and v.size_limit and v.medium == "":
+            parts.append((f"{v.name} emptyDir.sizeLimit", v.size_limit))
+    return NodeDisk(tuple(parts))
+
+
+def ephemeral_storage(given: str | None, disk: NodeDisk) -> tuple[dict[str, str], dict[str, str]]:
+    """The Ray container's ephemeral-storage (requests, limits): spec.<role>.ephemeralStorage as both
+    when given (ephemeral_storage_problem has checked it holds ``disk``), else a request of ``disk``
+    plus DISK_HEADROOM when the pod has anything on the node's disk, and no limit."""
+    from .common import bytes_quantity, quantity_value  # common imports this module
+
+    if given is not None:
+        return {"ephemeral-storage": given}, {"ephemeral-storage": given}
+    if not disk.parts:
+        return {}, {}
+    return {"ephemeral-storage": bytes_quantity(disk.total + quantity_value(DISK_HEADROOM))}, {}
+
+
+def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> str | None:
+    """Why spec.<role>.ephemeralStorage cannot hold the pod's volumes on the node's disk, if it cannot."""
+    from .common import bytes_quantity, quantity_value  # common imports this module
+
+    if given is None or not disk.parts or quantity_value(given) >= disk.total:
+        return None
+    return (f"must be at least {bytes_quantity(disk.total)}, what the {role} pod's volumes on the node's disk hold "
+            f"(spec.volumes: {disk.text()}): they count as the pod's ephemeral storage, which is requested and "
+            f"limited to this value; raise it, or leave it out for a request of the volumes plus {DISK_HEADROOM} "
+            "and no limit")
 
 
 def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...], quantity) -> dict[str, str]:

@@ -198,12 +198,18 @@ def object_labels(spec: Spec) -> dict[str, str]:
     return {**passed_labels(spec.labels), **pod_labels(spec), **kueue_labels(spec)}
 
 
-def _resources(r, extra: dict | None = None) -> dict:
-    """Requests (= limits) of a pod: cpu, memory, ephemeral-storage when asked for, ``extra``."""
-    resources = {"cpu": r.cpu, "memory": r.memory}
-    if r.ephemeral_storage:
-        resources["ephemeral-storage"] = r.ephemeral_storage
-    return {**resources, **(extra or {})}
+def container_resources(cpu: str, memory: str, ephemeral: tuple[dict, dict], extra: dict | None = None) -> dict:
+    """A Ray container's requests and limits: cpu, memory and ``extra`` both (requests = limits), and
+    the ephemeral-storage storage.ephemeral_storage decided (requested alone when derived)."""
+    requests, limits = ephemeral
+    return {"requests": {"cpu": cpu, "memory": memory, **requests, **(extra or {})},
+            "limits": {"cpu": cpu, "memory": memory, **limits, **(extra or {})}}
+
+
+def _resources(spec: Spec, role: str, extra: dict | None = None) -> dict:
+    r = spec.head if role == "head" else spec.worker
+    disk = storage.ephemeral_storage(r.ephemeral_storage, storage.node_disk(spec.volumes, role))
+    return container_resources(r.cpu, r.memory, disk, extra)
 
 
 # The API token of KubeRay's autoscaler: the volume the ServiceAccount admission plugin would inject
@@ -269,7 +275,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "image": spec.image,
         "env": env + list(spec.env),
         "head_ports": head_ports,
-        "head_resources": _resources(spec.head),
+        "head_resources": _resources(spec, "head"),
         "head_storage": head_storage,
         "worker_storage": storage.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "worker", spec.security_context),
         "group_name": WORKER_GROUP,
@@ -278,7 +284,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "num_hosts": spec.slice.hosts,
         "worker_node_selector": worker_node_selector(spec),
         "worker_tolerations": [TPU_TOLERATION] + ([SPOT_TOLERATION] if spec.spot else []) + list(spec.tolerations),
-        "worker_resources": _resources(spec.worker, {topology.TPU_RESOURCE: str(spec.slice.chips_per_host)}),
+        "worker_resources": _resources(spec, "worker", {topology.TPU_RESOURCE: str(spec.slice.chips_per_host)}),
         # spec.groups (a job's only): render/groups.py
         "groups": [],
         "train_ray_labels": None,

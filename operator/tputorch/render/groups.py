@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from .. import train
-from ..api import topology
+from ..api import storage, topology
 from ..api.groups import GKE_GPU_LABEL, GPU_RESOURCE, TRAIN_GROUP, Group
 
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
@@ -76,12 +76,18 @@ def _node_selector_and_tolerations(job, group: Group) -> tuple[dict, list]:
 def group_context(job, group: Group, cluster: dict) -> dict:
     """One group's worker group; what every Ray worker pod shares (env, pod labels, the workers'
     volumes, securityContext, service-account token) comes from the job's cluster context."""
+    from . import container_resources  # render imports this module
+
     selector, tolerations = _node_selector_and_tolerations(job, group)
-    resources = {"cpu": group.cpu, "memory": group.memory}
+    extra = {}
     if group.kind == "tpu":
-        resources[topology.TPU_RESOURCE] = str(group.slice.chips_per_host)
+        extra[topology.TPU_RESOURCE] = str(group.slice.chips_per_host)
     elif group.kind == "gpu":
-        resources[GPU_RESOURCE] = str(group.gpus)
+        extra[GPU_RESOURCE] = str(group.gpus)
+    # The workers' volumes, so the workers' disk: requested as for a main-slice host whose
+    # spec.worker.ephemeralStorage is unset (a group has no field of its own for it).
+    disk = storage.ephemeral_storage(None, storage.node_disk(job.volumes, "worker"))
+    resources = container_resources(group.cpu, group.memory, disk, extra)
     return {
         "name": group.name,
         "replicas": group.replicas,

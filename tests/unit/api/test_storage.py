@@ -1,10 +1,12 @@
 """spec.volumes, spec.gcsFuseSidecar and ephemeral-storage: parsed the same for both kinds, every
 bad value named, and rendered the way GKE's Cloud Storage FUSE CSI driver documents."""
 
+from decimal import Decimal
+
 import pytest
 
 from tputorch import render
-from tputorch.api import spec, storage
+from tputorch.api import common, spec, storage
 
 from ..jobs import body
 from ..services import service_body
@@ -209,3 +211,98 @@ def test_file_caches_share_the_pods_cache_volume_and_the_users_options_win():
     assert options[0][-1] == "file-cache:enable-parallel-downloads:true"
     assert options[1][-1] == "file-cache:enable-parallel-downloads:false" and len(options[1]) == 5
     assert not any(o.startswith("file-cache") for o in options[2])
+
+
+# Ephemeral storage for what lands on the node's disk. The expected values below are worked out by
+# hand from the rule (storage.DISK_HEADROOM = 1Gi): the volumes of known size on the disk, plus 1Gi,
+# requested without a limit when spec.<role>.ephemeralStorage is unset.
+WEIGHTS = {"name": "weights", "mountPath": "/models", "readOnly": True, "mountOn": ["worker"],
+           "gcs": {"bucket": "my-models", "fileCache": {"capacity": "200Gi"}}}
+
+
+def ray_resources(pod):
+    return pod["spec"]["containers"][0]["resources"]
+
+
+def test_a_workers_cache_and_scratch_on_the_disk_are_requested_with_headroom_and_not_limited():
+    volumes = [WEIGHTS, SCRATCH,  # 200Gi cache + 100Gi scratch on the workers' disk
+               {"name": "shm2", "mountPath": "/shm2", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},  # RAM
+               {"name": "open", "mountPath": "/open", "emptyDir": {}},  # no size to reserve
+               PVC]  # not on the node's disk
+    head, worker = pods(render.rayjob(spec.parse(body(volumes=volumes))))
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "301Gi"
+    assert "ephemeral-storage" not in ray_resources(worker)["limits"]
+    # cpu, memory and the chips stay requests = limits
+    assert {k: v for k, v in ray_resources(worker)["requests"].items() if k != "ephemeral-storage"} == ray_resources(worker)["limits"]
+    # the head mounts only the RAM, open and PVC volumes: nothing of known size on its disk
+    assert "ephemeral-storage" not in ray_resources(head)["requests"]
+
+
+def test_units_mix_into_whole_bytes():
+    from kubernetes.utils import parse_quantity
+
+    volumes = [{**WEIGHTS, "gcs": {"bucket": "my-models", "fileCache": {"capacity": "100G"}}},
+               {**SCRATCH, "emptyDir": {"sizeLimit": "50Gi"}}]
+    _, worker = pods(render.rayjob(spec.parse(body(volumes=volumes))))
+    asked = ray_resources(worker)["requests"]["ephemeral-storage"]
+    assert parse_quantity(asked) == 100 * 10**9 + 50 * 2**30 + 2**30
+
+
+def test_a_cache_in_memory_asks_no_ephemeral_storage():
+    weights = {**WEIGHTS, "gcs": {"bucket": "my-models", "fileCache": {"capacity": "200Gi", "medium": "Memory"}}}
+    _, worker = pods(render.rayjob(spec.parse(body(volumes=[weights]))))
+    assert "ephemeral-storage" not in ray_resources(worker)["requests"]
+
+
+def test_the_head_gets_its_own_volumes_sum():
+    tmp = {"name": "tmp", "mountPath": "/tmp/x", "mountOn": ["head"], "emptyDir": {"sizeLimit": "10Gi"}}
+    head, worker = pods(render.rayjob(spec.parse(body(volumes=[tmp, WEIGHTS]))))
+    assert ray_resources(head)["requests"]["ephemeral-storage"] == "11Gi"
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "201Gi"
+
+
+def test_a_service_sizes_its_hosts_the_same_way():
+    svc = spec.parse_service(service_body(volumes=[WEIGHTS]))
+    _, worker = pods(render.rayservice(svc))
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "201Gi"
+    assert "ephemeral-storage" not in ray_resources(worker)["limits"]
+
+
+def test_a_groups_pods_mount_the_workers_volumes_and_ask_for_their_disk():
+    job = spec.parse(body(volumes=[WEIGHTS], groups=[{"name": "verifier", "replicas": 2, "cpu": "4", "memory": "16Gi"}]))
+    cluster = render.rayjob(job)["spec"]["rayClusterSpec"]
+    verifier = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "verifier")
+    resources = ray_resources(verifier["template"])
+    assert resources["requests"] == {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "201Gi"}
+    assert resources["limits"] == {"cpu": "4", "memory": "16Gi"}
+
+
+def test_a_given_ephemeral_storage_that_holds_the_volumes_is_kept_as_request_and_limit():
+    _, worker = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "300Gi"}))))
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "300Gi"
+    assert ray_resources(worker)["limits"]["ephemeral-storage"] == "300Gi"
+
+
+@pytest.mark.parametrize("parser,make", [(spec.parse, body), (spec.parse_service, service_body)])
+def test_a_given_ephemeral_storage_smaller_than_the_volumes_is_refused(parser, make):
+    with pytest.raises(spec.InvalidSpec) as err:
+        parser(make(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "250Gi"}))
+    (e,) = [e for e in err.value.errors if e.path == "spec.worker.ephemeralStorage"]
+    assert e.value == "250Gi"
+    assert e.message.startswith("must be at least 300Gi, what the worker pod's volumes on the node's disk hold")
+    assert "weights gcs.fileCache.capacity (gke-gcsfuse-cache) 200Gi" in e.message
+    assert "scratch emptyDir.sizeLimit 100Gi" in e.message
+
+
+def test_a_head_ephemeral_storage_is_checked_against_the_heads_volumes_only():
+    # 5Gi holds nothing of the workers' 300Gi, and the head mounts none of it: accepted.
+    head, _ = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], head={"ephemeralStorage": "5Gi"}))))
+    assert ray_resources(head)["limits"]["ephemeral-storage"] == "5Gi"
+    tmp = {"name": "tmp", "mountPath": "/tmp/x", "mountOn": ["head"], "emptyDir": {"sizeLimit": "10Gi"}}
+    assert ("spec.head.ephemeralStorage" in [p for p, _ in errors_of(body(volumes=[tmp], head={"ephemeralStorage": "9Gi"}))])
+
+
+@pytest.mark.parametrize("count,text", [(200 * 2**30, "200Gi"), (1536 * 2**20, "1536Mi"), (1000, "1000"),
+                                        (Decimal("0.5"), "1"), (2**30 + 1, "1073741825")])
+def test_bytes_read_back_as_the_same_quantity(count, text):
+    assert common.bytes_quantity(count) == text

@@ -168,14 +168,17 @@ def _tpu_schema(kind: str) -> dict:
 
 def _resources_schema(role: str, extra: dict | None = None) -> dict:
     return _s(
-        f"CPU, memory and ephemeral storage of each {role} pod (requests = limits).",
+        f"CPU, memory and ephemeral storage of each {role} pod (requests = limits; see ephemeralStorage).",
         type="object",
         properties={
             "cpu": common.resource_schema("cpu", f"CPU of each {role} pod.", spec.DEFAULTS[f"{role}.cpu"]),
             "memory": common.resource_schema("memory", f"Memory of each {role} pod.", spec.DEFAULTS[f"{role}.memory"]),
             "ephemeralStorage": _s(
                 f"Local ephemeral storage of each {role} pod (requests = limits): its writable layer, logs "
-                "and emptyDir volumes on the node's disk. Not set: no request.",
+                "and the emptyDir volumes it mounts on the node's disk (gcs.fileCache capacities and "
+                "emptyDir sizeLimits without medium Memory); must be at least their sum. Not set: a "
+                f"request of that sum plus {storage.DISK_HEADROOM} and no limit, or nothing when the pod "
+                "has none.",
                 **{"x-kubernetes-int-or-string": True}, pattern=spec.QUANTITY.pattern,
             ),
             **(extra or {}),

@@ -155,6 +155,24 @@ def test_a_pool_that_exists_but_does_not_fit_is_not_called_missing(message):
     assert c["reason"] == "Unschedulable"
 
 
+# The scheduler's wording when a host's ephemeral-storage request (its disk cache and scratch) fits
+# no node of the pool (kube-scheduler's NodeResourcesFit: "Insufficient <resource>"), with the other
+# nodes ruled out by the slice's labels.
+NO_DISK = ("0/6 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 4 Insufficient "
+           "ephemeral-storage. preemption: 0/6 nodes are available: 2 Preemption is not helpful for scheduling, "
+           "4 No preemption victims found for incoming pod.")
+
+
+def test_a_host_whose_disk_fits_no_node_reports_the_schedulers_words():
+    c = cond(derive("initializing", pods=[unschedulable_pod(NO_DISK)]), "SliceReady")
+    # a pool of this shape exists (its nodes are short of disk): not NoMatchingNodePool
+    assert (c["status"], c["reason"]) == ("False", "Unschedulable")
+    assert c["message"].endswith(
+        "pod demo-x7k2p-tpu-slice-worker-abc: Unschedulable: no nodes are available: Insufficient ephemeral-storage, "
+        "node(s) didn't match Pod's node affinity/selector. preemption: no nodes are available: No preemption "
+        "victims found for incoming pod, Preemption is not helpful for scheduling.")
+
+
 def test_the_head_pod_without_a_cpu_node_is_not_a_missing_tpu_pool():
     head = unschedulable_pod("0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector.")
     head["metadata"]["labels"]["ray.io/node-type"] = "head"

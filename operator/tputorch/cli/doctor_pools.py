@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..api import spec, topology
+from ..api import spec, storage, topology
 from .doctor_base import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
 from .doctor_kueue import queue_problems, requested_resources
 from .. import render
@@ -30,6 +30,7 @@ class Pool:
     capacity: str  # on-demand, spot, reservation NAME, flex-start
     slice: topology.Slice | None
     problem: str  # why the labels make no slice ("" when they do)
+    disk: float | None = None  # the least allocatable ephemeral-storage of its Ready nodes, in bytes (None: unknown)
 
     @property
     def slices(self) -> int:
@@ -68,6 +69,20 @@ def _capacity(labels: dict) -> str:
     return "on-demand"
 
 
+def _least_disk(nodes: list[dict]) -> float | None:
+    """The least allocatable ephemeral-storage among the nodes (what the scheduler fits requests
+    into: the boot disk less GKE's reservations), None when no node reports it."""
+    found = [quantity(a) for n in nodes
+             if (a := ((n.get("status") or {}).get("allocatable") or {}).get("ephemeral-storage")) is not None]
+    return min(found) if found else None
+
+
+def host_disk_request(s) -> str | None:
+    """The ephemeral-storage each TPU host of a job or service requests (storage.ephemeral_storage)."""
+    requests, _ = storage.ephemeral_storage(s.worker.ephemeral_storage, storage.node_disk(s.volumes, "worker"))
+    return requests.get("ephemeral-storage")
+
+
 def tpu_pools(nodes: list[dict]) -> list[Pool]:
     """The TPU node pools among the nodes (by GKE's node-pool label), each resolved to its slice."""
     groups: dict[str, list[dict]] = {}
@@ -101,7 +116,7 @@ def tpu_pools(nodes: list[dict]) -> list[Pool]:
             problem = f"{err.field} {err.value!r} {err.message}"
         ready = [n for n in members if _ready(n)]
         pools.append(Pool(name, accel, topo, labels.get(INSTANCE_TYPE_LABEL, "?"), len(ready),
-                          len(members) - len(ready), chips, _capacity(labels), shape, problem))
+                          len(members) - len(ready), chips, _capacity(labels), shape, problem, _least_disk(ready)))
     return pools
 
 
@@ -190,6 +205,13 @@ def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, l
                                   f"--num-nodes={sl.hosts}" + (" --spot" if capacity_label.get("spot") else ""),
                                   DOC_POOLS))
             continue
+        asked = host_disk_request(s)
+        short = [p for p in fits if asked and p.disk is not None and p.disk < quantity(asked)]
+        if short and len(short) == len(fits):
+            problems.append("each host asks for " + asked + " ephemeral-storage; the nodes of " + ", ".join(
+                f"{p.name} allocate at most {p.disk / 2**30:.0f}Gi" for p in short)
+                + " (create the pool with a larger --disk-size, or shrink the host's disk volumes)")
+        fits = [p for p in fits if p not in short] or fits
         slices = sum(p.slices for p in fits)
         if slices < wanted:
             problems.append(f"{slices} whole slice(s) ready, {wanted} needed")

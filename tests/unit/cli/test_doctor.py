@@ -350,6 +350,34 @@ def test_for_counts_the_namespace_quota_and_the_local_queue():
     assert fine.status == OK
 
 
+def with_disk(nodes, allocatable):
+    for n in nodes:
+        n["status"]["allocatable"] = {"ephemeral-storage": allocatable}
+    return nodes
+
+
+CACHED_WEIGHTS = [{"name": "w", "mountPath": "/models", "readOnly": True, "mountOn": ["worker"],
+                   "gcs": {"bucket": "models", "fileCache": {"capacity": "100Gi"}}}]
+
+
+def test_for_a_host_whose_disk_volumes_fit_no_nodes_disk():
+    """Each host of a job with a 100Gi cache on the node's disk asks 101Gi (the volumes plus 1Gi);
+    a node of GKE's default 100 GB boot disk allocates about 47 GB (47093746742 bytes: ~44Gi)."""
+    small = with_disk(pool("tpu-v6e-4x4", 4), "47093746742")
+    (fail,) = doctor.check_placement([job(volumes=CACHED_WEIGHTS)], small, {}, {})
+    assert fail.status == FAIL
+    assert "each host asks for 101Gi ephemeral-storage; the nodes of tpu-v6e-4x4 allocate at most 44Gi" in fail.message
+    # without the cache nothing is asked; a pool of 300 GB disks (here 250Gi allocatable) holds it
+    (plain,) = doctor.check_placement([job()], small, {}, {})
+    assert plain.status == OK
+    big = with_disk(pool("big-4x4", 4), "250Gi")
+    (ok,) = doctor.check_placement([job(volumes=CACHED_WEIGHTS)], small + big, {}, {})
+    assert ok.status == OK and "would land on pool big-4x4 (1 slice(s))" in ok.message
+    # nodes that report no allocatable ephemeral-storage are not judged
+    (unknown,) = doctor.check_placement([job(volumes=CACHED_WEIGHTS)], pool("tpu-v6e-4x4", 4), {}, {})
+    assert unknown.status == OK
+
+
 def cluster_queue(name="team-a-cq", cohort=None, covered=("cpu", "memory", "google.com/tpu"), active=True, **flavor_quota):
     """A Kueue v1beta2 ClusterQueue: one resource group, a flavor per keyword (name -> (nominal
     google.com/tpu, borrowingLimit or None))."""

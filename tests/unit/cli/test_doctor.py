@@ -590,3 +590,11 @@ def test_kueue_podsets_says_how_many_groups_a_queued_job_may_have_under_the_inst
     assert unknown.status == UNKNOWN and "the smallest known, 8 pod sets (5 spec.groups" in unknown.message
     facts["kueue_installed"] = False
     assert "kueue-podsets" not in statuses(doctor.run_checks(facts, NOW))
+
+
+def test_for_a_queued_host_with_disk_volumes_needs_a_cluster_queue_that_covers_ephemeral_storage():
+    # Kueue admits no workload asking for a resource its ClusterQueue does not cover; a cache on the
+    # node's disk makes the hosts ask for ephemeral-storage (nothing else in this job does).
+    old = placed([cluster_queue(**{"v6e-4x4": (16, None)})], volumes=CACHED_WEIGHTS)
+    assert old.status == FAIL and "covers no ephemeral-storage, which the pods ask for" in old.message
+    assert placed([cluster_queue(**{"v6e-4x4": (16, None)})]).status == OK  # no disk volumes: nothing asked

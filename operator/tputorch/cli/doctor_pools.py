@@ -209,7 +209,7 @@ def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, l
         short = [p for p in fits if asked and p.disk is not None and p.disk < quantity(asked)]
         if short and len(short) == len(fits):
             problems.append("each host asks for " + asked + " ephemeral-storage; the nodes of " + ", ".join(
-                f"{p.name} allocate at most {p.disk / 2**30:.0f}Gi" for p in short)
+                f"{p.name} allocate {p.disk / 2**30:.1f}Gi" for p in short)
                 + " (create the pool with a larger --disk-size, or shrink the host's disk volumes)")
         fits = [p for p in fits if p not in short] or fits
         slices = sum(p.slices for p in fits)

@@ -157,14 +157,20 @@ def test_for_a_shape_no_pool_has(kube, leader, doctor_ns, capsys, tmp_path):
     base = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchJob",
             "spec": {"image": "i", "entrypoint": "python x.py"}}
     docs = [{**base, "metadata": {"name": "fits"}, "spec": {**base["spec"], "tpu": {"accelerator": "v6e", "topology": "4x4"}}},
-            {**base, "metadata": {"name": "big"}, "spec": {**base["spec"], "tpu": {"accelerator": "v6e", "topology": "8x8"}}}]
+            {**base, "metadata": {"name": "big"}, "spec": {**base["spec"], "tpu": {"accelerator": "v6e", "topology": "8x8"}}},
+            # 60Gi of scratch on each host's boot disk: hack/nodes.yaml's nodes allocate 47G, as GKE's 100 GB default disk does
+            {**base, "metadata": {"name": "disk"}, "spec": {**base["spec"], "tpu": {"accelerator": "v6e", "topology": "4x4"},
+             "volumes": [{"name": "scratch", "mountPath": "/scratch", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "60Gi"}}]}}]
     jobs.write_text(yaml.safe_dump_all(docs))
     code, report = doctor(capsys, kube.kubeconfig, doctor_ns, "--for", str(jobs))
     assert code == 1
     checks = by_check(report)
     assert checks[f"for/{doctor_ns}/fits"]["status"] == "ok" and "tpu-v6e-4x4" in checks[f"for/{doctor_ns}/fits"]["message"]
-    assert set(failed(report)) == {f"for/{doctor_ns}/big"}
+    assert set(failed(report)) == {f"for/{doctor_ns}/big", f"for/{doctor_ns}/disk"}
     assert "--tpu-topology=8x8 --num-nodes=16" in failed(report)[f"for/{doctor_ns}/big"]["fix"]
+    # the request is the volume plus the operator's 1Gi for logs and the writable layer; 47G is 43.8Gi
+    disk = failed(report)[f"for/{doctor_ns}/disk"]
+    assert "61Gi ephemeral-storage" in disk["message"] and "tpu-v6e-4x4" in disk["message"], disk
 
 
 def test_pool_one_node_short(kube, leader, doctor_ns, capsys):

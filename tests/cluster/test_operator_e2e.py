@@ -221,6 +221,22 @@ def test_slice_missing_from_the_cluster_says_why(kube, namespace, operator):
     wait_events(kube, namespace, "no-pool", ("Warning", "NoMatchingNodePool"))
 
 
+def test_a_host_whose_disk_volumes_no_node_holds_is_unschedulable(kube, namespace, operator):
+    """60Gi of scratch on each host's boot disk: the operator requests it (plus 1Gi) and the real
+    scheduler finds no node with that much allocatable (hack/nodes.yaml: GKE's 100 GB default disk,
+    47G); the status says so in the scheduler's words, not that a node pool is missing."""
+    scratch = [{"name": "scratch", "mountPath": "/scratch", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "60Gi"}}]
+    apply(kube, namespace, job_body("disk", topo="2x2", volumes=scratch))
+    st = kube.wait(lambda: (lambda s: s if condition(s, "SliceReady").get("reason") == "Unschedulable" else None)(
+        job_status(kube, namespace, "disk")), 120, "SliceReady=Unschedulable")
+    msg = condition(st, "SliceReady")["message"]
+    assert "Insufficient ephemeral-storage" in msg, msg
+    worker = next(p for p in kube.core.list_namespaced_pod(namespace).items if p.metadata.name.startswith("disk-")
+                  and "worker" in p.metadata.name)
+    ray = next(c for c in worker.spec.containers if c.name == "ray-worker")
+    assert ray.resources.requests["ephemeral-storage"] == "61Gi" and "ephemeral-storage" not in (ray.resources.limits or {})
+
+
 def test_a_multi_host_slice_without_the_tpu_webhook_says_so(kube, namespace, operator, dashboard):
     """The local cluster's stand-in TPU webhook (hack/tpu_webhook.py) leaves out a namespace labelled
     tputorch.io/tpu-webhook=off: there the slice's pods are created as on a GKE cluster without the

@@ -1,11 +1,16 @@
 """tputorch.timestamps: the one reader of the API server's RFC 3339 times, on the shapes Kubernetes
-and KubeRay write."""
+and KubeRay write, and what each caller makes of a time it cannot read."""
 
 import datetime as dt
 
 import pytest
 
-from tputorch import timestamps
+from tputorch import render, timestamps
+from tputorch.api import spec
+from tputorch.cli import doctor_cluster, manage
+from tputorch.status import applied, attempts, kueue
+
+from .services import service_body
 
 UTC = dt.timezone.utc
 T = dt.datetime(2026, 12, 7, 2, 24, 17, tzinfo=UTC)
@@ -38,3 +43,31 @@ def test_a_datetime_is_taken_as_it_is():
     assert timestamps.parse(T) is T
     assert timestamps.parse(T.replace(tzinfo=None)) == T
 
+
+def test_each_caller_treats_an_unreadable_time_as_unknown():
+    now = dt.datetime(2026, 12, 7, 2, 25, 17, tzinfo=UTC)
+    # tputorch get/describe: the age column shows "?"
+    assert manage.age("garbage", now) == "?" and manage.age("2026-12-07T02:24:17Z", now) == "1m"
+    # tputorch doctor: a Lease renewed at an unknown time is held by no one
+    lease = {"metadata": {"name": "tputorch-operator", "namespace": "tputorch-system"},
+             "spec": {"holderIdentity": "op-0_ab12cd34", "renewTime": "garbage", "leaseDurationSeconds": 15}}
+    assert doctor_cluster.check_lease(lease, now).status == doctor_cluster.FAIL
+    lease["spec"]["renewTime"] = "2026-12-07T02:25:10.123456Z"
+    assert doctor_cluster.check_lease(lease, now).status == doctor_cluster.OK
+    # a pod deleted at an unknown time (or a job ended at one) cannot be told apart from a lost one
+    pod = {"metadata": {"name": "demo-tpu-0", "deletionTimestamp": "garbage"}}
+    assert not attempts.deleted_after(pod, "2026-12-07T02:24:17Z")
+    assert not attempts.deleted_after({"metadata": {"deletionTimestamp": "2026-12-07T02:24:17Z"}}, "garbage")
+    assert attempts.deleted_after({"metadata": {"deletionTimestamp": "2026-12-07T02:24:17Z"}}, "2026-12-07T02:24:17Z")
+    # a Serve reload whose KubeRay write time is unknown: looked at again after the quiet period
+    waiting = {"conditions": [{"type": "SpecApplied", "reason": applied.WAITING_FOR_SERVE_RELOAD}]}
+    assert applied.recheck_in(waiting, "2026-12-07T02:24:17Z", {"status": {"lastUpdateTime": "garbage"}}) == applied.RELOAD_QUIET_S
+    # a queued service admitted at an unknown time: its timeout is left as it is; an unknown
+    # start of initializing counts no wait
+    svc = spec.parse_service(service_body(queueName="tpu", serve={"initializingTimeoutSeconds": 30}))
+    created = render.rayservice(svc)
+    created["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "Initializing",
+                                         "lastTransitionTime": "garbage"}]}
+    assert render.admitted_timeout_patch(svc, created, kueue.Admission(True, "Admitted", "", None, "tpu", "w", "garbage")) is None
+    assert render.admitted_timeout_patch(svc, created, kueue.Admission(True, "Admitted", "", None, "tpu", "w", "2026-12-07T02:24:17Z")) == {
+        "metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: "30s"}}}

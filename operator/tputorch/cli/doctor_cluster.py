@@ -4,9 +4,10 @@ CRDs, the operator's Deployment and its leader Lease.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
+from .. import timestamps
 from ..api import crd
 from .doctor_base import (DOC_COMPAT_K8S, DOC_OPERATOR, DOC_OPERATOR_TROUBLE, FAIL, OK, UNKNOWN, WARN, Result,
                           Unread, _unknown, parse_version)
@@ -90,15 +91,8 @@ def check_tputorch_crds(installed: dict[str, dict | None | Unread]) -> list[Resu
 # ---------------------------------------------------------------- the operator
 
 def _age(timestamp: str | None, now: datetime) -> float | None:
-    if not timestamp:
-        return None
-    try:
-        when = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return (now - when).total_seconds()
+    when = timestamps.parse(timestamp)
+    return None if when is None else (now - when).total_seconds()
 
 
 def check_operator(deployments: list[dict] | Unread, lease: dict | None | Unread, now: datetime) -> list[Result]:

@@ -13,6 +13,7 @@ import threading
 
 from kubernetes.client.rest import ApiException
 
+from .. import timestamps
 from . import client, progress
 from .progress import FAILED, INTERRUPTED, INVALID, OK
 
@@ -59,9 +60,9 @@ def met(obj: dict, what: str, value: str) -> bool:
 
 
 def age(created: str | None, now: dt.datetime) -> str:
-    if not created:
+    then = timestamps.parse(created)
+    if then is None:
         return "?"
-    then = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
     s = max(0, int((now - then).total_seconds()))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if s >= size:

@@ -6,7 +6,6 @@ one macro, templates/_cluster.json.j2).
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import math
@@ -19,7 +18,7 @@ import yaml
 
 from ..api import storage, topology
 from ..api.network import Peer, ServeService
-from .. import train
+from .. import timestamps, train
 from ..api.service import cache_env
 from ..api.spec import HF_TOKEN_ENV, SERVICE_DEFAULTS, FieldError, InvalidSpec, JobSpec, ServiceSpec
 from . import groups as _groups
@@ -497,10 +496,6 @@ def rayservice_annotations(svc: ServiceSpec) -> dict[str, str]:
     return {INITIALIZING_TIMEOUT_ANNOTATION: f"{svc.initializing_timeout_s}s"}
 
 
-def _seconds(timestamp: str) -> float:
-    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-
-
 def admitted_timeout_patch(svc: ServiceSpec, observed: dict, admission) -> dict | None:
     """The merge patch that gives a queued RayService (``svc.queue_name``) the initializing
     timeout it should have now, or None when it has it. ``admission`` is its kueue.Admission
@@ -517,15 +512,16 @@ def admitted_timeout_patch(svc: ServiceSpec, observed: dict, admission) -> dict 
     have = (((observed.get("metadata") or {}).get("annotations")) or {}).get(INITIALIZING_TIMEOUT_ANNOTATION)
     st = observed.get("status") or {}
     ready = next((c for c in st.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "Ready"), {})
+    admitted_at = timestamps.seconds(admission.admitted_at) if admission is not None else None
     if admission is None:
         want = f"{svc.initializing_timeout_s}s"
     elif not admission.admitted:
         want = None  # held back by Kueue (queued, or preempted before it was ever ready)
-    elif ready.get("reason") not in (None, "Initializing") or not admission.admitted_at:
+    elif ready.get("reason") not in (None, "Initializing") or admitted_at is None:
         return None  # it was ready once (KubeRay times out only an initializing service), or unknown
     else:
-        since = ready.get("lastTransitionTime") or admission.admitted_at
-        waited = max(0, math.ceil(_seconds(admission.admitted_at) - _seconds(since)))
+        since = timestamps.seconds(ready.get("lastTransitionTime"))  # None: no wait known, count none
+        waited = 0 if since is None else max(0, math.ceil(admitted_at - since))
         want = f"{waited + svc.initializing_timeout_s}s"
     if have == want:
         return None

@@ -30,10 +30,9 @@ decides from them and the observed RayService.
 from __future__ import annotations
 
 import copy
-import datetime
 from dataclasses import dataclass
 
-from .. import render
+from .. import render, timestamps
 
 APPLIED_FIELD = "appliedConfig"  # status field: what the operator has seen the running service apply
 
@@ -95,21 +94,14 @@ class Applied:
         return self.reason == APPLIED
 
 
-def _seconds(timestamp: str | None) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def recheck_in(status: dict, now: str, rayservice: dict | None) -> float | None:
     """Seconds until a service waiting for its Serve reload should be looked at again (no event
     comes when KubeRay writes nothing), or None."""
     cond = next((c for c in status.get("conditions") or [] if c.get("type") == "SpecApplied"), {})
     if cond.get("reason") != WAITING_FOR_SERVE_RELOAD:
         return None
-    written = _seconds(((rayservice or {}).get("status") or {}).get("lastUpdateTime"))
-    at = _seconds(now)
+    written = timestamps.seconds(((rayservice or {}).get("status") or {}).get("lastUpdateTime"))
+    at = timestamps.seconds(now)
     if written is None or at is None:
         return RELOAD_QUIET_S
     return max(1.0, written + RELOAD_QUIET_S - at)
@@ -152,7 +144,7 @@ def applied(rayservice: dict, previous_record: dict | None, upgrade_strategy: st
     record = dict(prev)
     if want["serveConfig"] != prev.get("serveConfig"):
         app = (((active.get("applicationStatuses") or {}).get(render.SERVE_APP)) or {}).get("status")
-        written, at = _seconds(st.get("lastUpdateTime")), _seconds(now)
+        written, at = timestamps.seconds(st.get("lastUpdateTime")), timestamps.seconds(now)
         quiet = written is not None and at is not None and at - written >= RELOAD_QUIET_S
         if app in (None, "RUNNING") and not quiet:
             return Applied(WAITING_FOR_SERVE_RELOAD,

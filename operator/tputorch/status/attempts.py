@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from .. import timestamps
+
 INFRASTRUCTURE = "Infrastructure"
 APPLICATION = "Application"
 SUCCEEDED = "Succeeded"
@@ -80,20 +82,16 @@ def pod_lost(pod: Mapping) -> tuple[str, str] | None:
     return None
 
 
-def _instant(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def deleted_after(pod: Mapping, ended_at: str | None) -> bool:
     """Whether the pod's deletion was asked for at or after ``ended_at`` (the RayJob's endTime):
     KubeRay tearing down a finished job's cluster, not a cause of the job's end. The API server sets
     deletionTimestamp to the request's time plus the grace period; a pod last seen without one
-    cannot be told apart and counts as lost."""
-    stamp = _meta(pod).get("deletionTimestamp")
-    if not ended_at or not stamp:
+    cannot be told apart and counts as lost (so does one whose times do not parse)."""
+    stamp, ended = timestamps.parse(_meta(pod).get("deletionTimestamp")), timestamps.parse(ended_at)
+    if stamp is None or ended is None:
         return False
-    asked = _instant(stamp) - datetime.timedelta(seconds=_meta(pod).get("deletionGracePeriodSeconds") or 0)
-    return asked >= _instant(ended_at)
+    asked = stamp - datetime.timedelta(seconds=_meta(pod).get("deletionGracePeriodSeconds") or 0)
+    return asked >= ended
 
 
 def host_lost(pods: Iterable[Mapping], deleted: Iterable[Mapping] = (), ended_at: str | None = None) -> Ending | None:

@@ -9,7 +9,6 @@ import atexit
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from freeports import free_port  # noqa: E402,F401 (tests import it from here)
+
 CRD_FILE = REPO / "crds" / "tputorch.io_tputorchjobs.yaml"
 CRD_FILES = [CRD_FILE, REPO / "crds" / "tputorch.io_tputorchservices.yaml"]
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str) -> tuple[int, str]:

@@ -40,7 +40,6 @@ import select
 import shutil
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack"))
+sys.path.insert(0, str(REPO / "tests"))
 from fakedash.prober import POD_REPLICA_LABEL, SERVE_PORT_LABEL  # noqa: E402 (labels the stand-in's prober reads)
+from freeports import free_port  # noqa: E402 (never the same port twice: one Ray node's components)
 # The simulated-slice code of the Ray tests: the one place to change if that folder moves.
 SLICESIM = REPO / "tests" / "raysim" / "slicesim.py"
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB
@@ -90,22 +91,6 @@ def load_slicesim():
     sys.modules["slicesim"] = module
     spec.loader.exec_module(module)
     return module
-
-
-_PORTS_GIVEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A free loopback port this process has not handed out before: the OS may give a port it just
-    closed again, and two components of one Ray node on one port fail the node's start (seen once:
-    the GCS and the dashboard agent's gRPC on the same port)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _PORTS_GIVEN:
-            _PORTS_GIVEN.add(port)
-            return port
 
 
 def http_json(method: str, url: str, body: dict | None = None, timeout: float = 10, token: str | None = None):

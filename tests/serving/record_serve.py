@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -26,15 +25,11 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
 import tinymodel  # noqa: E402
 import cpu_variant  # noqa: E402
-from ray_backend import _node_ports, _patient_node_start, ray_temp_dir  # noqa: E402  (Ray's node start on a busy machine; its temp dir)
+# Ray's node start on a busy machine, its temp dir, and free_port (tests/freeports.py: never a port
+# twice in this process, _node_ports' included)
+from ray_backend import _node_ports, _patient_node_start, free_port, ray_temp_dir  # noqa: E402
 
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(method: str, url: str, body=None, timeout=30):

@@ -142,12 +142,3 @@ def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z
         ctl.children[name] = Informer(kind.child.plural, FakeSource(), None, noop, kinds.child_slimmer(kind))
     ctl.pods = Informer("pods", FakeSource(), None, noop, kinds.slim_pod, index=kinds.pod_index)
     return ctl
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 free just now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

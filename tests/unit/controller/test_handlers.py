@@ -209,7 +209,7 @@ def test_a_store_that_never_lists_shows_in_the_metrics():
 def test_the_readiness_endpoint_answers_503_naming_the_store_then_200():
     import urllib.request
     import urllib.error
-    from ..fakekube import free_port
+    from freeports import free_port  # tests/ (the unit package's parent) is on sys.path
 
     state = {"ready": False}
 
@@ -243,7 +243,7 @@ def test_a_startup_that_failed_after_its_informers_started_builds_nothing_twice(
 
     import kopf
 
-    from ..fakekube import free_port
+    from freeports import free_port  # tests/ (the unit package's parent) is on sys.path
 
     class Kube(FakeKube):
         api_client, drain = None, None

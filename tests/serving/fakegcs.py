@@ -3,7 +3,7 @@ served from local directories, read only by a caller holding the token the metad
 with the bytes of object content it sends counted per object.
 
     with FakeGcs({"my-adapters": Path("/tmp/adapters")}) as gcs:
-        env = gcs.client_env()   # GCE_METADATA_ROOT, CLOUD_STORAGE_EMULATOR_ENDPOINT
+        env = gcs.client_env()   # GCE_METADATA_ROOT, CLOUD_STORAGE_EMULATOR_ENDPOINT, ...
         ...                      # gs://my-adapters/... through pyarrow (Ray's gs:// reader)
         gcs.media_bytes()        # {"my-adapters/qwen3/a1/adapter_model.safetensors": 1234, ...}
 
@@ -11,19 +11,31 @@ A pod on GKE with Workload Identity reads gs:// the same way: google-cloud-cpp (
 GcsFileSystem, which Ray Serve LLM's CloudFileSystem uses) finds no key file, asks the metadata
 server for the pod's service account and a token, and sends it as a Bearer token. GCE_METADATA_ROOT
 points its metadata client here, and
-CLOUD_STORAGE_EMULATOR_ENDPOINT its storage client.
+CLOUD_STORAGE_EMULATOR_ENDPOINT its storage client. The Python clients (google-auth under
+google-cloud-storage, which vLLM's Run:ai streamer lists and pulls a model's small files with) do the
+same from GCE_METADATA_IP (its ping), GCE_METADATA_HOST/GCE_METADATA_ROOT and STORAGE_EMULATOR_HOST.
 
-What it answers, as google-cloud-cpp's storage and metadata clients ask (read in their requests):
+What it answers, as google-cloud-cpp's and the Python clients' storage and metadata calls ask (read
+in their requests):
 
 - Metadata (`Metadata-Flavor: Google` required, as GKE's metadata server does):
+  `GET /` (the root listing `computeMetadata/`, with a `Metadata-Flavor: Google` header: google-auth
+  pings it to decide it runs on Google Cloud), `GET /computeMetadata/v1/project/project-id` (text),
   `GET /computeMetadata/v1/instance/service-accounts/default/?recursive=true` (email, scopes) and
   `GET /computeMetadata/v1/instance/service-accounts/<email or default>/token`.
-- Storage, each with the Bearer token or a 401:
+- Storage, each with the Bearer token or a 401; but a bucket named in `public` (allUsers holds
+  roles/storage.objectViewer on it) also lists and serves its objects to a caller that sends no
+  Authorization at all, as GCS does (the bucket's own resource still wants the token: objectViewer
+  grants no storage.buckets.get). google-cloud-cpp reads anonymously whenever
+  CLOUD_STORAGE_EMULATOR_ENDPOINT is set and its caller passes no credentials (its
+  DefaultOptionsWithCredentials), as the Run:ai streamer's C++ reader does:
   `GET /storage/v1/b/<bucket>` (the bucket), `GET /storage/v1/b/<bucket>/o?prefix=&delimiter=`
   (a listing: `items` and `prefixes`; one page), `GET /storage/v1/b/<bucket>/o/<object>` (its
   resource, with size, generation, md5Hash and crc32c) and the same with `alt=media` (its bytes, with
   `x-goog-hash`, and a single `Range: bytes=a-b` / `bytes=a-` as a 206). Unknown: a 404 in GCS's
-  error shape. Nothing is writable. Not modelled: pagination, versions, IAM, the XML API.
+  error shape. A download may also be asked at `/download/storage/v1/b/...?alt=media` (the JSON
+  API's media path, which google-cloud-storage uses). Nothing is writable. Not modelled: pagination,
+  versions, IAM, the XML API.
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ from pathlib import Path
 
 from loopback import LoopbackService
 
-SERVICE_ACCOUNT = "serving@my-project.iam.gserviceaccount.com"
+PROJECT = "my-project"
+SERVICE_ACCOUNT = f"serving@{PROJECT}.iam.gserviceaccount.com"
 TOKEN = "ya29.fake-workload-identity-token"
 UPDATED = "2026-01-01T00:00:00.000Z"
 
@@ -80,7 +93,8 @@ class StoredObject:
 class FakeGcs(LoopbackService):
     thread_name = "fakegcs"
 
-    def __init__(self, buckets: dict[str, Path]):
+    def __init__(self, buckets: dict[str, Path], public: tuple[str, ...] = ()):
+        self.public = set(public)
         self.buckets = {name: {p.relative_to(root).as_posix(): StoredObject(name, p.relative_to(root).as_posix(), p.read_bytes())
                                for p in sorted(Path(root).rglob("*")) if p.is_file()}
                         for name, root in buckets.items()}
@@ -105,8 +119,12 @@ class FakeGcs(LoopbackService):
 
     def client_env(self) -> dict[str, str]:
         """What points a pod's Google clients here: the metadata server (host:port, no scheme: GKE's
-        is metadata.google.internal, 169.254.169.254) and the storage endpoint."""
-        return {"GCE_METADATA_ROOT": self.url.removeprefix("http://"), "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.url}
+        is metadata.google.internal, 169.254.169.254) and the storage endpoint, in google-cloud-cpp's
+        spellings and in the Python clients' (google-auth pings GCE_METADATA_IP before it asks
+        GCE_METADATA_ROOT; google-cloud-storage reads STORAGE_EMULATOR_HOST)."""
+        host = self.url.removeprefix("http://")
+        return {"GCE_METADATA_ROOT": host, "GCE_METADATA_IP": host,
+                "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.url, "STORAGE_EMULATOR_HOST": self.url}
 
     def listing(self, bucket: str, prefix: str, delimiter: str, include_trailing: bool) -> dict:
         """GCS's objects.list: with a delimiter, a name with it past the prefix is rolled into
@@ -141,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
                  "range": self.headers.get("Range"), "status": 200, "bytes": 0}
         key = None
         try:
-            if url.path.startswith("/computeMetadata/"):
+            if url.path == "/" or url.path.startswith("/computeMetadata/"):
                 status, body, headers = self._metadata(url.path)
             else:
                 status, body, headers, key = self._storage(url.path, query)
@@ -161,6 +179,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Metadata-Flavor") != "Google":
             return 403, b"Missing Metadata-Flavor: Google header", {"Content-Type": "text/plain"}
         google = {"Metadata-Flavor": "Google"}
+        text = {**google, "Content-Type": "application/text"}
+        if path == "/":
+            return 200, b"computeMetadata/\n", text
+        if path == "/computeMetadata/v1/project/project-id":
+            return 200, PROJECT.encode(), text
         accounts = "/computeMetadata/v1/instance/service-accounts/"
         if path == accounts + "default/":
             return 200, json.dumps({"aliases": ["default"], "email": SERVICE_ACCOUNT,
@@ -170,9 +193,13 @@ class _Handler(BaseHTTPRequestHandler):
         return 404, b"not found", {**google, "Content-Type": "text/plain"}
 
     def _storage(self, path: str, query: dict) -> tuple[int, bytes, dict, str | None]:
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return 401, _error(401, "Anonymous caller does not have storage.objects.get access."), {}, None
+        if path.startswith("/download/storage/v1/b/") and query.get("alt") == "media":
+            path = path.removeprefix("/download")
         parts = path.removeprefix("/storage/v1/b/").split("/", 2)
+        auth = self.headers.get("Authorization")
+        anonymous_read = auth is None and parts[0] in self.service.public and len(parts) > 1
+        if auth != f"Bearer {TOKEN}" and not anonymous_read:
+            return 401, _error(401, "Anonymous caller does not have storage.objects.get access."), {}, None
         if not path.startswith("/storage/v1/b/") or parts[0] not in self.service.buckets:
             return 404, _error(404, "The specified bucket does not exist."), {}, None
         bucket = parts[0]

@@ -95,3 +95,31 @@ def test_listing_follows_gcs_delimiter_rules():
     assert [i["name"] for i in with_marker["items"]] == ["a/d/", "a/x"] and with_marker["prefixes"] == ["a/d/", "a/e/"]
     assert [i["name"] for i in gcs.listing("b", "a/", "", False)["items"]] == ["a/d/", "a/d/y", "a/e/z", "a/x"]
     assert fakegcs.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+
+
+def test_what_google_auth_and_a_public_bucket_answer(bucket):
+    """google-auth's ping (the root, answered with the Metadata-Flavor header), the project id, a
+    download at the media path google-cloud-storage asks, and a public bucket's objects read by a
+    caller without a token (its bucket resource still refused, as objectViewer grants no buckets.get)."""
+    import urllib.error
+    import urllib.request
+
+    def get(url, headers=None):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as resp:
+                return resp.status, resp.read(), resp.headers
+        except urllib.error.HTTPError as err:
+            return err.code, b"", err.headers
+
+    flavor, token = {"Metadata-Flavor": "Google"}, {"Authorization": f"Bearer {fakegcs.TOKEN}"}
+    with fakegcs.FakeGcs({"adapters": bucket, "open": bucket}, public=("open",)) as gcs:
+        status, body, headers = get(gcs.url + "/", flavor)
+        assert (status, headers["Metadata-Flavor"]) == (200, "Google")
+        assert get(gcs.url + "/computeMetadata/v1/project/project-id", flavor)[:2] == (200, fakegcs.PROJECT.encode())
+        media = "/storage/v1/b/adapters/o/tiny%2Fpirate%2Fadapter_config.json?alt=media"
+        assert get(gcs.url + "/download" + media, token)[:2] == (200, b"{}")
+        assert get(gcs.url + "/download" + media)[0] == 401  # a private bucket wants the token
+        assert get(gcs.url + media.replace("adapters", "open"))[:2] == (200, b"{}")
+        assert get(gcs.url + "/storage/v1/b/open/o?prefix=tiny/")[0] == 200
+        assert get(gcs.url + "/storage/v1/b/open")[0] == 401
+        assert gcs.media_bytes() == {"adapters/tiny/pirate/adapter_config.json": 2, "open/tiny/pirate/adapter_config.json": 2}

@@ -37,6 +37,33 @@ MODEL_FIELDS = {"source", "name", "hfTokenSecret", "cacheVolume"}
 # vllm-torchtpu 0.29 keeps its compile artefacts under VLLM_CACHE_ROOT (VLLM_XLA_CACHE_PATH is the
 # JAX tpu-inference variable: nothing in vllm-torchtpu reads it).
 CACHE_ENV = ("HF_HOME", "VLLM_CACHE_ROOT")
+# spec.model.source on Cloud Storage (gs://<bucket>/<folder>) is streamed by vLLM's Run:ai model
+# streamer (load_format runai_streamer): the safetensors go from the bucket into host memory, read
+# with the pods' Workload Identity. With any other load_format Ray Serve LLM 2.60 first downloads the
+# whole checkpoint to the boot disk of every host (llm_config.py: only its streaming load formats
+# skip that). spec.engine.args.load_format, when set, wins. The image needs runai-model-streamer[gcs].
+# With spec.model.cacheVolume, HF_HOME then holds no weights (though Ray reads a copy an earlier
+# download left in its hub cache under spec.model.name in preference); VLLM_CACHE_ROOT's compile
+# cache serves restarts as before.
+GCS_SOURCE_PREFIX = "gs://"
+GCS_LOAD_FORMAT = "runai_streamer"
+# vLLM 0.29's runai_streamer_sharded (its ShardedStateLoader) looks for the per-rank files with a
+# local glob (it lists only s3:// remotely), and Ray skips its download for a streaming format: from
+# gs:// or a Hub repo it finds no file and the replica fails.
+PATH_ONLY_LOAD_FORMATS = ("runai_streamer_sharded",)
+
+
+def source_kind(source: str) -> str:
+    """How spec.model.source is read: "gcs" (streamed from the bucket), "path" (a directory on the
+    hosts, e.g. a GCS FUSE mount) or "hub" (a Hugging Face repo id, downloaded)."""
+    if source.startswith(GCS_SOURCE_PREFIX):
+        return "gcs"
+    return "path" if source.startswith("/") else "hub"
+
+
+def default_load_format(source: str) -> str | None:
+    """The load_format the operator renders when spec.engine.args sets none (None: vLLM's own)."""
+    return GCS_LOAD_FORMAT if source_kind(source) == "gcs" else None
 
 
 def cache_env(cache_path: str, s: topology.Slice) -> dict[str, str]:
@@ -247,6 +274,14 @@ def _parse_engine_args(r: Reader, engine: Mapping, lora_set: bool) -> dict:
     return args
 
 
+def _check_load_format(r: Reader, source: str | None, engine_args: Mapping) -> None:
+    fmt = engine_args.get("load_format")
+    if source is not None and fmt in PATH_ONLY_LOAD_FORMATS and source_kind(source) != "path":
+        r.error("spec.engine.args.load_format", fmt, f"needs a spec.model.source that is a path on the hosts (starting "
+                f"with /), not {source!r}: vLLM {VLLM_VERSION} finds its pre-sharded files with a local glob; from gs:// "
+                f"leave load_format unset ({GCS_LOAD_FORMAT}, streamed) or mount the bucket with GCS FUSE")
+
+
 def _secret_key(v: str) -> str | None:
     if not re.fullmatch(r"^[-._a-zA-Z0-9]+$", v) or len(v) > 253:
         return "must be a Secret key (at most 253 characters of [-._a-zA-Z0-9])"
@@ -359,6 +394,7 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     max_model_len = r.value(engine, "maxModelLen", "spec.engine.maxModelLen", int, check=between(1, INT32_MAX))
     lora = parse_lora(r, spec, model_name)
     engine_args = _parse_engine_args(r, engine, lora_set=isinstance(spec.get("lora"), Mapping))
+    _check_load_format(r, source, engine_args)
     if tp is None and chips is not None and pp is not None:
         tp = chips // pp if chips % pp == 0 else None
         if tp is None:

@@ -383,3 +383,22 @@ def test_lora_defaults_and_vllms_lora_args_are_the_users_without_it():
     # without spec.lora, vLLM's own LoRA arguments pass through (e.g. adapters baked into the image)
     plain = spec.parse_service(service_body(engine={"args": {"enable_lora": True, "max_lora_rank": 64}}))
     assert plain.lora is None and plain.engine_args == {"enable_lora": True, "max_lora_rank": 64}
+
+
+@pytest.mark.parametrize("source", ["gs://my-models/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B"])
+def test_runai_streamer_sharded_needs_a_path_on_the_hosts(source):
+    """vLLM 0.29 finds runai_streamer_sharded's per-rank files with a local glob: from a bucket or a
+    Hub repo there is nothing to find, so the replica would fail after the slice was provisioned."""
+    err = only_error(service_body(model={"source": source}, engine={"args": {"load_format": "runai_streamer_sharded"}}))
+    assert (err.path, err.value) == ("spec.engine.args.load_format", "runai_streamer_sharded")
+    assert source in err.message and "path on the hosts" in err.message and "runai_streamer" in err.message
+
+
+@pytest.mark.parametrize("source,load_format", [
+    ("/models/Qwen3-30B-A3B", "runai_streamer_sharded"),  # pre-sharded files on a mount
+    ("Qwen/Qwen3-30B-A3B", "runai_streamer"),  # vLLM downloads from the Hub, then streams from disk
+    ("gs://my-models/Qwen3-30B-A3B", "safetensors"),  # the user's choice: Ray downloads to every host
+])
+def test_other_load_formats_pass_with_any_source(source, load_format):
+    svc = spec.parse_service(service_body(model={"source": source}, engine={"args": {"load_format": load_format}}))
+    assert svc.engine_args == {"load_format": load_format}

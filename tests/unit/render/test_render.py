@@ -235,6 +235,12 @@ SERVICE_CASES = {
         "gcsFuseSidecar": {"cpuLimit": "0", "memoryLimit": "0", "ephemeralStorageLimit": "0"},
         "model": {"source": "/models/Qwen3-30B-A3B", "name": "qwen3", "cacheVolume": "cache"},
     },
+    # weights streamed from a bucket (load_format runai_streamer), the compile cache on a volume
+    "service-v6e-4x4-weights-stream-gcs": {
+        "volumes": [{"name": "cache", "mountPath": "/cache", "gcs": {"bucket": "my-serving-cache"}}],
+        "model": {"source": "gs://my-models/Qwen3-30B-A3B", "name": "qwen3", "cacheVolume": "cache"},
+        "serviceAccountName": "serving",
+    },
     # adapters on demand from a bucket, read with the pods' Workload Identity
     "service-v6e-4x4-lora": {"model": {"name": "qwen3"}, "serviceAccountName": "serving",
                              "lora": {"path": "gs://my-adapters/qwen3", "maxAdaptersPerReplica": 8, "maxRank": 64}},
@@ -904,3 +910,19 @@ def test_lora_renders_rays_lora_config_and_vllms_matching_slots():
     assert {k: cfg["engine_kwargs"][k] for k in ("enable_lora", "max_loras", "max_lora_rank")} == {
         "enable_lora": True, "max_loras": 8, "max_lora_rank": 64}
     assert "lora_config" not in llm_config(rendered_service({}))
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("gs://my-models/Qwen3-30B-A3B", "runai_streamer"),  # streamed: no host downloads the checkpoint
+    ("/models/Qwen3-30B-A3B", None),  # a mount: vLLM's own default
+    ("Qwen/Qwen3-30B-A3B", None),  # the Hub: vLLM's own default
+])
+def test_load_format_follows_the_model_source(source, expected):
+    kwargs = llm_config(rendered_service({"model": {"source": source}}))["engine_kwargs"]
+    assert kwargs.get("load_format") == expected
+
+
+def test_the_users_load_format_wins_over_the_gcs_default():
+    kwargs = llm_config(rendered_service({"model": {"source": "gs://my-models/Qwen3-30B-A3B"},
+                                          "engine": {"args": {"load_format": "safetensors"}}}))["engine_kwargs"]
+    assert kwargs["load_format"] == "safetensors"

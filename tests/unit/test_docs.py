@@ -209,6 +209,9 @@ def test_the_example_images_pin_what_the_project_runs():
     for pin in ("torch-tpu==0.2.0", "libtpu==0.0.50", "smart_open[gcs]==", "google-cloud-storage=="):
         assert pin in train, pin
     assert f'"ray[serve]=={ray}"' in serve and '"vllm-torchtpu==0.29.0"' in serve
+    # the Run:ai streamer a gs:// model is streamed with: the version tests/serving runs it at
+    (streamer,) = re.findall(r"^runai-model-streamer\[gcs\]==[\d.]+$", (ROOT / "hack" / "vllm-cpu" / "requirements.txt").read_text(), re.M)
+    assert f'"{streamer}"' in serve, streamer
     # the CUDA rollout image (examples/rl/Dockerfile): the training image's Ray and Python (Ray
     # refuses a node whose versions differ from the head's) and the same GCS clients
     rollout = (ROOT / "examples" / "rl" / "Dockerfile").read_text()

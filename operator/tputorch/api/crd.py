@@ -607,7 +607,9 @@ def _service_spec_schema() -> dict:
                 required=["source"],
                 properties={
                     "source": _string(
-                        "Hugging Face repo id (e.g. Qwen/Qwen3-30B-A3B), a gs:// path or a path on the hosts.",
+                        "Hugging Face repo id (e.g. Qwen/Qwen3-30B-A3B), a gs:// path or a path on the hosts. A gs:// "
+                        "model is streamed into memory by vLLM's Run:ai streamer (engine.args load_format runai_streamer "
+                        "unless set; the image needs runai-model-streamer[gcs]), not downloaded to each host's disk.",
                         minLength=1,
                         maxLength=spec.MAX_STRING,
                     ),
@@ -619,7 +621,8 @@ def _service_spec_schema() -> dict:
                     "cacheVolume": _string(
                         "Name of a spec.volumes entry (gcs or pvc, writable, mounted on the workers) for the Hugging Face "
                         "cache (HF_HOME, <mountPath>/huggingface) and vLLM's compile cache (VLLM_CACHE_ROOT, "
-                        "<mountPath>/vllm/<generation>-<topology>: one directory per slice shape).",
+                        "<mountPath>/vllm/<generation>-<topology>: one directory per slice shape). A streamed gs:// "
+                        "model writes no weights there: the compile cache is what it keeps.",
                         minLength=1, maxLength=63),
                     "hfTokenSecret": _s(
                         "Secret holding a Hugging Face token: HF_TOKEN on the head and every worker.",

@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "cluster"))
 
@@ -34,12 +32,8 @@ def kernels(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*.so")}
 
 
-def test_a_second_start_reuses_the_first_starts_compiled_kernels_from_vllm_cache_root(tmp_path):
-    try:
-        python = serving_chain.serving_python()
-    except serving_chain.ChainError as exc:  # no skip: the chain must run here
-        pytest.fail(str(exc))
-    model = serving_chain.tiny_model(python)
+def test_a_second_start_reuses_the_first_starts_compiled_kernels_from_vllm_cache_root(chain, tmp_path):
+    python, model = chain
     root = tmp_path / "volume" / "vllm" / "v6e-2x2"  # as model.cacheVolume sets it
     cold_s, _ = start(python, model, root, tmp_path / "inductor-1", tmp_path)
     first = kernels(root)

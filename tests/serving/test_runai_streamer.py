@@ -22,7 +22,6 @@ import time
 import urllib.parse
 from pathlib import Path
 
-import pytest
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -68,12 +67,8 @@ def written_weights(roots: list[Path], size: int) -> list[str]:
             if p.is_file() and (p.suffix == ".safetensors" or p.stat().st_size >= size // 2)]
 
 
-def test_vllm_streams_a_gs_model_with_every_weight_byte_fetched_once_and_none_written(tmp_path):
-    try:
-        python = serving_chain.serving_python()
-    except serving_chain.ChainError as exc:  # no skip: the chain must run here
-        pytest.fail(str(exc))
-    model = serving_chain.tiny_model(python)
+def test_vllm_streams_a_gs_model_with_every_weight_byte_fetched_once_and_none_written(chain, tmp_path):
+    python, model = chain
     shutil.copytree(model, tmp_path / "bucket" / FOLDER)
     size = (model / "model.safetensors").stat().st_size
     llm_config = rendered_llm_config(f"gs://{BUCKET}/{FOLDER}")

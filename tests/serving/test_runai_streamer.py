@@ -38,12 +38,13 @@ WEIGHTS = f"{BUCKET}/{FOLDER}/model.safetensors"  # as FakeGcs.media_bytes() key
 
 
 def rendered_llm_config(source: str) -> dict:
-    """The llm_config the operator writes for a service of this source, as much of it as a CPU engine
-    takes: the model's loading config and the load_format (the rest is the TPU slice's)."""
+    """The llm_config the operator writes for a service of this source streamed with the Run:ai
+    streamer (engine.args.load_format, as docs/serving.md says to set it), as much of it as a CPU
+    engine takes: the model's loading config and the load_format (the rest is the TPU slice's)."""
     body = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService",
             "metadata": {"name": "tiny", "namespace": "ml", "uid": "u", "generation": 1},
             "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/serve:1",
-                     "model": {"source": source, "name": FOLDER}}}
+                     "model": {"source": source, "name": FOLDER}, "engine": {"args": {"load_format": "runai_streamer"}}}}
     serve = yaml.safe_load(render.rayservice(spec.parse_service(body))["spec"]["serveConfigV2"])
     (cfg,) = serve["applications"][0]["args"]["llm_configs"]
     return {"model_loading_config": cfg["model_loading_config"],

@@ -607,9 +607,10 @@ def _service_spec_schema() -> dict:
                 required=["source"],
                 properties={
                     "source": _string(
-                        "Hugging Face repo id (e.g. Qwen/Qwen3-30B-A3B), a gs:// path or a path on the hosts. A gs:// "
-                        "model is streamed into memory by vLLM's Run:ai streamer (engine.args load_format runai_streamer "
-                        "unless set; the image needs runai-model-streamer[gcs]), not downloaded to each host's disk.",
+                        "Hugging Face repo id (e.g. Qwen/Qwen3-30B-A3B), gs://<bucket>/<folder> or a path on the hosts. "
+                        "Ray Serve LLM downloads a gs:// model to every host's HF_HOME before vLLM starts, unless "
+                        "engine.args sets load_format: runai_streamer (vLLM's Run:ai streamer reads it into memory; the "
+                        "image needs runai-model-streamer[gcs]).",
                         minLength=1,
                         maxLength=spec.MAX_STRING,
                     ),

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import topology
 from .network import Exposure, parse_exposure
+from .storage import check_bucket
 from .vllm_args import ENGINE_ARGS, FRONTEND_APP_ARGS, FRONTEND_SERVER_ARGS, VLLM_VERSION
 from .common import (
     DNS1123_SUBDOMAIN, INT32_MAX, MAX_PODS_DEFAULT, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
@@ -37,16 +38,23 @@ MODEL_FIELDS = {"source", "name", "hfTokenSecret", "cacheVolume"}
 # vllm-torchtpu 0.29 keeps its compile artefacts under VLLM_CACHE_ROOT (VLLM_XLA_CACHE_PATH is the
 # JAX tpu-inference variable: nothing in vllm-torchtpu reads it).
 CACHE_ENV = ("HF_HOME", "VLLM_CACHE_ROOT")
-# spec.model.source on Cloud Storage (gs://<bucket>/<folder>) is streamed by vLLM's Run:ai model
-# streamer (load_format runai_streamer): the safetensors go from the bucket into host memory, read
-# with the pods' Workload Identity. With any other load_format Ray Serve LLM 2.60 first downloads the
-# whole checkpoint to the boot disk of every host (llm_config.py: only its streaming load formats
-# skip that). spec.engine.args.load_format, when set, wins. The image needs runai-model-streamer[gcs].
-# With spec.model.cacheVolume, HF_HOME then holds no weights (though Ray reads a copy an earlier
-# download left in its hub cache under spec.model.name in preference); VLLM_CACHE_ROOT's compile
-# cache serves restarts as before.
-GCS_SOURCE_PREFIX = "gs://"
-GCS_LOAD_FORMAT = "runai_streamer"
+# spec.model.source is one of three forms (source_kind): a Hugging Face repo id, downloaded by Ray
+# Serve LLM / vLLM; a path on the hosts (a mounted volume); or gs://<bucket>[/<folder>] on Cloud
+# Storage, read with the pods' Workload Identity. Other object stores (s3://, abfss://) need
+# credentials the operator does not manage, so any other scheme is refused.
+# A gs:// source is downloaded whole by Ray Serve LLM 2.60 to every host's HF_HOME (the boot disk,
+# or spec.model.cacheVolume) before vLLM starts, unless engine.args.load_format is a streaming one
+# (llm_config.py: only STREAMING_LOAD_FORMATS skip it): runai_streamer makes vLLM's Run:ai streamer
+# read the safetensors from the bucket into memory, nothing on disk; the image then needs
+# runai-model-streamer[gcs]. It is the user's choice, not the operator's default: it has run here on
+# vLLM's CPU build only (tests/serving/test_runai_streamer.py), not with vllm-torchtpu's loader on a
+# TPU, and a default would switch every running gs:// service's loader, and its image's needs, at an
+# operator upgrade.
+GCS_SOURCE = re.compile(r"gs://(?P<bucket>[^/]*)(/.*)?")
+SOURCE_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+SOURCE_FORMS = ("a Hugging Face repo id (owner/name), gs://<bucket>/<folder> on Cloud Storage, "
+                "or an absolute path on the hosts (a mounted volume)")
+STREAMING_LOAD_FORMAT = "runai_streamer"
 # vLLM 0.29's runai_streamer_sharded (its ShardedStateLoader) looks for the per-rank files with a
 # local glob (it lists only s3:// remotely), and Ray skips its download for a streaming format: from
 # gs:// or a Hub repo it finds no file and the replica fails.
@@ -54,16 +62,21 @@ PATH_ONLY_LOAD_FORMATS = ("runai_streamer_sharded",)
 
 
 def source_kind(source: str) -> str:
-    """How spec.model.source is read: "gcs" (streamed from the bucket), "path" (a directory on the
-    hosts, e.g. a GCS FUSE mount) or "hub" (a Hugging Face repo id, downloaded)."""
-    if source.startswith(GCS_SOURCE_PREFIX):
+    """How spec.model.source is read: "gcs" (a bucket), "path" (a directory on the hosts, e.g. a
+    GCS FUSE mount) or "hub" (a Hugging Face repo id, downloaded)."""
+    if source.startswith("gs://"):
         return "gcs"
     return "path" if source.startswith("/") else "hub"
 
 
-def default_load_format(source: str) -> str | None:
-    """The load_format the operator renders when spec.engine.args sets none (None: vLLM's own)."""
-    return GCS_LOAD_FORMAT if source_kind(source) == "gcs" else None
+def _check_source(v: str) -> str | None:
+    if (m := GCS_SOURCE.fullmatch(v)) is not None:
+        if (problem := check_bucket(m["bucket"])) is not None:
+            return f"names the bucket {m['bucket']!r}, which {problem}"
+        return None
+    if SOURCE_SCHEME.match(v):
+        return f"must be {SOURCE_FORMS}: the pods read Cloud Storage with their Workload Identity, no other store"
+    return string(what=SOURCE_FORMS)(v)
 
 
 def cache_env(cache_path: str, s: topology.Slice) -> dict[str, str]:
@@ -276,10 +289,12 @@ def _parse_engine_args(r: Reader, engine: Mapping, lora_set: bool) -> dict:
 
 def _check_load_format(r: Reader, source: str | None, engine_args: Mapping) -> None:
     fmt = engine_args.get("load_format")
-    if source is not None and fmt in PATH_ONLY_LOAD_FORMATS and source_kind(source) != "path":
-        r.error("spec.engine.args.load_format", fmt, f"needs a spec.model.source that is a path on the hosts (starting "
-                f"with /), not {source!r}: vLLM {VLLM_VERSION} finds its pre-sharded files with a local glob; from gs:// "
-                f"leave load_format unset ({GCS_LOAD_FORMAT}, streamed) or mount the bucket with GCS FUSE")
+    if source is None or fmt not in PATH_ONLY_LOAD_FORMATS or source_kind(source) == "path":
+        return
+    instead = (f"set {STREAMING_LOAD_FORMAT} to stream it from the bucket, or mount the bucket with GCS FUSE and give its path"
+               if source_kind(source) == "gcs" else "put the pre-sharded files on a volume and give its path")
+    r.error("spec.engine.args.load_format", fmt, f"needs a spec.model.source that is a path on the hosts (starting with /), "
+            f"not {source!r}: vLLM {VLLM_VERSION} finds its pre-sharded files with a local glob; {instead}")
 
 
 def _secret_key(v: str) -> str | None:
@@ -361,7 +376,7 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     if spec.get("model") is None:
         r.error("spec.model", None, "is required")
     source = r.value(model, "source", "spec.model.source", str, required=isinstance(spec.get("model"), Mapping),
-                     check=string(what="a Hugging Face repo id, a gs:// path or a path on the hosts"))
+                     check=_check_source)
     model_name = r.value(model, "name", "spec.model.name", str, default=fields["name"], check=string(253))
     secret = r.mapping(model, "hfTokenSecret", "spec.model.hfTokenSecret", SECRET_REF_FIELDS)
     hf_token_secret = None

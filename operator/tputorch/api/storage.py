@@ -167,7 +167,7 @@ def _check_name(v: str) -> str | None:
     return None
 
 
-def _check_bucket(v: str) -> str | None:
+def check_bucket(v: str) -> str | None:
     if not BUCKET.fullmatch(v) or (len(v) > 63 and "." not in v):
         return "must be a Cloud Storage bucket name (3-63 characters of a-z, 0-9, '-', '_', '.'), without gs://"
     return None
@@ -216,7 +216,7 @@ def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
         block = r.mapping(item, source, f"{path}.{source}", {"gcs": GCS_FIELDS, "pvc": PVC_FIELDS, "emptyDir": EMPTY_DIR_FIELDS}[source])
         fields: dict[str, Any] = {}
         if source == "gcs":
-            fields["bucket"] = r.value(block, "bucket", f"{path}.gcs.bucket", str, required=True, check=_check_bucket)
+            fields["bucket"] = r.value(block, "bucket", f"{path}.gcs.bucket", str, required=True, check=check_bucket)
             options = r.value(block, "mountOptions", f"{path}.gcs.mountOptions", list, default=[])
             if len(options) > MAX_MOUNT_OPTIONS:
                 r.error(f"{path}.gcs.mountOptions", f"{len(options)} options", f"must have at most {MAX_MOUNT_OPTIONS} options")

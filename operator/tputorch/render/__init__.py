@@ -19,7 +19,7 @@ import yaml
 from ..api import storage, topology
 from ..api.network import Peer, ServeService
 from .. import timestamps, train
-from ..api.service import cache_env, default_load_format
+from ..api.service import cache_env
 from ..api.spec import HF_TOKEN_ENV, SERVICE_DEFAULTS, FieldError, InvalidSpec, JobSpec, ServiceSpec
 from . import groups as _groups
 
@@ -352,10 +352,8 @@ def rayjob(job: JobSpec) -> dict:
 
 def engine_kwargs(svc: ServiceSpec) -> dict:
     """vLLM's engine arguments: the user's extra args, then the first-class fields (parse_service
-    refuses args that repeat them), and the load_format the source calls for unless the user set one."""
+    refuses args that repeat them)."""
     kwargs = dict(svc.engine_args)
-    if "load_format" not in kwargs and (load_format := default_load_format(svc.model_source)):
-        kwargs["load_format"] = load_format
     kwargs["tensor_parallel_size"] = svc.tensor_parallel_size
     kwargs["pipeline_parallel_size"] = svc.pipeline_parallel_size
     if svc.enable_expert_parallel:

@@ -391,7 +391,28 @@ def test_runai_streamer_sharded_needs_a_path_on_the_hosts(source):
     Hub repo there is nothing to find, so the replica would fail after the slice was provisioned."""
     err = only_error(service_body(model={"source": source}, engine={"args": {"load_format": "runai_streamer_sharded"}}))
     assert (err.path, err.value) == ("spec.engine.args.load_format", "runai_streamer_sharded")
-    assert source in err.message and "path on the hosts" in err.message and "runai_streamer" in err.message
+    assert source in err.message and "path on the hosts" in err.message
+    # what to do instead depends on where the model is
+    assert ("set runai_streamer to stream it" in err.message) == source.startswith("gs://")
+
+
+@pytest.mark.parametrize("source,fragment", [
+    ("gs://", "names the bucket ''"),
+    ("gs:///Qwen3", "names the bucket ''"),
+    ("gs://My_Models/Qwen3", "names the bucket 'My_Models'"),
+    ("s3://my-models/Qwen3", "no other store"),
+    ("GS://my-models/Qwen3", "no other store"),
+    ("hf://Qwen/Qwen3-30B-A3B", "no other store"),
+])
+def test_a_model_source_of_no_known_form_is_refused(source, fragment):
+    err = only_error(service_body(model={"source": source}))
+    assert (err.path, err.value) == ("spec.model.source", source) and fragment in err.message, err.message
+    assert "Hugging Face repo id" in err.message or "Cloud Storage bucket name" in err.message
+
+
+@pytest.mark.parametrize("source", ["gs://my-models", "gs://my-models/Qwen/Qwen3-30B-A3B", "/models/q", "Qwen/Qwen3-30B-A3B"])
+def test_each_known_model_source_form_passes(source):
+    assert spec.parse_service(service_body(model={"source": source})).model_source == source
 
 
 @pytest.mark.parametrize("source,load_format", [

@@ -239,6 +239,7 @@ SERVICE_CASES = {
     "service-v6e-4x4-weights-stream-gcs": {
         "volumes": [{"name": "cache", "mountPath": "/cache", "gcs": {"bucket": "my-serving-cache"}}],
         "model": {"source": "gs://my-models/Qwen3-30B-A3B", "name": "qwen3", "cacheVolume": "cache"},
+        "engine": {"args": {"load_format": "runai_streamer"}},
         "serviceAccountName": "serving",
     },
     # adapters on demand from a bucket, read with the pods' Workload Identity
@@ -912,17 +913,10 @@ def test_lora_renders_rays_lora_config_and_vllms_matching_slots():
     assert "lora_config" not in llm_config(rendered_service({}))
 
 
-@pytest.mark.parametrize("source,expected", [
-    ("gs://my-models/Qwen3-30B-A3B", "runai_streamer"),  # streamed: no host downloads the checkpoint
-    ("/models/Qwen3-30B-A3B", None),  # a mount: vLLM's own default
-    ("Qwen/Qwen3-30B-A3B", None),  # the Hub: vLLM's own default
-])
-def test_load_format_follows_the_model_source(source, expected):
-    kwargs = llm_config(rendered_service({"model": {"source": source}}))["engine_kwargs"]
-    assert kwargs.get("load_format") == expected
-
-
-def test_the_users_load_format_wins_over_the_gcs_default():
-    kwargs = llm_config(rendered_service({"model": {"source": "gs://my-models/Qwen3-30B-A3B"},
-                                          "engine": {"args": {"load_format": "safetensors"}}}))["engine_kwargs"]
-    assert kwargs["load_format"] == "safetensors"
+@pytest.mark.parametrize("source", ["gs://my-models/Qwen3-30B-A3B", "/models/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B"])
+def test_the_load_format_is_the_users_alone(source):
+    """No source gets a load_format the user did not set: streaming a gs:// model is opt-in (an
+    operator upgrade must not switch a running service's loader, nor what its image needs)."""
+    assert "load_format" not in llm_config(rendered_service({"model": {"source": source}}))["engine_kwargs"]
+    streamed = llm_config(rendered_service({"model": {"source": source}, "engine": {"args": {"load_format": "runai_streamer"}}}))
+    assert streamed["engine_kwargs"]["load_format"] == "runai_streamer"

@@ -176,9 +176,10 @@ def _resources_schema(role: str, extra: dict | None = None) -> dict:
             "ephemeralStorage": _s(
                 f"Local ephemeral storage of each {role} pod (requests = limits): its writable layer, logs "
                 "and the emptyDir volumes it mounts on the node's disk (gcs.fileCache capacities and "
-                "emptyDir sizeLimits without medium Memory); must be at least their sum. Not set: a "
-                f"request of that sum plus {storage.DISK_HEADROOM} and no limit, or nothing when the pod "
-                "has none.",
+                "emptyDir sizeLimits without medium Memory); must be at least their sum plus "
+                f"{storage.DISK_HEADROOM}. Not set: a request of that sum plus {storage.DISK_HEADROOM} and no limit "
+                "(nor on the pod's Cloud Storage FUSE sidecar, unless gcsFuseSidecar.ephemeralStorageLimit is set), "
+                "or nothing when the pod has none.",
                 **{"x-kubernetes-int-or-string": True}, pattern=spec.QUANTITY.pattern,
             ),
             **(extra or {}),
@@ -262,7 +263,8 @@ def _sidecar_schema() -> dict:
     return _s(
         "Resources of GKE's Cloud Storage FUSE sidecar in each pod that mounts a gcs volume, as the pod annotations "
         "gke-gcsfuse/cpu-request, cpu-limit, memory-request, memory-limit, ephemeral-storage-request and "
-        "ephemeral-storage-limit (\"0\" for a limit: none).",
+        "ephemeral-storage-limit (\"0\" for a limit: none). Without ephemeralStorage on the pod's role its "
+        "ephemeral-storage-limit is \"0\" unless set here, and one set here must hold the role's disk volumes.",
         type="object",
         properties={k: _quantity_string(f"The {a} annotation.") for k, a in storage.SIDECAR_ANNOTATIONS.items()},
     )

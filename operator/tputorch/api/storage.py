@@ -351,16 +351,57 @@ def ephemeral_storage(given: str | None, disk: NodeDisk) -> tuple[dict[str, str]
     return {"ephemeral-storage": bytes_quantity(disk.total + quantity_value(DISK_HEADROOM))}, {}
 
 
+def _needed(disk: NodeDisk) -> Decimal:
+    """The least ephemeral-storage limit a pod with these volumes can have: they fill up, and the
+    container's own logs and writable layer come on top (DISK_HEADROOM)."""
+    from .common import quantity_value  # common imports this module
+
+    return disk.total + quantity_value(DISK_HEADROOM)
+
+
 def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> str | None:
-    """Why spec.<role>.ephemeralStorage cannot hold the pod's volumes on the node's disk, if it cannot."""
+    """Why spec.<role>.ephemeralStorage cannot hold the pod's volumes on the node's disk, if it cannot.
+    It is the Ray container's limit too, and the kubelet evicts a pod whose usage (its emptyDirs with
+    its containers' writes) passes its containers' limits: the volumes alone, full, plus a log line
+    would pass a limit of exactly their size."""
     from .common import bytes_quantity, quantity_value  # common imports this module
 
-    if given is None or not disk.parts or quantity_value(given) >= disk.total:
+    if given is None or not disk.parts or quantity_value(given) >= _needed(disk):
         return None
-    return (f"must be at least {bytes_quantity(disk.total)}, what the {role} pod's volumes on the node's disk hold "
-            f"(spec.volumes: {disk.text()}): they count as the pod's ephemeral storage, which is requested and "
-            f"limited to this value; raise it, or leave it out for a request of the volumes plus {DISK_HEADROOM} "
-            "and no limit")
+    return (f"must be at least {bytes_quantity(_needed(disk))}: the {role} pod's volumes on the node's disk "
+            f"(spec.volumes: {disk.text()}) plus {DISK_HEADROOM} for the container's own logs and writable layer; "
+            "they count as the pod's ephemeral storage, which is requested and limited to this value; raise it, "
+            f"or leave it out for a request of the volumes plus {DISK_HEADROOM} and no limit")
+
+
+# GKE's Cloud Storage FUSE sidecar has an ephemeral-storage limit of its own (the CSI driver webhook's
+# default, its --sidecar-ephemeral-storage-limit flag: 5Gi), and the kubelet makes the sum of the
+# limits the pod's containers have (sidecars included) the pod's limit, against which it counts the
+# pod's emptyDirs and every container's writes. With no limit on the Ray container, the sidecar's
+# 5Gi alone would be the whole pod's: a file cache, a scratch emptyDir or a model downloaded into
+# the container's layer would have the pod evicted at 5Gi. Such a pod's sidecar therefore gets no
+# limit ("0", GKE's value for none) unless spec.gcsFuseSidecar.ephemeralStorageLimit says otherwise.
+SIDECAR_DISK_LIMIT = SIDECAR_ANNOTATIONS["ephemeralStorageLimit"]
+
+
+def sidecar_annotations(sidecar: Mapping[str, str], ray_limit: str | None) -> dict[str, str]:
+    """The sidecar's annotations for a pod whose Ray container's ephemeral-storage limit is ``ray_limit``."""
+    if ray_limit is None and SIDECAR_DISK_LIMIT not in sidecar:
+        return {**sidecar, SIDECAR_DISK_LIMIT: "0"}
+    return dict(sidecar)
+
+
+def sidecar_limit_problem(sidecar: Mapping[str, str], given: str | None, disk: NodeDisk, role: str) -> str | None:
+    """Why spec.gcsFuseSidecar.ephemeralStorageLimit would evict the ``role`` pod, if it would: with
+    spec.<role>.ephemeralStorage unset it is the pod's whole limit, its volumes on the disk counted."""
+    from .common import bytes_quantity, quantity_value  # common imports this module
+
+    limit = sidecar.get(SIDECAR_DISK_LIMIT)
+    if limit is None or given is not None or not disk.parts or quantity_value(limit) == 0 or quantity_value(limit) >= _needed(disk):
+        return None
+    return (f"must be \"0\" (none) or at least {bytes_quantity(_needed(disk))} while spec.{role}.ephemeralStorage is unset: "
+            f"the kubelet takes the containers' limits as the {role} pod's, and the Ray container has none, so this "
+            f"one limits the whole pod, its volumes on the node's disk included (spec.volumes: {disk.text()})")
 
 
 def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...], quantity) -> dict[str, str]:
@@ -377,12 +418,13 @@ def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...], quantity) -> di
 
 
 def pod_storage(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str,
-                security_context: Mapping[str, Any]) -> dict:
-    """What one role's pod template gets: volumes, its container's mounts, pod annotations."""
+                security_context: Mapping[str, Any], ray_limit: str | None) -> dict:
+    """What one role's pod template gets: volumes, its container's mounts, pod annotations.
+    ``ray_limit``: the Ray container's ephemeral-storage limit (sidecar_annotations)."""
     mine = [v for v in volumes if role in v.mount_on]
     annotations: dict[str, str] = {}
     if any(v.source == "gcs" for v in mine):
-        annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar}
+        annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar_annotations(sidecar, ray_limit)}
     pod_volumes = [v.pod_volume(security_context) for v in mine]
     if (cache := cache_volume(mine)) is not None:
         pod_volumes.append(cache)

@@ -100,7 +100,8 @@ def group_context(job, group: Group, cluster: dict) -> dict:
         "image": group.image,
         "env": cluster["env"],
         "resources": resources,
-        "storage": cluster["worker_storage"],  # the workers' volumes, mounts and GKE's gcsfuse annotations
+        # the workers' volumes, mounts and GKE's gcsfuse annotations, for a Ray container without a disk limit
+        "storage": storage.pod_storage(job.volumes, job.gcs_fuse_sidecar, "worker", job.security_context, None),
         "security_context": cluster["security_context"],
         "automount": cluster["worker_automount"],
     }

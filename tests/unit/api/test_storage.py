@@ -130,7 +130,9 @@ def test_a_service_takes_the_same_block():
     svc = spec.parse_service(service_body(volumes=[{**GCS, "readOnly": True}], gcsFuseSidecar={"memoryLimit": "4Gi"}))
     head, worker = pods(render.rayservice(svc))
     for pod in (head, worker):
-        assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/memory-limit": "4Gi"}
+        # no ephemeral-storage limit on the Ray container, so none on the sidecar either (its 5Gi would be the pod's)
+        assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/memory-limit": "4Gi",
+                                                  "gke-gcsfuse/ephemeral-storage-limit": "0"}
         assert pod["spec"]["volumes"][0]["csi"]["readOnly"] is True
     assert errors_of(service_body(volumes=[{"name": "x"}]), spec.parse_service)
 
@@ -278,18 +280,22 @@ def test_a_groups_pods_mount_the_workers_volumes_and_ask_for_their_disk():
 
 
 def test_a_given_ephemeral_storage_that_holds_the_volumes_is_kept_as_request_and_limit():
-    _, worker = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "300Gi"}))))
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "300Gi"
-    assert ray_resources(worker)["limits"]["ephemeral-storage"] == "300Gi"
+    # 200Gi of cache + 100Gi of scratch + 1Gi for the container's own writes
+    _, worker = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "301Gi"}))))
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "301Gi"
+    assert ray_resources(worker)["limits"]["ephemeral-storage"] == "301Gi"
+    # the Ray container has a limit: the sidecar keeps GKE's default one (the pod's is then the sum)
+    assert "gke-gcsfuse/ephemeral-storage-limit" not in worker["metadata"]["annotations"]
 
 
 @pytest.mark.parametrize("parser,make", [(spec.parse, body), (spec.parse_service, service_body)])
 def test_a_given_ephemeral_storage_smaller_than_the_volumes_is_refused(parser, make):
     with pytest.raises(spec.InvalidSpec) as err:
-        parser(make(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "250Gi"}))
+        # exactly the volumes: once they are full, the first log line passes the pod's limit
+        parser(make(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "300Gi"}))
     (e,) = [e for e in err.value.errors if e.path == "spec.worker.ephemeralStorage"]
-    assert e.value == "250Gi"
-    assert e.message.startswith("must be at least 300Gi, what the worker pod's volumes on the node's disk hold")
+    assert e.value == "300Gi"
+    assert e.message.startswith("must be at least 301Gi: the worker pod's volumes on the node's disk")
     assert "weights gcs.fileCache.capacity (gke-gcsfuse-cache) 200Gi" in e.message
     assert "scratch emptyDir.sizeLimit 100Gi" in e.message
 
@@ -306,3 +312,23 @@ def test_a_head_ephemeral_storage_is_checked_against_the_heads_volumes_only():
                                         (Decimal("0.5"), "1"), (2**30 + 1, "1073741825")])
 def test_bytes_read_back_as_the_same_quantity(count, text):
     assert common.bytes_quantity(count) == text
+
+
+@pytest.mark.parametrize("sidecar_limit,ok", [("0", True), ("301Gi", True), ("400Gi", True), ("300Gi", False), ("5Gi", False)])
+def test_a_sidecar_disk_limit_that_would_limit_the_whole_pod_is_refused(sidecar_limit, ok):
+    """With spec.worker.ephemeralStorage unset the Ray container has no limit, so the kubelet's pod
+    limit is the sidecar's alone, and the 300Gi of volumes (+1Gi) count against it."""
+    def sidecar_errors(obj):
+        try:
+            spec.parse(obj)
+        except spec.InvalidSpec as err:
+            return [(e.path, e.message) for e in err.errors if e.path == "spec.gcsFuseSidecar.ephemeralStorageLimit"]
+        return []
+
+    errors = sidecar_errors(body(volumes=[WEIGHTS, SCRATCH], gcsFuseSidecar={"ephemeralStorageLimit": sidecar_limit}))
+    assert (not errors) == ok, errors
+    if not ok:
+        assert errors[0][1].startswith('must be "0" (none) or at least 301Gi while spec.worker.ephemeralStorage is unset')
+    # a Ray container with a limit of its own makes the pod's limit the sum: any sidecar limit is fine
+    assert not sidecar_errors(body(volumes=[WEIGHTS, SCRATCH], gcsFuseSidecar={"ephemeralStorageLimit": "5Gi"},
+                                   worker={"ephemeralStorage": "301Gi"}))

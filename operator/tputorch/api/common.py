@@ -268,7 +268,7 @@ QUANTITY_SUFFIXES = {"": 1, "m": Decimal("0.001"), **{s: 1000 ** (i + 1) for i, 
 def quantity_value(v: Any) -> Decimal:
     """A quantity that matches QUANTITY, as a number (bytes for memory)."""
     text = str(v)
-    digits = text.rstrip("kMGTPEmi")
+    digits = text.rstrip("kKMGTPEmi")  # K only before i (Ki)
     return Decimal(digits) * QUANTITY_SUFFIXES[text[len(digits):]]
 
 

@@ -176,7 +176,7 @@ def test_the_largest_slice_alone_fits_the_default_bound():
     assert 2 + job.slice.hosts <= spec.MAX_PODS_DEFAULT
 
 
-@pytest.mark.parametrize("text", ["1.5", "256Mi", "500m", "8", "0.5Gi", "1E", "2Ei", "16Gi", "1k", "123456789"])
+@pytest.mark.parametrize("text", ["1.5", "256Mi", "500m", "8", "0.5Gi", "1E", "2Ei", "16Gi", "1k", "123456789", "512Ki"])
 def test_quantity_value_agrees_with_the_kubernetes_clients_parser(text):
     from kubernetes.utils import parse_quantity
 

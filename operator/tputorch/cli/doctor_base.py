@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..api.common import quantity_value
+
 
 OK, FAIL, WARN, UNKNOWN = "ok", "fail", "warn", "unknown"
 SYMBOLS = {OK: "✓", FAIL: "✗", WARN: "!", UNKNOWN: "?"}
@@ -62,13 +64,6 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 
 
 def quantity(text: str | int | None) -> float:
-    """A Kubernetes quantity as a number (only what TPU and CPU quotas use: plain, m, Ki..Ei, k..E)."""
-    if text is None:
-        return 0.0
-    s = str(text)
-    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-                "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-    for suf in sorted(suffixes, key=len, reverse=True):
-        if s.endswith(suf):
-            return float(s[: -len(suf)]) * suffixes[suf]
-    return float(s)
+    """A Kubernetes quantity as a number, read by the API's own parser (api.common.quantity_value);
+    None (a field not there) is 0."""
+    return 0.0 if text is None else float(quantity_value(text))

@@ -4,6 +4,7 @@ with ambiguous labels, and with --for where each job or service would land.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -75,6 +76,12 @@ def _least_disk(nodes: list[dict]) -> float | None:
     found = [quantity(a) for n in nodes
              if (a := ((n.get("status") or {}).get("allocatable") or {}).get("ephemeral-storage")) is not None]
     return min(found) if found else None
+
+
+def _gi_down(n: float) -> str:
+    """Bytes in Gi to one decimal, rounded down: what a node allocates is never overstated
+    (47093746742 bytes is 43.86Gi: 43.8, not 43.9)."""
+    return f"{math.floor(n * 10 / 2**30) / 10:.1f}"
 
 
 def host_disk_request(s) -> str | None:
@@ -209,7 +216,7 @@ def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, l
         short = [p for p in fits if asked and p.disk is not None and p.disk < quantity(asked)]
         if short and len(short) == len(fits):
             problems.append("each host asks for " + asked + " ephemeral-storage; the nodes of " + ", ".join(
-                f"{p.name} allocate {p.disk / 2**30:.1f}Gi" for p in short)
+                f"{p.name} allocate {_gi_down(p.disk)}Gi" for p in short)
                 + " (create the pool with a larger --disk-size, or shrink the host's disk volumes)")
         fits = [p for p in fits if p not in short] or fits
         slices = sum(p.slices for p in fits)

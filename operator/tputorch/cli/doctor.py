@@ -28,7 +28,8 @@ from .doctor_kuberay import (  # noqa: F401
     KNOWN_BAD_KUBERAY, KUBERAY_CRDS, check_kuberay, check_tpu_webhook, kuberay_version, representative_children,
     served_schema, unserved_fields)
 from .doctor_kueue import (  # noqa: F401
-    KUEUE_INTEGRATIONS, KUEUE_LOCALQUEUE_CRD, check_kueue, kueue_frameworks, kueue_rayservice_enabled)
+    KUEUE_INTEGRATIONS, KUEUE_LOCALQUEUE_CRD, QuotaCheck, check_kueue, kueue_frameworks, kueue_quota_check,
+    kueue_rayservice_enabled)
 from ..status.kueue import WORKLOAD_CRD
 from .doctor_network import check_network, check_policy_mode, policy_config  # noqa: F401
 from .doctor_pools import Pool, check_placement, check_pools, pools_table, quantity, tpu_pools  # noqa: F401
@@ -56,7 +57,8 @@ def run_checks(facts: dict, now: datetime | None = None) -> list[Result]:
     results += check_rights(facts["rights"], facts["namespace"], facts.get("user") or "you")
     if facts.get("specs") is not None:
         results += check_placement(facts["specs"], facts["nodes"], facts["quotas"], facts["local_queues"],
-                                   facts.get("cluster_queues"), facts.get("resource_flavors"))
+                                   facts.get("cluster_queues"), facts.get("resource_flavors"),
+                                   kueue_quota_check(facts.get("kueue_config")))
     return results
 
 

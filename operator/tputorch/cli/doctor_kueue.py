@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..api import groups
 from ..status import kueue
 from .doctor_base import DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
@@ -12,20 +14,66 @@ KUEUE_INTEGRATIONS = ("ray.io/rayjob", "ray.io/rayservice")
 KUEUE_LOCALQUEUE_CRD = "localqueues.kueue.x-k8s.io"
 
 
-def kueue_frameworks(config_map: dict | None | Unread) -> list[str] | None | Unread:
-    """integrations.frameworks of Kueue's manager config (ConfigMap kueue-manager-config)."""
+def _manager_config(config_map: dict) -> dict | None:
+    """Kueue's Configuration in its manager config map (the first item that reads as one)."""
     import yaml
 
-    if isinstance(config_map, Unread) or config_map is None:
-        return config_map
     for text in (config_map.get("data") or {}).values():
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError:
             continue
-        if isinstance(doc, dict) and "integrations" in doc:
-            return list((doc.get("integrations") or {}).get("frameworks") or [])
+        if isinstance(doc, dict) and (str(doc.get("apiVersion", "")).startswith("config.kueue.x-k8s.io/")
+                                      or "integrations" in doc or "resources" in doc):
+            return doc
     return None
+
+
+def kueue_frameworks(config_map: dict | None | Unread) -> list[str] | None | Unread:
+    """integrations.frameworks of Kueue's manager config (ConfigMap kueue-manager-config)."""
+    if isinstance(config_map, Unread) or config_map is None:
+        return config_map
+    doc = _manager_config(config_map)
+    if doc is None or "integrations" not in doc:
+        return None
+    return list((doc.get("integrations") or {}).get("frameworks") or [])
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    """Which of a workload's resources Kueue's own configuration leaves out of quota, as Kueue
+    0.19.1 applies its `resources` (read in its source):
+    - `excludeResourcePrefixes` (config v1beta1 and v1beta2): a resource whose name starts with one of
+      them is dropped from the workload's requests (pkg/workload dropExcludedResources,
+      strings.HasPrefix), so no ClusterQueue needs to cover it;
+    - `quotaCheckStrategy: IgnoreUndeclared` (config v1beta2 only; a v1beta1 config naming it fails
+      Kueue's strict decoding): a resource no resource group of the ClusterQueue covers is skipped
+      (pkg/scheduler/flavorassigner), behind the QuotaCheckStrategy feature gate, on by default from
+      0.19 (beta; off in 0.18). A gate turned off in the config's `featureGates` is honoured; one
+      turned off by kueue-controller-manager's --feature-gates flag is not seen here.
+    `unread`: the config map could not be read, so whether it leaves anything out is unknown."""
+    excluded_prefixes: tuple[str, ...] = ()
+    ignore_undeclared: bool = False
+    unread: str | None = None
+
+    def excluded(self, resource: str) -> bool:
+        return resource.startswith(self.excluded_prefixes)
+
+
+def kueue_quota_check(config_map: dict | None | Unread) -> QuotaCheck:
+    """What kueue-system/kueue-manager-config leaves out of quota (None: no config map, Kueue's
+    defaults: every resource is checked)."""
+    if isinstance(config_map, Unread):
+        return QuotaCheck(unread=config_map.reason)
+    doc = _manager_config(config_map) if config_map is not None else None
+    if doc is None:
+        return QuotaCheck()
+    resources = doc.get("resources") or {}
+    prefixes = tuple(str(p) for p in resources.get("excludeResourcePrefixes") or [])
+    gate = (doc.get("featureGates") or {}).get("QuotaCheckStrategy", True) is not False
+    ignore = (gate and doc.get("apiVersion") == "config.kueue.x-k8s.io/v1beta2"
+              and resources.get("quotaCheckStrategy") == "IgnoreUndeclared")
+    return QuotaCheck(prefixes, ignore)
 
 
 def check_kueue(crd_installed: bool | Unread, frameworks: list[str] | None | Unread,
@@ -114,12 +162,14 @@ def _flavor_conflict(flavor: dict | None, selector: dict[str, str]) -> str | Non
 
 def queue_problems(queue: str, namespace: str, local_queues: list[dict], cluster_queues: list[dict] | Unread | None,
                    flavors: list[dict] | Unread | None, resources: set[str], selector: dict[str, str],
-                   tpu_resource: str, chips: float) -> tuple[list[str], list[str]]:
+                   tpu_resource: str, chips: float,
+                   quota_check: QuotaCheck = QuotaCheck()) -> tuple[list[str], list[str]]:
     """(why Kueue can never admit the job or service, what could not be read) for one queued by
     `queue` in `namespace`: its LocalQueue, that queue's ClusterQueue (active, covering every
     resource the pods ask for), and a ResourceFlavor of it for `tpu_resource` whose nodeLabels
     agree with the slice's `selector` and whose quota (nominal, plus what it may borrow in a
-    cohort) holds `chips`. Usage by others is not counted: that is waiting, not never."""
+    cohort) holds `chips`. Usage by others is not counted: that is waiting, not never. A resource
+    Kueue's config leaves out of quota (`quota_check`) needs no ClusterQueue to cover it."""
     lq = next((q for q in local_queues if (q.get("metadata") or {}).get("name") == queue), None)
     if lq is None:
         return [f"no Kueue LocalQueue {queue!r} in namespace {namespace}"], []
@@ -137,9 +187,15 @@ def queue_problems(queue: str, namespace: str, local_queues: list[dict], cluster
         return [f"{where} is not active ({active.get('reason')}: {active.get('message')})"], []
     groups = (cq.get("spec") or {}).get("resourceGroups") or []
     covered = {r for g in groups for r in g.get("coveredResources") or []}
-    uncovered = sorted(resources - covered)
-    if uncovered:
-        return [f"{where} covers no {', '.join(uncovered)}, which the pods ask for"], []
+    uncovered = sorted(r for r in resources - covered if not quota_check.excluded(r))
+    if uncovered and not quota_check.ignore_undeclared:
+        problem = f"{where} covers no {', '.join(uncovered)}, which the pods ask for"
+        if quota_check.unread:
+            return [], [f"{problem}, and whether Kueue's config leaves them out of quota is unknown: "
+                        f"kueue-system/kueue-manager-config unreadable ({quota_check.unread})"]
+        return [problem], []
+    if quota_check.excluded(tpu_resource) or tpu_resource not in covered and quota_check.ignore_undeclared:
+        return [], []  # Kueue counts no TPU quota for it
     if isinstance(flavors, Unread):
         return [], [f"Kueue's ResourceFlavors unreadable ({flavors.reason})"]
     by_name = {(f.get("metadata") or {}).get("name"): f for f in flavors or []}

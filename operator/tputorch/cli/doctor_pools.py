@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..api import spec, storage, topology
 from .doctor_base import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
-from .doctor_kueue import queue_problems, requested_resources
+from .doctor_kueue import QuotaCheck, queue_problems, requested_resources
 from .. import render
 
 
@@ -185,10 +185,11 @@ def _tpu_quota_left(quotas: list[dict]) -> tuple[float, str] | None:
 
 def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, list[dict] | Unread],
                     local_queues: dict[str, list[dict] | Unread], cluster_queues: list[dict] | Unread | None = None,
-                    flavors: list[dict] | Unread | None = None) -> list[Result]:
+                    flavors: list[dict] | Unread | None = None, quota_check: QuotaCheck = QuotaCheck()) -> list[Result]:
     """Which pool each job or service of a file would land on, or why none fits: its shape and
     capacity, whole slices ready, the namespace's ResourceQuota, and for a queued one whether Kueue
-    could ever admit it (doctor_kueue.queue_problems; `cluster_queues` None: Kueue not installed)."""
+    could ever admit it (doctor_kueue.queue_problems; `cluster_queues` None: Kueue not installed;
+    `quota_check`: what Kueue's config leaves out of quota)."""
     if isinstance(nodes, Unread):
         return [_unknown("for", "the nodes", nodes)]
     pools = tpu_pools(nodes)
@@ -238,7 +239,7 @@ def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, l
                 never, cannot_tell = queue_problems(
                     s.queue_name, s.namespace, lqs or [], cluster_queues, flavors,
                     requested_resources(render.render_any(s)), render.worker_node_selector(s), topology.TPU_RESOURCE,
-                    sl.chips * wanted)
+                    sl.chips * wanted, quota_check)
                 problems += never
                 unread += cannot_tell
         names = ", ".join(p.name for p in fits)

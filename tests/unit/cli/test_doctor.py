@@ -598,3 +598,69 @@ def test_for_a_queued_host_with_disk_volumes_needs_a_cluster_queue_that_covers_e
     old = placed([cluster_queue(**{"v6e-4x4": (16, None)})], volumes=CACHED_WEIGHTS)
     assert old.status == FAIL and "covers no ephemeral-storage, which the pods ask for" in old.message
     assert placed([cluster_queue(**{"v6e-4x4": (16, None)})]).status == OK  # no disk volumes: nothing asked
+
+
+def kueue_config(text):
+    return {"data": {"controller_manager_config.yaml": text}}
+
+
+def test_for_a_queued_host_with_disk_volumes_under_a_kueue_config_that_leaves_disk_out_of_quota():
+    """Kueue 0.19.1 drops from a workload's requests every resource whose name starts with one of
+    resources.excludeResourcePrefixes (v1beta1 and v1beta2 configs), and under the v1beta2
+    resources.quotaCheckStrategy: IgnoreUndeclared (QuotaCheckStrategy gate, on by default in 0.19)
+    skips any resource no resource group of the ClusterQueue covers: either way a ClusterQueue
+    that does not cover ephemeral-storage admits the hosts."""
+    cq = [cluster_queue(**{"v6e-4x4": (16, None)})]
+
+    def with_config(text):
+        facts = healthy_facts()
+        (result,) = doctor.check_placement([job(queueName="research", volumes=CACHED_WEIGHTS)], facts["nodes"],
+                                           facts["quotas"], RESEARCH, cq, [V6E_4X4, V6E_2X2],
+                                           doctor.kueue_quota_check(text if not isinstance(text, str) else kueue_config(text)))
+        return result
+
+    v1beta1 = "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\nresources:\n  excludeResourcePrefixes: [ephemeral-storage]\n"
+    assert with_config(v1beta1).status == OK
+    assert with_config(v1beta1.replace("v1beta1", "v1beta2")).status == OK
+    assert with_config(v1beta1.replace("[ephemeral-storage]", "[ephemeral]")).status == OK  # a prefix of the name
+    assert with_config(v1beta1.replace("[ephemeral-storage]", "[storage]")).status == FAIL  # not a prefix
+    ignore = ("apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+              "resources:\n  quotaCheckStrategy: IgnoreUndeclared\n")
+    assert with_config(ignore).status == OK
+    assert with_config(ignore.replace("IgnoreUndeclared", "BlockUndeclared")).status == FAIL
+    # v1beta1 has no quotaCheckStrategy (Kueue's strict decoding refuses it); the gate turned off
+    assert with_config(ignore.replace("v1beta2", "v1beta1")).status == FAIL
+    assert with_config(ignore + "featureGates:\n  QuotaCheckStrategy: false\n").status == FAIL
+    # integrations only (Kueue's defaults for resources), no config map: every resource is checked
+    plain = with_config("apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+                        "integrations:\n  frameworks: [ray.io/rayjob]\n")
+    assert plain.status == FAIL and "covers no ephemeral-storage" in plain.message
+    assert with_config(None).status == FAIL
+    # the config map unreadable: whether it leaves disk out is not known, so no ✗
+    unread = with_config(doctor.Unread("configmaps is forbidden"))
+    assert unread.status == UNKNOWN
+    assert ("covers no ephemeral-storage, which the pods ask for, and whether Kueue's config leaves them out of "
+            "quota is unknown: kueue-system/kueue-manager-config unreadable (configmaps is forbidden)") in unread.message
+
+
+def test_a_kueue_config_that_leaves_the_tpu_out_of_quota_needs_no_tpu_flavor():
+    no_tpu = [cluster_queue(covered=("cpu", "memory"), **{"v6e-4x4": (16, None)})]
+    assert placed(no_tpu).status == FAIL
+    facts = healthy_facts()
+    for text in ("apiVersion: config.kueue.x-k8s.io/v1beta2\nresources:\n  quotaCheckStrategy: IgnoreUndeclared\n",
+                 "apiVersion: config.kueue.x-k8s.io/v1beta1\nresources:\n  excludeResourcePrefixes: [google.com/]\n"):
+        (result,) = doctor.check_placement([job(queueName="research")], facts["nodes"], facts["quotas"], RESEARCH,
+                                           no_tpu, [V6E_4X4], doctor.kueue_quota_check(kueue_config(text)))
+        assert result.status == OK, (text, result)
+
+
+def test_run_checks_reads_kueue_config_for_the_queued_specs():
+    facts = healthy_facts()
+    facts.update(kueue_installed=True, specs=[job(queueName="research", volumes=CACHED_WEIGHTS)],
+                 local_queues=RESEARCH, cluster_queues=[cluster_queue(**{"v6e-4x4": (16, None)})],
+                 resource_flavors=[V6E_4X4])
+    facts["kueue_config"] = kueue_config("apiVersion: config.kueue.x-k8s.io/v1beta1\nintegrations:\n  frameworks: "
+                                         "[ray.io/rayjob, ray.io/rayservice]\n")
+    assert statuses(doctor.run_checks(facts, NOW))["for/team-a/j"] == FAIL
+    facts["kueue_config"]["data"]["controller_manager_config.yaml"] += "resources:\n  excludeResourcePrefixes: [ephemeral-storage]\n"
+    assert statuses(doctor.run_checks(facts, NOW))["for/team-a/j"] == OK

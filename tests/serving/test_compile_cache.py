@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "cluster"))
-
-import serving_chain  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "cluster"))  # serving_chain, imported when a test runs (conftest.py)
 
 
 def start(python: str, model: Path, root: Path, inductor: Path, cwd: Path) -> tuple[float, str]:
+    import serving_chain
+
     env = {**os.environ, **serving_chain.vllm_env(python), "VLLM_CACHE_ROOT": str(root), "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     run = subprocess.run([python, str(HERE / "compile_cache.py"), str(model)], capture_output=True, text=True,
                          env=env, timeout=900, cwd=cwd)

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "cluster"))
-
-import serving_chain  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "cluster"))  # serving_chain, imported when a test runs (conftest.py)
 
 FIGURES: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
 def synced(tmp_path_factory) -> dict:
+    import serving_chain
+
     t0 = time.monotonic()
     try:
         python = serving_chain.serving_python()

@@ -23,7 +23,7 @@ import yaml
 import audit
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 
-from tputorch import render
+from tputorch import render, timestamps
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "kueue"
@@ -315,7 +315,9 @@ def admitted_at_of(workload: dict) -> datetime.datetime:
 
 
 def since(cond: dict) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00"))
+    when = timestamps.parse(cond["lastTransitionTime"])
+    assert when is not None, cond
+    return when
 
 
 WORKLOAD_CRD = "workloads.kueue.x-k8s.io"

@@ -382,6 +382,16 @@ def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> s
 # the container's layer would have the pod evicted at 5Gi. Such a pod's sidecar therefore gets no
 # limit ("0", GKE's value for none) unless spec.gcsFuseSidecar.ephemeralStorageLimit says otherwise.
 SIDECAR_DISK_LIMIT = SIDECAR_ANNOTATIONS["ephemeralStorageLimit"]
+# The sidecar's own ephemeral-storage request when spec.gcsFuseSidecar sets none (the webhook's
+# --sidecar-ephemeral-storage-request default): the scheduler adds it to the pod's.
+SIDECAR_DISK_REQUEST_DEFAULT = "5Gi"
+
+
+def sidecar_disk_request(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str) -> str | None:
+    """The ephemeral-storage the role's GCS FUSE sidecar requests, None when the pod has no sidecar."""
+    if not any(v.source == "gcs" and role in v.mount_on for v in volumes):
+        return None
+    return sidecar.get(SIDECAR_ANNOTATIONS["ephemeralStorageRequest"], SIDECAR_DISK_REQUEST_DEFAULT)
 
 
 def sidecar_annotations(sidecar: Mapping[str, str], ray_limit: str | None) -> dict[str, str]:

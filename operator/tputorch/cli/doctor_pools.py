@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from ..api import spec, storage, topology
+from ..api.common import bytes_quantity
 from .doctor_base import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
 from .doctor_kueue import QuotaCheck, queue_problems, requested_resources
 from .. import render
@@ -84,10 +85,18 @@ def _gi_down(n: float) -> str:
     return f"{math.floor(n * 10 / 2**30) / 10:.1f}"
 
 
-def host_disk_request(s) -> str | None:
-    """The ephemeral-storage each TPU host of a job or service requests (storage.ephemeral_storage)."""
+def host_disk_request(s) -> tuple[float, str] | None:
+    """The ephemeral-storage each TPU host pod of a job or service requests, in bytes, and what it is
+    made of: the Ray container's (storage.ephemeral_storage) and GKE's Cloud Storage FUSE sidecar's
+    (storage.sidecar_disk_request), which the scheduler adds up. None when it requests none."""
     requests, _ = storage.ephemeral_storage(s.worker.ephemeral_storage, storage.node_disk(s.volumes, "worker"))
-    return requests.get("ephemeral-storage")
+    parts = [(q, what) for q, what in ((requests.get("ephemeral-storage"), "Ray"),
+                                        (storage.sidecar_disk_request(s.volumes, s.gcs_fuse_sidecar, "worker"),
+                                         "GKE's Cloud Storage FUSE sidecar")) if q]
+    if not parts:
+        return None
+    total = sum(quantity(q) for q, _ in parts)
+    return total, " + ".join(f"{q} for {what}" for q, what in parts)
 
 
 def tpu_pools(nodes: list[dict]) -> list[Pool]:
@@ -214,9 +223,9 @@ def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, l
                                   DOC_POOLS))
             continue
         asked = host_disk_request(s)
-        short = [p for p in fits if asked and p.disk is not None and p.disk < quantity(asked)]
+        short = [p for p in fits if asked and p.disk is not None and p.disk < asked[0]]
         if short and len(short) == len(fits):
-            problems.append("each host asks for " + asked + " ephemeral-storage; the nodes of " + ", ".join(
+            problems.append(f"each host asks for {bytes_quantity(asked[0])} ephemeral-storage ({asked[1]}); the nodes of " + ", ".join(
                 f"{p.name} allocate {_gi_down(p.disk)}Gi" for p in short)
                 + " (create the pool with a larger --disk-size, or shrink the host's disk volumes)")
         fits = [p for p in fits if p not in short] or fits

@@ -702,7 +702,7 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
         disk = storage.node_disk(volumes, role)
         if problem := storage.ephemeral_storage_problem(resources.ephemeral_storage, disk, role):
             r.error(f"spec.{role}.ephemeralStorage", resources.ephemeral_storage, problem)
-        if any(v.source == "gcs" and role in v.mount_on for v in volumes) and (
+        if storage.has_sidecar(volumes, role) and (
                 problem := storage.sidecar_limit_problem(sidecar, resources.ephemeral_storage, disk, role)):
             r.error("spec.gcsFuseSidecar.ephemeralStorageLimit", sidecar[storage.SIDECAR_DISK_LIMIT], problem)
     security_context = parse_security_context(r, spec)

@@ -325,6 +325,11 @@ class NodeDisk:
         return ", ".join(f"{what} {q}" for what, q in self.parts)
 
 
+def has_sidecar(volumes: tuple[Volume, ...], role: str) -> bool:
+    """Whether ``role``'s pod mounts a gcs volume, and so gets GKE's Cloud Storage FUSE sidecar."""
+    return any(v.source == "gcs" and role in v.mount_on for v in volumes)
+
+
 def node_disk(volumes: tuple[Volume, ...], role: str) -> NodeDisk:
     """What of ``role``'s pod lands on the node's disk, in spec.volumes order."""
     parts = []
@@ -338,25 +343,25 @@ def node_disk(volumes: tuple[Volume, ...], role: str) -> NodeDisk:
     return NodeDisk(tuple(parts))
 
 
-def ephemeral_storage(given: str | None, disk: NodeDisk) -> tuple[dict[str, str], dict[str, str]]:
-    """The Ray container's ephemeral-storage (requests, limits): spec.<role>.ephemeralStorage as both
-    when given (ephemeral_storage_problem has checked it holds ``disk``), else a request of ``disk``
-    plus DISK_HEADROOM when the pod has anything on the node's disk, and no limit."""
-    from .common import bytes_quantity, quantity_value  # common imports this module
-
-    if given is not None:
-        return {"ephemeral-storage": given}, {"ephemeral-storage": given}
-    if not disk.parts:
-        return {}, {}
-    return {"ephemeral-storage": bytes_quantity(disk.total + quantity_value(DISK_HEADROOM))}, {}
-
-
 def _needed(disk: NodeDisk) -> Decimal:
     """The least ephemeral-storage limit a pod with these volumes can have: they fill up, and the
     container's own logs and writable layer come on top (DISK_HEADROOM)."""
     from .common import quantity_value  # common imports this module
 
     return disk.total + quantity_value(DISK_HEADROOM)
+
+
+def ephemeral_storage(given: str | None, disk: NodeDisk) -> tuple[dict[str, str], dict[str, str]]:
+    """The Ray container's ephemeral-storage (requests, limits): spec.<role>.ephemeralStorage as both
+    when given (ephemeral_storage_problem has checked it holds ``disk``), else a request of ``disk``
+    plus DISK_HEADROOM when the pod has anything on the node's disk, and no limit."""
+    from .common import bytes_quantity  # common imports this module
+
+    if given is not None:
+        return {"ephemeral-storage": given}, {"ephemeral-storage": given}
+    if not disk.parts:
+        return {}, {}
+    return {"ephemeral-storage": bytes_quantity(_needed(disk))}, {}
 
 
 def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> str | None:
@@ -389,7 +394,7 @@ SIDECAR_DISK_REQUEST_DEFAULT = "5Gi"
 
 def sidecar_disk_request(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str) -> str | None:
     """The ephemeral-storage the role's GCS FUSE sidecar requests, None when the pod has no sidecar."""
-    if not any(v.source == "gcs" and role in v.mount_on for v in volumes):
+    if not has_sidecar(volumes, role):
         return None
     return sidecar.get(SIDECAR_ANNOTATIONS["ephemeralStorageRequest"], SIDECAR_DISK_REQUEST_DEFAULT)
 
@@ -433,7 +438,7 @@ def pod_storage(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: s
     ``ray_limit``: the Ray container's ephemeral-storage limit (sidecar_annotations)."""
     mine = [v for v in volumes if role in v.mount_on]
     annotations: dict[str, str] = {}
-    if any(v.source == "gcs" for v in mine):
+    if has_sidecar(volumes, role):
         annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar_annotations(sidecar, ray_limit)}
     pod_volumes = [v.pod_volume(security_context) for v in mine]
     if (cache := cache_volume(mine)) is not None:

@@ -248,8 +248,10 @@ def test_derived_statuses_are_accepted_and_nothing_is_pruned(crds, namespace):
     cases = [
         (crd.PLURAL, "train", status.derive(job_spec, 1, rayjob, pods(4), {}, NOW)),
         (crd.PLURAL, "train", status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 1, {}, NOW)),
-        (crd.SERVICE_PLURAL, "qwen", status.derive_service(svc_spec, 1, rs, pods(4), {}, NOW)),
-        (crd.SERVICE_PLURAL, "qwen", status.derive_service(svc_spec, 1, None, [], {}, NOW, ("KubeRayNotInstalled", "install KubeRay"))),
+        (crd.SERVICE_PLURAL, "qwen", status.derive_service(svc_spec, 1, rs, pods(4), {}, NOW,
+                                                           desired_hash=render.rayservice_spec_hash(svc_spec))),
+        (crd.SERVICE_PLURAL, "qwen", status.derive_service(svc_spec, 1, None, [], {}, NOW, ("KubeRayNotInstalled", "install KubeRay"),
+                                                           desired_hash=render.rayservice_spec_hash(svc_spec))),
     ]
     for plural, name, derived in cases:
         previous = get(crds, namespace, plural, name).get("status") or {}

@@ -53,6 +53,10 @@ class Kind:
     # (spec, the installed Kueue's pod-set cap) -> what that Kueue would not admit: checked before
     # the child is created (a job: its groups; api/job.kueue_errors). None: nothing to check.
     kueue_check: Callable[[Any, Any], list] | None = None
+    # spec -> the spec hash of the child it renders, which its status derivation compares with the
+    # live child's (a service: edits reach its RayService by that hash); rendered once per reconcile.
+    # None: the status compares none (a RayJob takes no edit but suspend).
+    desired_hash: Callable[[Any], str] | None = None
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,

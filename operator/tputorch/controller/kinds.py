@@ -60,6 +60,7 @@ SERVICE = Kind(
     phase_metric="tputorch_services", child_spec_read=None,
     phases=statuses.SERVICE_PHASES, cluster_patch=render.raycluster_bounds_patch,
     admission_patch=render.admitted_timeout_patch, recheck=service_status.recheck_in,
+    desired_hash=render.rayservice_spec_hash,
 )
 
 KINDS = [JOB, SERVICE]

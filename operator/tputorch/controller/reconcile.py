@@ -262,10 +262,11 @@ class Controller:
         await self.kueue.patch_child(kind, spec, ours, queue)
         previous = self.writes.previous(parent)
         now = self.clock()
+        desired_hash = kind.desired_hash(spec) if kind.desired_hash is not None else None
         derive = lambda ours: kind.derive(  # noqa: E731
             spec, meta.get("generation", 0), ours, pods, previous, now, self.child.problems.get(key),
             queue=queue, deleted=deleted, pods_problem=self._pods_problem(namespace),
-            network=self.extras.network(key, spec))
+            network=self.extras.network(key, spec), desired_hash=desired_hash)
         current = derive(ours)
         recheck = kind.recheck(current, now, ours) if kind.recheck is not None else None
         if recheck is not None:  # no event may come (status/applied.py)

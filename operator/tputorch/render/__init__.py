@@ -571,6 +571,11 @@ def rayservice(svc: ServiceSpec) -> dict:
     return json.loads(text)
 
 
+def rayservice_spec_hash(svc: ServiceSpec) -> str:
+    """The spec hash the RayService ``svc`` renders carries: a live one is up to date when it has it."""
+    return rayservice(svc)["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+
+
 def _rayservice(svc: ServiceSpec) -> dict:
     obj = _loaded(_template("rayservice.json.j2").render({
         "name": svc.name,

@@ -88,6 +88,7 @@ def derive(
     deleted: Iterable[dict] = (),
     pods_problem: tuple[str, str] | None = None,
     network: net.NetworkPolicyState | None = None,
+    desired_hash: str | None = None,  # noqa: ARG001  (a live RayJob takes no edit but suspend: nothing to compare)
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 

@@ -164,10 +164,14 @@ def derive_service(
     deleted: Iterable[dict] = (),  # noqa: ARG001  (a service has no attempts: lost pods are KubeRay's to replace)
     pods_problem: tuple[str, str] | None = None,
     network: net.NetworkPolicyState | None = None,
+    *,
+    desired_hash: str,
 ) -> dict:
     """The whole status of a valid TPUTorchService from its RayService (KubeRay v1.5's status:
     conditions Ready/UpgradeInProgress, serviceStatus, active/pendingServiceStatus with the Serve
-    application's status) and its pods; ``problem``, ``queue`` and ``network`` as for derive."""
+    application's status) and its pods; ``problem``, ``queue`` and ``network`` as for derive.
+    ``desired_hash`` is the spec hash of the RayService ``svc`` renders (the reconcile renders it
+    once): the live one is up to date only when it carries that hash."""
     s = svc.slice
     shape = (
         f"{s.generation.name} {s.topology} slice per replica: {s.hosts} host(s) x {s.chips_per_host} chips, "
@@ -200,7 +204,6 @@ def derive_service(
     # Our edits reach the RayService by its spec hash; until KubeRay has seen the new generation
     # (and the hash is the desired one) the service is updating, not ready.
     meta = (rayservice or {}).get("metadata") or {}
-    desired_hash = render.rayservice(svc)["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]
     seen, wanted = rs_status.get("observedGeneration"), meta.get("generation")
     up_to_date = (
         (meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION) == desired_hash

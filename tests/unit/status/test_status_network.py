@@ -5,7 +5,7 @@ from tputorch.api import spec
 from tputorch.status.network import NetworkPolicyState
 
 from ..jobs import body
-from .test_status_service import SVC, rayservice, slice_hosts
+from .test_status_service import SVC, derive_service, rayservice, slice_hosts
 
 T0 = "2026-11-29T10:00:00Z"
 STRICT = NetworkPolicyState("ml", "demo-rayjob", dashboard_open=False, peers=("tputorch-system:app=tputorch-operator",))
@@ -72,16 +72,16 @@ SVC_STRICT = NetworkPolicyState("ml", "qwen-ray", dashboard_open=False, peers=()
 def test_a_service_whose_slice_is_up_with_no_serve_application_behind_a_strict_policy_says_why():
     rs = rayservice("initializing")
     pods = slice_hosts(4)
-    st = status.derive_service(SVC, 1, rs, pods, {}, T0, network=SVC_STRICT)
+    st = derive_service(SVC, 1, rs, pods, {}, T0, network=SVC_STRICT)
     assert st["phase"] == "Deploying"
     ready = cond(st, "Ready")
     assert ready["reason"] == "DashboardUnreachable" and "NetworkPolicy ml/qwen-ray" in ready["message"]
     assert "NetworkPolicy ml/qwen-ray" in st["message"]
-    open_ = status.derive_service(SVC, 1, rs, pods, {}, T0,
+    open_ = derive_service(SVC, 1, rs, pods, {}, T0,
                                   network=NetworkPolicyState("ml", "qwen-ray", dashboard_open=True))
     assert cond(open_, "Ready")["reason"] != "DashboardUnreachable" and "NetworkPolicy" not in open_["message"]
     # the slice not up yet: nothing to blame on the network
-    waiting = status.derive_service(SVC, 1, rs, [], {}, T0, network=SVC_STRICT)
+    waiting = derive_service(SVC, 1, rs, [], {}, T0, network=SVC_STRICT)
     assert cond(waiting, "Ready")["reason"] != "DashboardUnreachable"
 
 

@@ -26,9 +26,14 @@ def rayservice(stage, svc=SVC, generation=None):
     return obj
 
 
+def derive_service(svc, *args, **kw):
+    """status.derive_service given the spec hash of the RayService ``svc`` renders, as the reconcile gives it."""
+    return status.derive_service(svc, *args, desired_hash=render.rayservice_spec_hash(svc), **kw)
+
+
 def derive(stage, pods=(), previous=None, svc=SVC, now=T0, **kw):
     rs = None if stage is None else rayservice(stage, svc)
-    return status.derive_service(svc, 3, rs, list(pods), previous or {}, now, **kw)
+    return derive_service(svc, 3, rs, list(pods), previous or {}, now, **kw)
 
 
 def cond(st, ctype):
@@ -105,14 +110,14 @@ def test_a_failed_upgrade_keeps_the_old_version_serving():
 def test_an_edit_not_yet_applied_is_updating_not_ready():
     edited = spec.parse_service(service_body(replicas={"min": 1, "max": 2}, engine={"maxModelLen": 4096}))
     # The RayService still has the old spec (hash of SVC): the edit has not reached it.
-    st = status.derive_service(edited, 4, rayservice("running"), slice_hosts(4), {}, T0)
+    st = derive_service(edited, 4, rayservice("running"), slice_hosts(4), {}, T0)
     assert st["phase"] == "Updating"
     # Patched (new hash) but KubeRay has not observed the new generation yet.
     rs = rayservice("running", edited, generation=2)
-    assert status.derive_service(edited, 4, rs, slice_hosts(4), {}, T0)["phase"] == "Updating"
+    assert derive_service(edited, 4, rs, slice_hosts(4), {}, T0)["phase"] == "Updating"
     rs["status"] = {**rs["status"], "observedGeneration": 2}
     # Without a record of what was applied before (a service first seen serving): taken as applied.
-    assert status.derive_service(edited, 4, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
+    assert derive_service(edited, 4, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
 
 
 def _with_app(rs, app_status, deployment_status):
@@ -132,26 +137,26 @@ def test_the_first_status_after_a_serve_config_edit_is_not_ready_until_the_reloa
     edited = spec.parse_service(service_body(replicas={"min": 1, "max": 2}, engine={"maxModelLen": 4096}))
     stale = rayservice("running", edited, generation=2)
     stale["status"] = {**stale["status"], "observedGeneration": 2}
-    st = status.derive_service(edited, 4, stale, slice_hosts(4), before, T1)
+    st = derive_service(edited, 4, stale, slice_hosts(4), before, T1)
     c = cond(st, "SpecApplied")
     assert (st["phase"], c["status"], c["reason"]) == ("Updating", "False", "WaitingForServeReload"), st
     assert st["appliedConfig"] == before["appliedConfig"]
     # KubeRay's next status: Serve rebuilds the application (its args changed) and redeploys the replica.
     reloading = _with_app(stale, "DEPLOYING", "UPDATING")
-    st = status.derive_service(edited, 4, reloading, slice_hosts(4), st, T1)
+    st = derive_service(edited, 4, reloading, slice_hosts(4), st, T1)
     assert (st["phase"], cond(st, "SpecApplied")["reason"]) == ("Updating", "Applied")
     assert st["appliedConfig"]["serveConfig"] != before["appliedConfig"]["serveConfig"]
-    st = status.derive_service(edited, 4, _with_app(stale, "RUNNING", "HEALTHY"), slice_hosts(4), st, T1)
+    st = derive_service(edited, 4, _with_app(stale, "RUNNING", "HEALTHY"), slice_hosts(4), st, T1)
     assert st["phase"] == "Ready" and cond(st, "SpecApplied")["status"] == "True"
     # The same RUNNING status with the reload never seen stays Updating while KubeRay may still
     # write what its reads after the PUT found (it reads every 2 s and writes any change) ...
     stale["status"]["lastUpdateTime"] = "2026-11-29T10:01:00Z"
-    again = status.derive_service(edited, 4, stale, slice_hosts(4), before, "2026-11-29T10:01:05Z")
+    again = derive_service(edited, 4, stale, slice_hosts(4), before, "2026-11-29T10:01:05Z")
     assert again["phase"] == "Updating"
     assert applied.recheck_in(again, "2026-11-29T10:01:05Z", stale) == 5.0  # no event may come: look again
     # ... and once it has written nothing for RELOAD_QUIET_S, every read since the PUT found the new
     # config RUNNING (a reload quicker than one requeue).
-    st = status.derive_service(edited, 4, stale, slice_hosts(4), again, "2026-11-29T10:01:10Z")
+    st = derive_service(edited, 4, stale, slice_hosts(4), again, "2026-11-29T10:01:10Z")
     assert st["phase"] == "Ready" and cond(st, "SpecApplied")["status"] == "True"
     assert applied.recheck_in(st, "2026-11-29T10:01:10Z", stale) is None
 
@@ -160,12 +165,12 @@ def test_upgrade_strategy_none_says_a_cluster_edit_is_not_applied():
     """KubeRay 1.6 shouldPrepareNewCluster: with upgradeStrategy None no new RayCluster is made for
     a changed cluster hash, and the active one is not updated either: Ready on the old spec."""
     old = spec.parse_service(service_body(upgradeStrategy="None"))
-    before = status.derive_service(old, 1, rayservice("running", old), slice_hosts(4), {}, T0)
+    before = derive_service(old, 1, rayservice("running", old), slice_hosts(4), {}, T0)
     assert before["phase"] == "Ready" and cond(before, "SpecApplied")["status"] == "True"
     edited = spec.parse_service(service_body(upgradeStrategy="None", image="example.com/ray-vllm-torchtpu:2.60.1"))
     rs = rayservice("running", edited, generation=2)
     rs["status"] = {**rs["status"], "observedGeneration": 2}
-    st = status.derive_service(edited, 2, rs, slice_hosts(4), before, T1)
+    st = derive_service(edited, 2, rs, slice_hosts(4), before, T1)
     c = cond(st, "SpecApplied")
     assert (st["phase"], c["status"], c["reason"]) == ("Ready", "False", "UpgradeStrategyNone"), st
     assert "spec.upgradeStrategy is None" in c["message"] and "RayCluster qwen-k2x9p" in c["message"]
@@ -181,12 +186,12 @@ def test_a_tolerations_edit_is_never_applied_on_kuberay_1_6():
     them): the edit makes no new cluster and updates none, under either strategy."""
     for strategy in ("NewCluster", "None"):
         old = spec.parse_service(service_body(upgradeStrategy=strategy))
-        before = status.derive_service(old, 1, rayservice("running", old), slice_hosts(4), {}, T0)
+        before = derive_service(old, 1, rayservice("running", old), slice_hosts(4), {}, T0)
         edited = spec.parse_service(service_body(upgradeStrategy=strategy, tolerations=[
             {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]))
         rs = rayservice("running", edited, generation=2)
         rs["status"] = {**rs["status"], "observedGeneration": 2}
-        st = status.derive_service(edited, 2, rs, slice_hosts(4), before, T1)
+        st = derive_service(edited, 2, rs, slice_hosts(4), before, T1)
         c = cond(st, "SpecApplied")
         assert (st["phase"], c["status"], c["reason"]) == ("Ready", "False", "TolerationsNotApplied"), (strategy, st)
         assert "delete and re-create" in c["message"]
@@ -227,12 +232,12 @@ def test_edits_on_statuses_recorded_from_kuberay_1_6_2(name, spec_before, edit, 
         return rs
     active = RECORDED_EDITS[name]["before"]["status"]["activeServiceStatus"]["rayClusterName"]
     pods = slice_hosts(old.slice.hosts, n=old.slice.hosts, cluster=active)
-    before = status.derive_service(old, 1, observed("before", old), pods, {}, T0)
+    before = derive_service(old, 1, observed("before", old), pods, {}, T0)
     assert before["phase"] == "Ready" and cond(before, "SpecApplied")["status"] == "True", before
     pending = (RECORDED_EDITS[name]["edited"]["status"].get("pendingServiceStatus") or {}).get("rayClusterName")
     if pending:  # the new RayCluster's hosts: no second slice of this shape
         pods += [_unschedulable(host(f"{pending}-w{i}", False, cluster=pending)) for i in range(new.slice.hosts)]
-    st = status.derive_service(new, 2, observed("edited", new), pods, before, T1)
+    st = derive_service(new, 2, observed("edited", new), pods, before, T1)
     c = cond(st, "SpecApplied")
     assert (st["phase"], c["status"], c["reason"]) == (phase, "False", reason), st
     assert says in c["message"], c
@@ -271,7 +276,7 @@ def _unschedulable(pod):
 def test_the_pending_clusters_unschedulable_slice_is_said_during_an_upgrade():
     pods = slice_hosts(4) + [_unschedulable(host(f"n{i}", False, cluster="qwen-7fz4q")) for i in range(4)]
     before = derive("running", slice_hosts(4))
-    st = status.derive_service(SVC, 3, rayservice("upgrading"), pods, before, T1)
+    st = derive_service(SVC, 3, rayservice("upgrading"), pods, before, T1)
     c = cond(st, "SpecApplied")
     assert (st["phase"], c["status"], c["reason"]) == ("Updating", "False", "Unschedulable"), st
     assert "the new RayCluster qwen-7fz4q cannot start: pod n0: Unschedulable: no nodes are available: " \
@@ -375,7 +380,7 @@ def test_condition_messages_are_capped_for_the_api():
     st = derive("deploy-failed", slice_hosts(4))
     huge = rayservice("deploy-failed")
     huge["status"]["activeServiceStatus"]["applicationStatuses"]["llm"]["message"] = "x" * 100000
-    st = status.derive_service(SVC, 1, huge, slice_hosts(4), {}, T0)
+    st = derive_service(SVC, 1, huge, slice_hosts(4), {}, T0)
     assert len(cond(st, "Failed")["message"]) == status.MAX_CONDITION_MESSAGE
 
 
@@ -383,7 +388,7 @@ def test_a_child_without_generation_is_judged_by_its_hash_alone():
     # A store that keeps no metadata.generation of the RayService: no false Updating.
     rs = rayservice("running")
     del rs["metadata"]["generation"]
-    assert status.derive_service(SVC, 1, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
+    assert derive_service(SVC, 1, rs, slice_hosts(4), {}, T0)["phase"] == "Ready"
     assert set(status.POD_LABELS_READ) == {"ray.io/node-type", "ray.io/cluster", "ray.io/worker-group-replica-name",
                                            "ray.io/group"}
 
@@ -435,12 +440,12 @@ def test_a_service_scaling_up_on_load_stays_ready():
     scaling = copy.deepcopy(rayservice("running"))  # STATUSES is shared
     deployments = scaling["status"]["activeServiceStatus"]["applicationStatuses"]["llm"]["serveDeploymentStatuses"]
     deployments["LLMServer:qwen"] = {"status": "UPSCALING", "message": "Upscaling from 1 to 2 replicas."}
-    st = status.derive_service(SVC, 3, scaling, slice_hosts(4), ready, T1)
+    st = derive_service(SVC, 3, scaling, slice_hosts(4), ready, T1)
     assert st["phase"] == "Ready" and cond(st, "Ready")["status"] == "True", st
     # Not so for a deployment Serve is redeploying or that lost a replica.
     for sick in ("UPDATING", "UNHEALTHY"):
         deployments["LLMServer:qwen"] = {"status": sick}
-        assert status.derive_service(SVC, 3, scaling, slice_hosts(4), ready, T1)["phase"] != "Ready", sick
+        assert derive_service(SVC, 3, scaling, slice_hosts(4), ready, T1)["phase"] != "Ready", sick
 
 
 def test_a_slice_asked_for_by_rays_autoscaler_that_cannot_be_placed_is_said_while_serving():
@@ -505,7 +510,7 @@ def test_recorded_serve_shapes_give_the_documented_phases():
     """Ray 2.60 Serve with vLLM 0.29 (CPU) as recorded: RUNNING -> Ready; the replica's actor
     killed -> UNHEALTHY (Ray keeps it so until the replacement is HEALTHY) -> Degraded; a model
     path that does not exist -> DEPLOY_FAILED before promotion -> Failed with Ray's message."""
-    derive_rs = lambda rs, prev={}: status.derive_service(SVC, 3, rs, slice_hosts(4), prev, T0)  # noqa: E731
+    derive_rs = lambda rs, prev={}: derive_service(SVC, 3, rs, slice_hosts(4), prev, T0)  # noqa: E731
     ready = derive_rs(with_apps("running", "activeServiceStatus", recorded_app_statuses("serve-deploy.json", "RUNNING")))
     assert ready["phase"] == "Ready"
     lost = derive_rs(with_apps("running", "activeServiceStatus", recorded_app_statuses("serve-replica-lost.json", "UNHEALTHY")), ready)
@@ -549,11 +554,11 @@ def test_the_recorded_serve_edit_is_ready_only_once_serve_runs_the_edit():
         return obj
 
     first = rec["before"]
-    previous = status.derive_service(before, 1, rayservice_of(first), pods, {}, first["now"])
+    previous = derive_service(before, 1, rayservice_of(first), pods, {}, first["now"])
     assert previous["phase"] == "Ready", previous
     phases, stale = [], 0
     for snap in rec["after"]:
-        st = status.derive_service(after, 2, rayservice_of(snap), pods, previous, snap["now"])
+        st = derive_service(after, 2, rayservice_of(snap), pods, previous, snap["now"])
         phases.append(st["phase"])
         app = (snap["status"].get("activeServiceStatus") or {}).get("applicationStatuses", {}).get(render.SERVE_APP, {})
         if snap["status"].get("observedGeneration") == snap["generation"] > first["generation"] \
@@ -588,7 +593,7 @@ def _scaled_as(svc, desired_hosts: int, llm_status: str = "HEALTHY", message: st
 
 def test_a_service_scaled_to_zero_is_ready_and_says_what_the_next_request_waits_for():
     head = host("head", True, role="head")
-    st = status.derive_service(ZERO, 3, _scaled(0, "HEALTHY"), [head], {}, T0)
+    st = derive_service(ZERO, 3, _scaled(0, "HEALTHY"), [head], {}, T0)
     assert st["phase"] == "Ready" and (st["replicas"], st["readyReplicas"], st["hosts"]) == (0, 0, 0)
     assert cond(st, "SliceReady")["status"] == "True" and cond(st, "SliceReady")["reason"] == "ScaledToZero"
     assert st["message"].startswith("scaled to zero: no slice is held while qwen is idle")
@@ -600,13 +605,13 @@ def test_a_service_waking_from_zero_stays_ready_and_says_requests_wait():
     slice (one host desired), none is up yet; then the slice cannot be scheduled."""
     head = host("head", True, role="head")
     rs = _scaled(1, "UPSCALING", "Upscaling from 0 to 1 replicas.")
-    waking = status.derive_service(ZERO, 3, rs, [head, host("w0", False)], {}, T0)
+    waking = derive_service(ZERO, 3, rs, [head, host("w0", False)], {}, T0)
     assert waking["phase"] == "Ready" and waking["replicasReady"] == "0/1"
     assert cond(waking, "SliceReady")["status"] == "False" and cond(waking, "SliceReady")["reason"] == "WaitingForHosts"
     assert waking["message"].startswith("waking from zero: a v6e 2x2 slice is starting for qwen; requests wait")
-    stuck = status.derive_service(ZERO, 3, rs, [head, _unschedulable(host("w0", False))], {}, T0)
+    stuck = derive_service(ZERO, 3, rs, [head, _unschedulable(host("w0", False))], {}, T0)
     assert cond(stuck, "SliceReady")["reason"] == "Unschedulable" and "Insufficient google.com/tpu" in stuck["message"]
-    up = status.derive_service(ZERO, 3, _scaled(1, "HEALTHY"), [head, host("w0", True)], waking, T1)
+    up = derive_service(ZERO, 3, _scaled(1, "HEALTHY"), [head, host("w0", True)], waking, T1)
     assert up["message"] == "serving qwen on 1 replica(s) of a v6e 2x2 slice" and cond(up, "SliceReady")["reason"] == "AllHostsReady"
 
 
@@ -616,9 +621,9 @@ def test_a_scale_to_zero_service_whose_head_cannot_start_is_pending_and_says_why
     rs = _scaled(0, "HEALTHY")
     rs["status"]["activeServiceStatus"]["applicationStatuses"] = {}
     rs["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "Initializing", "message": ""}]
-    st = status.derive_service(ZERO, 3, rs, [_unschedulable(host("head", False, role="head"))], {}, T0)
+    st = derive_service(ZERO, 3, rs, [_unschedulable(host("head", False, role="head"))], {}, T0)
     assert st["phase"] == "Pending" and cond(st, "SliceReady")["reason"] == "Unschedulable", st
-    starting = status.derive_service(ZERO, 3, rs, [host("head", False, role="head")], {}, T0)
+    starting = derive_service(ZERO, 3, rs, [host("head", False, role="head")], {}, T0)
     assert cond(starting, "SliceReady")["reason"] == "WaitingForHosts" and starting["phase"] == "Pending", starting
 
 
@@ -627,21 +632,21 @@ def test_a_scale_to_zero_service_says_when_the_slice_is_being_given_back_and_an_
     # Ray's autoscaler put the pod in workersToDelete and KubeRay deletes it: still running, going.
     going = host("w0", True)
     going["metadata"]["deletionTimestamp"] = T0
-    leaving = status.derive_service(ZERO, 3, _scaled(0, "HEALTHY"), [head, going], {}, T0)
+    leaving = derive_service(ZERO, 3, _scaled(0, "HEALTHY"), [head, going], {}, T0)
     assert leaving["message"].startswith("scaling to zero: Ray's autoscaler is giving back the slice (1 host(s)")
     # KubeRay 1.6's RayService copy of its cluster's status is written only when a Serve status
     # changes: after the autoscaler gave the slice back it may still want one. The pods say 0.
     stale = _scaled(0, "HEALTHY")
     stale["status"]["activeServiceStatus"]["rayClusterStatus"]["desiredWorkerReplicas"] = 1
-    gone = status.derive_service(ZERO, 3, stale, [head], {}, T0)
+    gone = derive_service(ZERO, 3, stale, [head], {}, T0)
     assert (gone["replicasReady"], cond(gone, "SliceReady")["reason"]) == ("0/0", "ScaledToZero"), gone
     old = spec.parse_service(service_body(tpu={"accelerator": "v6e", "topology": "2x2"}, replicas={"min": 0, "max": 2},
                                           upgradeStrategy="None"))
-    before = status.derive_service(old, 1, _scaled_as(old, 0), [head], {}, T0)
+    before = derive_service(old, 1, _scaled_as(old, 0), [head], {}, T0)
     edited = spec.parse_service(service_body(tpu={"accelerator": "v6e", "topology": "2x2"}, replicas={"min": 0, "max": 2},
                                              upgradeStrategy="None", image="example.com/ray-vllm-torchtpu:2.60.1"))
     rs = _scaled_as(edited, 0)
     rs["metadata"]["generation"] = rs["status"]["observedGeneration"] = 2
-    st = status.derive_service(edited, 2, rs, [head], before, T1)
+    st = derive_service(edited, 2, rs, [head], before, T1)
     assert st["phase"] == "Ready" and st["message"].startswith("scaled to zero")
     assert "the last edit is not applied" in st["message"], st["message"]

@@ -27,7 +27,7 @@ CACHE=${TPUTORCH_CACHE:-$HOME/.cache/tputorch}/image
 STORE=$REPO/.cache/containers
 DIST=$REPO/dist
 NAME=tputorch-operator
-VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/pyproject.toml")
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/operator/tputorch/__init__.py")
 
 log() { echo "[image $(date +%H:%M:%S)] $*" >&2; }
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from kubernetes.utils import parse_quantity
 
+import tputorch
 from tputorch.api import crd
 from tputorch.api.common import MAX_PODS_DEFAULT
 
@@ -158,7 +159,7 @@ def test_chart_metadata():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
     assert chart["name"] == "tputorch-operator"
-    assert chart["version"] == "0.1.0" and chart["appVersion"] == "0.1.0"
+    assert chart["version"] == tputorch.__version__ and chart["appVersion"] == tputorch.__version__
 
 
 def test_schema_accepts_the_default_values():
@@ -224,7 +225,7 @@ def test_deployment_shape():
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     assert pod["serviceAccountName"] == FULLNAME
     (c,) = pod["containers"]
-    assert c["image"] == "tputorch-operator:0.1.0"
+    assert c["image"] == f"tputorch-operator:{tputorch.__version__}"
     assert "command" not in c  # the image's ENTRYPOINT is `tputorch`
     assert c["args"] == ["run", "--leader-elect", "--lease-name", FULLNAME, "--liveness", "http://0.0.0.0:8080/healthz",
                          "--readiness", "http://0.0.0.0:8081/readyz",

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image example-images lock
+.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image example-images lock release
 
 # pip's HTTP cache stores nothing here (the index's responses carry no caching headers), so the
 # large wheels (torch with its CUDA libraries, Ray) are kept in a wheelhouse of our own that every
@@ -45,6 +45,13 @@ demo: install
 # daemon answers, else buildah; BASE_IMAGE=... picks the base). Reused while its sources are unchanged.
 image:
 	hack/image.sh build
+
+# The release's artifacts in dist/ (hack/release.py): the packaged chart, the image as an OCI archive, the
+# CRD bundle, the wheel and the sdist; refused when the package, the chart, the image tag and CHANGELOG.md
+# disagree on the version. BASE_IMAGE=<image>@sha256:<digest> is the base to publish on; without it (and
+# without docker) the image stands on the local stand-in base, which the output and dist/ say plainly.
+release: install
+	BASE_IMAGE=$(BASE_IMAGE) $(PY) hack/release.py build
 
 # The images the docs build besides the operator's, with buildah on a stand-in of Ray's image
 # (hack/README.md "The example images"); tests/image/test_example_images.py builds them in make test.

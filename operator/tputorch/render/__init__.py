@@ -705,20 +705,25 @@ def raycluster_bounds_patch(svc: ServiceSpec, cluster: dict) -> list | None:
     return [{"op": "test", "path": "/metadata/uid", "value": (cluster.get("metadata") or {}).get("uid")}, *ops]
 
 
-def rayservice_patch(svc: ServiceSpec, observed: dict) -> dict | None:
-    """The merge patch that brings an observed RayService to what ``svc`` renders, or None when it
-    already is: its spec-hash annotation is ours and, when its spec is given, that spec still holds
-    every value we render (an edit behind our back is put back). KubeRay then upgrades the service.
+def rayservice_patch(svc: ServiceSpec, observed: dict, desired: dict | None = None) -> dict | None:
+    """The merge patch that brings an observed RayService to ``desired`` (its metadata.annotations
+    and spec; by default what ``svc`` renders), or None when it already is: its spec-hash
+    annotation is the desired one and, when its spec is given, that spec still holds every value
+    desired (an edit behind our back is put back). KubeRay then upgrades the service. Under the
+    upgrade rule (render/stamp.py) ``desired`` is the RayService's own stamped rendering unless the
+    spec changed.
 
     ``observed`` needs only metadata.annotations; its spec, when given, lets the patch also remove
     keys that no longer render. Optional keys of ours are nulled either way."""
-    desired = rayservice(svc)
-    want = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    desired = desired or rayservice(svc)
+    want = desired["metadata"]["annotations"].get(SPEC_HASH_ANNOTATION)
     have = ((observed.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
     if have == want and not observed.get("spec"):
         return None
     annotations = {**desired["metadata"]["annotations"]}
-    if not svc.queue_name:  # a queued service's timeout is admitted_timeout_patch's
+    if svc.queue_name:  # a queued service's timeout is admitted_timeout_patch's
+        annotations.pop(INITIALIZING_TIMEOUT_ANNOTATION, None)
+    else:
         annotations.setdefault(INITIALIZING_TIMEOUT_ANNOTATION, None)
     spec = _replacing(observed.get("spec") or {}, desired["spec"])
     if svc.max_replicas > svc.min_replicas:

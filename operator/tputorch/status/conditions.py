@@ -24,11 +24,18 @@ ADMITTED = "Admitted"  # Kueue admitted the child (only for objects with spec.qu
 NETWORK_POLICY_READY = "NetworkPolicyReady"  # its NetworkPolicy was made as rendered (with policies on)
 RAY_AUTH = "RayAuth"  # the child, as stored, still asks KubeRay for Ray token auth (status/auth.py)
 TOKEN_AUTH, AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED = "TokenAuth", "AuthOptionsDropped", "AuthSecretNameDropped"
-CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, SUCCEEDED, FAILED)
+# Present only when the child runs another rendering than this operator would make of its spec (an
+# earlier operator's, kept: render/stamp.py), or a spec this operator refuses (status/rendering.py).
+RENDERING_CURRENT = "RenderingCurrent"
+OLDER_RENDERING = "OlderRendering"
+REFUSED_BY_THIS_VERSION = "RefusedByThisVersion"
+CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, SUCCEEDED, FAILED,
+                   RENDERING_CURRENT)
 RAYSERVICE_CREATED = "RayServiceCreated"
 READY = "Ready"
 SPEC_APPLIED = "SpecApplied"  # the serving RayCluster runs the service's current spec (status/applied.py)
-SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, READY, SPEC_APPLIED, FAILED)
+SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, READY, SPEC_APPLIED, FAILED,
+                           RENDERING_CURRENT)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 QUEUE_PHASES = (kueue.QUEUED, kueue.PREEMPTED)  # Kueue holds the child back
@@ -67,7 +74,7 @@ _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", 
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
                     "QuotaExceeded", "PodCreationFailed", AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED,
-                    "UpgradeStrategyNone", "TolerationsNotApplied"}
+                    "UpgradeStrategyNone", "TolerationsNotApplied", REFUSED_BY_THIS_VERSION}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.

@@ -1,0 +1,106 @@
+"""Whether a child runs the rendering this operator would make of its parent's spec (the
+RenderingCurrent condition), and the status of an object this operator refuses while its child,
+rendered for the same generation by an earlier version, keeps running (render/stamp.py has the
+rule). Pure."""
+
+from __future__ import annotations
+
+from ..render import stamp as stamps
+from .conditions import OLDER_RENDERING, REFUSED_BY_THIS_VERSION, RENDERING_CURRENT, VALIDATED, condition, stamp
+
+# The fields of a RayService's rayClusterConfig that KubeRay leaves out of its cluster hash (issue
+# 59, KubeRay 1.6): a change elsewhere makes it start a whole second RayCluster.
+_GROUP_FIELDS_UNHASHED = ("replicas", "minReplicas", "maxReplicas", "scaleStrategy")
+_POD_FIELDS_UNHASHED = ("tolerations", "schedulingGates")
+
+
+def _hashed(cluster: object) -> object:
+    """A rayClusterConfig without the fields KubeRay's hash leaves out."""
+    if not isinstance(cluster, dict):
+        return cluster
+    out = {k: v for k, v in cluster.items() if k != "suspend"}
+
+    def group(g: object, fields: tuple[str, ...]) -> object:
+        if not isinstance(g, dict):
+            return g
+        g = {k: v for k, v in g.items() if k not in fields}
+        template = g.get("template")
+        if isinstance(template, dict) and isinstance(template.get("spec"), dict):
+            g["template"] = {**template, "spec": {k: v for k, v in template["spec"].items()
+                                                  if k not in _POD_FIELDS_UNHASHED}}
+        return g
+    if "headGroupSpec" in out:
+        out["headGroupSpec"] = group(out["headGroupSpec"], ())
+    if isinstance(out.get("workerGroupSpecs"), list):
+        out["workerGroupSpecs"] = [group(g, _GROUP_FIELDS_UNHASHED) for g in out["workerGroupSpecs"]]
+    return out
+
+
+def new_cluster(old_spec: dict, new_spec: dict) -> bool:
+    """Whether moving a RayService from ``old_spec`` to ``new_spec`` changes a field inside
+    KubeRay's cluster hash (KubeRay then starts a new RayCluster, on TPU a second set of slices)."""
+    return _hashed(old_spec.get("rayClusterConfig")) != _hashed(new_spec.get("rayClusterConfig"))
+
+
+def _made_by(found: stamps.Stamp | None) -> str:
+    version = found.version if found is not None else stamps.UNKNOWN_VERSION
+    return "an operator before 0.3.0" if version == stamps.UNKNOWN_VERSION else f"tputorch-operator {version}"
+
+
+def how_to_apply(kind: str, name: str, namespace: str) -> str:
+    return (f"edit the spec, or `kubectl annotate {kind.lower()} {name} -n {namespace} "
+            f"{stamps.RERENDER_ANNOTATION}=\"$(date +%s)\" --overwrite`, or `tputorch rerender {name} -n {namespace}`")
+
+
+def rendering_condition(kind: str, child_kind: str, name: str, namespace: str, found: stamps.Stamp | None,
+                        running: dict, fresh: dict, generation: int) -> dict | None:
+    """RenderingCurrent=False (OlderRendering) when the child ``running`` (rendering() of what
+    it has) differs from this operator's rendering ``fresh`` of the same spec, naming both
+    versions and how to apply the new one; None when they agree (no condition: nothing to say)."""
+    if running.get("spec") == fresh.get("spec") and running.get("annotations") == fresh.get("annotations"):
+        return None
+    made_by = _made_by(found)
+    effect = ""
+    if child_kind == "RayService":
+        effect = (" (applying it makes KubeRay start a new RayCluster, a second set of TPU slices until it is ready)"
+                  if new_cluster(running.get("spec") or {}, fresh.get("spec") or {})
+                  else " (applied in place: no new RayCluster)")
+    message = (f"the {child_kind} runs the rendering of {made_by}; this operator "
+               f"(tputorch-operator {stamps.OPERATOR_VERSION}) renders the spec differently{effect}. "
+               f"It is kept until the spec changes; to apply it now: {how_to_apply(kind, name, namespace)}")
+    return condition(RENDERING_CURRENT, False, OLDER_RENDERING, message, generation)
+
+
+def with_condition(status: dict, cond: dict | None, previous: dict, now: str) -> dict:
+    """``status`` with ``cond`` among its conditions (in place of one of its type; none: the
+    type dropped), its lastTransitionTime kept from ``previous`` while its status holds."""
+    kept = [c for c in status.get("conditions") or [] if c.get("type") != RENDERING_CURRENT]
+    if cond is not None:
+        kept += stamp([cond], previous, now)
+    return {**status, "conditions": kept}
+
+
+def keeps_running(parent: dict, found: stamps.Stamp | None) -> bool:
+    """A refusal this operator adds applies to new generations only: whether the parent's child
+    was rendered for its current generation (by any operator), so that it keeps running. A child
+    without a stamp counts when the parent's status observed this generation without refusing it."""
+    meta = parent.get("metadata") or {}
+    if found is not None:
+        return found.generation == meta.get("generation")
+    status = parent.get("status") or {}
+    refused = any(c.get("type") == VALIDATED and c.get("status") == "False"
+                  for c in status.get("conditions") or [] if isinstance(c, dict))
+    return status.get("observedGeneration") == meta.get("generation") and not refused
+
+
+def refused_but_running(kind: str, child_kind: str, name: str, namespace: str, errors: list, found: stamps.Stamp | None,
+                        generation: int, previous: dict, now: str) -> dict:
+    """The status of an object this operator refuses while its child, rendered for this very
+    generation by an earlier operator, keeps running: the previous status (the child's state is
+    not derived without a spec) with a warning RenderingCurrent condition naming the refusal."""
+    made_by = _made_by(found)
+    message = (f"tputorch-operator {stamps.OPERATOR_VERSION} refuses this spec: " + "; ".join(str(e) for e in errors)
+               + f". The {child_kind} {name} keeps running as {made_by} rendered it for generation {generation}; "
+               f"a new generation of the spec is refused until this is corrected (its status is not followed meanwhile)")
+    cond = condition(RENDERING_CURRENT, False, REFUSED_BY_THIS_VERSION, message, generation)
+    return with_condition({k: v for k, v in previous.items()}, cond, previous, now)

@@ -139,6 +139,6 @@ def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z
     for kind in kinds.KINDS:
         name = kind.resource.kind
         ctl.parents[name] = Informer(kind.resource.plural, FakeSource(), None, noop, kinds.slim_object)
-        ctl.children[name] = Informer(kind.child.plural, FakeSource(), None, noop, kinds.child_slimmer(kind))
+        ctl.children[name] = Informer(kind.child.plural, FakeSource(), None, noop, kind.slim_child)
     ctl.pods = Informer("pods", FakeSource(), None, noop, kinds.slim_pod, index=kinds.pod_index)
     return ctl

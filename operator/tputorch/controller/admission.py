@@ -49,10 +49,11 @@ class KueueAdmission:
         namespace, name = key_of(child)
         return kueue.workload_for(self.stores.workloads.indexed((namespace, kind.child.kind, name)), child)
 
-    async def patch_child(self, kind: Kind, spec, child: dict | None, queue: kueue.Admission | None) -> None:
-        """What the child's admission calls for on the child itself (kind.admission_patch: a queued
-        service's initializing timeout, given when Kueue admits it)."""
-        patch = kind.admission_patch(spec, child, queue) if child is not None and kind.admission_patch else None
+    async def initializing_timeout(self, kind: Kind, spec, child: dict | None,
+                                   admission: kueue.Admission | None) -> None:
+        """A queued service's RayService gets its initializing timeout when Kueue admits it
+        (render.admitted_timeout_patch): the time it waited in the queue does not count."""
+        patch = render.admitted_timeout_patch(spec, child, admission) if child is not None else None
         if patch is None:
             return
         namespace, name = key_of(child)

@@ -1,5 +1,5 @@
-"""Step: attempts (kinds that run in them: a job). The pods that serve the child's current
-cluster, the hosts seen deleted that the status derivation reads (status/attempts.py), the RayJob
+"""Step: a job's attempts. The pods of its RayJob's current cluster seen deleted, which the status
+derivation reads to tell a lost host (status/attempts.py), the RayJob
 read again before an attempt is ended on pod events alone, and the child of an ended attempt
 deleted. Its state: per object, the pods of its slice seen deleted while it could still lose a host."""
 
@@ -10,8 +10,10 @@ import logging
 from kubernetes.client.rest import ApiException
 
 from .. import status as statuses
-from .child import ChildStep
+from ..status.job import child_must_go
+from .child import ChildStep, in_clusters
 from .kind import Key, Kind
+from .kinds import TPUTORCHJOB
 from .stores import Stores
 from .writes import StatusWrites
 
@@ -21,8 +23,8 @@ MAX_DELETED_PODS = 64  # per object: the pods of its current attempt's slice see
 
 
 class Attempts:
-    def __init__(self, kube, stores: Stores, kinds: dict[str, Kind], child: ChildStep, writes: StatusWrites) -> None:
-        self.kube, self.stores, self.kinds, self.child, self.writes = kube, stores, kinds, child, writes
+    def __init__(self, kube, stores: Stores, child: ChildStep, writes: StatusWrites) -> None:
+        self.kube, self.stores, self.child, self.writes = kube, stores, child, writes
         self.deleted_pods: dict[Key, list[dict]] = {}  # pods seen deleted (status/attempts.py reads them)
 
     def keys(self) -> set[Key]:
@@ -34,7 +36,7 @@ class Attempts:
     def pod_deleted(self, key: Key, pod: dict) -> None:
         """A pod that vanished is no longer in any store: what the reconcile needs to tell a lost
         host from a healthy slice is kept here until it has looked."""
-        if self.kinds[key[0]].attempt is None or not self._may_lose_hosts(key):
+        if key[0] != TPUTORCHJOB.kind or not self._may_lose_hosts(key):  # a service's pods are KubeRay's to replace
             return
         gone = self.deleted_pods.setdefault(key, [])
         gone[:] = gone[-(MAX_DELETED_PODS - 1):] + [pod]
@@ -43,20 +45,16 @@ class Attempts:
         """Whether a deleted pod can still matter to this object: it exists and has not finished
         (a finished or deleted job's pods all go; keeping them cost 62 MB per 1,000 jobs)."""
         parent = self.stores.parents[key[0]].get(key[1:])
-        return parent is not None and not self.kinds[key[0]].finished(parent.get("status") or {}) \
+        return parent is not None and not statuses.finished(parent.get("status") or {}) \
             and parent["metadata"].get("uid") not in self.writes.terminal
 
-    def pods_of(self, kind: Kind, key: Key, child: dict | None) -> tuple[list[dict], list[dict]]:
-        """(pods, pods seen deleted) of the child's clusters."""
-        if child is None:
-            return [], []
-        clusters = kind.cluster_names(child)
-        in_cluster = lambda p: ((p.get("metadata") or {}).get("labels") or {}).get(statuses.CLUSTER_LABEL) in clusters  # noqa: E731
-        pods = [p for p in self.stores.pods.indexed((kind.label, key[1], key[2])) if in_cluster(p)]
-        return pods, [p for p in self.deleted_pods.get(key, ()) if in_cluster(p)]
+    def deleted_of(self, kind: Kind, key: Key, child: dict | None) -> list[dict]:
+        """The pods of the RayJob's current cluster seen deleted."""
+        return in_clusters(self.deleted_pods.get(key, ()), kind, child)
 
-    def must_end(self, kind: Kind, status: dict, child: dict | None) -> bool:
-        return child is not None and kind.child_must_go is not None and kind.child_must_go(status, child)
+    @staticmethod
+    def must_end(status: dict, child: dict | None) -> bool:
+        return child is not None and child_must_go(status, child)
 
     async def read_again(self, kind: Kind, key: Key, child: dict) -> dict | None:
         """About to end the attempt, maybe on pod events alone: the pod and RayJob watches are not

@@ -13,9 +13,11 @@ from typing import Callable
 from kubernetes.client.rest import ApiException
 
 from .. import render
+from ..api.job import kueue_errors
 from ..api.spec import InvalidSpec
 from ..render import MANAGED_BY_LABEL
-from ..status.job import ATTEMPT_LABEL
+from ..status import CLUSTER_LABEL
+from ..status.job import ATTEMPT_LABEL, attempt, child_must_go
 from .extras import RayTokenSecrets
 from .kind import Key, Kind, controller_of, create_problem, owner_reference, ownership, waiting_problem
 from .stores import Stores
@@ -23,11 +25,27 @@ from .writes import StatusWrites
 
 log = logging.getLogger("tputorch")
 
+
+def rayjob_patch(job, rayjob: dict) -> dict | None:
+    """What a live RayJob takes from the spec: every other field of a TPUTorchJob is immutable (CRD
+    rules); suspend is the one a live RayJob takes."""
+    if bool((rayjob.get("spec") or {}).get("suspend")) == job.suspend:
+        return None
+    return {"spec": {"suspend": job.suspend}}
+
 # A child this operator created (or found to be its own after a 409) counts as existing until its
 # watch event arrives, at most this long (client-go's expectations); the store itself is written by
 # the informer alone, so a watch that never brings the child (it lost our label) cannot freeze it.
 EXPECT_FOR = 120.0
 TOMBSTONES_KEPT = 1000  # uids of children whose deletion was seen, so that no expectation revives one
+
+
+def in_clusters(pods, kind: Kind, child: dict | None) -> list[dict]:
+    """Those of ``pods`` that belong to one of the child's current RayClusters."""
+    if child is None:
+        return []
+    clusters = kind.cluster_names(child)
+    return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(CLUSTER_LABEL) in clusters]
 
 
 class ChildStep:
@@ -64,6 +82,12 @@ class ChildStep:
         if uid and uid not in self.tombstones:  # its deletion may have been seen before its creation returned
             self.expected[key] = (self.stores.children[key[0]].slim(child), self.monotonic())
 
+    def pods_of(self, kind: Kind, key: Key, child: dict | None) -> list[dict]:
+        """The pods of the child's current clusters (not those of an earlier cluster being deleted)."""
+        if child is None:
+            return []
+        return in_clusters(self.stores.pods.indexed((kind.label, key[1], key[2])), kind, child)
+
     def of(self, key: Key, parent: dict) -> dict | None:
         """The child as the store holds it, else the one just created for this very object while
         its watch event has not arrived."""
@@ -79,50 +103,71 @@ class ChildStep:
             return None
         return expected[0]
 
-    # --- the step ---------------------------------------------------------------------------------
+    # --- the step, per kind -----------------------------------------------------------------------
+    # Each returns (result, child), result one of 'retry', 'created', 'exists' (ours already: its
+    # create answered 409), 'unchanged' or 'child-patched'. ``beside`` is called once the child is
+    # rendered and about to be created (the reconcile starts the extras then, beside the create).
 
-    async def ensure(self, kind: Kind, key: Key, parent: dict, spec, cap=None,
-                     beside: Callable[[], None] | None = None) -> tuple[str, dict | None]:
-        """(result, child): 'finished' (it ran, its child is gone), 'retry', 'created', 'exists',
-        'unchanged', 'child-patched', or 'ending' (the child of an attempt that has ended). ``cap``:
-        the installed Kueue's pod-set cap (kueuecap.py), checked by kind.kueue_check before a
-        create only (a child that exists was admitted, or not, already); a refusal raises
-        InvalidSpec. ``beside``: called once the child is rendered and about to be created (the
-        reconcile starts the extras then, beside the create request)."""
-        namespace, name = key[1], key[2]
+    async def ensure_rayjob(self, kind: Kind, key: Key, parent: dict, spec, cap=None,
+                            beside: Callable[[], None] | None = None) -> tuple[str, dict | None]:
+        """A job's RayJob, for its current attempt; the result may also be 'finished' (it ran, its
+        child is gone) or 'ending' (the child of an attempt that has ended). ``cap``:
+        the installed Kueue's pod-set cap (kueuecap.py), checked before a create only (a child
+        that exists was admitted, or not, already); a refusal raises InvalidSpec. Its own Ray
+        token Secret comes with it; its suspend is patched unless Kueue holds it."""
         child = self.of(key, parent)
         if child is None:
             if self.writes.terminal_of(kind, parent) is not None:
                 return "finished", None  # it ran and its child is gone: making one would run it again
-            if kind.kueue_check is not None and cap is not None:
-                errors = kind.kueue_check(spec, cap)
-                if errors:
-                    raise InvalidSpec(errors)
-            refused = self.stores.children[key[0]].forbidden_in(namespace)  # this namespace's, not another's
-            if refused is not None:
-                self.problems[key] = ("Forbidden", f"the operator may not {refused[0]} {kind.child.kind}s: "
-                                      f"{refused[1]}")
-                return "retry", None
-            return await self._create(kind, key, parent, spec, beside)
+            errors = kueue_errors(spec, cap) if cap is not None else []
+            if errors:
+                raise InvalidSpec(errors)
+
+            def desired() -> dict:
+                rayjob = render.rayjob(spec)
+                # a name of this child's alone: never one a deleted child still holds
+                render.with_ray_token_secret(rayjob, render.new_ray_token_secret_name(key[2], secrets.token_hex(3)))
+                rayjob["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(attempt(self.writes.previous(parent)))
+                return rayjob
+            result, child = await self._create(kind, key, parent, spec, desired, beside, "; its Ray token Secret next")
+            if result in ("created", "exists") and not await self._token(kind, key, child, result == "created"):
+                return "retry", child
+            return result, child
+        if not self._owned(kind, key, parent, child) or not await self._token(kind, key, child):
+            return "retry", child
+        if child_must_go(self.writes.previous(parent), child):
+            return "ending", child
+        if self.kueue_manages(child):  # its only patch is suspend, Kueue's then (carried to its Workload)
+            return "unchanged", child
+        return await self._patch(kind, key, rayjob_patch(spec, child)), child
+
+    async def ensure_rayservice(self, kind: Kind, key: Key, parent: dict, spec,
+                                beside: Callable[[], None] | None = None) -> tuple[str, dict | None]:
+        """A service's RayService: every field of the spec is applied to the live RayService
+        (KubeRay upgrades it without downtime)."""
+        child = self.of(key, parent)
+        if child is None:
+            return await self._create(kind, key, parent, spec, lambda: render.rayservice(spec), beside)
+        if not self._owned(kind, key, parent, child):
+            return "retry", child
+        return await self._patch(kind, key, render.rayservice_patch(spec, child)), child
+
+    def _owned(self, kind: Kind, key: Key, parent: dict, child: dict) -> bool:
         owned = ownership(kind, parent, child)
         if owned != "ours":
-            self.problems[key] = waiting_problem(kind, namespace, name, owned)
+            self.problems[key] = waiting_problem(kind, key[1], key[2], owned)
             # 'previous': its deletion event brings the key back; 'foreign' may carry no label of
             # ours (invisible to the watch): look again with backoff either way.
-            return "retry", child
+            return False
         self.problems.pop(key, None)
-        if not await self._token(kind, key, child):
-            return "retry", child
-        if kind.child_must_go is not None and kind.child_must_go(self.writes.previous(parent), child):
-            return "ending", child
-        if not kind.patch_when_queued and self.kueue_manages(child):
-            return "unchanged", child
-        patch = kind.child_patch(spec, child)
+        return True
+
+    async def _patch(self, kind: Kind, key: Key, patch: dict | None) -> str:
         if patch is None:
-            return "unchanged", child
-        await self.kube.patch(kind.child, namespace, name, patch)
-        log.info("%s %s/%s patched: %s", kind.child.kind, namespace, name, sorted(patch.get("spec") or patch))
-        return "child-patched", child
+            return "unchanged"
+        await self.kube.patch(kind.child, key[1], key[2], patch)
+        log.info("%s %s/%s patched: %s", kind.child.kind, key[1], key[2], sorted(patch.get("spec") or patch))
+        return "child-patched"
 
     async def _token(self, kind: Kind, key: Key, child: dict, just_created: bool = False) -> bool:
         problem = await self.tokens.ensure(kind, key, child, just_created)
@@ -132,16 +177,19 @@ class ChildStep:
         self.problems.pop(key, None)
         return True
 
-    async def _create(self, kind: Kind, key: Key, parent: dict, spec,
-                      beside: Callable[[], None] | None = None) -> tuple[str, dict | None]:
+    async def _create(self, kind: Kind, key: Key, parent: dict, spec, render_child: Callable[[], dict],
+                      beside: Callable[[], None] | None = None, then: str = "") -> tuple[str, dict | None]:
+        """Create what ``render_child()`` renders as the object's child: 'created', 'exists' (ours
+        already: a late watch event), or 'retry' (refused, or the name is another's). ``then``
+        ends the log line of a create."""
         namespace, name = key[1], key[2]
-        desired = kind.render(spec)
-        if kind.own_ray_token:  # a name of this child's alone: never one a deleted child still holds
-            render.with_ray_token_secret(desired, render.new_ray_token_secret_name(name, secrets.token_hex(3)))
+        refused = self.stores.children[key[0]].forbidden_in(namespace)  # this namespace's, not another's
+        if refused is not None:
+            self.problems[key] = ("Forbidden", f"the operator may not {refused[0]} {kind.child.kind}s: {refused[1]}")
+            return "retry", None
+        desired = render_child()
         desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
         desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
-        if kind.attempt is not None:
-            desired["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(kind.attempt(self.writes.previous(parent)))
         if beside is not None:
             beside()
         try:
@@ -161,8 +209,6 @@ class ChildStep:
             self.problems.pop(key, None)
             await self._relabel(kind, key, desired, existing)
             self.expect(key, existing)
-            if not await self._token(kind, key, existing):
-                return "retry", existing
             return "exists", existing
         except Exception as err:
             self.problems[key] = create_problem(kind, err)
@@ -170,10 +216,7 @@ class ChildStep:
         self.problems.pop(key, None)
         self.expect(key, created)
         log.info("%s %s/%s created (%s %s slice, %d hosts)%s", kind.child.kind, namespace, name,
-                 spec.slice.generation.name, spec.slice.topology, spec.slice.hosts,
-                 "; its Ray token Secret next" if kind.own_ray_token else "")
-        if not await self._token(kind, key, created, just_created=True):
-            return "retry", created
+                 spec.slice.generation.name, spec.slice.topology, spec.slice.hosts, then)
         return "created", created
 
     async def _relabel(self, kind: Kind, key: Key, desired: dict, child: dict) -> None:

@@ -8,6 +8,7 @@ import logging
 
 from kubernetes.client.rest import ApiException
 
+from .. import render
 from .kind import RAYCLUSTER, Key, Kind, api_message, controller_of
 
 log = logging.getLogger("tputorch")
@@ -25,9 +26,10 @@ class ClusterBounds:
         self.done.pop(key, None)
 
     async def ensure(self, kind: Kind, key: Key, spec, child: dict | None, version: tuple) -> None:
-        """Each running RayCluster of the child (owned by it) gets what kind.cluster_patch says. Read
-        once per spec version and cluster: nothing else writes a cluster's bounds."""
-        if child is None or kind.cluster_patch is None:
+        """Each running RayCluster of the service's RayService (owned by it) gets the spec's worker
+        bounds (render.raycluster_bounds_patch). Read once per spec version and cluster: nothing
+        else writes a cluster's bounds."""
+        if child is None:
             return
         namespace = key[1]
         child_uid = (child.get("metadata") or {}).get("uid")
@@ -47,7 +49,7 @@ class ClusterBounds:
                 if err.status == 404:
                     continue  # not made yet, or already deleted by KubeRay: looked at on the next event
                 raise
-            patch = kind.cluster_patch(spec, cluster)
+            patch = render.raycluster_bounds_patch(spec, cluster)
             # never one another object controls (its name in our status is no proof it is ours)
             if patch is not None and (controller_of(cluster) or {}).get("uid") == child_uid:
                 await self.kube.patch(RAYCLUSTER, namespace, name, patch)

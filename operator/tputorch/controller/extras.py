@@ -1,6 +1,6 @@
 """Step: the extras every object's child gets besides itself. Its NetworkPolicy (``Extra``s: made
 from the spec, owned by the object, put back when changed or deleted) and its Ray token Secret
-(made once per child of a kind with ``own_ray_token``). Their state: what this process created
+(a job's: made once per RayJob). Their state: what this process created
 and awaits the watch event of, and why an extra could not be written, per object."""
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ class RayTokenSecrets:
         not read Secrets: a 409 is this child's own (the name is the child's alone, the token is
         derived, never random). The problem when refused: said in the status and tried again."""
         name, uid = render.ray_token_secret_name(child), child["metadata"].get("uid")
-        if (not kind.own_ray_token or not render.is_ray_token_secret_of(child, name)
-                or self.made.get(key) == uid or child["metadata"].get("deletionTimestamp")):
+        if (not render.is_ray_token_secret_of(child, name) or self.made.get(key) == uid
+                or child["metadata"].get("deletionTimestamp")):
             return None
         namespace = key[1]
         try:

@@ -100,7 +100,7 @@ def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[st
         controller.parents[name] = Informer(kind.resource.plural, source_for(kind.resource.path, None), namespaces,
                                             on_loop(controller.parent_changed, name), kinds_.parent_slimmer(kind))
         controller.children[name] = Informer(kind.child.plural, source_for(kind.child.path, SELECTOR), namespaces,
-                                             on_loop(controller.child_changed, name), kinds_.child_slimmer(kind))
+                                             on_loop(controller.child_changed, name), kind.slim_child)
     controller.pods = Informer("pods", source_for(pods_path, SELECTOR), namespaces, on_loop(controller.pod_changed),
                                kinds_.slim_pod, index=kinds_.pod_index, keep=kinds_.keep_pod)
     # Kueue's: Workloads carry none of our labels (watched whole, kept slim); priority classes are

@@ -18,45 +18,19 @@ REFUSED = "refused"  # the key of a stored object's refusal (kinds.parent_slimme
 
 @dataclass(frozen=True)
 class Kind:
+    """What the steps need of both kinds alike. What one kind alone does (a job's attempts, Kueue
+    check, Ray token Secret and progress reads; a service's cluster bounds, admission timeout and
+    rechecks) is a step its own reconcile names (Controller.reconcile_job, reconcile_service)."""
+
     resource: Resource  # the object: TPUTorchJob, TPUTorchService
     child: Resource  # what it becomes: RayJob, RayService (same name and namespace)
     label: str  # carried by the child and its pods: the object's name
     parse: Callable[[dict], Any]  # body -> spec, or raises InvalidSpec
-    render: Callable[[Any], dict]  # spec -> child (without ownerReferences)
-    derive: Callable[..., dict]  # (spec, generation, child, pods, previous, now, problem) -> status
-    child_patch: Callable[[Any, dict], dict | None]  # what a live child of ours takes from the spec
     cluster_names: Callable[[dict], set[str]]  # the RayClusters the child runs on (its pods' cluster label)
     finished: Callable[[dict], bool]  # status -> the work is done: a vanished child is not made again
+    slim_child: Callable[[dict], dict]  # the child as its store keeps it (what the reconcile reads of it)
     phase_metric: str  # the jobs/services-by-phase gauge
-    child_spec_read: tuple[str, ...] | None  # the child's spec fields child_patch reads (None: all)
-    # Whether child_patch applies while Kueue manages the child (False: its only patch is suspend,
-    # which is Kueue's then; the user's spec.suspend reaches the child through its Workload).
-    patch_when_queued: bool = True
-    # Kinds that run in attempts (a job): the attempt its status says is current, and whether a
-    # child of an ended attempt must go (a new attempt is a fresh child; see status/job.py).
-    attempt: Callable[[dict], int] | None = None
-    child_must_go: Callable[[dict, dict], bool] | None = None
     phases: tuple[str, ...] = ()  # every phase of its status (the phase gauge emits each, 0 included)
-    reads_progress: bool = False  # its Ray job's driver log tells the training progress (a job)
-    # The operator gives its cluster a Ray token Secret of its own (a job: its progress reads need
-    # the token); otherwise KubeRay makes one per RayCluster.
-    own_ray_token: bool = False
-    # (spec, RayCluster) -> the JSON patch that gives a running cluster of the child the spec's
-    # worker bounds (a service: KubeRay leaves them out of its cluster hash), or None.
-    cluster_patch: Callable[[Any, dict], list | None] | None = None
-    # (spec, child, kueue.Admission or None) -> the merge patch its admission calls for (a queued
-    # service's initializing timeout: render.admitted_timeout_patch), or None.
-    admission_patch: Callable[[Any, dict, Any], dict | None] | None = None
-    # (status, now, child) -> seconds until the object must be looked at again though no event
-    # may come (a service waiting to see KubeRay's Serve reload: status/applied.py), or None.
-    recheck: Callable[[dict, str, dict | None], float | None] | None = None
-    # (spec, the installed Kueue's pod-set cap) -> what that Kueue would not admit: checked before
-    # the child is created (a job: its groups; api/job.kueue_errors). None: nothing to check.
-    kueue_check: Callable[[Any, Any], list] | None = None
-    # spec -> the spec hash of the child it renders, which its status derivation compares with the
-    # live child's (a service: edits reach its RayService by that hash); rendered once per reconcile.
-    # None: the status compares none (a RayJob takes no edit but suspend).
-    desired_hash: Callable[[Any], str] | None = None
 
 
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,

@@ -6,12 +6,9 @@ from dataclasses import replace
 from functools import partial
 
 from ..api import crd, spec as specs
-from ..api.job import kueue_errors
 from .. import render, status as statuses
 from ..status import kueue
-from ..status import job as job_status
 from ..status import network as network_status
-from ..status import applied as service_status
 from .kube import Resource
 from .kind import PODSETS_MAX, RAYCLUSTER, REFUSED, Extra, Kind
 
@@ -19,13 +16,6 @@ RAYJOB = Resource("ray.io", "v1", "rayjobs", "RayJob")
 RAYSERVICE = Resource("ray.io", "v1", "rayservices", "RayService")
 TPUTORCHJOB = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
 TPUTORCHSERVICE = Resource(crd.GROUP, crd.VERSION, crd.SERVICE_PLURAL, crd.SERVICE_KIND)
-
-
-def _rayjob_patch(job: specs.JobSpec, rayjob: dict) -> dict | None:
-    # Every other field of a TPUTorchJob is immutable (CRD rules); suspend is the one a live RayJob takes.
-    if bool((rayjob.get("spec") or {}).get("suspend")) == job.suspend:
-        return None
-    return {"spec": {"suspend": job.suspend}}
 
 
 def _rayjob_clusters(rayjob: dict) -> set[str]:
@@ -44,23 +34,49 @@ def _never_finished(_status: dict) -> bool:
     return False  # a service serves until it is deleted: a vanished RayService is always made again
 
 
+_CHILD_META = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "ownerReferences",
+               "deletionTimestamp")
+
+
+def _slim_child(obj: dict, spec: dict) -> dict:
+    """A RayJob or RayService as its store keeps it: identity, owner, our spec hash, ``spec``, status."""
+    meta = obj.get("metadata") or {}
+    kept = {k: meta[k] for k in _CHILD_META if k in meta}
+    annotations = meta.get("annotations") or {}
+    # our spec hash, and the initializing timeout a queued service gets on admission
+    ours = {k: annotations[k] for k in (render.SPEC_HASH_ANNOTATION, render.INITIALIZING_TIMEOUT_ANNOTATION)
+            if annotations.get(k)}
+    if ours:
+        kept["annotations"] = ours
+    return {"metadata": kept, "spec": spec, "status": obj.get("status") or {}}
+
+
+def slim_rayjob(obj: dict) -> dict:
+    """A RayJob: of its spec, suspend (the one field a live RayJob is patched) and authOptions as
+    stored: its cluster's token (the progress reads), and whether KubeRay's CRD dropped it
+    (status/auth.py)."""
+    spec = obj.get("spec") or {}
+    read = {"suspend": spec["suspend"]} if "suspend" in spec else {}
+    auth = (spec.get("rayClusterSpec") or {}).get("authOptions")
+    if isinstance(auth, dict):
+        read["rayClusterSpec"] = {"authOptions": dict(auth)}
+    return _slim_child(obj, read)
+
+
+def slim_rayservice(obj: dict) -> dict:
+    """A RayService with its whole spec: its patch (render.rayservice_patch) replaces the spec."""
+    return _slim_child(obj, obj.get("spec") or {})
+
+
 JOB = Kind(
-    resource=TPUTORCHJOB, child=RAYJOB, label=render.JOB_LABEL,
-    parse=specs.parse, render=render.rayjob, derive=statuses.derive, kueue_check=kueue_errors,
-    child_patch=_rayjob_patch, cluster_names=_rayjob_clusters, finished=statuses.finished,
-    phase_metric="tputorch_jobs", child_spec_read=("suspend",), patch_when_queued=False,
-    attempt=job_status.attempt, child_must_go=job_status.child_must_go,
-    phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"), reads_progress=True, own_ray_token=True,
+    resource=TPUTORCHJOB, child=RAYJOB, label=render.JOB_LABEL, parse=specs.parse,
+    cluster_names=_rayjob_clusters, finished=statuses.finished, slim_child=slim_rayjob,
+    phase_metric="tputorch_jobs", phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"),
 )
 SERVICE = Kind(
-    resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL,
-    parse=specs.parse_service, render=render.rayservice, derive=statuses.derive_service,
-    # every other field is applied to the live RayService (KubeRay upgrades it without downtime)
-    child_patch=render.rayservice_patch, cluster_names=_rayservice_clusters, finished=_never_finished,
-    phase_metric="tputorch_services", child_spec_read=None,
-    phases=statuses.SERVICE_PHASES, cluster_patch=render.raycluster_bounds_patch,
-    admission_patch=render.admitted_timeout_patch, recheck=service_status.recheck_in,
-    desired_hash=render.rayservice_spec_hash,
+    resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL, parse=specs.parse_service,
+    cluster_names=_rayservice_clusters, finished=_never_finished, slim_child=slim_rayservice,
+    phase_metric="tputorch_services", phases=statuses.SERVICE_PHASES,
 )
 
 KINDS = [JOB, SERVICE]
@@ -154,35 +170,6 @@ def slim_object(obj: dict) -> dict:
     whole object is a third of the memory per object), spec, status."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("managedFields", "annotations")}
     return {"metadata": meta, "spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
-
-
-_CHILD_META = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "ownerReferences",
-               "deletionTimestamp")
-
-
-def child_slimmer(kind: Kind):
-    """A RayJob or RayService as its store keeps it: identity, owner, our spec hash, the spec fields
-    the kind's patch reads (all of them for a RayService, whose patch replaces the spec), status."""
-    def slim(obj: dict) -> dict:
-        meta = obj.get("metadata") or {}
-        kept = {k: meta[k] for k in _CHILD_META if k in meta}
-        annotations = meta.get("annotations") or {}
-        # our spec hash, and the initializing timeout a queued service gets on admission
-        ours = {k: annotations[k] for k in (render.SPEC_HASH_ANNOTATION, render.INITIALIZING_TIMEOUT_ANNOTATION)
-                if annotations.get(k)}
-        if ours:
-            kept["annotations"] = ours
-        spec = obj.get("spec") or {}
-        if kind.child_spec_read is not None:
-            read = {k: spec[k] for k in kind.child_spec_read if k in spec}
-            # authOptions as stored: its cluster's token (the progress reads), and whether KubeRay's
-            # CRD dropped it (status/auth.py)
-            auth = (spec.get("rayClusterSpec") or {}).get("authOptions")
-            if isinstance(auth, dict):
-                read["rayClusterSpec"] = {"authOptions": dict(auth)}
-            spec = read
-        return {"metadata": kept, "spec": spec, "status": obj.get("status") or {}}
-    return slim
 
 
 _POD_LABELS = tuple(k.label for k in KINDS) + statuses.POD_LABELS_READ

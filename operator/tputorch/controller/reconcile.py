@@ -1,20 +1,21 @@
-"""One reconcile machinery for every kind of this operator (TPUTorchJob -> RayJob,
-TPUTorchService -> RayService): a kind brings only its parse, render, status derivation and the
-patch a live child takes (``Kind``, kind.py).
+"""The reconciles of this operator's two kinds, each its own list of steps over shared step
+modules (as KubeRay's controllers read: one Reconcile per kind, a short list of reconcileX steps):
+``Controller.reconcile_job`` (TPUTorchJob -> RayJob, run in attempts) and
+``Controller.reconcile_service`` (TPUTorchService -> RayService, served until deleted). ``Kind``
+(kind.py) holds only what the steps need of both alike.
 
 Every source of work (the object's events, its child's, its pods', retries, a child kind becoming
 served) adds the object's key to one work queue; one worker handles a key at a time and every
-decision is made there, from what the stores hold now (level-based). ``Controller.reconcile``
-reads as its steps, each a module of its own with its inputs and the in-memory state it keeps
-(as KubeRay's controllers read: reconcileRayCluster, reconcileServe, ...):
+decision is made there, from what the stores hold now (level-based). Each step is a module of
+its own with its inputs and the in-memory state it keeps:
 
   specs.py     the spec, parsed once per version
   kueuecap.py  the installed Kueue's cap on pod sets per Workload (a queued job's groups)
-  child.py     the child, made and owned (uid), with its expectations
-  extras.py    its NetworkPolicy and its Ray token Secret
+  child.py     the child, made and owned (uid), with its expectations; the pods of its clusters
+  extras.py    its NetworkPolicy and a job's Ray token Secret
   clusters.py  the worker bounds of a service's running RayClusters
-  admission.py Kueue admission, and spec.suspend carried to the Workload
-  attempts.py  the pods of the current attempt, the hosts lost, the child of an ended attempt
+  admission.py Kueue admission, a service's initializing timeout, spec.suspend carried to the Workload
+  attempts.py  a job's hosts lost, its RayJob read again, the child of an ended attempt
   progress.py  training progress read from the Ray dashboard
   writes.py    the status write budget, with sticky terminal phases
   sweeps.py    what is kept for an object dropped when it is gone
@@ -28,11 +29,12 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from functools import partial
 from typing import Callable
 
 from .. import render, status as statuses
 from ..api.spec import InvalidSpec
-from ..status import kueue, progress as training
+from ..status import applied as service_status, kueue, progress as training
 from .admission import KueueAdmission
 from .attempts import Attempts
 from .child import ChildStep
@@ -41,6 +43,7 @@ from .events import EventRecorder
 from .extras import ExtraChildren, RayTokenSecrets
 from .informer import Informer, key_of
 from .kind import Extra, Key, Kind, describe, now, ownership
+from .kinds import TPUTORCHJOB, TPUTORCHSERVICE
 from .kube import CALLS, Calls
 from .kueuecap import KueueCap
 from .metrics import METRICS
@@ -75,6 +78,7 @@ class Controller:
                  priority_classes: Informer | None = None, extras: list[Extra] = (), dashboard=None,
                  progress_interval: float = training.READ_INTERVAL, ray_tokens: RayTokens | None = None) -> None:
         self.kinds = {k.resource.kind: k for k in kinds}
+        self.reconcilers = {TPUTORCHJOB.kind: self.reconcile_job, TPUTORCHSERVICE.kind: self.reconcile_service}
         self.kube, self.clock = kube, clock
         self.stores = Stores(parents, children, pods, workloads, priority_classes)
         # jitter: objects that failed together (an outage) do not all retry in the same second
@@ -95,7 +99,7 @@ class Controller:
         self.child = ChildStep(kube, self.stores, self.tokens, self.writes, self.kueue.manages)
         self.extras = ExtraChildren(kube, self.stores, list(extras), requeue)
         self.clusters = ClusterBounds(kube)
-        self.attempts = Attempts(kube, self.stores, self.kinds, self.child, self.writes)
+        self.attempts = Attempts(kube, self.stores, self.child, self.writes)
         self.progress = ProgressReads(dashboard, progress_interval, ray_tokens, clock, monotonic, requeue,
                                       self.enqueue, lambda key: self.sweeps.uids.get(key))
         self.sweeps = Sweeps(self.stores, [self.specs, self.writes, self.child, self.tokens, self.extras,
@@ -223,9 +227,10 @@ class Controller:
     # --- the reconcile ---------------------------------------------------------------------------
 
     async def reconcile(self, key: Key) -> str:
+        """The object's own reconcile (reconcile_job, reconcile_service), once it is known to exist
+        and not to be being deleted."""
         kind = self.kinds[key[0]]
-        namespace, name = key[1], key[2]
-        parent = self.parents[key[0]].get((namespace, name))
+        parent = self.parents[key[0]].get(key[1:])
         if parent is None:
             self.sweeps.forget(key)
             return "gone"
@@ -233,61 +238,107 @@ class Controller:
         self.sweeps.track(key, meta.get("uid"))  # deleted and made again: nothing of the old one holds
         if meta.get("deletionTimestamp"):
             return "deleting"  # the garbage collector removes the children; create nothing now
-        cap = self.kueue_cap.podsets() if kind.kueue_check is not None else None
-        # The extras (the NetworkPolicy, owned by the object) go out beside the child's create
-        # request, not after its answer: one job's creates are not serial (issue 40).
-        beside: list[asyncio.Task] = []
-        try:
-            spec = self.specs.parse(kind, parent, namespace, cap)
-            result, child = await self.child.ensure(kind, key, parent, spec, cap, beside=lambda: beside.append(
-                asyncio.ensure_future(self.extras.ensure(kind, key, parent, spec))))
-            if result == "ending":  # the child of an ended attempt: looked at again when it is gone
-                await self.attempts.end(kind, key, child)
-                result, child = "retry", None
-            if result != "finished" and not beside:
-                await self.extras.ensure(kind, key, parent, spec)
-        except InvalidSpec as err:  # the spec, the child it renders (too large), what Kueue would not admit
-            return await self._invalid(kind, parent, err, cap)
-        finally:
-            for task in beside:  # it says its own failures (extras.problems); never the reconcile's
-                await task
+        return await self.reconcilers[key[0]](kind, key, parent)
+
+    async def reconcile_job(self, kind: Kind, key: Key, parent: dict) -> str:
+        """A TPUTorchJob: its RayJob, one per attempt (status/job.py), and the job's status."""
+        meta = parent["metadata"]
+        cap = self.kueue_cap.podsets()  # what the installed Kueue admits: checked before a create
+        made = await self._children(kind, key, parent, cap, partial(self._rayjob, kind, key, parent, cap=cap))
+        if made is None:
+            return "invalid"
+        spec, result, child = made
         if result == "finished":
             self.attempts.forget(key)
             return result  # its status already tells the end; nothing observed would add to it
-
-        ours = child if child is not None and ownership(kind, parent, child) == "ours" else None
-        pods, deleted = self.attempts.pods_of(kind, key, ours)
-        await self.clusters.ensure(kind, key, spec, ours, version(meta))
-        queue = await self.kueue.admission(kind, spec, ours)
-        await self.kueue.patch_child(kind, spec, ours, queue)
-        previous = self.writes.previous(parent)
-        now = self.clock()
-        desired_hash = kind.desired_hash(spec) if kind.desired_hash is not None else None
-        derive = lambda ours: kind.derive(  # noqa: E731
-            spec, meta.get("generation", 0), ours, pods, previous, now, self.child.problems.get(key),
-            queue=queue, deleted=deleted, pods_problem=self._pods_problem(namespace),
-            network=self.extras.network(key, spec), desired_hash=desired_hash)
+        ours = self._ours(kind, parent, child)
+        pods, deleted = self.child.pods_of(kind, key, ours), self.attempts.deleted_of(kind, key, ours)
+        admission = await self.kueue.admission(kind, spec, ours)
+        previous, now = self.writes.previous(parent), self.clock()
+        derive = lambda rayjob: statuses.derive(  # noqa: E731
+            spec, meta.get("generation", 0), rayjob, pods, previous, now, self.child.problems.get(key),
+            queue=admission, deleted=deleted, pods_problem=self._pods_problem(key[1]),
+            network=self.extras.network(key, spec))
         current = derive(ours)
-        recheck = kind.recheck(current, now, ours) if kind.recheck is not None else None
-        if recheck is not None:  # no event may come (status/applied.py)
-            self.queue.add_after(key, recheck)
-        if self.attempts.must_end(kind, current, ours):
+        if self.attempts.must_end(current, ours):  # maybe on pod events alone: read the RayJob again
             fresh = await self.attempts.read_again(kind, key, ours)
             if fresh is not None:
                 ours, current = fresh, derive(fresh)
         current = self.writes.never_back_from_terminal(kind, parent, current)
-        if kind.reads_progress:
-            current = self.progress.apply(key, meta.get("uid"), current,
-                                          render.ray_token_secret_name(ours) if ours is not None else None)
-        # The write right after our own create is not put off by the budget; in a burst, the
-        # object's first status waits for the other objects' creates (writes.py).
-        await self.writes.write(kind, parent, previous, current, at_once=result == "created", first_may_wait=True)
-        if queue is not None:  # after the status: a failing Workload patch must not freeze it
-            await self.kueue.carry_suspend(kind, spec, ours)
-        if self.attempts.must_end(kind, self.writes.previous(parent), ours):
+        current = self.progress.apply(key, meta.get("uid"), current,
+                                      render.ray_token_secret_name(ours) if ours is not None else None)
+        await self._write_status(kind, parent, spec, ours, previous, current, result, admission)
+        if self.attempts.must_end(self.writes.previous(parent), ours):
             await self.attempts.end(kind, key, ours)  # the attempt it ran has ended (as now written)
             return "attempt-ended"
         return result
+
+    async def reconcile_service(self, kind: Kind, key: Key, parent: dict) -> str:
+        """A TPUTorchService: its RayService (a service never finishes: no terminal phase, no
+        attempts; a vanished RayService is made again), the worker bounds of its RayClusters, and
+        the service's status."""
+        meta = parent["metadata"]
+        made = await self._children(kind, key, parent, None, partial(self.child.ensure_rayservice, kind, key, parent))
+        if made is None:
+            return "invalid"
+        spec, result, child = made
+        ours = self._ours(kind, parent, child)
+        pods = self.child.pods_of(kind, key, ours)
+        await self.clusters.ensure(kind, key, spec, ours, version(meta))
+        admission = await self.kueue.admission(kind, spec, ours)
+        await self.kueue.initializing_timeout(kind, spec, ours, admission)
+        previous, now = self.writes.previous(parent), self.clock()
+        current = statuses.derive_service(
+            spec, meta.get("generation", 0), ours, pods, previous, now, self.child.problems.get(key),
+            queue=admission, pods_problem=self._pods_problem(key[1]), network=self.extras.network(key, spec),
+            desired_hash=render.rayservice_spec_hash(spec))  # is the live RayService up to date?
+        recheck = service_status.recheck_in(current, now, ours)
+        if recheck is not None:  # KubeRay's Serve reload may bring no event (status/applied.py)
+            self.queue.add_after(key, recheck)
+        await self._write_status(kind, parent, spec, ours, previous, current, result, admission)
+        return result
+
+    # --- the steps both kinds take ---------------------------------------------------------------
+
+    async def _children(self, kind: Kind, key: Key, parent: dict, cap, ensure_child):
+        """(spec, result, child): the spec parsed, then the child (``ensure_child(spec, beside)``,
+        child.py) and the extras (extras.py). The extras go out beside the child's create request,
+        not after its answer: one object's creates are not serial (issue 40); they say their own
+        failures (extras.problems), never the reconcile's. None: the spec, the child it renders
+        (too large) or what Kueue would not admit (``cap``) was refused, as the status now says."""
+        beside: list[asyncio.Task] = []
+        try:
+            spec = self.specs.parse(kind, parent, key[1], cap)
+            result, child = await ensure_child(spec, beside=lambda: beside.append(
+                asyncio.ensure_future(self.extras.ensure(kind, key, parent, spec))))
+            if result != "finished" and not beside:  # a finished object's extras go with it
+                await self.extras.ensure(kind, key, parent, spec)
+        except InvalidSpec as err:
+            await self._invalid(kind, parent, err, cap)
+            return None
+        finally:
+            for task in beside:
+                await task
+        return spec, result, child
+
+    async def _rayjob(self, kind: Kind, key: Key, parent: dict, spec, cap, beside) -> tuple[str, dict | None]:
+        result, child = await self.child.ensure_rayjob(kind, key, parent, spec, cap, beside)
+        if result == "ending":  # the child of an ended attempt: looked at again when it is gone
+            await self.attempts.end(kind, key, child)
+            return "retry", None
+        return result, child
+
+    @staticmethod
+    def _ours(kind: Kind, parent: dict, child: dict | None) -> dict | None:
+        return child if child is not None and ownership(kind, parent, child) == "ours" else None
+
+    async def _write_status(self, kind: Kind, parent: dict, spec, child: dict | None, previous: dict, current: dict,
+                            result: str, admission: kueue.Admission | None) -> None:
+        # The write right after our own create is not put off by the budget; in a burst, the
+        # object's first status waits for the other objects' creates (writes.py).
+        await self.writes.write(kind, parent, previous, current, at_once=result == "created", first_may_wait=True)
+        if admission is not None:  # after the status: a failing Workload patch must not freeze it
+            await self.kueue.carry_suspend(kind, spec, child)
 
     def _pods_problem(self, namespace: str):
         refused = self.pods.forbidden_in(namespace) if self.pods is not None else None

@@ -660,7 +660,7 @@ def test_the_rayservice_store_keeps_the_initializing_timeout_it_compares():
     from tputorch.controller import kinds
     rs = render.rayservice(spec.parse_service(service_body()))
     rs["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "{...}"
-    kept = kinds.child_slimmer(kinds.SERVICE)(rs)["metadata"]["annotations"]
+    kept = kinds.slim_rayservice(rs)["metadata"]["annotations"]
     assert sorted(kept) == [render.INITIALIZING_TIMEOUT_ANNOTATION, render.SPEC_HASH_ANNOTATION]
 
 

@@ -11,15 +11,15 @@ from .. import render
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
-from . import auth
 from . import network as net
 from . import progress as training
 from .conditions import (
-    FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES, VALIDATED, admitted_condition,
-    child_created, condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
+    FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES,
+    condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
     container_problem, quota_problem, no_node_pool, tpu_webhook_missing, GROUP_LABEL,
 )
 from .kueue import Admission
+from .leading import leading_conditions
 
 # Retrying: an attempt ended for a reason another attempt may cure; the next one is on its way.
 PHASES = ("Pending", *QUEUE_PHASES, "Running", "Retrying", "Succeeded", "Failed", "Suspended")
@@ -154,15 +154,8 @@ def derive(
     if no_webhook and phase == "Running":
         phase = "Pending"  # Ray may run the script, but a slice whose hosts cannot find each other never trains
 
-    conditions = [condition(VALIDATED, True, "Valid", shape, generation),
-                  child_created(RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, generation)]
-    ray_auth = auth.ray_auth_condition("RayJob", rayjob, True, generation)
-    if ray_auth is not None:
-        conditions.append(ray_auth)
-    if queue is not None:
-        conditions.append(admitted_condition(queue, generation))
-    if network is not None:
-        conditions.append(net.ready_condition(network, generation))
+    conditions = leading_conditions(shape, RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, True, queue, network,
+                                    generation)
 
     unschedulable = scheduling_problem(pods)
     blocked = quota_problem(cluster_status) or container_problem(pods) or \

@@ -1,21 +1,30 @@
-"""Observed RayService (+ its pods) -> TPUTorchService status, and the endpoint it serves."""
+"""Observed RayService (+ its pods) -> TPUTorchService status, and the endpoint it serves.
+
+The derivation runs in stages, each reading only what the ones before it produced, so that a
+wrong status leads to one place: what is observed (observe_service: which RayCluster serves, its
+hosts and slice replicas, the Serve application, whether KubeRay runs the current spec), then the
+conditions (SliceReady: slice_state; Ready: ready_condition; SpecApplied: status/applied.py), then
+the phase (service_phase), then the Failed condition the phase calls for (failed_condition), then
+the message (service_message). The conditions every object starts with are status/leading.py's.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Iterable
 
 from .. import render
 from ..api.spec import ServiceSpec
 from .conditions import (
-    CLUSTER_LABEL, FAILED, QUEUE_PHASES, ROLE_LABEL, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED, VALIDATED, admitted_condition,
-    child_created, condition, container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts,
-    ready_slices, running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing, wanted_hosts,
+    CLUSTER_LABEL, FAILED, QUEUE_PHASES, ROLE_LABEL, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED, condition,
+    container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts, ready_slices,
+    running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing, wanted_hosts,
 )
 from . import applied as appl
-from . import auth
 from . import network as net
 from .kueue import Admission
+from .leading import leading_conditions
 
 # Ray Serve LLM's build_openai_app names the deployment that runs the engine LLMServer:<model id>
 # (the others route requests: OpenAiIngress, LLMRouter).
@@ -118,38 +127,315 @@ def _failure(app: dict) -> str:
     return message
 
 
-def _service_phase(rayservice: dict | None, rs_status: dict, up_to_date: bool, slice_ready: bool,
-                   app: dict, previous_phase: str | None, slice_held: bool = False) -> str:
-    if rayservice is None:
-        return "Pending"
-    ready = _kuberay_condition(rs_status, "Ready")
+# --- what is observed -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServiceObserved:
+    """What the RayService and its pods say now, before any judgement of them."""
+
+    exists: bool  # the RayService exists
+    rs_status: dict  # its status ({} before KubeRay writes one)
+    active: dict  # activeServiceStatus: the serving RayCluster's, once KubeRay promoted one
+    pending: dict  # pendingServiceStatus: the RayCluster being prepared (the first one, before its promotion)
+    cluster_name: str | None  # the RayCluster that serves (the pending one before the first promotion)
+    new_cluster_pending: bool  # an upgrade: a new RayCluster is prepared beside the serving one
+    pending_problem: str | None  # then, why the new cluster's hosts cannot start (the upgrade waits on them)
+    pods: list[dict]  # the serving cluster's pods (all of them while no cluster is named)
+    cluster_status: dict  # KubeRay's copy of the serving cluster's status
+    ready: int  # TPU hosts running
+    ready_replicas: int  # slice replicas whose every host runs
+    replicas: int  # slice replicas wanted now: Ray's autoscaler's count, within spec.replicas
+    slices_wanted: int  # slice replicas that must be up to serve (0: scaled to zero)
+    head_runs: bool
+    no_webhook: tuple[str, str] | None  # why the hosts cannot start, when they cannot:
+    no_pool: tuple[str, str] | None
+    unschedulable: str | None
+    stuck: tuple[str, str] | None  # a quota, an image or a crash loop
+    up_to_date: bool  # KubeRay has seen the current spec (its hash and generation)
+    app: dict  # the Serve application: the serving cluster's, else the pending one's
+    kuberay_ready: dict  # KubeRay's own Ready condition ({} before it reports one)
+
+    @property
+    def app_status(self) -> str | None:
+        return self.app.get("status")
+
+    @property
+    def app_message(self) -> str:
+        return self.app.get("message") or ""
+
+
+def _serving_cluster_pods(pods: list[dict], cluster_name: str | None) -> list[dict]:
+    """During an upgrade the pending cluster's pods are there too: the serving cluster's count
+    (a pod without the cluster label among them); all pods while no cluster is named or none matches."""
+    if not cluster_name:
+        return pods
+    return [p for p in pods if labels_of(p).get(CLUSTER_LABEL) in (None, cluster_name)] or pods
+
+
+def _pending_cluster_problem(svc: ServiceSpec, pods: list[dict], pending: dict) -> str | None:
+    """Why the pending cluster's hosts cannot start: no node pool, unschedulable, a quota, an image
+    or a crash loop."""
+    new = [p for p in pods if labels_of(p).get(CLUSTER_LABEL) == pending["rayClusterName"]]
+    held = no_node_pool(new, render.worker_node_selector(svc))
+    return ((held[1] if held else None) or scheduling_problem(new)
+            or (quota_problem(pending.get("rayClusterStatus")) or container_problem(new) or (None, None))[1])
+
+
+def _runs_current_spec(rayservice: dict | None, rs_status: dict, desired_hash: str) -> bool:
+    """Our edits reach the RayService by its spec hash; until KubeRay has seen the new generation
+    (and the hash is the desired one) the service is updating, not ready."""
+    meta = (rayservice or {}).get("metadata") or {}
+    seen, wanted = rs_status.get("observedGeneration"), meta.get("generation")
+    return ((meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION) == desired_hash
+            and (seen is None or wanted is None or seen >= wanted))
+
+
+def observe_service(svc: ServiceSpec, rayservice: dict | None, pods: Iterable[dict], pods_read: bool,
+                    desired_hash: str) -> ServiceObserved:
+    """Which RayCluster serves, its hosts and slice replicas (up, wanted, and why they cannot start),
+    the Serve application and KubeRay's Ready, and whether the RayService runs the current spec."""
+    s = svc.slice
+    rs_status = (rayservice or {}).get("status") or {}
     active = rs_status.get("activeServiceStatus") or {}
-    active_app = _application(active)
-    pending_app = _application(rs_status.get("pendingServiceStatus"))
+    pending = rs_status.get("pendingServiceStatus") or {}
+    cluster_name = active.get("rayClusterName") or pending.get("rayClusterName")
+    new_cluster_pending = bool(active.get("rayClusterName") and pending.get("rayClusterName"))
+    every_pod = list(pods)
+    serving = _serving_cluster_pods(every_pod, cluster_name)
+    cluster_status = active.get("rayClusterStatus") or pending.get("rayClusterStatus") or {}
+    # A RayService worker's readiness probe includes the Serve proxy, which runs only on nodes with
+    # a Serve replica: a TPU host running only vLLM workers stays NotReady by design (KubeRay 1.5
+    # pod builder). A host counts once its pod runs.
+    ready = ready_hosts(serving, cluster_status, up=running)
+    desired_hosts = wanted_hosts(serving, cluster_status, pods_read=pods_read)
+    replicas = max(svc.min_replicas, min(desired_hosts // s.hosts, svc.max_replicas))
+    return ServiceObserved(
+        exists=rayservice is not None, rs_status=rs_status, active=active, pending=pending,
+        cluster_name=cluster_name, new_cluster_pending=new_cluster_pending,
+        pending_problem=_pending_cluster_problem(svc, every_pod, pending) if new_cluster_pending else None,
+        pods=serving, cluster_status=cluster_status, ready=ready,
+        ready_replicas=ready_slices(serving, s.hosts, ready, up=running), replicas=replicas,
+        # Scale to zero: no slice is wanted until Serve asks for a replica, then that one is. With
+        # none wanted, the head alone must run (its Serve proxy takes the next request).
+        slices_wanted=svc.min_replicas or min(replicas, 1),
+        head_runs=any(labels_of(p).get(ROLE_LABEL) == "head" and running(p) for p in serving),
+        no_webhook=tpu_webhook_missing(serving, s.hosts),
+        no_pool=no_node_pool(serving, render.worker_node_selector(svc)),
+        unschedulable=scheduling_problem(serving),
+        stuck=quota_problem(cluster_status) or container_problem(serving),
+        up_to_date=_runs_current_spec(rayservice, rs_status, desired_hash),
+        app=_application(active) or _application(pending),
+        kuberay_ready=_kuberay_condition(rs_status, "Ready"),
+    )
+
+
+# --- the conditions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SliceState:
+    """The SliceReady condition and what the phase and the message read of it."""
+
+    condition: dict
+    up: bool  # the slices wanted are up (from KubeRay's count alone when the pods cannot be read)
+    held: bool  # not up, and the hosts cannot start (no pool, unschedulable, quota, an image or a crash loop)
+    scaling_up: str | None  # serving, and what the further slices Ray's autoscaler asked for wait for
+
+
+def slice_state(svc: ServiceSpec, seen: ServiceObserved, pods_problem: tuple[str, str] | None,
+                generation: int) -> SliceState:
+    s = svc.slice
+    slices_message = (f"{seen.ready_replicas}/{seen.replicas} slice replica(s) up, "
+                      f"{seen.ready}/{seen.replicas * s.hosts} TPU hosts running")
+    scaling_up = None
+    if seen.no_webhook:
+        slice_ready = condition(SLICE_READY, False, seen.no_webhook[0], seen.no_webhook[1], generation)
+    elif seen.exists and seen.slices_wanted == 0 and seen.head_runs and not (seen.unschedulable or seen.stuck):
+        slice_ready = condition(SLICE_READY, True, SCALED_TO_ZERO, scaled_to_zero_message(svc, seen.ready), generation)
+    elif seen.exists and seen.slices_wanted and seen.ready_replicas >= seen.slices_wanted:
+        # Serving on what is up; more slices, asked for by Ray's autoscaler, may not be up yet.
+        scaling_up = (scaling_up_message(seen.replicas - seen.ready_replicas, seen.no_pool, seen.unschedulable, seen.stuck)
+                      if seen.ready_replicas < seen.replicas else None)
+        slice_ready = (condition(SLICE_READY, True, SCALING_UP, f"{slices_message}; {scaling_up}", generation)
+                       if scaling_up else condition(SLICE_READY, True, "AllHostsReady", slices_message, generation))
+    elif seen.no_pool:
+        slice_ready = condition(SLICE_READY, False, seen.no_pool[0], seen.no_pool[1], generation)
+    elif seen.unschedulable:
+        slice_ready = condition(SLICE_READY, False, "Unschedulable", seen.unschedulable, generation)
+    elif seen.stuck:
+        slice_ready = condition(SLICE_READY, False, seen.stuck[0], seen.stuck[1], generation)
+    else:
+        slice_ready = condition(SLICE_READY, False, "WaitingForHosts", slices_message, generation)
+    up = slice_ready["status"] == "True"
+    held = not up and slice_ready["reason"] != "WaitingForHosts"
+    if pods_problem:  # the operator may not read the pods: what they would say is unknown
+        slice_ready = condition(SLICE_READY, None, pods_problem[0], pods_problem[1], generation)
+    return SliceState(slice_ready, up, held, scaling_up)
+
+
+def dashboard_unreached(seen: ServiceObserved, slice_: SliceState, network: net.NetworkPolicyState | None) -> str | None:
+    """The slice is up and KubeRay reports no Serve application: it may not reach the dashboard to
+    PUT the Serve config (it fails the service at the initializing timeout). Why, when the
+    NetworkPolicy is the likely cause."""
+    return net.dashboard_cause(network) if seen.exists and slice_.up and not seen.app_status else None
+
+
+def ready_condition(seen: ServiceObserved, previous: dict, unreached: str | None, generation: int) -> dict:
+    """Ready: KubeRay's, then Serve's application and its LLM deployment; the dashboard's
+    unreachability when that is the likely cause of not being ready."""
+    kuberay_ready = seen.kuberay_ready
+    if not seen.exists:
+        ready = condition(READY, False, "NoRayService", "the RayService does not exist yet", generation)
+    elif not kuberay_ready:
+        ready = condition(READY, False, "WaitingForKubeRay", "KubeRay has not reported on the RayService yet", generation)
+    elif kuberay_ready.get("status") != "True":
+        ready = condition(READY, False, kuberay_ready.get("reason") or "Unknown", kuberay_ready.get("message") or "", generation)
+    elif not _application(seen.active) and seen.new_cluster_pending:
+        ready = _ready_during_upgrade(seen.active["rayClusterName"], previous, generation)
+    else:
+        serving, reason, why = _serving(_application(seen.active))
+        ready = condition(READY, serving, reason, why, generation)
+    if unreached and ready["status"] != "True":
+        ready = condition(READY, False, net.DASHBOARD_UNREACHABLE,
+                          f"the slice is up but no Serve application is reported: {unreached}", generation)
+    return ready
+
+
+def failed_condition(svc: ServiceSpec, seen: ServiceObserved, unreached: str | None, generation: int) -> dict:
+    """Failed, for a service whose phase is Failed: the initializing timeout (KubeRay released the
+    slices), the Serve application's failure to deploy, or KubeRay's own reason."""
+    kuberay_ready = seen.kuberay_ready
+    if kuberay_ready.get("reason") == "InitializingTimeout":
+        reason = "InitializingTimeout"
+        text = "; ".join(x for x in (_failure(seen.app), unreached, kuberay_ready.get("message"), "KubeRay deleted its RayClusters "
+                                     "(the slices are released); delete and re-create the TPUTorchService to try again") if x)
+    elif seen.app_status == "DEPLOY_FAILED":
+        reason = "DeployFailed"
+        text = _failure(seen.app) or "the Serve application failed to deploy"
+        if not seen.active.get("rayClusterName") and svc.initializing_timeout_s:
+            text += (f" (KubeRay releases the slices once the service is {svc.initializing_timeout_s}s old without "
+                     "having been ready: spec.serve.initializingTimeoutSeconds)")
+    else:
+        reason = kuberay_ready.get("reason") or "Failed"
+        text = seen.app_message or kuberay_ready.get("message") or "the service failed"
+    return condition(FAILED, True, reason, text, generation)
+
+
+# --- the phase ------------------------------------------------------------------------------------
+
+
+def _kuberay_phase(seen: ServiceObserved, slice_: SliceState, previous_phase: str | None) -> str:
+    """The phase KubeRay's RayService and Serve's application say, before Kueue and SpecApplied are heard."""
+    if not seen.exists:
+        return "Pending"
+    ready = seen.kuberay_ready
+    active_app = _application(seen.active)
+    pending_app = _application(seen.pending)
     if ready.get("reason") in ("InitializingTimeout", "ValidationFailed") or active_app.get("status") == "DEPLOY_FAILED":
         return "Failed"
-    if not active.get("rayClusterName") and pending_app.get("status") == "DEPLOY_FAILED":
+    if not seen.active.get("rayClusterName") and pending_app.get("status") == "DEPLOY_FAILED":
         # Before the first promotion KubeRay reports the application under pendingServiceStatus.
         return "Failed"
     if ready.get("status") == "True" or ready.get("reason") == "ZeroServeEndpoints":
-        upgrading = _kuberay_condition(rs_status, "UpgradeInProgress").get("status") == "True"
+        upgrading = _kuberay_condition(seen.rs_status, "UpgradeInProgress").get("status") == "True"
         # ZeroServeEndpoints (KubeRay sets it only after Ready): no Serve proxy is left behind
         # <name>-serve-svc, so nothing answers clients whatever Serve says of the application.
         serving = _serving(active_app)[0] and ready.get("reason") != "ZeroServeEndpoints"
         if serving:
-            return "Ready" if up_to_date and not upgrading else "Updating"
-        if not up_to_date or upgrading:
+            return "Ready" if seen.up_to_date and not upgrading else "Updating"
+        if not seen.up_to_date or upgrading:
             return "Updating"
         if active_app.get("status") == "DEPLOYING":
             # Serve is starting replicas: replacing a lost one after Degraded, else an in-place
             # redeploy of an edited serve config.
             return "Recovering" if previous_phase in ("Degraded", "Recovering") else "Updating"
         return "Degraded"
-    if slice_held:
+    if slice_.held:
         # Serve deploys as soon as the head is up (the application DEPLOYING), but the slice's
         # hosts cannot start: nothing is deploying onto TPUs until they do.
         return "Pending"
-    return "Deploying" if slice_ready or app.get("status") else "Pending"
+    return "Deploying" if slice_.up or seen.app_status else "Pending"
+
+
+def service_phase(seen: ServiceObserved, slice_: SliceState, spec_applied: appl.Applied | None,
+                  previous_phase: str | None, queue: Admission | None) -> str:
+    """KubeRay's phase, then Kueue's (Queued, Preempted), then SpecApplied's: KubeRay's first
+    status of an edit is the old config's (see status/applied.py)."""
+    phase = queue_phase(_kuberay_phase(seen, slice_, previous_phase), False, queue)
+    if phase == "Ready" and spec_applied is not None and spec_applied.reason in appl.IN_PROGRESS:
+        phase = "Updating"
+    return phase
+
+
+# --- the message ----------------------------------------------------------------------------------
+
+
+def _ready_message(svc: ServiceSpec, seen: ServiceObserved, slice_: SliceState, spec_applied: appl.Applied | None) -> str:
+    s = svc.slice
+    if seen.slices_wanted == 0:
+        message = scaled_to_zero_message(svc, seen.ready)
+    elif seen.ready_replicas == 0 and svc.min_replicas == 0:
+        message = (f"waking from zero: a {s.generation.name} {s.topology} slice is starting for {svc.model_name}; "
+                   f"requests wait until it serves ({_first_request_wait()})")
+        if slice_.condition["status"] != "True" and slice_.condition["reason"] != "WaitingForHosts":
+            message += f"; {slice_.condition['message']}"
+    else:
+        message = f"serving {svc.model_name} on {seen.ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
+        if slice_.scaling_up:
+            message += f"; {slice_.scaling_up}"
+    if spec_applied is not None and not spec_applied.applied:
+        message += f"; the last edit is not applied: {spec_applied.message}"
+    return message
+
+
+def _updating_message(seen: ServiceObserved, spec_applied: appl.Applied | None) -> str:
+    pending_app = _application(seen.pending)
+    if pending_app.get("status") == "DEPLOY_FAILED":
+        return f"the new version failed to deploy, the old one still serves: {pending_app.get('message', '')}".rstrip(": ")
+    if spec_applied is not None and spec_applied.reason in (appl.UNSCHEDULABLE, appl.WAITING_FOR_SERVE_RELOAD):
+        return f"applying the new spec; the service keeps serving meanwhile: {spec_applied.message}"
+    return "applying the new spec; the service keeps serving meanwhile (KubeRay upgrades it)"
+
+
+def _deploying_message(svc: ServiceSpec, seen: ServiceObserved, slice_ready: dict, ready: dict) -> str:
+    message = (f"deploying {svc.model_name}" + (f": {seen.app_status}" if seen.app_status else "")
+               + (f" {seen.app_message}" if seen.app_message else ""))
+    if ready["reason"] == net.DASHBOARD_UNREACHABLE:
+        message += f"; {ready['message']}"
+    if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
+        message += f"; {slice_ready['message']}"
+    return message
+
+
+def service_message(svc: ServiceSpec, phase: str, seen: ServiceObserved, slice_: SliceState, created: dict,
+                    ready: dict, spec_applied: appl.Applied | None, failed: dict | None, queue: Admission | None) -> str:
+    """The status message: what the phase means for this service now, and what it waits for."""
+    if phase == "Ready":
+        return _ready_message(svc, seen, slice_, spec_applied)
+    if phase in ("Degraded", "Recovering"):
+        return (f"{svc.model_name} is not answering on every replica: " if phase == "Degraded"
+                else f"Serve is replacing a lost replica of {svc.model_name}: ") + ready["message"]
+    if phase == "Updating":
+        return _updating_message(seen, spec_applied)
+    if failed is not None:
+        return failed["message"]
+    if not seen.exists:
+        return created["message"]
+    if phase in QUEUE_PHASES:
+        return queue_message(svc, queue)
+    if phase == "Deploying":
+        return _deploying_message(svc, seen, slice_.condition, ready)
+    return slice_.condition["message"]
+
+
+# --- the whole status -----------------------------------------------------------------------------
+
+
+def _shape(svc: ServiceSpec) -> str:
+    s = svc.slice
+    return (f"{s.generation.name} {s.topology} slice per replica: {s.hosts} host(s) x {s.chips_per_host} chips, "
+            f"tensor parallel {svc.tensor_parallel_size} x pipeline parallel {svc.pipeline_parallel_size}")
 
 
 def derive_service(
@@ -172,186 +458,42 @@ def derive_service(
     application's status) and its pods; ``problem``, ``queue`` and ``network`` as for derive.
     ``desired_hash`` is the spec hash of the RayService ``svc`` renders (the reconcile renders it
     once): the live one is up to date only when it carries that hash."""
-    s = svc.slice
-    shape = (
-        f"{s.generation.name} {s.topology} slice per replica: {s.hosts} host(s) x {s.chips_per_host} chips, "
-        f"tensor parallel {svc.tensor_parallel_size} x pipeline parallel {svc.pipeline_parallel_size}"
-    )
-    rs_status = (rayservice or {}).get("status") or {}
-    active = rs_status.get("activeServiceStatus") or {}
-    pending = rs_status.get("pendingServiceStatus") or {}
-    cluster_name = active.get("rayClusterName") or pending.get("rayClusterName")
-    pods = list(pods)
-    pending_problem = None
-    if cluster_name:
-        # During an upgrade the pending cluster's pods are there too: count the serving cluster's,
-        # and say why the pending cluster's cannot start (the upgrade waits on them).
-        if active.get("rayClusterName") and pending.get("rayClusterName"):
-            new = [p for p in pods if labels_of(p).get(CLUSTER_LABEL) == pending["rayClusterName"]]
-            held = no_node_pool(new, render.worker_node_selector(svc))
-            pending_problem = ((held[1] if held else None) or scheduling_problem(new)
-                               or (quota_problem(pending.get("rayClusterStatus")) or container_problem(new) or (None, None))[1])
-        serving = [p for p in pods if labels_of(p).get(CLUSTER_LABEL) in (None, cluster_name)]
-        pods = serving or pods
-    cluster_status = active.get("rayClusterStatus") or pending.get("rayClusterStatus") or {}
-    # A RayService worker's readiness probe includes the Serve proxy, which runs only on nodes with
-    # a Serve replica: a TPU host running only vLLM workers stays NotReady by design (KubeRay 1.5
-    # pod builder). A host counts once its pod runs.
-    ready = ready_hosts(pods, cluster_status, up=running)
-    ready_replicas = ready_slices(pods, s.hosts, ready, up=running)
-    desired_hosts = wanted_hosts(pods, cluster_status, pods_read=pods_problem is None)
-    replicas = max(svc.min_replicas, min(desired_hosts // s.hosts, svc.max_replicas))
-    # Our edits reach the RayService by its spec hash; until KubeRay has seen the new generation
-    # (and the hash is the desired one) the service is updating, not ready.
-    meta = (rayservice or {}).get("metadata") or {}
-    seen, wanted = rs_status.get("observedGeneration"), meta.get("generation")
-    up_to_date = (
-        (meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION) == desired_hash
-        and (seen is None or wanted is None or seen >= wanted)
-    )
+    seen = observe_service(svc, rayservice, pods, pods_problem is None, desired_hash)
 
-    conditions = [condition(VALIDATED, True, "Valid", shape, generation),
-                  child_created(RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem, generation)]
-    ray_auth = auth.ray_auth_condition("RayService", rayservice, False, generation)
-    if ray_auth is not None:
-        conditions.append(ray_auth)
-    if queue is not None:
-        conditions.append(admitted_condition(queue, generation))
-    if network is not None:
-        conditions.append(net.ready_condition(network, generation))
-
-    unschedulable = scheduling_problem(pods)
-    stuck = quota_problem(cluster_status) or container_problem(pods)
-    no_pool = no_node_pool(pods, render.worker_node_selector(svc))
-    no_webhook = tpu_webhook_missing(pods, s.hosts)
-    slices_message = f"{ready_replicas}/{replicas} slice replica(s) up, {ready}/{replicas * s.hosts} TPU hosts running"
-    # Scale to zero: no slice is wanted until Serve asks for a replica, then that one is. With none
-    # wanted, the head alone must run (its Serve proxy takes the next request).
-    slices_wanted = svc.min_replicas or min(replicas, 1)
-    scaling_up = None
-    head_runs = any(labels_of(p).get(ROLE_LABEL) == "head" and running(p) for p in pods)
-    if no_webhook:
-        slice_ready = condition(SLICE_READY, False, no_webhook[0], no_webhook[1], generation)
-    elif rayservice is not None and slices_wanted == 0 and head_runs and not (unschedulable or stuck):
-        slice_ready = condition(SLICE_READY, True, SCALED_TO_ZERO, scaled_to_zero_message(svc, ready), generation)
-    elif rayservice is not None and slices_wanted and ready_replicas >= slices_wanted:
-        # Serving on what is up; more slices, asked for by Ray's autoscaler, may not be up yet.
-        scaling_up = (scaling_up_message(replicas - ready_replicas, no_pool, unschedulable, stuck)
-                      if ready_replicas < replicas else None)
-        slice_ready = (condition(SLICE_READY, True, SCALING_UP, f"{slices_message}; {scaling_up}", generation)
-                       if scaling_up else condition(SLICE_READY, True, "AllHostsReady", slices_message, generation))
-    elif no_pool:
-        slice_ready = condition(SLICE_READY, False, no_pool[0], no_pool[1], generation)
-    elif unschedulable:
-        slice_ready = condition(SLICE_READY, False, "Unschedulable", unschedulable, generation)
-    elif stuck:
-        slice_ready = condition(SLICE_READY, False, stuck[0], stuck[1], generation)
-    else:
-        slice_ready = condition(SLICE_READY, False, "WaitingForHosts", slices_message, generation)
-    slice_up = slice_ready["status"] == "True"  # from KubeRay's count alone when the pods cannot be read
-    # the hosts cannot start (no pool, unschedulable, quota, an image or a crash loop)
-    slice_held = not slice_up and slice_ready["reason"] != "WaitingForHosts"
-    if pods_problem:  # the operator may not read the pods: what they would say is unknown
-        slice_ready = condition(SLICE_READY, None, pods_problem[0], pods_problem[1], generation)
-    conditions.append(slice_ready)
-
-    kuberay_ready = _kuberay_condition(rs_status, "Ready")
-    app = _application(active) or _application(pending)
-    app_status, app_message = app.get("status"), app.get("message") or ""
-    if rayservice is None:
-        ready_cond = condition(READY, False, "NoRayService", "the RayService does not exist yet", generation)
-    elif not kuberay_ready:
-        ready_cond = condition(READY, False, "WaitingForKubeRay", "KubeRay has not reported on the RayService yet", generation)
-    elif kuberay_ready.get("status") != "True":
-        ready_cond = condition(READY, False, kuberay_ready.get("reason") or "Unknown", kuberay_ready.get("message") or "", generation)
-    elif not _application(active) and active.get("rayClusterName") and pending.get("rayClusterName"):
-        ready_cond = _ready_during_upgrade(active["rayClusterName"], previous, generation)
-    else:
-        serving, reason, why = _serving(_application(active))
-        ready_cond = condition(READY, serving, reason, why, generation)
-    # The slice is up and KubeRay reports no Serve application: it may not reach the dashboard
-    # to PUT the Serve config (it fails the service at the initializing timeout).
-    unreached = net.dashboard_cause(network) if rayservice is not None and slice_up and not app_status else None
-    if unreached and ready_cond["status"] != "True":
-        ready_cond = condition(READY, False, net.DASHBOARD_UNREACHABLE,
-                               f"the slice is up but no Serve application is reported: {unreached}", generation)
-    conditions.append(ready_cond)
-
+    conditions = leading_conditions(_shape(svc), RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem,
+                                    False, queue, network, generation)
+    slice_ = slice_state(svc, seen, pods_problem, generation)
+    unreached = dashboard_unreached(seen, slice_, network)
+    ready = ready_condition(seen, previous, unreached, generation)
+    conditions += [slice_.condition, ready]
     spec_applied = None
     if rayservice is not None:
-        spec_applied = appl.applied(rayservice, previous.get(appl.APPLIED_FIELD), svc.upgrade_strategy, pending_problem, now)
+        spec_applied = appl.applied(rayservice, previous.get(appl.APPLIED_FIELD), svc.upgrade_strategy,
+                                    seen.pending_problem, now)
         conditions.append(condition(SPEC_APPLIED, spec_applied.applied, spec_applied.reason, spec_applied.message, generation))
-    phase = queue_phase(_service_phase(rayservice, rs_status, up_to_date, slice_up, app,
-                                       previous.get("phase"), slice_held), False, queue)
-    if phase == "Ready" and spec_applied is not None and spec_applied.reason in appl.IN_PROGRESS:
-        # KubeRay's first status of an edit is the old config's (see status/applied.py)
-        phase = "Updating"
-    if phase == "Failed":
-        if kuberay_ready.get("reason") == "InitializingTimeout":
-            reason = "InitializingTimeout"
-            text = "; ".join(x for x in (_failure(app), unreached, kuberay_ready.get("message"), "KubeRay deleted its RayClusters "
-                                         "(the slices are released); delete and re-create the TPUTorchService to try again") if x)
-        elif app_status == "DEPLOY_FAILED":
-            reason = "DeployFailed"
-            text = _failure(app) or "the Serve application failed to deploy"
-            if not active.get("rayClusterName") and svc.initializing_timeout_s:
-                text += (f" (KubeRay releases the slices once the service is {svc.initializing_timeout_s}s old without "
-                         "having been ready: spec.serve.initializingTimeoutSeconds)")
-        else:
-            reason = kuberay_ready.get("reason") or "Failed"
-            text = app_message or kuberay_ready.get("message") or "the service failed"
-        conditions.append(condition(FAILED, True, reason, text, generation))
 
-    if phase == "Ready":
-        if slices_wanted == 0:
-            message = scaled_to_zero_message(svc, ready)
-        elif ready_replicas == 0 and svc.min_replicas == 0:
-            message = (f"waking from zero: a {s.generation.name} {s.topology} slice is starting for {svc.model_name}; "
-                       f"requests wait until it serves ({_first_request_wait()})")
-            if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
-                message += f"; {slice_ready['message']}"
-        else:
-            message = f"serving {svc.model_name} on {ready_replicas} replica(s) of a {s.generation.name} {s.topology} slice"
-            if scaling_up:
-                message += f"; {scaling_up}"
-        if spec_applied is not None and not spec_applied.applied:
-            message += f"; the last edit is not applied: {spec_applied.message}"
-    elif phase in ("Degraded", "Recovering"):
-        message = (f"{svc.model_name} is not answering on every replica: " if phase == "Degraded"
-                   else f"Serve is replacing a lost replica of {svc.model_name}: ") + ready_cond["message"]
-    elif phase == "Updating":
-        pending_app = _application(pending)
-        if pending_app.get("status") == "DEPLOY_FAILED":
-            message = f"the new version failed to deploy, the old one still serves: {pending_app.get('message', '')}".rstrip(": ")
-        elif spec_applied is not None and spec_applied.reason in (appl.UNSCHEDULABLE, appl.WAITING_FOR_SERVE_RELOAD):
-            message = f"applying the new spec; the service keeps serving meanwhile: {spec_applied.message}"
-        else:
-            message = "applying the new spec; the service keeps serving meanwhile (KubeRay upgrades it)"
-    elif phase == "Failed":
-        message = conditions[-1]["message"]
-    elif rayservice is None:
-        message = conditions[1]["message"]
-    elif phase in QUEUE_PHASES:
-        message = queue_message(svc, queue)
-    elif phase == "Deploying":
-        message = f"deploying {svc.model_name}" + (f": {app_status}" if app_status else "") + (f" {app_message}" if app_message else "")
-        if ready_cond["reason"] == net.DASHBOARD_UNREACHABLE:
-            message += f"; {ready_cond['message']}"
-        if slice_ready["status"] != "True" and slice_ready["reason"] != "WaitingForHosts":
-            message += f"; {slice_ready['message']}"
-    else:
-        message = slice_ready["message"]
+    phase = service_phase(seen, slice_, spec_applied, previous.get("phase"), queue)
+    failed = failed_condition(svc, seen, unreached, generation) if phase == "Failed" else None
+    if failed is not None:
+        conditions.append(failed)
 
+    message = service_message(svc, phase, seen, slice_, conditions[1], ready, spec_applied, failed, queue)
+    return _service_status(svc, seen, phase, message, stamp(conditions, previous, now), spec_applied, generation, queue)
+
+
+def _service_status(svc: ServiceSpec, seen: ServiceObserved, phase: str, message: str, conditions: list[dict],
+                    spec_applied: appl.Applied | None, generation: int, queue: Admission | None) -> dict:
+    s = svc.slice
     status = {
         "phase": phase,
         "message": message,
         "observedGeneration": generation,
-        "conditions": stamp(conditions, previous, now),
-        "replicas": replicas,
-        "readyReplicas": ready_replicas,
-        "replicasReady": f"{ready_replicas}/{replicas}",
-        "hosts": replicas * s.hosts,
-        "readyHosts": ready,
+        "conditions": conditions,
+        "replicas": seen.replicas,
+        "readyReplicas": seen.ready_replicas,
+        "replicasReady": f"{seen.ready_replicas}/{seen.replicas}",
+        "hosts": seen.replicas * s.hosts,
+        "readyHosts": seen.ready,
         "model": svc.model_name,
         "endpoint": endpoint(svc),
         "rayServiceName": svc.name,
@@ -360,12 +502,10 @@ def derive_service(
     if spec_applied is not None and spec_applied.record:
         status[appl.APPLIED_FIELD] = spec_applied.record
     optional = {
-        "rayClusterName": cluster_name,
-        "serviceStatus": rs_status.get("serviceStatus"),
-        "applicationStatus": app_status,
-        "applicationMessage": app_message,
+        "rayClusterName": seen.cluster_name,
+        "serviceStatus": seen.rs_status.get("serviceStatus"),
+        "applicationStatus": seen.app_status,
+        "applicationMessage": seen.app_message,
     }
     status.update({k: v for k, v in optional.items() if v})
     return status
-
-

@@ -557,10 +557,10 @@ def test_a_valid_priority_class_is_quoted_into_the_pod():
 
 def test_the_charts_kube_version_is_the_documented_minimum():
     """docs/compatibility.md's minimum, as `tputorch doctor` holds it (test_doctor ties the two)."""
-    from tputorch.cli import doctor
+    from tputorch.cli.doctor.cluster import MIN_KUBERNETES
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["kubeVersion"] == ">={}.{}.0-0".format(*doctor.MIN_KUBERNETES)
+    assert chart["kubeVersion"] == ">={}.{}.0-0".format(*MIN_KUBERNETES)
 
 
 @needs_helm

@@ -7,7 +7,9 @@ import pytest
 
 from tputorch import render, timestamps
 from tputorch.api import spec
-from tputorch.cli import doctor_cluster, manage
+from tputorch.cli import manage
+from tputorch.cli.doctor.cluster import check_lease
+from tputorch.cli.doctor.result import FAIL, OK
 from tputorch.status import applied, attempts, kueue
 
 from .services import service_body
@@ -51,9 +53,9 @@ def test_each_caller_treats_an_unreadable_time_as_unknown():
     # tputorch doctor: a Lease renewed at an unknown time is held by no one
     lease = {"metadata": {"name": "tputorch-operator", "namespace": "tputorch-system"},
              "spec": {"holderIdentity": "op-0_ab12cd34", "renewTime": "garbage", "leaseDurationSeconds": 15}}
-    assert doctor_cluster.check_lease(lease, now).status == doctor_cluster.FAIL
+    assert check_lease(lease, now).status == FAIL
     lease["spec"]["renewTime"] = "2026-12-07T02:25:10.123456Z"
-    assert doctor_cluster.check_lease(lease, now).status == doctor_cluster.OK
+    assert check_lease(lease, now).status == OK
     # a pod deleted at an unknown time (or a job ended at one) cannot be told apart from a lost one
     pod = {"metadata": {"name": "demo-tpu-0", "deletionTimestamp": "garbage"}}
     assert not attempts.deleted_after(pod, "2026-12-07T02:24:17Z")

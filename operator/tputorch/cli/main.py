@@ -111,11 +111,12 @@ def cmd_topologies(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from . import client, doctor, doctor_read
+    from . import client, doctor
+    from .doctor import cluster, network, read
 
     specs = None
     if args.storage_path is not None:
-        from .smoke import storage_path_problem
+        from .doctor.smoke import storage_path_problem
 
         problem = ("--storage-path: only with --smoke (the probe object is written from the smoke's Ray job)"
                    if not args.smoke else storage_path_problem(args.storage_path))
@@ -135,20 +136,20 @@ def cmd_doctor(args) -> int:
     if specs:
         # an object without metadata.namespace (parsed as "default") goes to the context's namespace
         specs = [dataclasses.replace(s, namespace=api.namespace) if s.namespace == "default" else s for s in specs]
-    facts = doctor_read.read_facts(api.api_client, api.namespace, specs, timeout=args.timeout)
+    facts = read.read_facts(api.api_client, api.namespace, specs, timeout=args.timeout)
     results = doctor.run_checks(facts)
     if args.smoke:
-        from . import smoke
+        from .doctor import smoke
 
         deployments = facts["operator_deployments"]
-        operator_args = doctor.operator_args(deployments[0]) if isinstance(deployments, list) and deployments else []
+        operator_args = cluster.operator_args(deployments[0]) if isinstance(deployments, list) and deployments else []
         try:
             if args.smoke_policy_mode == "none":
                 operator_args = ["--no-network-policy"]
             elif args.smoke_policy_mode:
                 operator_args = ["--network-policy-mode", args.smoke_policy_mode]
                 operator_args += [a for p in args.smoke_policy_peer for a in ("--network-policy-peer", p)]
-            policy = doctor.policy_config(operator_args)
+            policy = network.policy_config(operator_args)
         except ValueError as err:
             print(f"--smoke-policy-peer: {err}", file=sys.stderr)
             return 2

@@ -9,8 +9,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tputorch.api import crd, spec
-from tputorch.cli import doctor, smoke
-from tputorch.cli.doctor import FAIL, OK, UNKNOWN, WARN, Unread
+from tputorch.cli import doctor
+from tputorch.cli.doctor import result as doctor_result, smoke
+from tputorch.cli.doctor.cluster import MIN_KUBERNETES, check_kubernetes, lease_names
+from tputorch.cli.doctor.kuberay import kuberay_version, representative_children, unserved_fields
+from tputorch.cli.doctor.kueue import KUEUE_LOCALQUEUE_CRD, check_kueue, kueue_frameworks, kueue_quota_check
+from tputorch.cli.doctor.pools import check_placement, check_pools, pools_table
+from tputorch.cli.doctor.result import FAIL, OK, UNKNOWN, WARN, Unread
+from tputorch.cli.doctor.rights import GCS_FUSE_DRIVER, RIGHTS, check_gcsfuse, check_rights
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 NOW = datetime(2026, 12, 2, 5, 0, 0, tzinfo=timezone.utc)
@@ -67,12 +73,12 @@ def kuberay_crd(schema: dict) -> dict:
 
 
 def healthy_facts() -> dict:
-    children = doctor.representative_children()
+    children = representative_children()
     crds = {c["metadata"]["name"]: copy.deepcopy(c) for c in crd.crd()}
     crds["rayjobs.ray.io"] = kuberay_crd(schema_for(children["RayJob"][0]))
     crds["rayservices.ray.io"] = kuberay_crd(schema_for(children["RayService"][0]))
     crds["rayclusters.ray.io"] = kuberay_crd({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
-    crds[doctor.KUEUE_LOCALQUEUE_CRD] = None
+    crds[KUEUE_LOCALQUEUE_CRD] = None
     return {
         "namespace": "team-a", "user": "alice",
         "version": {"major": "1", "minor": "33", "gitVersion": "v1.33.5-gke.1080000"},
@@ -92,8 +98,8 @@ def healthy_facts() -> dict:
         "kube_system_pods": [{"metadata": {"name": "anetd-x7k2p"}}, {"metadata": {"name": "kube-dns-1"}}],
         "kueue_installed": False, "kueue_config": None,
         "local_queues": {"team-a": []}, "quotas": {"team-a": []},
-        "gcsfuse_driver": {"metadata": {"name": doctor.GCS_FUSE_DRIVER}},
-        "rights": {r: True for r in doctor.RIGHTS},
+        "gcsfuse_driver": {"metadata": {"name": GCS_FUSE_DRIVER}},
+        "rights": {r: True for r in RIGHTS},
         "specs": None,
     }
 
@@ -113,7 +119,7 @@ def test_every_doc_link_names_a_heading_that_exists():
     def anchor(heading):  # GitHub's: lower case, punctuation dropped, spaces to dashes
         return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
-    links = {v for module in (doctor, smoke) for k, v in vars(module).items() if k.startswith("DOC_")}
+    links = {v for module in (doctor_result, smoke) for k, v in vars(module).items() if k.startswith("DOC_")}
     assert links
     for link in links:
         path, _, frag = link.partition("#")
@@ -125,24 +131,24 @@ def test_every_doc_link_names_a_heading_that_exists():
 def test_the_minimum_kubernetes_is_the_one_compatibility_md_states():
     text = (ROOT / "docs" / "compatibility.md").read_text()
     m = re.search(r"^\| Kubernetes \(the chart, the CRDs' CEL rules\) \| (\d+)\.(\d+) or later", text, re.M)
-    assert m and (int(m.group(1)), int(m.group(2))) == doctor.MIN_KUBERNETES
+    assert m and (int(m.group(1)), int(m.group(2))) == MIN_KUBERNETES
 
 
 @pytest.mark.parametrize("git,status", [("v1.28.9", FAIL), ("v1.29.0", OK), ("v1.34.4-gke.1", OK), ("weird", UNKNOWN)])
 def test_kubernetes_version(git, status):
-    (result,) = doctor.check_kubernetes({"major": "", "minor": "", "gitVersion": git})
+    (result,) = check_kubernetes({"major": "", "minor": "", "gitVersion": git})
     assert result.status == status
     if status == FAIL:
         assert "1.29" in result.fix and result.doc
 
 
 def test_an_unread_fact_is_unknown_never_ok():
-    (result,) = doctor.check_kubernetes(Unread("no answer within 10 s"))
+    (result,) = check_kubernetes(Unread("no answer within 10 s"))
     assert result.status == UNKNOWN and "no answer within 10 s" in result.message
     facts = healthy_facts()
     for key in ("nodes", "mutating_webhooks", "operator_deployments", "kube_system_pods", "gcsfuse_driver"):
         facts[key] = Unread("forbidden")
-    facts["rights"] = {r: Unread("x") for r in doctor.RIGHTS}
+    facts["rights"] = {r: Unread("x") for r in RIGHTS}
     got = statuses(doctor.run_checks(facts, NOW))
     for check in ("tpu-pools", "tpu-webhook", "operator", "network-policy", "gcsfuse", "rights"):
         assert got[check] == UNKNOWN, check
@@ -187,7 +193,7 @@ def test_an_operator_outside_a_deployment_is_a_warning_when_it_holds_the_lease()
 
 def test_a_kuberay_crd_without_a_field_the_operator_writes_fails_naming_it():
     facts = healthy_facts()
-    rayjob = doctor.representative_children()["RayJob"][0]
+    rayjob = representative_children()["RayJob"][0]
     facts["crds"]["rayjobs.ray.io"] = kuberay_crd(schema_for(rayjob, drop="spec.rayClusterSpec.authOptions.secretName"))
     result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-crd/rayjobs.ray.io"]
     assert result.status == FAIL and result.details == ["spec.rayClusterSpec.authOptions.secretName"]
@@ -195,7 +201,7 @@ def test_a_kuberay_crd_without_a_field_the_operator_writes_fails_naming_it():
 
 
 def test_the_children_checked_carry_the_optional_fields_the_operator_writes():
-    children = doctor.representative_children()
+    children = representative_children()
     cluster = children["RayJob"][0]["spec"]["rayClusterSpec"]
     assert cluster["authOptions"]["secretName"]
     assert any("labels" in g for g in cluster["workerGroupSpecs"])
@@ -212,7 +218,7 @@ def test_the_children_checked_carry_the_optional_fields_the_operator_writes():
 @pytest.mark.parametrize("field", ["spec.serveService", "spec.rayClusterDeletionDelaySeconds"])
 def test_a_rayservice_crd_without_a_serving_field_fails_naming_it(field):
     facts = healthy_facts()
-    rayservice = doctor.representative_children()["RayService"][0]
+    rayservice = representative_children()["RayService"][0]
     facts["crds"]["rayservices.ray.io"] = kuberay_crd(schema_for(rayservice, drop=field))
     result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-crd/rayservices.ray.io"]
     assert result.status == FAIL and result.details == [field]
@@ -224,7 +230,7 @@ def test_unserved_fields_follow_lists_maps_and_preserved_subtrees():
         "m": {"type": "object", "additionalProperties": {"type": "string"}},
         "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}
     body = {"a": [{"x": "1"}, {"x": "2", "y": 3}, {"y": 4}], "m": {"k": "v"}, "free": {"any": {"thing": 1}}, "z": 1}
-    assert doctor.unserved_fields(body, schema) == ["a[].y", "z"]
+    assert unserved_fields(body, schema) == ["a[].y", "z"]
 
 
 def test_missing_kuberay_crd_and_known_bad_version():
@@ -248,7 +254,7 @@ def test_missing_kuberay_crd_and_known_bad_version():
 ])
 def test_kuberay_version_from_the_image(image, version):
     deployment = {"spec": {"template": {"spec": {"containers": [{"image": image}]}}}}
-    assert doctor.kuberay_version([deployment]) == version
+    assert kuberay_version([deployment]) == version
 
 
 def test_no_kuberay_deployment_as_on_gkes_add_on_is_unknown_and_says_why():
@@ -279,37 +285,37 @@ def test_no_tpu_webhook_fails_and_no_validating_one_warns():
 # ---------------------------------------------------------------- TPU pools
 
 def test_the_pool_table_names_shape_hosts_and_capacity():
-    rows = {r["pool"]: r for r in doctor.check_pools(healthy_facts()["nodes"])[0].details}
+    rows = {r["pool"]: r for r in check_pools(healthy_facts()["nodes"])[0].details}
     want = {"accelerator": "v6e", "topology": "4x4", "hosts": 4, "nodes": 4, "slices": 1, "capacity": "on-demand",
             "machineType": "ct6e-standard-4t"}
     assert {k: rows["tpu-v6e-4x4"][k] for k in want} == want
     assert rows["v6e-2x2-spot"]["capacity"] == "spot" and rows["v6e-2x2-spot"]["hosts"] == 1
-    text = "\n".join(doctor.pools_table(list(rows.values())))
+    text = "\n".join(pools_table(list(rows.values())))
     assert re.search(r"^tpu-v6e-4x4 +v6e +4x4 +4 +ct6e-standard-4t +4 +1 +on-demand$", text, re.M), text
 
 
 def test_a_pool_one_node_short_fails_and_an_extra_node_warns():
-    short = doctor.check_pools(pool("p", 3))
+    short = check_pools(pool("p", 3))
     assert {r.check: r.status for r in short}["tpu-pool/p"] == FAIL
     assert "1 short" in short[-1].message and "multiple of 4" in short[-1].fix
     assert short[0].status == FAIL  # no slice can run at all
-    extra = {r.check: r.status for r in doctor.check_pools(pool("p", 5))}
+    extra = {r.check: r.status for r in check_pools(pool("p", 5))}
     assert extra == {"tpu-pools": OK, "tpu-pool/p": WARN}
     not_ready = pool("p", 3) + [node("p-3", "p", ready=False)]
-    assert "(1 not ready)" in doctor.check_pools(not_ready)[-1].message
+    assert "(1 not ready)" in check_pools(not_ready)[-1].message
 
 
 def test_ambiguous_and_impossible_pool_labels():
-    ambiguous = doctor.check_pools(pool("a", 2, topo="2x4", machine=None))
+    ambiguous = check_pools(pool("a", 2, topo="2x4", machine=None))
     assert ambiguous[-1].status == WARN and "ambiguous" in ambiguous[-1].message
-    resolved = doctor.check_pools(pool("a", 2, topo="2x4", machine="ct6e-standard-4t"))
+    resolved = check_pools(pool("a", 2, topo="2x4", machine="ct6e-standard-4t"))
     assert resolved[0].details[0]["hosts"] == 2 and resolved[0].details[0]["slices"] == 1
-    wrong = doctor.check_pools(pool("w", 1, topo="3x3"))
+    wrong = check_pools(pool("w", 1, topo="3x3"))
     assert wrong[-1].status == FAIL and "'3x3'" in wrong[-1].message
 
 
 def test_flex_start_and_reservation_capacity():
-    rows = doctor.check_pools(pool("f", 4, **{"cloud.google.com/gke-flex-start": "true"})
+    rows = check_pools(pool("f", 4, **{"cloud.google.com/gke-flex-start": "true"})
                               + pool("r", 4, **{"cloud.google.com/reservation-name": "res-1"}))[0].details
     assert {r["pool"]: r["capacity"] for r in rows} == {"f": "flex-start", "r": "reservation res-1"}
 
@@ -326,14 +332,14 @@ def job(topo="4x4", **tpu_and_spec):
 
 def test_for_names_the_pool_or_why_none_fits():
     facts = healthy_facts()
-    (ok,) = doctor.check_placement([job()], facts["nodes"], facts["quotas"], facts["local_queues"])
+    (ok,) = check_placement([job()], facts["nodes"], facts["quotas"], facts["local_queues"])
     assert ok.status == OK and "tpu-v6e-4x4" in ok.message
-    (none,) = doctor.check_placement([job("8x8")], facts["nodes"], facts["quotas"], facts["local_queues"])
+    (none,) = check_placement([job("8x8")], facts["nodes"], facts["quotas"], facts["local_queues"])
     assert none.status == FAIL and "no node pool is a tpu-v6e-slice 8x8 slice" in none.message
     assert "--tpu-topology=8x8 --num-nodes=16" in none.fix
-    (spot,) = doctor.check_placement([job(spot=True)], facts["nodes"], facts["quotas"], facts["local_queues"])
+    (spot,) = check_placement([job(spot=True)], facts["nodes"], facts["quotas"], facts["local_queues"])
     assert spot.status == FAIL and "not its capacity (spot)" in spot.message
-    (spot_ok,) = doctor.check_placement([job("2x2", spot=True)], facts["nodes"], facts["quotas"], facts["local_queues"])
+    (spot_ok,) = check_placement([job("2x2", spot=True)], facts["nodes"], facts["quotas"], facts["local_queues"])
     assert spot_ok.status == OK and "v6e-2x2-spot" in spot_ok.message
 
 
@@ -341,11 +347,11 @@ def test_for_counts_the_namespace_quota_and_the_local_queue():
     facts = healthy_facts()
     quota = {"metadata": {"name": "tpu"}, "status": {"hard": {"requests.google.com/tpu": "16"},
                                                      "used": {"requests.google.com/tpu": "4"}}}
-    (q,) = doctor.check_placement([job()], facts["nodes"], {"team-a": [quota]}, facts["local_queues"])
+    (q,) = check_placement([job()], facts["nodes"], {"team-a": [quota]}, facts["local_queues"])
     assert q.status == FAIL and "leaves 12 chips, 16 needed" in q.message
-    (lq,) = doctor.check_placement([job(queueName="research")], facts["nodes"], facts["quotas"], {"team-a": []})
+    (lq,) = check_placement([job(queueName="research")], facts["nodes"], facts["quotas"], {"team-a": []})
     assert lq.status == FAIL and "no Kueue LocalQueue 'research'" in lq.message
-    (fine,) = doctor.check_placement([job(queueName="research")], facts["nodes"], facts["quotas"],
+    (fine,) = check_placement([job(queueName="research")], facts["nodes"], facts["quotas"],
                                      {"team-a": [{"metadata": {"name": "research"}}]})
     assert fine.status == OK
 
@@ -366,26 +372,26 @@ def test_for_a_host_whose_disk_volumes_fit_no_nodes_disk():
     the scheduler adds; a node of GKE's default 100 GB boot disk allocates about 47 GB (47093746742
     bytes: 43.86Gi, said as 43.8Gi: rounded down, never overstated)."""
     small = with_disk(pool("tpu-v6e-4x4", 4), "47093746742")
-    (fail,) = doctor.check_placement([job(volumes=CACHED_WEIGHTS)], small, {}, {})
+    (fail,) = check_placement([job(volumes=CACHED_WEIGHTS)], small, {}, {})
     assert fail.status == FAIL
     assert ("each host asks for 106Gi ephemeral-storage (101Gi for Ray + 5Gi for GKE's Cloud Storage FUSE sidecar); "
             "the nodes of tpu-v6e-4x4 allocate 43.8Gi") in fail.message
     # the sidecar's request as spec.gcsFuseSidecar sets it
-    (fail,) = doctor.check_placement([job(volumes=CACHED_WEIGHTS, gcsFuseSidecar={"ephemeralStorageRequest": "2Gi"})], small, {}, {})
+    (fail,) = check_placement([job(volumes=CACHED_WEIGHTS, gcsFuseSidecar={"ephemeralStorageRequest": "2Gi"})], small, {}, {})
     assert "each host asks for 103Gi ephemeral-storage (101Gi for Ray + 2Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message
     # a sidecar alone can be too much for a node too: 40Gi + 5Gi on a node allocating 43.8Gi
     scratch = [{"name": "s", "mountPath": "/s", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "39Gi"}},
                {"name": "b", "mountPath": "/b", "mountOn": ["worker"], "gcs": {"bucket": "data"}}]
-    (fail,) = doctor.check_placement([job(volumes=scratch)], small, {}, {})
+    (fail,) = check_placement([job(volumes=scratch)], small, {}, {})
     assert "each host asks for 45Gi ephemeral-storage (40Gi for Ray + 5Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message
     # without the cache nothing is asked; a pool of 300 GB disks (here 250Gi allocatable) holds it
-    (plain,) = doctor.check_placement([job()], small, {}, {})
+    (plain,) = check_placement([job()], small, {}, {})
     assert plain.status == OK
     big = with_disk(pool("big-4x4", 4), "250Gi")
-    (ok,) = doctor.check_placement([job(volumes=CACHED_WEIGHTS)], small + big, {}, {})
+    (ok,) = check_placement([job(volumes=CACHED_WEIGHTS)], small + big, {}, {})
     assert ok.status == OK and "would land on pool big-4x4 (1 slice(s))" in ok.message
     # nodes that report no allocatable ephemeral-storage are not judged
-    (unknown,) = doctor.check_placement([job(volumes=CACHED_WEIGHTS)], pool("tpu-v6e-4x4", 4), {}, {})
+    (unknown,) = check_placement([job(volumes=CACHED_WEIGHTS)], pool("tpu-v6e-4x4", 4), {}, {})
     assert unknown.status == OK
 
 
@@ -416,7 +422,7 @@ RESEARCH = {"team-a": [{"metadata": {"name": "research"}, "spec": {"clusterQueue
 
 def placed(cqs, flavors=(V6E_4X4, V6E_2X2), queues=RESEARCH, **spec_fields):
     facts = healthy_facts()
-    (result,) = doctor.check_placement([job(queueName="research", **spec_fields)], facts["nodes"], facts["quotas"],
+    (result,) = check_placement([job(queueName="research", **spec_fields)], facts["nodes"], facts["quotas"],
                                        queues, cqs, list(flavors))
     return result
 
@@ -459,15 +465,15 @@ def test_for_a_queued_job_whose_cluster_queue_is_missing_inactive_or_does_not_co
 
 
 def test_for_a_queued_job_says_what_it_could_not_read_of_kueue():
-    unread = placed(doctor.Unread("clusterqueues.kueue.x-k8s.io is forbidden"))
+    unread = placed(Unread("clusterqueues.kueue.x-k8s.io is forbidden"))
     assert unread.status == UNKNOWN and "Kueue's side not checked: Kueue's ClusterQueues unreadable" in unread.message
-    lq_unread = placed([], queues={"team-a": doctor.Unread("timeout")})
+    lq_unread = placed([], queues={"team-a": Unread("timeout")})
     assert lq_unread.status == UNKNOWN and "LocalQueue 'research' unreadable (timeout)" in lq_unread.message
     assert "pool tpu-v6e-4x4" in lq_unread.message
 
 
 class FakeApiClient:
-    """The two calls doctor_read.Reader makes of a kubernetes ApiClient, answered from `objects`
+    """The two calls doctor.read.Reader makes of a kubernetes ApiClient, answered from `objects`
     (path -> JSON; any other path 404, as the API server says for what is not there)."""
 
     def __init__(self, objects: dict):
@@ -490,14 +496,14 @@ class FakeApiClient:
 
 
 def test_for_reads_the_cluster_queues_and_flavors_of_a_queued_job_through_the_api():
-    from tputorch.cli import doctor_read
+    from tputorch.cli.doctor import read as doctor_read
 
-    lq_crd = {"metadata": {"name": doctor.KUEUE_LOCALQUEUE_CRD},
+    lq_crd = {"metadata": {"name": KUEUE_LOCALQUEUE_CRD},
               "spec": {"versions": [{"name": "v1beta1", "served": True}, {"name": "v1beta2", "served": True, "storage": True}]}}
     kueue = "/apis/kueue.x-k8s.io/v1beta2"
     api = FakeApiClient({
         "/version": healthy_facts()["version"],
-        doctor_read.CRD_PATH + doctor.KUEUE_LOCALQUEUE_CRD: lq_crd,
+        doctor_read.CRD_PATH + KUEUE_LOCALQUEUE_CRD: lq_crd,
         "/api/v1/nodes": {"items": healthy_facts()["nodes"]},
         f"{kueue}/namespaces/team-a/localqueues": {"items": RESEARCH["team-a"]},
         f"{kueue}/clusterqueues": {"items": [cluster_queue(**{"v6e-4x4": (8, None)})]},
@@ -542,20 +548,20 @@ def test_network_policy_heuristic_and_the_operators_mode():
 
 def test_kueue_integrations_and_local_queues():
     config = {"data": {"controller_manager_config.yaml": "integrations:\n  frameworks: [batch/job, ray.io/rayjob]\n"}}
-    frameworks = doctor.kueue_frameworks(config)
-    results = {r.check: r for r in doctor.check_kueue(True, frameworks, [], "team-a")}
+    frameworks = kueue_frameworks(config)
+    results = {r.check: r for r in check_kueue(True, frameworks, [], "team-a")}
     assert results["kueue-integrations"].status == FAIL and "ray.io/rayservice" in results["kueue-integrations"].message
     assert results["kueue-localqueues"].status == WARN
-    ok = statuses(doctor.check_kueue(True, ["ray.io/rayjob", "ray.io/rayservice"], [{"metadata": {"name": "q"}}], "a"))
+    ok = statuses(check_kueue(True, ["ray.io/rayjob", "ray.io/rayservice"], [{"metadata": {"name": "q"}}], "a"))
     assert ok == {"kueue-integrations": OK, "kueue-localqueues": OK}
-    assert statuses(doctor.check_kueue(True, None, [], "a"))["kueue-integrations"] == UNKNOWN
-    assert statuses(doctor.check_kueue(False, None, [], "a")) == {"kueue": OK}
+    assert statuses(check_kueue(True, None, [], "a"))["kueue-integrations"] == UNKNOWN
+    assert statuses(check_kueue(False, None, [], "a")) == {"kueue": OK}
 
 
 def test_gcsfuse_and_rights():
-    assert doctor.check_gcsfuse(None)[0].status == WARN
-    rights = {r: r[2] != "pods" for r in doctor.RIGHTS}
-    (result,) = doctor.check_rights(rights, "team-a", "system:serviceaccount:team-a:bot")
+    assert check_gcsfuse(None)[0].status == WARN
+    rights = {r: r[2] != "pods" for r in RIGHTS}
+    (result,) = check_rights(rights, "team-a", "system:serviceaccount:team-a:bot")
     assert result.status == FAIL and "list pods" in result.message and "get pods/log" in result.message
     assert "rolebinding" in result.fix
 
@@ -576,9 +582,9 @@ def test_text_and_json_output():
 def test_the_lease_is_the_one_the_deployment_names():
     d = {"metadata": {"namespace": "ops"}, "spec": {"template": {"spec": {"containers": [{"args": [
         "run", "--leader-elect", "--lease-name", "prod-tputorch-operator"]}]}}}}
-    assert doctor.lease_names([d]) == [("ops", "prod-tputorch-operator")]
+    assert lease_names([d]) == [("ops", "prod-tputorch-operator")]
     d["spec"]["template"]["spec"]["containers"][0]["args"] = ["run"]
-    assert doctor.lease_names([d]) == []
+    assert lease_names([d]) == []
 
 
 def test_kueue_podsets_says_how_many_groups_a_queued_job_may_have_under_the_installed_kueue():
@@ -625,9 +631,9 @@ def test_for_a_queued_host_with_disk_volumes_under_a_kueue_config_that_leaves_di
 
     def with_config(text):
         facts = healthy_facts()
-        (result,) = doctor.check_placement([job(queueName="research", volumes=CACHED_WEIGHTS)], facts["nodes"],
+        (result,) = check_placement([job(queueName="research", volumes=CACHED_WEIGHTS)], facts["nodes"],
                                            facts["quotas"], RESEARCH, cq, [V6E_4X4, V6E_2X2],
-                                           doctor.kueue_quota_check(text if not isinstance(text, str) else kueue_config(text)))
+                                           kueue_quota_check(text if not isinstance(text, str) else kueue_config(text)))
         return result
 
     v1beta1 = "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\nresources:\n  excludeResourcePrefixes: [ephemeral-storage]\n"
@@ -648,7 +654,7 @@ def test_for_a_queued_host_with_disk_volumes_under_a_kueue_config_that_leaves_di
     assert plain.status == FAIL and "covers no ephemeral-storage" in plain.message
     assert with_config(None).status == FAIL
     # the config map unreadable: whether it leaves disk out is not known, so no ✗
-    unread = with_config(doctor.Unread("configmaps is forbidden"))
+    unread = with_config(Unread("configmaps is forbidden"))
     assert unread.status == UNKNOWN
     assert ("covers no ephemeral-storage, which the pods ask for, and whether Kueue's config leaves them out of "
             "quota is unknown: kueue-system/kueue-manager-config unreadable (configmaps is forbidden)") in unread.message
@@ -660,8 +666,8 @@ def test_a_kueue_config_that_leaves_the_tpu_out_of_quota_needs_no_tpu_flavor():
     facts = healthy_facts()
     for text in ("apiVersion: config.kueue.x-k8s.io/v1beta2\nresources:\n  quotaCheckStrategy: IgnoreUndeclared\n",
                  "apiVersion: config.kueue.x-k8s.io/v1beta1\nresources:\n  excludeResourcePrefixes: [google.com/]\n"):
-        (result,) = doctor.check_placement([job(queueName="research")], facts["nodes"], facts["quotas"], RESEARCH,
-                                           no_tpu, [V6E_4X4], doctor.kueue_quota_check(kueue_config(text)))
+        (result,) = check_placement([job(queueName="research")], facts["nodes"], facts["quotas"], RESEARCH,
+                                           no_tpu, [V6E_4X4], kueue_quota_check(kueue_config(text)))
         assert result.status == OK, (text, result)
 
 

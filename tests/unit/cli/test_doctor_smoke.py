@@ -10,7 +10,8 @@ import pytest
 
 from tputorch import render, train
 from tputorch.api import network
-from tputorch.cli import doctor, smoke, storage_probe
+from tputorch.cli.doctor import smoke, storage_probe
+from tputorch.cli.doctor.result import FAIL, OK, UNKNOWN
 
 
 def test_the_probe_is_the_operators_rayjob_with_no_tpu_host():
@@ -34,17 +35,17 @@ def status(**st):
 def test_verdicts():
     assert smoke.verdict(status(jobDeploymentStatus="Running", jobStatus="RUNNING"), 5, 60) is None
     (ok,) = smoke.verdict(status(jobDeploymentStatus="Complete", jobStatus="SUCCEEDED"), 5, 60)
-    assert ok.status == doctor.OK
+    assert ok.status == OK
     (unreachable,) = smoke.verdict(status(jobDeploymentStatus="Failed", reason="JobDeploymentStatusTransitionGracePeriodExceeded",
                                           message="..."), 40, 60)
-    assert unreachable.status == doctor.FAIL and "KubeRay could not reach the Ray dashboard" in unreachable.message
+    assert unreachable.status == FAIL and "KubeRay could not reach the Ray dashboard" in unreachable.message
     assert "networkPolicy.mode=open" in unreachable.fix
     (failed,) = smoke.verdict(status(jobDeploymentStatus="Failed", jobStatus="FAILED", message="exit 1"), 40, 60)
-    assert failed.status == doctor.FAIL and "exit 1" in failed.message and "could not reach" not in failed.message
+    assert failed.status == FAIL and "exit 1" in failed.message and "could not reach" not in failed.message
     (stuck,) = smoke.verdict(status(jobDeploymentStatus="Initializing", rayClusterStatus={"state": "ready"}), 61, 60)
     assert "could not reach the Ray dashboard" in stuck.message
     (late,) = smoke.verdict(status(jobDeploymentStatus="Running", jobStatus="RUNNING"), 61, 60)
-    assert late.status == doctor.FAIL and "no outcome within 60 s" in late.message
+    assert late.status == FAIL and "no outcome within 60 s" in late.message
 
 
 # ---------------------------------------------------------------- --storage-path
@@ -119,7 +120,7 @@ def test_storage_path_problems_name_the_flag_and_the_value(uri, problem):
 
 def test_storage_verdicts():
     done = smoke.verdict(status(jobDeploymentStatus="Complete", jobStatus="SUCCEEDED"), 5, 60, STORAGE)
-    assert [(r.check, r.status) for r in done] == [("smoke", doctor.OK), ("smoke-storage", doctor.OK)]
+    assert [(r.check, r.status) for r in done] == [("smoke", OK), ("smoke-storage", OK)]
     assert "gs://bucket/runs as ServiceAccount team-a/ray-tpu" in done[1].message
 
     line = ("tputorch-doctor-storage: could not write gs://bucket/runs/.tputorch-doctor-probe-1: OSError: "
@@ -127,9 +128,9 @@ def test_storage_verdicts():
             "storage.objects.create access)")
     got = by_check(smoke.verdict(status(jobDeploymentStatus="Failed", jobStatus="FAILED",
                                         message=RAY_FAILED.format(line=line)), 40, 60, STORAGE))
-    assert got["smoke"].status == doctor.OK  # the Ray job ran and KubeRay read its end: only the storage failed
+    assert got["smoke"].status == OK  # the Ray job ran and KubeRay read its end: only the storage failed
     fail = got["smoke-storage"]
-    assert fail.status == doctor.FAIL
+    assert fail.status == FAIL
     assert fail.message.startswith("smoke: could not write gs://bucket/runs/.tputorch-doctor-probe-1 as ServiceAccount "
                                    "team-a/ray-tpu: OSError: google::cloud::Status(PERMISSION_DENIED")
     assert "roles/storage.objectUser" in fail.fix and fail.doc == smoke.DOC_STORAGE
@@ -142,12 +143,12 @@ def test_storage_verdicts():
     # a failure before the storage probe: the smoke's own ✗, the storage not reached (?)
     got = by_check(smoke.verdict(status(jobDeploymentStatus="Failed", reason="JobDeploymentStatusTransitionGracePeriodExceeded",
                                         message="..."), 40, 60, STORAGE))
-    assert "could not reach the Ray dashboard" in got["smoke"].message and got["smoke-storage"].status == doctor.UNKNOWN
+    assert "could not reach the Ray dashboard" in got["smoke"].message and got["smoke-storage"].status == UNKNOWN
     # a storage error text mentioning a refused connection is still the storage's, not the dashboard's
     refused = line.replace("PERMISSION_DENIED", "UNAVAILABLE: connection refused")
     got = by_check(smoke.verdict(status(jobDeploymentStatus="Failed", jobStatus="FAILED",
                                         message=RAY_FAILED.format(line=refused)), 40, 60, STORAGE))
-    assert got["smoke"].status == doctor.OK and got["smoke-storage"].status == doctor.FAIL
+    assert got["smoke"].status == OK and got["smoke-storage"].status == FAIL
 
 
 class FakeFs:
@@ -222,6 +223,6 @@ def test_the_entrypoint_writes_reads_and_removes_through_pyarrow_on_a_local_path
     (got,) = smoke.verdict(status(jobDeploymentStatus="Failed", jobStatus="FAILED",
                                   message=RAY_FAILED.format(line=refused.stdout.strip())), 40, 60,
                            smoke.Storage(f"file://{tmp_path}/file/ckpt", "ns/default"))[1:]
-    assert got.status == doctor.FAIL
+    assert got.status == FAIL
     assert got.message.startswith(f"smoke: could not create the directory file://{tmp_path}/file/ckpt as "
                                   "ServiceAccount ns/default: "), got.message

@@ -4,10 +4,10 @@ operator's policy mode admits KubeRay to the Ray dashboard.
 
 from __future__ import annotations
 
-from ..api import network
-from .. import render
-from .doctor_base import DOC_NETWORK, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown
-from .doctor_cluster import operator_args
+from ...api import network
+from ... import render
+from .result import DOC_NETWORK, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown
+from .cluster import operator_args
 
 
 # kube-system pods of CNIs that enforce NetworkPolicy (GKE Dataplane V2 is anetd, i.e. Cilium).

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from kubernetes.client.rest import ApiException
 
-from ..api import crd, spec
-from ..api.common import DEFAULTS
-from .. import render
-from .doctor import DOC_NETWORK, DOCS, FAIL, OK, UNKNOWN, Result
+from ...api import crd, spec
+from ...api.common import DEFAULTS
+from ... import render
+from .result import DOC_NETWORK, DOCS, FAIL, OK, UNKNOWN, Result
 from . import storage_probe
 
 RAY_PROBE = "import ray; ray.init(); print('tputorch doctor smoke: ok')"
@@ -239,7 +239,7 @@ def run(api_client, namespace: str, image: str, policy: render.NetworkPolicyConf
         results.append(Result("smoke", FAIL, "smoke: interrupted; what it made is deleted"))
         raise KeyboardInterrupt from None
     except ApiException as err:
-        from .client import api_error_message
+        from ..client import api_error_message
         results.append(Result("smoke", FAIL, f"smoke: the API server refused the probe: {api_error_message(err)}",
                               "run it as someone who may create RayJobs, Secrets and NetworkPolicies in the namespace",
                               DOC_SMOKE))

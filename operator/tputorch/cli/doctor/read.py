@@ -1,6 +1,6 @@
 """The reads `tputorch doctor` makes: plain GETs (and SelfSubjectAccessReviews) with the user's
 kubeconfig, each bounded in time, run side by side. What could not be read becomes an
-`Unread` with the reason; every decision is in doctor.py and the doctor_* module of its area.
+`Unread` with the reason; every decision is in the check module of its area.
 """
 
 from __future__ import annotations
@@ -12,14 +12,20 @@ from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
-from . import client, doctor
-from ..api import crd, topology
+from .. import client
+from ...api import crd, topology
+from ...status.kueue import WORKLOAD_CRD
+from .cluster import LEASE_NAME, lease_names
+from .kuberay import KUBERAY_CRDS
+from .kueue import KUEUE_LOCALQUEUE_CRD
+from .result import Unread
+from .rights import GCS_FUSE_DRIVER, RIGHTS
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
 OPERATOR_SELECTOR = "app.kubernetes.io/part-of=tputorch,app.kubernetes.io/component=operator"
 # KubeRay's Helm chart labels its Deployment kuberay-operator, its kustomize manifests kuberay (as
 # `kubectl ray version` looks for it). GKE's Ray Operator add-on runs KubeRay outside the cluster:
-# no Deployment of it is there to find (doctor.check_kuberay says so).
+# no Deployment of it is there to find (kuberay.check_kuberay says so).
 KUBERAY_SELECTOR = "app.kubernetes.io/name in (kuberay-operator,kuberay)"
 MAX_CONNECTIONS = 10  # the Kubernetes client's connection pool: more threads would each open their own
 
@@ -53,12 +59,12 @@ def _reason(err: BaseException) -> str:
 
 
 def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 10.0) -> dict:
-    """Everything the checks look at (doctor.run_checks). Each read runs in its own thread and is
+    """Everything the checks look at (run_checks in __init__.py). Each read runs in its own thread and is
     given `timeout` seconds; one that errs or takes longer is an Unread, the rest still count."""
     r = Reader(api_client, timeout)
     namespaces = sorted({namespace} | {s.namespace for s in specs or []})
-    crd_names = [crd.NAME, crd.SERVICE_NAME, *doctor.KUBERAY_CRDS.values(), doctor.KUEUE_LOCALQUEUE_CRD,
-                 doctor.WORKLOAD_CRD]
+    crd_names = [crd.NAME, crd.SERVICE_NAME, *KUBERAY_CRDS.values(), KUEUE_LOCALQUEUE_CRD,
+                 WORKLOAD_CRD]
     reads: dict[str, Callable[[], object]] = {
         "version": lambda: r.call("/version"),
         "user": lambda: (((r.call("/apis/authentication.k8s.io/v1/selfsubjectreviews", "POST", body={
@@ -72,13 +78,13 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
         "nodes": lambda: r.items("/api/v1/nodes", labelSelector=topology.GKE_ACCELERATOR_LABEL),
         "kube_system_pods": lambda: r.items("/api/v1/namespaces/kube-system/pods"),
         "kueue_config": lambda: r.call("/api/v1/namespaces/kueue-system/configmaps/kueue-manager-config"),
-        "gcsfuse_driver": lambda: r.call(f"/apis/storage.k8s.io/v1/csidrivers/{doctor.GCS_FUSE_DRIVER}"),
+        "gcsfuse_driver": lambda: r.call(f"/apis/storage.k8s.io/v1/csidrivers/{GCS_FUSE_DRIVER}"),
     }
     for name in crd_names:
         reads[f"crd:{name}"] = lambda name=name: r.call(CRD_PATH + name)
     for ns in namespaces:
         reads[f"quota:{ns}"] = lambda ns=ns: r.items(f"/api/v1/namespaces/{ns}/resourcequotas")
-    for right in doctor.RIGHTS:
+    for right in RIGHTS:
         verb, group, resource, sub, _ = right
         reads[f"right:{right}"] = lambda verb=verb, group=group, resource=resource, sub=sub: (
             (r.call("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "POST", body={
@@ -92,12 +98,12 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
                                         "mutating_webhooks", "validating_webhooks", "nodes", "kube_system_pods",
                                         "kueue_config", "gcsfuse_driver")}
     facts["namespace"] = namespace
-    facts["user"] = None if isinstance(got["user"], doctor.Unread) else got["user"]
+    facts["user"] = None if isinstance(got["user"], Unread) else got["user"]
     facts["crds"] = {name: got[f"crd:{name}"] for name in crd_names}
-    lq_crd = facts["crds"][doctor.KUEUE_LOCALQUEUE_CRD]
-    facts["kueue_installed"] = lq_crd if isinstance(lq_crd, doctor.Unread) else lq_crd is not None
+    lq_crd = facts["crds"][KUEUE_LOCALQUEUE_CRD]
+    facts["kueue_installed"] = lq_crd if isinstance(lq_crd, Unread) else lq_crd is not None
     facts["quotas"] = {ns: got[f"quota:{ns}"] for ns in namespaces}
-    facts["rights"] = {right: got[f"right:{right}"] for right in doctor.RIGHTS}
+    facts["rights"] = {right: got[f"right:{right}"] for right in RIGHTS}
     facts["specs"] = specs
     facts["local_queues"] = _local_queues(r, lq_crd, namespaces, timeout)
     facts["cluster_queues"], facts["resource_flavors"] = _kueue_quota(r, lq_crd, specs, timeout)
@@ -107,18 +113,18 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
 def _lease(r: Reader) -> dict | None:
     """The operator's leader Lease: the one its Deployment names, else any Lease of the default
     name (an operator run outside a Deployment), the most recently renewed."""
-    named = doctor.lease_names(r.items("/apis/apps/v1/deployments", labelSelector=OPERATOR_SELECTOR))
+    named = lease_names(r.items("/apis/apps/v1/deployments", labelSelector=OPERATOR_SELECTOR))
     if named:
         leases = [r.call(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}") for ns, name in named]
     else:
-        leases = r.items("/apis/coordination.k8s.io/v1/leases", fieldSelector=f"metadata.name={doctor.LEASE_NAME}")
+        leases = r.items("/apis/coordination.k8s.io/v1/leases", fieldSelector=f"metadata.name={LEASE_NAME}")
     return max((lease for lease in leases if lease), default=None,
                key=lambda lease: (lease.get("spec") or {}).get("renewTime") or "")
 
 
 def _local_queues(r: Reader, lq_crd, namespaces: list[str], timeout: float) -> dict:
     """namespace -> its LocalQueues (through the CRD's storage version), [] without Kueue."""
-    if isinstance(lq_crd, doctor.Unread):
+    if isinstance(lq_crd, Unread):
         return {ns: lq_crd for ns in namespaces}
     if lq_crd is None:
         return {ns: [] for ns in namespaces}
@@ -156,9 +162,9 @@ def _run(reads: dict[str, Callable[[], object]], timeout: float) -> dict:
             try:
                 out[key] = future.result(timeout=max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
-                out[key] = doctor.Unread(f"no answer within {timeout:g} s")
+                out[key] = Unread(f"no answer within {timeout:g} s")
             except Exception as err:  # the API's refusal or a dropped connection: that check says ?
-                out[key] = doctor.Unread(_reason(err))
+                out[key] = Unread(_reason(err))
         return out
     finally:
         pool.shutdown(wait=False, cancel_futures=True)

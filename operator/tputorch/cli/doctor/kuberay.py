@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import crd, spec
-from .. import render
-from .doctor_base import (DOC_COMPAT_KUBERAY, DOC_WEBHOOK, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown,
+from ...api import crd, spec
+from ... import render
+from .result import (DOC_COMPAT_KUBERAY, DOC_WEBHOOK, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown,
                           parse_version)
 
 

@@ -1,13 +1,21 @@
 """`tputorch doctor`: can this cluster run a TPUTorchJob and a TPUTorchService, and what to fix.
 
-Every check is a pure function over what doctor_read.py read from the cluster (plain dicts, as the
-API returns them), so each is tested with dicts. A fact that could not be read is an `Unread`
-(its reason), and a check over it says `?`, never `✓`. Each result: ok ✓, fail ✗ (with the fix and
-the doc section), warn ! or unknown ?. Exit code 0 when nothing failed, else 1.
+Every check is a pure function over what read.py read from the cluster (plain dicts, as the API
+returns them), so each is tested with dicts. A fact that could not be read is an `Unread` (its
+reason), and a check over it says `?`, never `✓`. Each result: ok ✓, fail ✗ (with the fix and the
+doc section), warn ! or unknown ?. Exit code 0 when nothing failed, else 1.
 
-The checks live per area beside this module (doctor_cluster, doctor_kuberay, doctor_pools,
-doctor_network, doctor_kueue, doctor_rights; doctor_base what they share); this module puts them
-together and is what the CLI, smoke.py, doctor_read.py and the tests import.
+The checks, one module per area:
+  cluster.py   the API server's version, this operator's CRDs, its Deployment and leader Lease
+  kuberay.py   KubeRay: its CRDs serve what the operator writes, its version, the Ray TPU webhook
+  pools.py     the TPU node pools, and (--for FILE) whether a job or service can ever be placed
+  kueue.py     Kueue's Ray integrations, LocalQueues and pod-set cap; whether a queue can ever admit
+  network.py   NetworkPolicy enforcement and the operator's policy mode
+  rights.py    the GCS FUSE CSI driver and the caller's own rights in the namespace
+  result.py    what they share: the statuses, a check's Result, an Unread fact, the doc sections
+Around them: read.py reads the facts the checks look at, smoke.py runs `--smoke`'s Ray job (and
+deletes it), and storage_probe.py is what that job runs for `--storage-path`. This module puts the
+checks together and formats their results; `tputorch doctor` (cli/main.py cmd_doctor) calls it.
 """
 
 from __future__ import annotations
@@ -16,30 +24,20 @@ import json
 from datetime import datetime, timezone
 from typing import Iterable
 
-# What callers read from `doctor`, re-exported from the module of its area.
-from .doctor_base import (  # noqa: F401
-    DOC_COMPAT_K8S, DOC_COMPAT_KUBERAY, DOC_GCSFUSE, DOC_KUEUE, DOC_NETWORK, DOC_OPERATOR, DOC_OPERATOR_TROUBLE,
-    DOC_POOLS, DOC_QUOTA, DOC_RIGHTS, DOC_WEBHOOK, DOCS, FAIL, OK, SYMBOLS, UNKNOWN, WARN, Result, Unread,
-    parse_version)
-from .doctor_cluster import (  # noqa: F401
-    LEASE_NAME, MIN_KUBERNETES, check_kubernetes, check_lease, check_operator, check_tputorch_crds,
-    first_difference, lease_names, operator_args)
-from .doctor_kuberay import (  # noqa: F401
-    KNOWN_BAD_KUBERAY, KUBERAY_CRDS, check_kuberay, check_tpu_webhook, kuberay_version, representative_children,
-    served_schema, unserved_fields)
-from .doctor_kueue import (  # noqa: F401
-    KUEUE_INTEGRATIONS, KUEUE_LOCALQUEUE_CRD, QuotaCheck, check_kueue, kueue_frameworks, kueue_quota_check,
-    kueue_rayservice_enabled)
-from ..status.kueue import WORKLOAD_CRD
-from .doctor_network import check_network, check_policy_mode, policy_config  # noqa: F401
-from .doctor_pools import Pool, check_placement, check_pools, pools_table, quantity, tpu_pools  # noqa: F401
-from .doctor_rights import GCS_FUSE_DRIVER, RIGHTS, check_gcsfuse, check_rights  # noqa: F401
+from ...status.kueue import WORKLOAD_CRD
+from .cluster import check_kubernetes, check_operator, check_tputorch_crds
+from .kuberay import check_kuberay, check_tpu_webhook
+from .kueue import check_kueue, kueue_frameworks, kueue_quota_check, kueue_rayservice_enabled
+from .network import check_network
+from .pools import check_placement, check_pools, pools_table
+from .result import FAIL, OK, SYMBOLS, UNKNOWN, WARN, Result
+from .rights import check_gcsfuse, check_rights
 
 
 # ---------------------------------------------------------------- putting it together
 
 def run_checks(facts: dict, now: datetime | None = None) -> list[Result]:
-    """Every check over what was read. facts: see doctor_read.read_facts."""
+    """Every check over what was read. facts: see read.read_facts."""
     now = now or datetime.now(timezone.utc)
     kueue_rs = kueue_rayservice_enabled(facts["kueue_installed"], kueue_frameworks(facts["kueue_config"]))
     results = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..api.common import quantity_value
+from ...api.common import quantity_value
 
 
 OK, FAIL, WARN, UNKNOWN = "ok", "fail", "warn", "unknown"

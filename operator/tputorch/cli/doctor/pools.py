@@ -8,11 +8,11 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..api import spec, storage, topology
-from ..api.common import bytes_quantity
-from .doctor_base import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
-from .doctor_kueue import QuotaCheck, queue_problems, requested_resources
-from .. import render
+from ...api import spec, storage, topology
+from ...api.common import bytes_quantity
+from .result import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
+from .kueue import QuotaCheck, queue_problems, requested_resources
+from ... import render
 
 
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -197,7 +197,7 @@ def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, l
                     flavors: list[dict] | Unread | None = None, quota_check: QuotaCheck = QuotaCheck()) -> list[Result]:
     """Which pool each job or service of a file would land on, or why none fits: its shape and
     capacity, whole slices ready, the namespace's ResourceQuota, and for a queued one whether Kueue
-    could ever admit it (doctor_kueue.queue_problems; `cluster_queues` None: Kueue not installed;
+    could ever admit it (kueue.queue_problems; `cluster_queues` None: Kueue not installed;
     `quota_check`: what Kueue's config leaves out of quota)."""
     if isinstance(nodes, Unread):
         return [_unknown("for", "the nodes", nodes)]

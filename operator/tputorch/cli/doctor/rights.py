@@ -4,8 +4,8 @@ rights in the namespace (SelfSubjectAccessReviews).
 
 from __future__ import annotations
 
-from ..api import crd
-from .doctor_base import DOC_GCSFUSE, DOC_RIGHTS, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown
+from ...api import crd
+from .result import DOC_GCSFUSE, DOC_RIGHTS, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown
 
 
 GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"

@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from .. import timestamps
-from ..api import crd
-from .doctor_base import (DOC_COMPAT_K8S, DOC_OPERATOR, DOC_OPERATOR_TROUBLE, FAIL, OK, UNKNOWN, WARN, Result,
+from ... import timestamps
+from ...api import crd
+from .result import (DOC_COMPAT_K8S, DOC_OPERATOR, DOC_OPERATOR_TROUBLE, FAIL, OK, UNKNOWN, WARN, Result,
                           Unread, _unknown, parse_version)
 
 

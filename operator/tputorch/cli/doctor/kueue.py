@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api import groups
-from ..status import kueue
-from .doctor_base import DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
+from ...api import groups
+from ...status import kueue
+from .result import DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
 
 
 KUEUE_INTEGRATIONS = ("ray.io/rayjob", "ray.io/rayservice")

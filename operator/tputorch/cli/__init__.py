@@ -1,2 +1,3 @@
 """The `tputorch` command (main): the user commands (submit/serve in submit, get/describe/logs/delete/wait
-in manage), their API client and the progress display, and the operator's own `run`/`render`/`validate`."""
+in manage), their API client (client) and what they show (display), `tputorch doctor` (the doctor
+package), and the operator's own `run`/`render`/`validate`."""

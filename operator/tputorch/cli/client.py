@@ -1,7 +1,7 @@
 """The API calls of the user commands (submit, serve, get, describe, logs, delete, wait).
 
 Thin I/O over the official Kubernetes client, with the user's kubeconfig: every decision about
-what to show or which exit code to return lives in progress.py / submit.py. The operator never
+what to show or which exit code to return lives in display.py / submit.py. The operator never
 imports this module.
 """
 

@@ -14,8 +14,8 @@ import threading
 from kubernetes.client.rest import ApiException
 
 from .. import timestamps
-from . import client, progress
-from .progress import FAILED, INTERRUPTED, INVALID, OK
+from . import client, display
+from .display import FAILED, INTERRUPTED, INVALID, OK
 
 # ---------------------------------------------------------------- pure helpers
 
@@ -115,9 +115,9 @@ def describe_text(kind: str, obj: dict, events: list[dict], pods: list[dict]) ->
                        ("KubeRay", "jobDeploymentStatus"), ("Endpoint", "endpoint"), ("Message", "message")):
         if st.get(key) not in (None, ""):
             lines.append(f"{label + ':':<12} {st[key]}")
-    if progress.progress_text(st, metrics_shown=16):
+    if display.progress_text(st, metrics_shown=16):
         reported = (st.get("progress") or {}).get("reportedAt")
-        lines.append(f"Progress:    {progress.progress_text(st, metrics_shown=16)}" + (f" (read {reported})" if reported else ""))
+        lines.append(f"Progress:    {display.progress_text(st, metrics_shown=16)}" + (f" (read {reported})" if reported else ""))
     if st.get("lastCheckpoint"):
         lines.append(f"Checkpoint:  {st['lastCheckpoint']}")
     if (st.get("attempts") or 1) > 1 or st.get("attemptHistory"):
@@ -265,16 +265,16 @@ def cmd_wait(a) -> int:
                 return FAILED
             if not describes_current_spec(obj):
                 continue
-            v = progress.view(kind.kind, obj)
+            v = display.view(kind.kind, obj)
             if v.not_applied:  # Ready, but the old spec's: the edit waited for never comes
-                print(progress.final_text(v, FAILED), file=sys.stderr)
+                print(display.final_text(v, FAILED), file=sys.stderr)
                 return FAILED
             if met(obj, what, value):
                 print(f"{kind.kind.lower()}.tputorch.io/{a.name} {what} {value}")
                 return OK
-            code = progress.outcome(v, value if what == "phase" else "")
+            code = display.outcome(v, value if what == "phase" else "")
             if code not in (None, OK):  # ended, and not the way waited for
-                print(progress.final_text(v, code), file=sys.stderr)
+                print(display.final_text(v, code), file=sys.stderr)
                 return code
         print(f"timed out after {a.timeout} waiting for {a.name} {what}={value}", file=sys.stderr)
         return FAILED

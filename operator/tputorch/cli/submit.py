@@ -2,7 +2,7 @@
 locally, create it, then follow it until it ends (exit 0 / 1 / 2 / 130).
 
 Building objects from flags is pure (`job_from_flags`, `service_from_flags`); `follow` runs the
-watch and driver-log threads and hands what they see to a renderer (progress.py) on the main thread.
+watch and driver-log threads and hands what they see to a renderer (display.py) on the main thread.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 import yaml
 from kubernetes.client.rest import ApiException
 
-from . import client, progress
+from . import client, display
 from ..api import crd, spec
 from .. import render
-from .progress import FAILED, INTERRUPTED, INVALID, OK
+from .display import FAILED, INTERRUPTED, INVALID, OK
 from .yamlfile import YAMLFileError, read_documents
 
 SERVICE_API_VERSION = f"{crd.GROUP}/{crd.VERSION}"
@@ -281,7 +281,7 @@ def follow(api: client.Api, kind: client.Kind, name: str, namespace: str, out, t
         pumps.append(threading.Thread(target=_pump_log, args=(api, name, namespace, q, stop, job_done), daemon=True))
     for t in pumps:
         t.start()
-    last: progress.View | None = None
+    last: display.View | None = None
     code: int | None = None
     try:
         deadline = grace_end = None
@@ -297,13 +297,13 @@ def follow(api: client.Api, kind: client.Kind, name: str, namespace: str, out, t
             if what == "status":
                 if payload is None:
                     out.notice(f"{kind.kind} {namespace}/{name} was deleted")
-                    last = dataclasses.replace(last or progress.view(kind.kind, {"metadata": {"name": name, "namespace": namespace}}),
+                    last = dataclasses.replace(last or display.view(kind.kind, {"metadata": {"name": name, "namespace": namespace}}),
                                                phase="Deleted", reason="Deleted", message="deleted while being followed")
                     code = FAILED
                     break
-                last = progress.view(kind.kind, payload)
+                last = display.view(kind.kind, payload)
                 out.update(last)
-                code = progress.outcome(last, target)
+                code = display.outcome(last, target)
                 if code is not None and deadline is None:
                     job_done.set()
                     if not log_running:
@@ -403,7 +403,7 @@ def cmd_serve(a) -> int:
 
 def _create_and_follow(api: client.Api, kind: client.Kind, body: dict, a, target: str) -> int:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    out = progress.renderer(a.output)
+    out = display.renderer(a.output)
     try:
         api.create(kind, body, namespace)
     except ApiException as err:

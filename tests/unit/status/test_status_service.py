@@ -201,10 +201,10 @@ def test_a_tolerations_edit_is_never_applied_on_kuberay_1_6():
 def assert_wait_fails_with(st, text):
     """`tputorch wait --for phase=Ready` (and `tputorch serve`) on this status: it ends at once,
     failed, saying why, although the phase is Ready (the old spec's)."""
-    from tputorch.cli import progress
-    v = progress.view("TPUTorchService", {"metadata": {"name": "qwen", "namespace": "ml"}, "status": st})
-    assert st["phase"] == "Ready" and progress.outcome(v, "Ready") == progress.FAILED
-    message = progress.final_text(v, progress.FAILED)
+    from tputorch.cli import display
+    v = display.view("TPUTorchService", {"metadata": {"name": "qwen", "namespace": "ml"}, "status": st})
+    assert st["phase"] == "Ready" and display.outcome(v, "Ready") == display.FAILED
+    message = display.final_text(v, display.FAILED)
     assert message.startswith("TPUTorchService ml/qwen keeps serving its previous spec (Ready)") and text in message, message
 
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tputorch.cli import client, progress, submit
-from tputorch.cli.progress import View
+from tputorch.cli import client, display, submit
+from tputorch.cli.display import View
 
 UNSCHEDULABLE = ("pod llama-tpu-slice-worker-0: Unschedulable: 0/9 nodes are available: "
                  "4 Insufficient google.com/tpu, 5 node(s) didn't match Pod's node affinity/selector.")
@@ -26,83 +26,83 @@ def job(phase="", ready=0, hosts=4, job_status=None, conditions=(), message="", 
 
 
 def test_pending_view_carries_the_schedulers_message():
-    v = progress.view("TPUTorchJob", job("Pending", conditions=[("SliceReady", "False", "Unschedulable", UNSCHEDULABLE)]))
+    v = display.view("TPUTorchJob", job("Pending", conditions=[("SliceReady", "False", "Unschedulable", UNSCHEDULABLE)]))
     assert v.waiting == UNSCHEDULABLE
-    assert progress.outcome(v, "Succeeded") is None
-    assert progress.summary(v) == f"Pending  0/4 TPU hosts  waiting: {UNSCHEDULABLE}"
+    assert display.outcome(v, "Succeeded") is None
+    assert display.summary(v) == f"Pending  0/4 TPU hosts  waiting: {UNSCHEDULABLE}"
 
 
 def test_merely_waiting_for_hosts_is_not_news():
-    v = progress.view("TPUTorchJob", job("Pending", 2, conditions=[("SliceReady", "False", "WaitingForHosts", "2/4 TPU hosts ready")]))
-    assert v.waiting is None and progress.summary(v) == "Pending  2/4 TPU hosts"
+    v = display.view("TPUTorchJob", job("Pending", 2, conditions=[("SliceReady", "False", "WaitingForHosts", "2/4 TPU hosts ready")]))
+    assert v.waiting is None and display.summary(v) == "Pending  2/4 TPU hosts"
 
 
 def test_missing_kuberay_is_shown_while_waiting():
-    v = progress.view("TPUTorchJob", job("Pending", conditions=[("RayJobCreated", "False", "KubeRayNotInstalled", "no RayJob CRD")]))
+    v = display.view("TPUTorchJob", job("Pending", conditions=[("RayJobCreated", "False", "KubeRayNotInstalled", "no RayJob CRD")]))
     assert v.waiting == "no RayJob CRD"
 
 
 def test_running_and_the_ray_job_status():
-    v = progress.view("TPUTorchJob", job("Running", 4, job_status="RUNNING"))
-    assert progress.summary(v) == "Running  4/4 TPU hosts  Ray job RUNNING"
-    assert progress.outcome(v, "Succeeded") is None
+    v = display.view("TPUTorchJob", job("Running", 4, job_status="RUNNING"))
+    assert display.summary(v) == "Running  4/4 TPU hosts  Ray job RUNNING"
+    assert display.outcome(v, "Succeeded") is None
 
 
 def test_a_running_job_shows_what_its_script_last_reported():
     obj = job("Running", 4, job_status="RUNNING")
     obj["status"]["progress"] = {"step": 300, "epoch": 1, "metrics": {"loss": 0.123456, "acc": 0.5, "a": 1, "b": 2,
                                                                      "c": 3}, "reportedAt": "2026-12-01T10:00:00Z"}
-    v = progress.view("TPUTorchJob", obj)
-    assert progress.summary(v) == "Running  4/4 TPU hosts  Ray job RUNNING  step 300, epoch 1, loss 0.1235, acc 0.5, a 1, b 2"
+    v = display.view("TPUTorchJob", obj)
+    assert display.summary(v) == "Running  4/4 TPU hosts  Ray job RUNNING  step 300, epoch 1, loss 0.1235, acc 0.5, a 1, b 2"
     assert v.to_json()["progress"] == "step 300, epoch 1, loss 0.1235, acc 0.5, a 1, b 2"
     obj["status"]["progress"] = {"step": "300", "metrics": ["junk"]}  # an edited status prints nothing odd
-    assert progress.view("TPUTorchJob", obj).progress == ""
+    assert display.view("TPUTorchJob", obj).progress == ""
 
 
 @pytest.mark.parametrize("phase, failed, code", [
-    ("Succeeded", None, progress.OK),
-    ("Failed", ("Failed", "True", "AppFailed", "Ray job failed: exit 1"), progress.FAILED),
-    ("Failed", ("Failed", "True", "ValidationFailed", "invalid spec"), progress.INVALID),
+    ("Succeeded", None, display.OK),
+    ("Failed", ("Failed", "True", "AppFailed", "Ray job failed: exit 1"), display.FAILED),
+    ("Failed", ("Failed", "True", "ValidationFailed", "invalid spec"), display.INVALID),
 ])
 def test_exit_codes(phase, failed, code):
-    v = progress.view("TPUTorchJob", job(phase, conditions=[failed] if failed else [], message="m"))
-    assert progress.outcome(v, "Succeeded") == code
+    v = display.view("TPUTorchJob", job(phase, conditions=[failed] if failed else [], message="m"))
+    assert display.outcome(v, "Succeeded") == code
 
 
 def test_failure_text_names_kuberays_reason():
-    v = progress.view("TPUTorchJob", job("Failed", job_status="FAILED", message="Job failed: Traceback ...",
+    v = display.view("TPUTorchJob", job("Failed", job_status="FAILED", message="Job failed: Traceback ...",
                                          conditions=[("Failed", "True", "AppFailed", "Job failed: Traceback ...")]))
     assert v.reason == "AppFailed"
-    assert progress.final_text(v, progress.FAILED) == "TPUTorchJob team/llama Failed (AppFailed): Job failed: Traceback ..."
+    assert display.final_text(v, display.FAILED) == "TPUTorchJob team/llama Failed (AppFailed): Job failed: Traceback ..."
 
 
 def test_a_service_is_followed_until_ready_and_shows_its_endpoint():
     deploying = {"metadata": {"name": "llm", "namespace": "t"}, "status": {"phase": "Deploying"}}
     ready = {"metadata": {"name": "llm", "namespace": "t"}, "status": {"phase": "Ready", "endpoint": "http://llm-serve.t:8000"}}
-    assert progress.outcome(progress.view("TPUTorchService", deploying), "Ready") is None
-    v = progress.view("TPUTorchService", ready)
-    assert progress.outcome(v, "Ready") == progress.OK
-    assert progress.final_text(v, progress.OK).endswith("is Ready; endpoint: http://llm-serve.t:8000")
+    assert display.outcome(display.view("TPUTorchService", deploying), "Ready") is None
+    v = display.view("TPUTorchService", ready)
+    assert display.outcome(v, "Ready") == display.OK
+    assert display.final_text(v, display.OK).endswith("is Ready; endpoint: http://llm-serve.t:8000")
 
 
 def test_a_service_edit_under_way_is_waited_for_and_one_never_applied_ends_the_wait():
     def svc(reason):
         return {"metadata": {"name": "llm", "namespace": "t"}, "status": {"phase": "Updating" if reason == "Upgrading" else "Ready",
                 "conditions": [{"type": "SpecApplied", "status": "False", "reason": reason, "message": f"because {reason}"}]}}
-    assert progress.outcome(progress.view("TPUTorchService", svc("Upgrading")), "Ready") is None
+    assert display.outcome(display.view("TPUTorchService", svc("Upgrading")), "Ready") is None
     for reason in ("UpgradeStrategyNone", "TolerationsNotApplied"):
-        v = progress.view("TPUTorchService", svc(reason))
-        assert (progress.outcome(v, "Ready"), v.not_applied) == (progress.FAILED, f"because {reason}")
+        v = display.view("TPUTorchService", svc(reason))
+        assert (display.outcome(v, "Ready"), v.not_applied) == (display.FAILED, f"because {reason}")
         assert v.to_json()["notApplied"] == f"because {reason}"
 
 
 def test_plain_renderer_prints_a_line_per_change_only():
     out, err = io.StringIO(), io.StringIO()
-    r = progress.PlainRenderer(out, err)
-    pending = progress.view("TPUTorchJob", job("Pending"))
+    r = display.PlainRenderer(out, err)
+    pending = display.view("TPUTorchJob", job("Pending"))
     r.update(pending)
     r.update(pending)
-    r.update(progress.view("TPUTorchJob", job("Running", 4)))
+    r.update(display.view("TPUTorchJob", job("Running", 4)))
     r.log("epoch 1 loss 0.3")
     lines = out.getvalue().splitlines()
     assert [line.split("] ", 1)[1] for line in lines[:2]] == ["llama: Pending  0/4 TPU hosts", "llama: Running  4/4 TPU hosts"]
@@ -111,9 +111,9 @@ def test_plain_renderer_prints_a_line_per_change_only():
 
 def test_json_renderer_is_one_object_per_line():
     out = io.StringIO()
-    r = progress.JsonRenderer(out)
+    r = display.JsonRenderer(out)
     r.created("TPUTorchJob", "llama", "team")
-    v = progress.view("TPUTorchJob", job("Succeeded", 4, job_status="SUCCEEDED"))
+    v = display.view("TPUTorchJob", job("Succeeded", 4, job_status="SUCCEEDED"))
     r.update(v)
     r.log("done")
     r.finish(v, 0)
@@ -126,8 +126,8 @@ def test_json_renderer_is_one_object_per_line():
 def test_rich_panel_shows_bar_hosts_ray_status_and_reason():
     from rich.console import Console
 
-    r = progress.RichRenderer(io.StringIO())
-    r.update(progress.view("TPUTorchJob", job("Pending", 3, job_status="PENDING",
+    r = display.RichRenderer(io.StringIO())
+    r.update(display.view("TPUTorchJob", job("Pending", 3, job_status="PENDING",
                                               conditions=[("SliceReady", "False", "Unschedulable", UNSCHEDULABLE)])))
     console = Console(file=io.StringIO(), width=200, record=True)
     console.print(r._panel())
@@ -208,22 +208,22 @@ def test_interrupt_leaves_the_job_and_exits_130(monkeypatch):
     out = Interrupting()
     assert submit.follow(FakeApi([job("Running", 4)]), client.JOB, "llama", "team", out, "Succeeded") == 130
     assert out.calls[0] == ("interrupted", "TPUTorchJob", "llama", "team")
-    assert "keeps running" in progress.interrupted_text("TPUTorchJob", "llama", "team")
+    assert "keeps running" in display.interrupted_text("TPUTorchJob", "llama", "team")
 
 
 def test_view_is_pure_data():
-    v = progress.view("TPUTorchJob", job("Running", 2))
+    v = display.view("TPUTorchJob", job("Running", 2))
     assert isinstance(v, View) and v.hosts_text == "2/4 TPU hosts"
 
 
 def test_a_retrying_job_shows_its_attempt_and_why_the_last_one_ended():
     obj = job("Retrying", 0, message="attempt 1 ended: TPU host pod llama-w-2 was deleted (infrastructure failure); starting attempt 2")
     obj["status"]["attempts"] = 2
-    v = progress.view("TPUTorchJob", obj)
-    assert progress.outcome(v, "Succeeded") is None  # not over: the next attempt runs
-    assert progress.summary(v).startswith("Retrying  attempt 2  attempt 1 ended: TPU host pod llama-w-2 was deleted")
+    v = display.view("TPUTorchJob", obj)
+    assert display.outcome(v, "Succeeded") is None  # not over: the next attempt runs
+    assert display.summary(v).startswith("Retrying  attempt 2  attempt 1 ended: TPU host pod llama-w-2 was deleted")
     assert v.to_json()["attempt"] == 2
-    assert "attempt" not in progress.summary(progress.view("TPUTorchJob", job("Running", 4)))
+    assert "attempt" not in display.summary(display.view("TPUTorchJob", job("Running", 4)))
 
 
 KUEUE_PENDING = ("couldn't assign flavors to pod set tpu-slice: insufficient unused quota for google.com/tpu in "
@@ -231,9 +231,9 @@ KUEUE_PENDING = ("couldn't assign flavors to pod set tpu-slice: insufficient unu
 
 
 def test_a_job_queued_by_kueue_shows_kueues_reason_while_waiting():
-    v = progress.view("TPUTorchJob", job("Queued", conditions=[
+    v = display.view("TPUTorchJob", job("Queued", conditions=[
         ("Admitted", "False", "Pending", KUEUE_PENDING),
         ("SliceReady", "False", "WaitingForKueue", "queued by Kueue: the job holds no slice")]))
     assert v.waiting == KUEUE_PENDING
-    assert progress.outcome(v, "Succeeded") is None  # still on its way
-    assert progress.summary(v) == f"Queued  0/4 TPU hosts  waiting: {KUEUE_PENDING}"
+    assert display.outcome(v, "Succeeded") is None  # still on its way
+    assert display.summary(v) == f"Queued  0/4 TPU hosts  waiting: {KUEUE_PENDING}"

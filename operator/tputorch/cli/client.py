@@ -21,15 +21,19 @@ from ..api import crd
 GROUP, VERSION = crd.GROUP, crd.VERSION
 
 
+RAY_GROUP, RAY_VERSION = "ray.io", "v1"
+
+
 @dataclass(frozen=True)
 class Kind:
     kind: str
     plural: str
     short: str
+    child_plural: str  # its KubeRay child's (same name)
 
 
-JOB = Kind(crd.KIND, crd.PLURAL, "ttj")
-SERVICE = Kind(crd.SERVICE_KIND, crd.SERVICE_PLURAL, "ttsvc")
+JOB = Kind(crd.KIND, crd.PLURAL, "ttj", "rayjobs")
+SERVICE = Kind(crd.SERVICE_KIND, crd.SERVICE_PLURAL, "ttsvc", "rayservices")
 KINDS = (JOB, SERVICE)
 SUBMITTER_CONTAINER = "ray-job-submitter"  # KubeRay's K8sJobMode submitter container
 
@@ -94,6 +98,19 @@ class Api:
                 return []
             raise
         return result.get("items") or []
+
+    def annotate(self, kind: Kind, name: str, namespace: str, annotations: dict[str, str]) -> dict:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, kind.plural, name,
+                                                          {"metadata": {"annotations": annotations}})
+
+    def child(self, kind: Kind, name: str, namespace: str) -> dict | None:
+        """The object's RayJob / RayService (same name; None when there is none, or no KubeRay)."""
+        try:
+            return self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, kind.child_plural, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
 
     def delete(self, kind: Kind, name: str, namespace: str) -> bool:
         try:

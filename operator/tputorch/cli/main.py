@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("-o", "--output", choices=["text", "json"], default="text")
     submit.add_connection_flags(doc)
     doc.set_defaults(func=cmd_doctor)
-    submit.register(sub)  # submit, serve, get, describe, logs, delete, wait
+    submit.register(sub)  # submit, serve, get, describe, logs, delete, wait, upgrade-plan, rerender
     return parser
 
 

@@ -84,6 +84,20 @@ def rows(kind: str, objs: list[dict], now: dt.datetime, all_namespaces: bool) ->
     return out
 
 
+def rendering_notes(objs: list[dict]) -> list[str]:
+    """One line per object whose child runs another rendering than its operator's (the
+    RenderingCurrent condition, status/rendering.py), or a spec that operator refuses."""
+    notes = []
+    for o in objs:
+        cond = next((c for c in (o.get("status") or {}).get("conditions") or []
+                     if isinstance(c, dict) and c.get("type") == "RenderingCurrent" and c.get("status") == "False"), None)
+        if cond is not None:
+            name = (o.get("metadata") or {}).get("name", "")
+            notes.append(f"{name}: RenderingCurrent=False ({cond.get('reason')}): its child keeps an earlier "
+                         f"rendering; `tputorch describe {name}` says why and how to apply the new one")
+    return notes
+
+
 def _step(status: dict) -> str:
     step = (status.get("progress") or {}).get("step") if isinstance(status.get("progress"), dict) else None
     return str(step) if isinstance(step, int) else ""
@@ -181,6 +195,8 @@ def cmd_get(a) -> int:
     for kind in client.KINDS:
         body += rows(kind.short, [o for k, o in found if k is kind], now, a.all_namespaces)
     print(table(headers, body))
+    for note in rendering_notes([o for _, o in found]):
+        print(note)
     return OK
 
 

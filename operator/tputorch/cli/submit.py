@@ -431,8 +431,8 @@ def add_connection_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    """Add submit, serve, get, describe, logs, delete and wait to the `tputorch` parser."""
-    from . import manage
+    """Add submit, serve, get, describe, logs, delete, wait, upgrade-plan and rerender to the `tputorch` parser."""
+    from . import manage, upgrades
 
     s = sub.add_parser("submit", help="create a TPUTorchJob and follow it to the end (exit 0/1/2/130)",
                        description="Create a TPUTorchJob from flags or -f FILE, validated locally first, then show "
@@ -477,7 +477,9 @@ def register(sub) -> None:
     v.set_defaults(func=cmd_serve)
 
     manage.register(sub, add_connection_flags)
-    for parser in (s, v, *(sub.choices[n] for n in ("get", "describe", "logs", "delete", "wait"))):
+    upgrades.register(sub, add_connection_flags)
+    for parser in (s, v, *(sub.choices[n] for n in ("get", "describe", "logs", "delete", "wait", "upgrade-plan",
+                                                      "rerender"))):
         parser.set_defaults(func=_guarded(parser.get_default("func")))
 
 

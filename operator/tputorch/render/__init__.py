@@ -44,6 +44,8 @@ SPEC_HASH_ANNOTATION = "tputorch.io/spec-hash"
 # KubeRay 1.5: a RayService not Ready this long after creation is failed for good and its RayClusters
 # deleted (Ready=False, reason InitializingTimeout).
 INITIALIZING_TIMEOUT_ANNOTATION = "ray.io/initializing-timeout"
+# The annotations the operator writes on a RayService (a RayJob gets none but its stamp, render/stamp.py).
+RAYSERVICE_ANNOTATIONS = (SPEC_HASH_ANNOTATION, INITIALIZING_TIMEOUT_ANNOTATION)
 WORKER_GROUP = "tpu-slice"
 SERVE_APP = "llm"  # the one Serve application of a service (KubeRay reports it under this name)
 SERVE_PORT = 8000

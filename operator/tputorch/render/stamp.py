@@ -46,11 +46,13 @@ class Stamp:
     rendering: dict | None  # rendering() of what was rendered; None when not kept (a store's copy of a job's)
 
 
-def rendering(child: dict) -> dict:
-    """What the operator manages of a child: its spec and its annotations but the stamp's (the
-    labels are metadata the parent's labels give, never patched)."""
+def rendering(child: dict, managed: tuple[str, ...] | None = None) -> dict:
+    """What the operator manages of a child: its spec and its annotations but the stamp's, or only
+    those ``managed`` (of a child it did not stamp, which others annotated too). The labels are
+    metadata the parent's labels give, never patched."""
     annotations = ((child.get("metadata") or {}).get("annotations") or {})
-    return {"annotations": {k: v for k, v in annotations.items() if k not in STAMP_ANNOTATIONS},
+    return {"annotations": {k: v for k, v in annotations.items()
+                            if k not in STAMP_ANNOTATIONS and (managed is None or k in managed)},
             "spec": child.get("spec") or {}}
 
 
@@ -138,8 +140,7 @@ def child_patch(parent: dict, child: dict, fresh, restore, managed: tuple[str, .
         own = found.rendering
         return restore({"metadata": {"annotations": dict(own.get("annotations") or {})}, "spec": own["spec"]})
     # ADOPT, or a stamp whose rendering was lost (edited by hand): what it has is its rendering
-    have = rendering(child)
-    have["annotations"] = {k: v for k, v in have["annotations"].items() if k in managed}
+    have = rendering(child, managed)
     return {"metadata": {"annotations": annotations(found.version if found is not None else UNKNOWN_VERSION,
                                                     generation if found is None else found.generation,
                                                     found.rerender if found is not None else "", have)}}

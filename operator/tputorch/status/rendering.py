@@ -5,7 +5,7 @@ rule). Pure."""
 
 from __future__ import annotations
 
-from ..render import stamp as stamps
+from ..render import SPEC_HASH_ANNOTATION, stamp as stamps
 from .conditions import OLDER_RENDERING, REFUSED_BY_THIS_VERSION, RENDERING_CURRENT, VALIDATED, condition, stamp
 
 # The fields of a RayService's rayClusterConfig that KubeRay leaves out of its cluster hash (issue
@@ -36,6 +36,30 @@ def _hashed(cluster: object) -> object:
     return out
 
 
+def differences(old: object, new: object, path: str = "", exact: bool = True) -> list[str]:
+    """The paths where ``new`` differs from ``old`` (a list is one value unless both have its
+    length). ``exact`` False: a key only ``old`` has is no difference (what the API server or
+    KubeRay added to a child made before the rule, which was never rendered)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = list(new) + [k for k in old if k not in new and exact]
+        return [d for k in keys for d in differences(old.get(k), new.get(k), f"{path}.{k}" if path else str(k), exact)]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in differences(a, b, f"{path}[{i}]", exact)]
+    return [] if old == new else [path]
+
+
+def changed_fields(found: stamps.Stamp | None, running: dict, fresh: dict) -> list[str]:
+    """Where this operator's rendering ``fresh`` differs from the child's ``running`` one (both
+    stamp.rendering()), our spec hash left out (it moves with every other difference). A child
+    made before the rule is recorded as it was stored, with what KubeRay and the API server
+    added: there only what this operator renders is compared."""
+    def unhashed(rendered: dict) -> dict:
+        annotations = {k: v for k, v in (rendered.get("annotations") or {}).items() if k != SPEC_HASH_ANNOTATION}
+        return {**rendered, "annotations": annotations}
+    exact = found is not None and found.version != stamps.UNKNOWN_VERSION and found.rendering is not None
+    return differences(unhashed(running), unhashed(fresh), exact=exact)
+
+
 def new_cluster(old_spec: dict, new_spec: dict) -> bool:
     """Whether moving a RayService from ``old_spec`` to ``new_spec`` changes a field inside
     KubeRay's cluster hash (KubeRay then starts a new RayCluster, on TPU a second set of slices)."""
@@ -57,7 +81,8 @@ def rendering_condition(kind: str, child_kind: str, name: str, namespace: str, f
     """RenderingCurrent=False (OlderRendering) when the child ``running`` (rendering() of what
     it has) differs from this operator's rendering ``fresh`` of the same spec, naming both
     versions and how to apply the new one; None when they agree (no condition: nothing to say)."""
-    if running.get("spec") == fresh.get("spec") and running.get("annotations") == fresh.get("annotations"):
+    changed = changed_fields(found, running, fresh)
+    if not changed:
         return None
     made_by = _made_by(found)
     effect = ""
@@ -66,7 +91,8 @@ def rendering_condition(kind: str, child_kind: str, name: str, namespace: str, f
                   if new_cluster(running.get("spec") or {}, fresh.get("spec") or {})
                   else " (applied in place: no new RayCluster)")
     message = (f"the {child_kind} runs the rendering of {made_by}; this operator "
-               f"(tputorch-operator {stamps.OPERATOR_VERSION}) renders the spec differently{effect}. "
+               f"(tputorch-operator {stamps.OPERATOR_VERSION}) renders the spec differently{effect}: "
+               f"{', '.join(changed[:5])}{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}. "
                f"It is kept until the spec changes; to apply it now: {how_to_apply(kind, name, namespace)}")
     return condition(RENDERING_CURRENT, False, OLDER_RENDERING, message, generation)
 

@@ -123,3 +123,12 @@ def test_describe_shows_where_kueue_has_the_job():
     assert "Phase:       Queued" in text
     assert "Queue:       tpu (priority tpu-low, Workload rayjob-llama-1a2b3)" in text
     assert "Admitted   False    Pending   insufficient unused quota for google.com/tpu" in text
+
+
+def test_get_notes_an_object_whose_child_keeps_an_older_rendering():
+    from tputorch.cli.manage import rendering_notes
+    older = {"metadata": {"name": "qwen"}, "status": {"conditions": [
+        {"type": "RenderingCurrent", "status": "False", "reason": "OlderRendering", "message": "m"}]}}
+    current = {"metadata": {"name": "other"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    (note,) = rendering_notes([older, current])
+    assert note.startswith("qwen: RenderingCurrent=False (OlderRendering)") and "tputorch describe qwen" in note

@@ -12,7 +12,7 @@ from tputorch.render import stamp
 
 from ..services import merge_patch, service_body
 
-MANAGED = (render.SPEC_HASH_ANNOTATION, render.INITIALIZING_TIMEOUT_ANNOTATION)
+MANAGED = render.RAYSERVICE_ANNOTATIONS
 
 
 def parent(generation=1, rerender=None, observed=None, **spec):

@@ -69,3 +69,20 @@ def test_a_refusal_keeps_a_child_of_this_generation_running_with_a_warning():
     assert "no longer allowed" in cond["message"] and "0.2.0" in cond["message"]
     (event,) = conditions.events(previous, status)
     assert event.type == "Warning"
+
+
+def test_a_child_made_before_the_rule_differs_only_in_what_this_operator_renders():
+    new = fresh()
+    stored = copy.deepcopy(new)
+    stored["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["restartPolicy"] = "Always"  # a default
+    stored["annotations"][render.SPEC_HASH_ANNOTATION] = "0123456789abcdef"
+    adopted = stamp.Stamp(stamp.UNKNOWN_VERSION, 1, "", stored)
+    assert rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", adopted, stored, new, 1) is None
+    stored["spec"]["serveConfigV2"] = "applications: []\n"
+    cond = rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", adopted, stored, new, 1)
+    assert ": spec.serveConfigV2." in cond["message"] and "restartPolicy" not in cond["message"]
+
+
+def test_differences_are_paths():
+    assert rendering.differences({"a": [1, {"b": 2}], "c": 3}, {"a": [1, {"b": 4}], "d": 5}) == ["a[1].b", "d", "c"]
+    assert rendering.differences({"a": 1, "c": 3}, {"a": 1}, exact=False) == []

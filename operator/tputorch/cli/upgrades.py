@@ -17,7 +17,7 @@ from ..render import stamp as stamps
 from ..status import rendering
 from . import client
 from .manage import table
-from .progress import FAILED, OK
+from .display import FAILED, OK
 
 NO_CHANGE = "none"
 IN_PLACE = "in place"

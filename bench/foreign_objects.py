@@ -77,7 +77,7 @@ def rss_kb() -> int:
 def one(case: str, count: int, size: int) -> dict:
     from tputorch import render
     from tputorch.controller import handlers, kinds
-    from tputorch.controller.informer import RestSource
+    from tputorch.controller.rest import RestSource
 
     sys.setrecursionlimit(10_000)
     loop = asyncio.new_event_loop()

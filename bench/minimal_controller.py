@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 from tputorch import render  # noqa: E402
 from tputorch.api import crd, spec  # noqa: E402
-from tputorch.controller.informer import raw_call  # noqa: E402
+from tputorch.controller.rest import raw_call  # noqa: E402
 from tputorch.controller.raytoken import RayTokens  # noqa: E402
 
 WORKERS = 8  # as many threads as the operator has for RayJob calls (handlers.Config.api_workers)

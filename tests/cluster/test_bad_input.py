@@ -18,7 +18,7 @@ from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
 from tputorch import render
-from tputorch.controller.informer import decode
+from tputorch.controller.rest import decode
 
 GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -24,7 +24,7 @@ from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
 from tputorch import render
-from tputorch.controller.informer import decode
+from tputorch.controller.rest import decode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 from fakedash import network  # noqa: E402  (cyclonus, the NetworkPolicy engine of the local chain)

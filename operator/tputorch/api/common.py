@@ -335,7 +335,7 @@ def string_map(r: Reader, obj: Mapping, key: str, path: str) -> dict[str, str]:
 def freeform(r: Reader, value: Any, path: str, max_bytes: int = MAX_FREEFORM_BYTES) -> bool:
     """A free-form block (runtimeEnv, engine.args): JSON data nested at most MAX_DEPTH levels and
     at most ``max_bytes`` as JSON. Walked without recursion: the operator's decoder hands over
-    objects up to 100 levels deep (informer.decode)."""
+    objects up to 100 levels deep (controller/rest.decode)."""
     stack = [(value, path, 0)]
     while stack:
         item, where, depth = stack.pop()

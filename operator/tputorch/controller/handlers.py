@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import kopf
 
 from . import health, kinds as kinds_
-from .informer import Informer, RestSource, pods_path, scopes_for
+from .informer import Informer, scopes_for
+from .rest import RestSource, pods_path
 from .dashboard import Dashboard
 from .raytoken import RayTokens
 from .kube import Kube, load_config

@@ -21,7 +21,7 @@ from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
-from .informer import raw_call
+from .rest import raw_call
 from .metrics import METRICS
 
 EVENT_SOURCE = "tputorch.io/operator"  # reportingController of our Events

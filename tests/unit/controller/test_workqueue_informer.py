@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from tputorch.controller import informer as informer_module
+from tputorch.controller import informer as informer_module, rest as rest_module
 from tputorch.controller import kinds
-from tputorch.controller.informer import Informer, RestSource, _Relist, key_of
+from tputorch.controller.informer import Informer, _Relist, key_of
+from tputorch.controller.rest import RestSource
 from tputorch.controller.workqueue import Backoff, Bucket, WorkQueue
 
 from ..fakekube import FakeSource, StopWatching, api_error, informer
@@ -361,8 +362,8 @@ class _PagingApi:
 
 
 def test_a_list_is_read_in_pages_as_it_is_consumed_and_keeps_the_first_pages_version(monkeypatch):
-    monkeypatch.setattr(informer_module, "LIST_PAGE", 3)
-    monkeypatch.setattr(informer_module, "FIRST_PAGE", 3)
+    monkeypatch.setattr(rest_module, "LIST_PAGE", 3)
+    monkeypatch.setattr(rest_module, "FIRST_PAGE", 3)
     items = [{"metadata": {"namespace": "ml", "name": f"job-{i}", "resourceVersion": str(i)}} for i in range(7)]
     api = _PagingApi(items, page=3)
     listing = RestSource(api, lambda scope: f"/apis/x/v1/namespaces/{scope}/things", "app=ours").list("ml")
@@ -393,13 +394,13 @@ def test_list_pages_are_bounded_in_bytes_not_only_in_objects():
     listing = RestSource(api, lambda scope: "/api/v1/pods", "app=ours").list(None)
     assert sum(1 for _ in listing["items"]) == 120
     limits = [int(q["limit"]) for q in api.queries]
-    assert limits[0] <= informer_module.FIRST_PAGE
+    assert limits[0] <= rest_module.FIRST_PAGE
     # after the first page, as many objects as make PAGE_BYTES at their size (1 MB each: 8)
-    assert max(limits[1:]) * len(big) <= informer_module.PAGE_BYTES
+    assert max(limits[1:]) * len(big) <= rest_module.PAGE_BYTES
     small = [{"metadata": {"namespace": "ml", "name": f"p-{i}", "resourceVersion": str(i)}} for i in range(2000)]
     api = _PagingApi(small, page=500)
     assert sum(1 for _ in RestSource(api, lambda scope: "/api/v1/pods", None).list(None)["items"]) == 2000
-    assert int(api.queries[1]["limit"]) == informer_module.LIST_PAGE  # small objects: full pages
+    assert int(api.queries[1]["limit"]) == rest_module.LIST_PAGE  # small objects: full pages
 
 
 def test_objects_a_store_does_not_keep_are_dropped_unstored_and_one_that_stops_being_ours_leaves():
@@ -456,23 +457,23 @@ def _item(name: str, runtime_env: str = "{}") -> str:
 def test_a_page_with_one_object_deeper_than_pythons_decoder_keeps_every_object(depth):
     with pytest.raises(RecursionError):
         json.loads(_page(_item("deep", _nested(depth))))  # what stopped the informer before
-    page = informer_module.decode(_page(_item("ok-1"), _item("deep", _nested(depth)), _item("ok-2")))
+    page = rest_module.decode(_page(_item("ok-1"), _item("deep", _nested(depth)), _item("ok-2")))
     assert [i["metadata"]["name"] for i in page["items"]] == ["ok-1", "deep", "ok-2"]
     assert page["items"][0]["spec"] == {"runtimeEnv": {}}
     value, levels = page["items"][1]["spec"]["runtimeEnv"], 0
     while isinstance(value, dict):
         value, levels = value["a"], levels + 1
     # items, the object, spec and runtimeEnv take 4 levels of the page's budget
-    assert value == informer_module.TOO_DEEP and levels == informer_module.MAX_DECODE_DEPTH - 4
+    assert value == rest_module.TOO_DEEP and levels == rest_module.MAX_DECODE_DEPTH - 4
 
 
 def test_an_object_within_the_limit_decodes_unchanged_and_bytes_work_too():
     text = _page(_item("a", _nested(50)))
-    assert informer_module.decode(text.encode()) == json.loads(text)
+    assert rest_module.decode(text.encode()) == json.loads(text)
 
 
 def test_an_informer_lists_and_watches_past_a_deep_object():
-    api = _PagingApi([], page=informer_module.LIST_PAGE)
+    api = _PagingApi([], page=rest_module.LIST_PAGE)
     api.call_api = lambda method, url, header_params, body, _request_timeout: _Raw(
         _page(_item("ok"), _item("deep", _nested(5_000))))
     inf, changes = informer(source=RestSource(api, lambda scope: "/things", None))
@@ -487,7 +488,7 @@ def test_an_informer_lists_and_watches_past_a_deep_object():
 def test_a_silent_watch_ends_like_a_server_timeout_not_like_a_failure():
     from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-    from tputorch.controller.informer import _silent
+    from tputorch.controller.rest import _silent
 
     assert _silent(ReadTimeoutError(None, "/w", "Read timed out."))
     assert _silent(ProtocolError("Connection broken: TimeoutError('timed out')"))

@@ -13,7 +13,7 @@ from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
-from tputorch.controller import kinds
+from tputorch.controller import kinds, stores
 from tputorch.controller.informer import Informer
 from tputorch.controller.reconcile import Controller
 
@@ -123,7 +123,7 @@ class StopWatching(Exception):
     """Ends a test's informer loop (as a dropped connection would)."""
 
 
-def informer(what="things", source=None, slim=kinds.slim_object, index=None):
+def informer(what="things", source=None, slim=stores.slim_object, index=None):
     changes: list[tuple[str, dict]] = []
     inf = Informer(what, source or FakeSource(), None, lambda e, o: changes.append((e, o)), slim, index=index)
     return inf, changes
@@ -135,10 +135,10 @@ def controller(kube: FakeKube | None = None, clock=lambda: "2026-11-30T00:00:00Z
     noop = lambda *_: None  # noqa: E731
     ctl = Controller(kinds.KINDS, kube or FakeKube(), {}, {}, None, clock=clock, extras=extras, **options)
     for extra in ctl.extras.extras:
-        ctl.extra_stores[extra.resource.plural] = Informer(extra.resource.plural, FakeSource(), None, noop, kinds.slim_extra)
+        ctl.extra_stores[extra.resource.plural] = Informer(extra.resource.plural, FakeSource(), None, noop, stores.slim_extra)
     for kind in kinds.KINDS:
         name = kind.resource.kind
-        ctl.parents[name] = Informer(kind.resource.plural, FakeSource(), None, noop, kinds.slim_object)
+        ctl.parents[name] = Informer(kind.resource.plural, FakeSource(), None, noop, stores.slim_object)
         ctl.children[name] = Informer(kind.child.plural, FakeSource(), None, noop, kind.slim_child)
-    ctl.pods = Informer("pods", FakeSource(), None, noop, kinds.slim_pod, index=kinds.pod_index)
+    ctl.pods = Informer("pods", FakeSource(), None, noop, stores.slim_pod, index=stores.pod_index)
     return ctl

@@ -13,7 +13,7 @@ from .. import status as statuses
 from ..status.job import child_must_go
 from .child import ChildStep, in_clusters
 from .kind import Key, Kind
-from .kinds import TPUTORCHJOB
+from .kind import TPUTORCHJOB
 from .stores import Stores
 from .writes import StatusWrites
 

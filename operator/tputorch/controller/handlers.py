@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import kopf
 
-from . import health, kinds as kinds_
+from .. import render
+from ..status import kueue
+from . import health, kinds as kinds_, stores
 from .informer import Informer, scopes_for
 from .rest import RestSource, pods_path
 from .dashboard import Dashboard
@@ -30,7 +32,7 @@ from .writes import STATUS_INTERVAL
 
 log = logging.getLogger("tputorch")
 
-SELECTOR = f"{kinds_.render.MANAGED_BY_LABEL}={kinds_.render.MANAGED_BY}"
+SELECTOR = f"{render.MANAGED_BY_LABEL}={render.MANAGED_BY}"
 SYNC_TIMEOUT = 60  # seconds between the log lines that name the stores still not listed
 SYNC_DEADLINE = 300  # the required stores are waited for this long; then the operator runs with what it has
 OPTIONAL_SYNC_WAIT = 30  # the optional ones (Kueue's, NetworkPolicies) this long
@@ -50,7 +52,7 @@ class Config:
     namespaces: list[str] | None = None  # None: all namespaces
     max_pods_per_job: int = MAX_PODS_DEFAULT  # the most pods one object may make (api/common.check_pods)
     # A NetworkPolicy per Ray cluster (its own pods, the dashboard, the peers); None: none.
-    network_policy: kinds_.render.NetworkPolicyConfig | None = kinds_.render.NetworkPolicyConfig()
+    network_policy: render.NetworkPolicyConfig | None = render.NetworkPolicyConfig()
     ray_token_key_file: str | None = None  # the key Ray tokens are derived from (controller/raytoken.py)
     ray_token_previous_key_file: str | None = None  # the key before a rotation, still tried on a refusal
     leader_election: bool = False
@@ -95,25 +97,25 @@ def build(kube, source_for, loop: asyncio.AbstractEventLoop, namespaces: list[st
     for extra in controller.extras.extras:  # its owner's key is in its labels, as a pod's
         controller.extra_stores[extra.resource.plural] = Informer(
             extra.resource.plural, source_for(extra.resource.path, SELECTOR), namespaces,
-            on_loop(controller.pod_changed), kinds_.slim_extra, keep=kinds_.keep_extra)
+            on_loop(controller.pod_changed), stores.slim_extra, keep=stores.keep_extra)
     for kind in kinds:
         name = kind.resource.kind
         controller.parents[name] = Informer(kind.resource.plural, source_for(kind.resource.path, None), namespaces,
-                                            on_loop(controller.parent_changed, name), kinds_.parent_slimmer(kind))
+                                            on_loop(controller.parent_changed, name), stores.parent_slimmer(kind))
         controller.children[name] = Informer(kind.child.plural, source_for(kind.child.path, SELECTOR), namespaces,
                                              on_loop(controller.child_changed, name), kind.slim_child)
     controller.pods = Informer("pods", source_for(pods_path, SELECTOR), namespaces, on_loop(controller.pod_changed),
-                               kinds_.slim_pod, index=kinds_.pod_index, keep=kinds_.keep_pod)
+                               stores.slim_pod, index=stores.pod_index, keep=stores.keep_pod)
     # Kueue's: Workloads carry none of our labels (watched whole, kept slim); priority classes are
     # cluster-scoped. Both are "not served" until Kueue is installed, which is fine.
     controller.workloads = Informer("Kueue Workloads", source_for(WORKLOAD.path, None), namespaces,
-                                    on_loop(controller.workload_changed), kinds_.slim_workload,
-                                    index=kinds_.workload_index)
+                                    on_loop(controller.workload_changed), stores.slim_workload,
+                                    index=stores.workload_index)
     controller.priority_classes = Informer("Kueue WorkloadPriorityClasses", source_for(WORKLOAD_PRIORITY_CLASS.path, None),
-                                           None, on_loop(controller.priority_class_changed), kinds_.slim_name)
+                                           None, on_loop(controller.priority_class_changed), stores.slim_name)
     # Kueue's Workload CRD, by name: its schema's cap on pod sets per Workload bounds a queued job's groups.
-    controller.workload_crd = Informer("Kueue's Workload CRD", source_for(CRD.path, None, f"metadata.name={kinds_.kueue.WORKLOAD_CRD}"),
-                                       None, on_loop(controller.workload_crd_changed), kinds_.slim_workload_crd)
+    controller.workload_crd = Informer("Kueue's Workload CRD", source_for(CRD.path, None, f"metadata.name={kueue.WORKLOAD_CRD}"),
+                                       None, on_loop(controller.workload_crd_changed), stores.slim_workload_crd)
     return controller
 
 

@@ -10,10 +10,11 @@ from typing import Any, Callable
 
 from kubernetes.client.rest import ApiException
 
+from ..api import crd
 from .kube import Resource
 
 Key = tuple[str, str, str]  # (kind, namespace, name)
-REFUSED = "refused"  # the key of a stored object's refusal (kinds.parent_slimmer); no API field
+REFUSED = "refused"  # the key of a stored object's refusal (stores.parent_slimmer); no API field
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,19 @@ class Kind:
     phases: tuple[str, ...] = ()  # every phase of its status (the phase gauge emits each, 0 included)
 
 
+# The kinds this operator reconciles, and what they become (KubeRay's).
+TPUTORCHJOB = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
+TPUTORCHSERVICE = Resource(crd.GROUP, crd.VERSION, crd.SERVICE_PLURAL, crd.SERVICE_KIND)
+RAYJOB = Resource("ray.io", "v1", "rayjobs", "RayJob")
+RAYSERVICE = Resource("ray.io", "v1", "rayservices", "RayService")
+
 # Kueue's objects (kueue.x-k8s.io/v1beta2, Kueue v0.17): the Workload it makes for a queued child,
 # and the priority classes spec.priorityClassName names.
 WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
 RAYCLUSTER = Resource("ray.io", "v1", "rayclusters", "RayCluster")
 WORKLOAD_PRIORITY_CLASS = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass")
 # Kueue's Workload CRD is read (one object, by name) for its cap on pod sets per Workload; its store
-# keeps that cap under PODSETS_MAX (kinds.slim_workload_crd), not the schema.
+# keeps that cap under PODSETS_MAX (stores.slim_workload_crd), not the schema.
 CRD = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition")
 PODSETS_MAX = "podSetsMaxItems"
 

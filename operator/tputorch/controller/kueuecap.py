@@ -1,5 +1,5 @@
 """Step: the installed Kueue's cap on pod sets per Workload, read from its Workload CRD (the store
-``Stores.workload_crd`` keeps only the cap: kinds.slim_workload_crd). The rule that turns the cap
+``Stores.workload_crd`` keeps only the cap: stores.slim_workload_crd). The rule that turns the cap
 into a refusal is api/groups.py's; this step only says what the cap is, and when it changed."""
 
 from __future__ import annotations

@@ -9,16 +9,16 @@ served) adds the object's key to one work queue; one worker handles a key at a t
 decision is made there, from what the stores hold now (level-based). Each step is a module of
 its own with its inputs and the in-memory state it keeps:
 
-  specs.py     the spec, parsed once per version
-  kueuecap.py  the installed Kueue's cap on pod sets per Workload (a queued job's groups)
-  child.py     the child, made and owned (uid), with its expectations; the pods of its clusters
-  extras.py    its NetworkPolicy and a job's Ray token Secret
-  clusters.py  the worker bounds of a service's running RayClusters
-  admission.py Kueue admission, a service's initializing timeout, spec.suspend carried to the Workload
-  attempts.py  a job's hosts lost, its RayJob read again, the child of an ended attempt
-  progress.py  training progress read from the Ray dashboard
-  writes.py    the status write budget, with sticky terminal phases
-  sweeps.py    what is kept for an object dropped when it is gone
+  specs.py         the spec, parsed once per version
+  kueuecap.py      the installed Kueue's cap on pod sets per Workload (a queued job's groups)
+  child.py         the child, made and owned (uid), with its expectations; the pods of its clusters
+  extras.py        its NetworkPolicy and a job's Ray token Secret
+  clusters.py      the worker bounds of a service's running RayClusters
+  admission.py     Kueue admission, a service's initializing timeout, spec.suspend carried to the Workload
+  attempts.py      a job's hosts lost, its RayJob read again, the child of an ended attempt
+  progressreads.py a job's training progress read from the Ray dashboard
+  writes.py        the status write budget, with sticky terminal phases
+  sweeps.py        what is kept for an object dropped when it is gone
 
 Everything kept in memory is a cache that the API rebuilds after a restart.
 """
@@ -43,11 +43,11 @@ from .events import EventRecorder
 from .extras import ExtraChildren, RayTokenSecrets
 from .informer import Informer, key_of
 from .kind import Extra, Key, Kind, describe, now, ownership
-from .kinds import TPUTORCHJOB, TPUTORCHSERVICE
+from .kind import TPUTORCHJOB, TPUTORCHSERVICE
 from .kube import CALLS, Calls
 from .kueuecap import KueueCap
 from .metrics import METRICS
-from .progress import ProgressReads
+from .progressreads import ProgressReads
 from .raytoken import RayTokens
 from .specs import Specs, version
 from .stores import Stores

@@ -24,7 +24,7 @@ class Specs:
         cached = self.parsed.get(meta.get("uid"))
         if cached is None or cached[0] != (version(meta), cap):
             try:
-                if isinstance(parent.get(REFUSED), InvalidSpec):  # refused as stored (kinds.parent_slimmer)
+                if isinstance(parent.get(REFUSED), InvalidSpec):  # refused as stored (stores.parent_slimmer)
                     raise parent[REFUSED]
                 cached = ((version(meta), cap), kind.parse({**parent, "metadata": {**meta, "namespace": namespace}}))
             except InvalidSpec as err:

@@ -294,7 +294,7 @@ def running(pod: dict) -> bool:
     """The pod's containers run (phase Running and no container waiting or terminated), whatever
     its readiness probe says. A crash-looping container leaves the pod Running while it waits in
     CrashLoopBackOff (or has terminated) between restarts: that host is not up. (The pod store
-    keeps only the waiting containers: kinds.slim_pod.)"""
+    keeps only the waiting containers: controller/stores.slim_pod.)"""
     status = pod.get("status") or {}
     if status.get("phase") != "Running":
         return False

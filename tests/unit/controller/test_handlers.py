@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from tputorch import render
-from tputorch.controller import handlers, kinds
+from tputorch.controller import handlers, kinds, stores
 from tputorch.api import spec
 
 from ..fakekube import FakeKube, FakeSource
@@ -58,7 +58,7 @@ def test_the_namespace_is_the_objects_own_whatever_the_body_says(ctl):
 def test_every_kind_gets_an_informer_for_itself_and_its_child_and_one_for_pods(ctl):
     assert set(ctl.parents) == set(ctl.children) == {k.resource.kind for k in kinds.KINDS}
     assert ctl.children["TPUTorchJob"].source is not ctl.parents["TPUTorchJob"].source
-    assert ctl.pods.index_of is kinds.pod_index
+    assert ctl.pods.index_of is stores.pod_index
 
 
 def test_informer_changes_reach_the_controller_on_its_loop():

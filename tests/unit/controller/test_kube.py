@@ -35,7 +35,7 @@ def test_a_call_is_sent_once_not_again_by_urllib3_within_its_fence():
 
     from kubernetes import client
 
-    from tputorch.controller.kinds import RAYJOB
+    from tputorch.controller.kind import RAYJOB
     from tputorch.controller.kube import Kube
 
     server = socket.socket()
@@ -79,7 +79,7 @@ def test_writes_go_out_as_json_and_answers_come_back_parsed_or_raw():
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    from tputorch.controller.kinds import RAYJOB, TPUTORCHJOB
+    from tputorch.controller.kind import RAYJOB, TPUTORCHJOB
     from tputorch.controller.kube import Kube
 
     seen = []

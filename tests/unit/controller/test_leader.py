@@ -311,7 +311,7 @@ def kube_with(fence=None, workers=1):
 def test_a_write_is_refused_once_the_fence_says_this_replica_may_not_write():
     import asyncio
 
-    from tputorch.controller.kinds import RAYJOB
+    from tputorch.controller.kind import RAYJOB
     from tputorch.controller.kube import NotLeading
 
     allowed = {"timeout": 8.0}
@@ -329,7 +329,7 @@ def test_a_write_is_refused_once_the_fence_says_this_replica_may_not_write():
 def test_the_fence_is_checked_when_the_write_leaves_not_when_it_was_queued():
     import asyncio
 
-    from tputorch.controller.kinds import RAYJOB
+    from tputorch.controller.kind import RAYJOB
     from tputorch.controller.kube import NotLeading
 
     allowed = {"timeout": 8.0}

@@ -61,7 +61,7 @@ def test_api_calls_by_verb_and_code_timed_by_verb_and_resource_and_scrape_time_v
     from kubernetes.client.rest import ApiException
 
     from tputorch.controller import kube as kube_module
-    from tputorch.controller.kinds import RAYJOB, TPUTORCHJOB
+    from tputorch.controller.kind import RAYJOB, TPUTORCHJOB
 
     m = Metrics()
     kube = kube_module.Kube(client.Configuration(), 1, 1)

@@ -14,7 +14,7 @@ import pytest
 import urllib3
 
 from tputorch import render
-from tputorch.controller import kinds
+from tputorch.controller import kinds, stores
 from tputorch import status as statuses
 from tputorch.api import spec as statuses_spec
 from tputorch.controller.kind import ownership
@@ -523,7 +523,6 @@ def test_a_reconcile_stuck_on_a_call_is_abandoned_and_retried(monkeypatch):
 
 
 def test_the_pod_store_keeps_phase_and_why_a_container_waits():
-    from tputorch.controller import kinds
     pod = {"metadata": {"name": "w0", "namespace": "ml", "resourceVersion": "5", "annotations": {"a": "b"},
                         "labels": {"tputorch.io/service": "qwen", "ray.io/node-type": "worker", "other": "x"}},
            "spec": {"containers": [{"name": "ray-worker"}]},
@@ -534,24 +533,23 @@ def test_the_pod_store_keeps_phase_and_why_a_container_waits():
                                             {"name": "sidecar", "state": {"running": {"startedAt": "t"}}}],
                       "initContainerStatuses": [{"name": "wait-gcs-ready", "image": "i", "ready": False,
                                                  "state": {"waiting": {"reason": "PodInitializing"}}}]}}
-    slim = kinds.slim_pod(pod)
+    slim = stores.slim_pod(pod)
     assert slim["status"] == {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
                               "containerStatuses": [{"name": "ray-worker", "image": "i", "state": {"waiting": {
                                   "reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}],
                               "initContainerStatuses": [{"name": "wait-gcs-ready", "image": "i", "state": {"waiting": {
                                   "reason": "PodInitializing"}}}]}
     assert slim["metadata"]["labels"] == {"tputorch.io/service": "qwen", "ray.io/node-type": "worker"}
-    assert kinds.slim_pod({"metadata": {"name": "p"}, "status": {}})["status"] == {"conditions": []}
+    assert stores.slim_pod({"metadata": {"name": "p"}, "status": {}})["status"] == {"conditions": []}
     assert "spec" not in slim  # no TPU container, no node yet
 
 
 def test_the_pod_store_keeps_which_tpu_variables_a_tpu_container_got():
-    from tputorch.controller import kinds
     pod = {"metadata": {"name": "w0", "namespace": "ml"}, "spec": {"nodeName": "n1", "containers": [
         {"name": "ray-worker", "resources": {"limits": {"google.com/tpu": "4", "cpu": "8"}},
          "env": [{"name": "TPU_WORKER_ID", "value": "0"}, {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {}}}]},
         {"name": "sidecar", "env": [{"name": "TPU_NAME", "value": "x"}]}]}, "status": {}}
-    assert kinds.slim_pod(pod)["spec"] == {"nodeName": "n1", "containers": [
+    assert stores.slim_pod(pod)["spec"] == {"nodeName": "n1", "containers": [
         {"name": "ray-worker", "resources": {"limits": {"google.com/tpu": "4"}}, "env": [{"name": "TPU_WORKER_ID"}]}]}
 
 
@@ -562,10 +560,10 @@ def kueue_setup(parent, child, workloads=(), kueue_served=True):
     from ..fakekube import FakeSource
     ctl = setup(parent, child)
     noop = lambda *_: None  # noqa: E731
-    ctl.workloads = Informer("workloads", FakeSource(), None, noop, kinds.slim_workload, index=kinds.workload_index)
+    ctl.workloads = Informer("workloads", FakeSource(), None, noop, stores.slim_workload, index=stores.workload_index)
     ctl.workloads.served = kueue_served
     ctl.workloads.synced.set()  # listed (a store that never lists: test_a_workloads_list_that_fails_...)
-    ctl.priority_classes = Informer("priorityclasses", FakeSource(), None, noop, kinds.slim_name)
+    ctl.priority_classes = Informer("priorityclasses", FakeSource(), None, noop, stores.slim_name)
     for w in workloads:
         ctl.workloads.remember(w)
     return ctl
@@ -977,7 +975,7 @@ def test_the_pod_store_keeps_what_tells_the_training_slice_from_the_groups():
     pods = [pod("t0", "tpu-slice", True), pod("t1", "tpu-slice", False)] + [pod(f"r{i}", "rollout", True) for i in range(4)]
     child = {"metadata": {"name": "demo"}, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
                                                       "rayClusterStatus": {"readyWorkerReplicas": 5}}}
-    st = statuses.derive(job_spec, 1, child, [kinds.slim_pod(p) for p in pods], {}, "2026-11-30T00:00:00Z")
+    st = statuses.derive(job_spec, 1, child, [stores.slim_pod(p) for p in pods], {}, "2026-11-30T00:00:00Z")
     assert st["hostsReady"] == "1/4"
 
 
@@ -1159,7 +1157,7 @@ def workload_crd(max_items: int | None, rv: str = "1", unserved_max: int | None 
 def with_workload_crd(ctl, crd: dict | None, listed: bool = True):
     from tputorch.controller.informer import Informer
     from ..fakekube import FakeSource
-    ctl.workload_crd = Informer("Kueue's Workload CRD", FakeSource(), None, lambda *_: None, kinds.slim_workload_crd)
+    ctl.workload_crd = Informer("Kueue's Workload CRD", FakeSource(), None, lambda *_: None, stores.slim_workload_crd)
     if crd is not None:
         ctl.workload_crd.remember(crd)
     if listed:
@@ -1179,7 +1177,7 @@ def test_the_workload_crds_pod_set_cap_is_the_smallest_over_its_served_versions(
     crd["spec"]["versions"][1]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["podSets"]["maxItems"] = 8
     assert kueue.podsets_max_items(crd) == 8
     assert kueue.podsets_max_items(workload_crd(None)) is None
-    assert kinds.slim_workload_crd(workload_crd(18)) == {
+    assert stores.slim_workload_crd(workload_crd(18)) == {
         "metadata": {"name": "workloads.kueue.x-k8s.io", "resourceVersion": "1"}, "podSetsMaxItems": 18}
 
 
@@ -1196,7 +1194,7 @@ def test_a_queued_jobs_groups_follow_the_installed_kueue_and_an_upgrade_admits_w
                  "at most 8 pod sets (the installed Kueue's Workload CRD, spec.podSets maxItems)"):
         assert part in st["message"], st["message"]
     assert run(ctl.reconcile(KEY)) == "invalid" and ctl.kube.called("create") == []  # kept, not re-checked
-    ctl.workload_crd.store[("", "workloads.kueue.x-k8s.io")] = kinds.slim_workload_crd(workload_crd(18, rv="2"))
+    ctl.workload_crd.store[("", "workloads.kueue.x-k8s.io")] = stores.slim_workload_crd(workload_crd(18, rv="2"))
     ctl.workload_crd_changed("MODIFIED", workload_crd(18, rv="2"))
     assert KEY in ctl.queue._dirty  # queued again
     assert run(ctl.reconcile(KEY)) == "created"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tputorch.controller import kinds
+from tputorch.controller import stores
 from tputorch.status.job import ATTEMPT_LABEL
 
 from ..fakekube import FakeKube, controller
@@ -22,7 +22,7 @@ def run(coro):
 
 
 def pod(name, role="worker", cluster="demo-abcde"):
-    return kinds.slim_pod({"metadata": {"name": name, "namespace": "ml", "resourceVersion": "7", "labels": {
+    return stores.slim_pod({"metadata": {"name": name, "namespace": "ml", "resourceVersion": "7", "labels": {
         "ray.io/node-type": role, "ray.io/cluster": cluster, "tputorch.io/job": "demo"}},
         "spec": {"nodeName": f"node-{name}"},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tputorch.controller import informer as informer_module, rest as rest_module
-from tputorch.controller import kinds
+from tputorch.controller import stores
 from tputorch.controller.informer import Informer, _Relist, key_of
 from tputorch.controller.rest import RestSource
 from tputorch.controller.workqueue import Backoff, Bucket, WorkQueue
@@ -199,11 +199,11 @@ def test_a_404_streak_interrupted_by_refused_connections_starts_again():
 def test_a_namespace_pattern_with_an_exclusion_excludes_it():
     """Issue 34: `!ns` patterns (kopf's exclusions) matched nothing, so nothing was reconciled."""
     from tputorch.controller.informer import Informer as Inf
-    inf = Inf("things", FakeSource(), ["!kube-system", "!team-b-*"], lambda e, o: None, kinds.slim_object)
+    inf = Inf("things", FakeSource(), ["!kube-system", "!team-b-*"], lambda e, o: None, stores.slim_object)
     assert inf.scopes == [None]
     wanted = [ns for ns in ("ml", "kube-system", "team-b-1", "team-a") if inf._wanted({"metadata": {"namespace": ns}})]
     assert wanted == ["ml", "team-a"]
-    both = Inf("things", FakeSource(), ["team-*", "!team-b-*"], lambda e, o: None, kinds.slim_object)
+    both = Inf("things", FakeSource(), ["team-*", "!team-b-*"], lambda e, o: None, stores.slim_object)
     assert [ns for ns in ("ml", "team-a", "team-b-1") if both._wanted({"metadata": {"namespace": ns}})] == ["team-a"]
 
 
@@ -414,8 +414,8 @@ def test_objects_a_store_does_not_keep_are_dropped_unstored_and_one_that_stops_b
     source.listing = {"items": [pod("ours", "RayCluster"), pod("bare", None), pod("other", "ReplicaSet")],
                       "metadata": {"resourceVersion": "5"}}
     changes = []
-    inf = Informer("pods", source, None, lambda e, o: changes.append((e, key_of(o) if o else None)), kinds.slim_pod,
-                   keep=kinds.keep_pod)
+    inf = Informer("pods", source, None, lambda e, o: changes.append((e, key_of(o) if o else None)), stores.slim_pod,
+                   keep=stores.keep_pod)
     inf.relist(None)
     assert inf.keys() == {("ml", "ours")}
     assert ("SYNCED", ("ml", "bare")) not in changes  # never even reported
@@ -425,7 +425,7 @@ def test_objects_a_store_does_not_keep_are_dropped_unstored_and_one_that_stops_b
     assert inf.keys() == set() and changes[-1] == ("DELETED", ("ml", "ours"))
     policy = {"metadata": {"namespace": "ml", "name": "np", "resourceVersion": "1", "ownerReferences": [
         {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchJob", "name": "demo", "uid": "u", "controller": True}]}}
-    assert kinds.keep_extra(policy) and not kinds.keep_pod(policy)
+    assert stores.keep_extra(policy) and not stores.keep_pod(policy)
 
 
 def test_an_informer_relists_a_paged_listing_into_its_store():

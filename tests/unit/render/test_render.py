@@ -657,10 +657,10 @@ def test_a_queued_service_gets_its_initializing_timeout_on_admission_plus_the_ti
 
 
 def test_the_rayservice_store_keeps_the_initializing_timeout_it_compares():
-    from tputorch.controller import kinds
+    from tputorch.controller import stores
     rs = render.rayservice(spec.parse_service(service_body()))
     rs["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "{...}"
-    kept = kinds.slim_rayservice(rs)["metadata"]["annotations"]
+    kept = stores.slim_rayservice(rs)["metadata"]["annotations"]
     assert sorted(kept) == [render.INITIALIZING_TIMEOUT_ANNOTATION, render.SPEC_HASH_ANNOTATION]
 
 

@@ -100,7 +100,7 @@ def test_pods_kuberay_deletes_after_the_job_ended_do_not_make_its_failure_the_in
     gone_node["metadata"].update(deletionTimestamp="2026-12-01T10:00:31Z", deletionGracePeriodSeconds=30)
     assert attempts.classify(ended, healthy()[:2] + [gone_node]).result == attempts.INFRASTRUCTURE
     # The slimmed pod the operator stores keeps what this needs.
-    from tputorch.controller.kinds import slim_pod
+    from tputorch.controller.stores import slim_pod
     assert slim_pod(torn_down[0])["metadata"]["deletionGracePeriodSeconds"] == 30
 
 

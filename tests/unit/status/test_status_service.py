@@ -261,10 +261,10 @@ def test_a_crash_looping_host_is_not_up():
     pods[2]["status"]["containerStatuses"] = [{"name": "ray-worker", "restartCount": 6, "state": {"running": {}}}]
     assert derive("deploying", pods)["readyHosts"] == 4
     # As the operator's pod store keeps them (only waiting containers): the same answers.
-    from tputorch.controller import kinds
+    from tputorch.controller import stores
     for state, up in (({"running": {}}, 4), ({"waiting": {"reason": "CrashLoopBackOff"}}, 3)):
         pods[2]["status"]["containerStatuses"] = [{"name": "ray-worker", "state": state}]
-        assert derive("deploying", [kinds.slim_pod(p) for p in pods])["readyHosts"] == up, state
+        assert derive("deploying", [stores.slim_pod(p) for p in pods])["readyHosts"] == up, state
 
 
 def _unschedulable(pod):

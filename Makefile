@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install binaries cluster-up cluster-down demo test unit bench crd golden image example-images lock release
+.PHONY: install binaries cluster-up cluster-down demo test unit bench crd docs-ref golden image example-images lock release
 
 # pip's HTTP cache stores nothing here (the index's responses carry no caching headers), so the
 # large wheels (torch with its CUDA libraries, Ray) are kept in a wheelhouse of our own that every
@@ -95,6 +95,12 @@ crd: install
 	$(PY) -m tputorch crd --kind TPUTorchJob > crds/tputorch.io_tputorchjobs.yaml
 	$(PY) -m tputorch crd --kind TPUTorchService > crds/tputorch.io_tputorchservices.yaml
 	cp crds/tputorch.io_tputorchjobs.yaml crds/tputorch.io_tputorchservices.yaml charts/tputorch-operator/crds/
+
+# docs/reference/: the CRD fields, the CLI, the Helm values, the metrics, the phases and conditions, the
+# slices and the tested versions, generated from the code and build files (run after changing any of
+# them, `make crd` included); tests/unit/test_docs_reference.py fails while a page is stale.
+docs-ref: install
+	$(PY) hack/gen_reference.py
 
 golden: install
 	UPDATE_GOLDEN=1 $(PY) -m pytest tests/unit/render/test_render.py

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import json
 import os
 import re
 import sys
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -315,69 +317,108 @@ def metrics_page() -> tuple[str, str]:
 
 # --- Phases, conditions and reasons -----------------------------------------------------------------
 
+_UNKNOWN = object()  # a value computed at run time
+
+
 def _set_conditions() -> list[tuple[str, str, str, str]]:
     """(condition type, status, reason, module) of every condition the status code writes with a
     reason it names itself, read from status/'s source: each call that makes a condition
-    (`condition(TYPE, STATUS, REASON, ...)`; Kueue's `Admission(ADMITTED, REASON, ...)` for the
-    Admitted condition; `Applied(REASON, ...)` for SpecApplied) whose type and reason are a literal, a
-    module constant, or a parameter that every caller passes one for. Reasons copied from KubeRay,
-    Kueue or a pod are not among them."""
-    makers = {  # call name -> (type, status, reason): an argument's index, or the value itself
+    (`condition(TYPE, STATUS, REASON, ...)`; Kueue's `Admission(STATUS, REASON, ...)` for Admitted;
+    `Applied(REASON, ...)` for SpecApplied) whose type and reason are literals or module constants,
+    there or in the callers of the helpers they pass through (`child_created(TYPE, ...)`). Reasons
+    copied from KubeRay, Kueue or a pod are not among them."""
+    makers = {  # call name -> the argument index (or the value) of type, status and reason
         "condition": (0, 1, 2),
         "Admission": (status.conditions.ADMITTED, 0, 1),
         "Applied": (status.conditions.SPEC_APPLIED, None, 0),
     }
-    package = ROOT / "operator" / "tputorch" / "status"
-    trees = {path: ast.parse(path.read_text()) for path in sorted(package.glob("*.py"))}
-    calls = [node for tree in trees.values() for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    sites = _call_sites(ROOT / "operator" / "tputorch" / "status")
+    by_callee: dict[str, list[_Site]] = {}
+    for site in sites:
+        by_callee.setdefault(_callee(site.call), []).append(site)
     found = set()
-    for path, tree in trees.items():
-        scope = dict(vars(__import__(f"tputorch.status.{path.stem}", fromlist=["_"])))
-
-        def values(node: ast.expr, params: list[str], func: str) -> list[object]:
-            """What ``node`` may be: its value, or for a parameter of ``func`` what each caller passes."""
-            if isinstance(node, ast.Name) and node.id in params:
-                at = params.index(node.id)
-                return [v for c in calls if getattr(c.func, "id", None) == func and len(c.args) > at
-                        for v in values(c.args[at], [], "")]
-            try:
-                return [eval(ast.unparse(node), dict(scope))]  # noqa: S307 (our own source)
-            except Exception:  # computed at run time
-                return []
-
-        for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
-            params = [a.arg for a in func.args.args]
-            for call in [n for n in ast.walk(func) if isinstance(n, ast.Call)]:
-                which = makers.get(getattr(call.func, "id", None))
-                if which is None or len(call.args) <= max(i for i in which if isinstance(i, int)):
-                    continue
-                ctypes = [which[0]] if isinstance(which[0], str) else values(call.args[which[0]], params, func.name)
-                # a parameter's callers pair a status with a reason: read them call by call
-                pairs = ([(None, r) for r in values(call.args[which[2]], params, func.name)] if which[1] is None else
-                         [pair for c in _callers(call, which, params, func.name, calls)
-                          for pair in zip(values(c[0], [], ""), values(c[1], [], ""))]
-                         or [(s, r) for s in values(call.args[which[1]], params, func.name) or ["?"]
-                             for r in values(call.args[which[2]], params, func.name)])
-                for ctype in ctypes:
-                    for state, reason in pairs:
-                        if not (isinstance(ctype, str) and isinstance(reason, str)):
-                            continue
-                        if which[1] is None:  # SpecApplied: the Applied record says
-                            state = applied.Applied(reason, "", {}).applied
-                        word = {True: "True", False: "False", None: "Unknown"}.get(state, "True or False")
-                        found.add((ctype, word, status.conditions.reason_of(reason), f"status/{path.name}"))
+    for site in sites:
+        which = makers.get(_callee(site.call))
+        if which is None:
+            continue
+        nodes = tuple(ast.Constant(w) if not isinstance(w, int) or isinstance(w, bool) else
+                      (site.call.args[w] if w < len(site.call.args) else None) for w in which)
+        if None in (nodes[0], nodes[2]) or (which[1] is not None and nodes[1] is None):
+            continue
+        for ctype, state, reason in _joint(nodes, site, by_callee):
+            if not (isinstance(ctype, str) and isinstance(reason, str)):
+                continue
+            if which[1] is None:  # SpecApplied: the Applied record says
+                state = applied.Applied(reason, "", {}).applied
+            word = {True: "True", False: "False", None: "Unknown"}.get(state, "True or False")
+            found.add((ctype, word, status.conditions.reason_of(reason), f"status/{site.path.name}"))
     return sorted(found)
 
 
-def _callers(call: ast.Call, which: tuple, params: list[str], func: str, calls: list[ast.Call]) -> list[tuple]:
-    """(status, reason) argument nodes of each call of ``func`` when both of ``call``'s are its
-    parameters (a helper such as Kueue's result(admitted, reason, ...)); else none."""
-    state, reason = call.args[which[1]], call.args[which[2]]
-    if not all(isinstance(n, ast.Name) and n.id in params for n in (state, reason)):
+@dataclass(frozen=True)
+class _Site:
+    """A call in the status code, where it is: its module's names and the function it is in."""
+    call: ast.Call
+    path: Path
+    scope: dict
+    func: ast.FunctionDef | None
+
+
+def _call_sites(package: Path) -> list[_Site]:
+    sites = []
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        scope = dict(vars(importlib.import_module(f"tputorch.status.{path.stem}")))
+        inner: dict[int, ast.FunctionDef] = {}
+        for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:  # outer ones first
+            inner.update((id(n), func) for n in ast.walk(func) if isinstance(n, ast.Call))
+        sites += [_Site(n, path, scope, inner.get(id(n))) for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    return sites
+
+
+def _callee(call: ast.Call) -> str | None:
+    return call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
+
+
+def _passed(call: ast.Call, func: ast.FunctionDef, name: str) -> ast.expr | None:
+    """What ``call`` passes for ``func``'s parameter ``name``: by position, keyword or default."""
+    params = [a.arg for a in func.args.args]
+    at = params.index(name)
+    if at < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:at + 1]):
+        return call.args[at]
+    given = {kw.arg: kw.value for kw in call.keywords}
+    if name in given:
+        return given[name]
+    defaults = dict(zip(params[len(params) - len(func.args.defaults):], func.args.defaults))
+    return defaults.get(name)
+
+
+def _joint(nodes: tuple, site: _Site, by_callee: dict, depth: int = 0) -> list[tuple]:
+    """The values ``nodes`` take together at ``site``: evaluated in its module where they can be;
+    a parameter of the function it is in, at each of that function's callers (pairs kept paired)."""
+    params = {a.arg for a in site.func.args.args} if site.func else set()
+    free = [i for i, n in enumerate(nodes) if isinstance(n, ast.Name) and n.id in params]
+    fixed = {i: _evaluate(n, site.scope) for i, n in enumerate(nodes) if i not in free}
+    if not free:
+        return [tuple(fixed[i] for i in range(len(nodes)))]
+    if depth > 8:
         return []
-    at = params.index(state.id), params.index(reason.id)
-    return [(c.args[at[0]], c.args[at[1]]) for c in calls
-            if getattr(c.func, "id", None) == func and len(c.args) > max(at)]
+    rows = []
+    for caller in by_callee.get(site.func.name, []):
+        passed = tuple(_passed(caller.call, site.func, nodes[i].id) for i in free)
+        if None in passed:
+            continue
+        for combo in _joint(passed, caller, by_callee, depth + 1):
+            values = dict(zip(free, combo))
+            rows.append(tuple(values[i] if i in values else fixed[i] for i in range(len(nodes))))
+    return rows
+
+
+def _evaluate(node: ast.expr, scope: dict) -> object:
+    try:
+        return eval(ast.unparse(node), dict(scope))  # noqa: S307 (the operator's own source)
+    except Exception:  # computed at run time
+        return _UNKNOWN
 
 
 def _event(ctype: str, state: str, reason: str) -> str:

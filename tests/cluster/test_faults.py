@@ -88,7 +88,7 @@ def consistency_problems(kube, ns: str, expected: set[str]) -> list[str]:
         if not rj.get("jobDeploymentStatus"):
             problems.append(f"{name}: KubeRay has not reported yet")
             continue
-        want = statuses._phase(rj.get("jobDeploymentStatus", ""), rj.get("jobStatus", ""))
+        want = statuses.rayjob_phase(rj.get("jobDeploymentStatus", ""), rj.get("jobStatus", ""))
         got = (job.get("status") or {}).get("phase")
         if got != want:
             problems.append(f"{name}: phase {got}, RayJob says {want} ({rj.get('jobDeploymentStatus')})")

@@ -10,5 +10,5 @@ from .conditions import (  # noqa: F401  (re-exported)
     child_created, condition, events, finished, invalid, labels_of, patch_for, pods_forbidden, ready_hosts, ready_slices,
     scheduling_problem, stable_scheduler_message, stamp, without_times,
 )
-from .job import PHASES as JOB_PHASES, _phase, derive  # noqa: F401
+from .job import PHASES as JOB_PHASES, derive, rayjob_phase  # noqa: F401
 from .service import derive_service, endpoint  # noqa: F401

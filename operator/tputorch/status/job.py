@@ -1,10 +1,18 @@
 """Observed RayJob (+ its pods) -> TPUTorchJob status: its phase, its conditions, and its attempts.
 
 Every phase a TPUTorchJob can be in is listed here (PHASES); the CRD's enum is built from it.
+
+The derivation runs in stages, each reading only what the ones before it produced, so that a
+wrong status leads to one place: what is observed (observe_job: the RayJob's state, the training
+slice's hosts and why they wait), then the attempt decision (decide_attempt: has the current
+attempt ended, and does another start, within the retries of its kind), then the phase
+(job_phase), then the conditions (SliceReady, then Succeeded or Failed), then the message
+(job_message). The conditions every object starts with are status/leading.py's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .. import render
@@ -53,7 +61,8 @@ def _record(number: int, ending: tries.Ending, now: str) -> dict:
             "message": ending.message[:1024], "endTime": now}
 
 
-def _phase(deployment: str, job_status: str) -> str:
+def rayjob_phase(deployment: str, job_status: str) -> str:
+    """The phase a RayJob's jobDeploymentStatus and jobStatus say."""
     if deployment == "Complete":
         return "Succeeded" if job_status == "SUCCEEDED" else "Failed"
     if deployment in ("Failed", "ValidationFailed"):
@@ -65,7 +74,6 @@ def _phase(deployment: str, job_status: str) -> str:
     return "Pending"
 
 
-
 KUBERAY_GROUP_LABEL = GROUP_LABEL
 
 
@@ -74,6 +82,188 @@ def _training_slice(job: JobSpec, pods: list[dict]) -> list[dict]:
     if not job.groups:
         return pods
     return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(KUBERAY_GROUP_LABEL) == TRAIN_GROUP]
+
+
+# --- what is observed -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobObserved:
+    """What the current attempt's RayJob and its pods say now, before any judgement of them."""
+
+    rj_status: dict  # the RayJob's status ({} without a RayJob of this attempt)
+    deployment: str  # its jobDeploymentStatus ("" before KubeRay writes one)
+    job_status: str  # its jobStatus: the Ray job's own
+    kuberay_message: str  # its message, else its reason
+    pods: list[dict]  # the pods of its Ray cluster
+    ready: int  # the training slice's TPU hosts Ready
+    no_webhook: tuple[str, str] | None  # why the slice's hosts cannot find each other, when they cannot
+    blocked: tuple[str, str] | None  # why they cannot start: a quota, a container, no node pool
+    unschedulable: str | None
+
+
+def observe_job(job: JobSpec, rayjob: dict | None, pods: Iterable[dict]) -> JobObserved:
+    """The RayJob's state and the training slice's hosts: how many are Ready and why they wait."""
+    s = job.slice
+    rj_status = (rayjob or {}).get("status") or {}
+    cluster_status = rj_status.get("rayClusterStatus") or {}
+    pods = list(pods)
+    training = _training_slice(job, pods)
+    ready = ready_hosts(training, cluster_status)
+    if job.groups:  # KubeRay's fallback count (pods gone) includes the groups' pods
+        ready = min(ready, s.hosts)
+    return JobObserved(
+        rj_status=rj_status, deployment=rj_status.get("jobDeploymentStatus") or "",
+        job_status=rj_status.get("jobStatus") or "",
+        kuberay_message=rj_status.get("message") or rj_status.get("reason") or "",
+        pods=pods, ready=ready, no_webhook=tpu_webhook_missing(training, s.hosts),
+        blocked=quota_problem(cluster_status) or container_problem(pods) or
+        no_node_pool(training, render.worker_node_selector(job)),
+        unschedulable=scheduling_problem(pods),
+    )
+
+
+# --- the attempt decision -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptDecision:
+    """Which attempt is current, the attempts ended so far, and the phase that follows from them."""
+
+    number: int  # the current attempt: one more than before when this reconcile ended one and another starts
+    history: list[dict]  # the ended attempts' records, an attempt that just ended included
+    phase: str
+    retry_note: str  # when an attempt just ended and the next starts: how it ended and what is left ("" otherwise)
+
+
+def _ending(seen: JobObserved, deleted: Iterable[dict], network: net.NetworkPolicyState | None) -> tries.Ending | None:
+    """How the current attempt ended (None: it has not), with the NetworkPolicy blamed when it is
+    the likely cause: another attempt behind the same policy would end the same way."""
+    ending = tries.classify(seen.rj_status, seen.pods, deleted)
+    cause = net.dashboard_cause(network) if ending is not None and ending.reason == net.GRACE_PERIOD_EXCEEDED else None
+    if cause:
+        ending = tries.Ending(tries.FINAL, net.DASHBOARD_UNREACHABLE, f"{cause}; KubeRay: {ending.message}")
+    return ending
+
+
+def decide_attempt(job: JobSpec, previous: dict, number: int, rayjob: dict | None, seen: JobObserved, phase: str,
+                   deleted: Iterable[dict], network: net.NetworkPolicyState | None, now: str) -> AttemptDecision:
+    """Whether attempt ``number`` has just ended, and what follows: the next attempt while retries
+    of that kind of failure are left (Retrying), else Failed, or Succeeded. ``phase`` is what the
+    RayJob and Kueue say. An end recorded before stays decided, whatever KubeRay does with the
+    RayJob now."""
+    history = [dict(a) for a in previous.get("attemptHistory") or [] if isinstance(a, Mapping)]
+    settled = any(a.get("attempt") == number for a in history)  # this attempt's end is recorded
+    # Pods go when a job is suspended (by its user or by Kueue's preemption): that ends no attempt.
+    suspended = job.suspend or bool(((rayjob or {}).get("spec") or {}).get("suspend")) or phase in QUEUE_PHASES
+    watching = rayjob is not None and not suspended and \
+        seen.deployment in ("", "Initializing", "Running", "Complete", "Failed")
+    ending = None
+    if watching and not settled and previous.get("phase") not in TERMINAL_PHASES:
+        ending = _ending(seen, deleted, network)
+    if ending is None:
+        if settled and previous.get("phase") in TERMINAL_PHASES:
+            phase = previous["phase"]  # decided before; what KubeRay does with the RayJob now changes nothing
+        elif number > 1 and phase == "Pending":
+            phase = "Retrying"  # the previous attempt's RayJob is going or the new one is starting
+        return AttemptDecision(number, history, phase, "")
+    history.append(_record(number, ending, now))
+    if ending.result == tries.SUCCEEDED:
+        return AttemptDecision(number, history, "Succeeded", "")
+    left = tries.retries_left(ending.result, history[:-1], job.retries)
+    if left <= 0:
+        return AttemptDecision(number, history, "Failed", "")
+    kind = ending.result.lower()
+    return AttemptDecision(number + 1, history, "Retrying",
+                           f"attempt {number} ended: {ending.message} ({kind} failure); "
+                           f"starting attempt {number + 1} ({left - 1} {kind} retries left after it)")
+
+
+# --- the phase and the conditions -----------------------------------------------------------------
+
+
+def job_phase(decided: AttemptDecision, seen: JobObserved) -> str:
+    """The attempt decision's phase, but Pending while the slice's hosts cannot find each other:
+    Ray may run the script, but such a slice never trains."""
+    if seen.no_webhook and decided.phase == "Running":
+        return "Pending"
+    return decided.phase
+
+
+def slice_ready_condition(job: JobSpec, seen: JobObserved, phase: str, has_rayjob: bool,
+                          pods_problem: tuple[str, str] | None, generation: int) -> dict:
+    """SliceReady: whether the training slice's hosts are all Ready, and otherwise why not (the
+    job holds no slice, the pods cannot be read, or what the hosts wait for)."""
+    s = job.slice
+    if phase in TERMINAL_PHASES:
+        return condition(SLICE_READY, False, "JobFinished", "the job has finished", generation)
+    if phase == "Suspended":
+        return condition(SLICE_READY, False, "Suspended", "the job is suspended", generation)
+    if phase in QUEUE_PHASES:
+        return condition(SLICE_READY, False, "WaitingForKueue", f"{phase.lower()} by Kueue: the job holds no slice", generation)
+    if pods_problem:  # the operator may not read the pods: what they would say is unknown
+        return condition(SLICE_READY, None, pods_problem[0], pods_problem[1], generation)
+    if seen.no_webhook:
+        return condition(SLICE_READY, False, seen.no_webhook[0], seen.no_webhook[1], generation)
+    if has_rayjob and seen.ready >= s.hosts:
+        return condition(SLICE_READY, True, "AllHostsReady", f"{seen.ready}/{s.hosts} TPU hosts ready", generation)
+    if seen.blocked:
+        return condition(SLICE_READY, False, seen.blocked[0], seen.blocked[1], generation)
+    if seen.unschedulable:
+        return condition(SLICE_READY, False, "Unschedulable", seen.unschedulable, generation)
+    return condition(SLICE_READY, False, "WaitingForHosts", f"{seen.ready}/{s.hosts} TPU hosts ready", generation)
+
+
+def end_condition(job: JobSpec, seen: JobObserved, phase: str, decided: AttemptDecision, generation: int) -> dict | None:
+    """Succeeded or Failed once the job has ended: for a failure, the last attempt's reason (and
+    the retries of its kind spent), else KubeRay's."""
+    if phase == "Succeeded":
+        return condition(SUCCEEDED, True, "JobSucceeded", seen.kuberay_message or "the Ray job succeeded", generation)
+    if phase != "Failed":
+        return None
+    last = decided.history[-1] if decided.history else None
+    if last is not None and last.get("attempt") == decided.number:
+        budget = job.retries.get(str(last["result"]).lower())
+        why = last["message"] + (f" ({last['result'].lower()} failure after {budget} retries of that kind)"
+                                 if budget is not None and budget > 0 else "")
+        return condition(FAILED, True, last["reason"], why, generation)
+    reason = seen.rj_status.get("reason") or "JobFailed"
+    return condition(FAILED, True, reason, seen.kuberay_message or f"the Ray job ended {seen.job_status or 'in failure'}",
+                     generation)
+
+
+# --- the message ----------------------------------------------------------------------------------
+
+
+def job_message(job: JobSpec, phase: str, seen: JobObserved, decided: AttemptDecision, previous: dict, created: dict,
+                slice_ready: dict, ended: dict | None, has_rayjob: bool, queue: Admission | None) -> str:
+    """The status message: what the phase means for this job now, and what it waits for."""
+    if phase == "Retrying":
+        if decided.retry_note:
+            return decided.retry_note
+        if previous.get("phase") == "Retrying" and previous.get("message"):
+            return previous["message"]
+        return f"attempt {decided.number}: {slice_ready['message']}"
+    if phase == "Running":
+        return f"{job.workers} worker(s) on a {_shape(job).split(':')[0]}, {seen.ready}/{job.slice.hosts} hosts ready"
+    if ended is not None:
+        return ended["message"]
+    if phase == "Suspended":
+        return "suspended: the RayJob holds no slice"
+    if phase in QUEUE_PHASES:
+        return queue_message(job, queue)
+    if not has_rayjob:
+        return created["message"]
+    return slice_ready["message"]
+
+
+# --- the whole status -----------------------------------------------------------------------------
+
+
+def _shape(job: JobSpec) -> str:
+    s = job.slice
+    return (f"{s.generation.name} {s.topology} slice: {s.hosts} host(s) x {s.chips_per_host} chips, "
+            f"{job.workers} worker(s) x {job.chips_per_worker} chip(s)")
 
 
 def derive(
@@ -88,7 +278,6 @@ def derive(
     deleted: Iterable[dict] = (),
     pods_problem: tuple[str, str] | None = None,
     network: net.NetworkPolicyState | None = None,
-    desired_hash: str | None = None,  # noqa: ARG001  (a live RayJob takes no edit but suspend: nothing to compare)
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 
@@ -103,128 +292,39 @@ def derive(
     is going (the reconcile deletes it) and shows the job Retrying.
     """
     number = attempt(previous)
-    history = [dict(a) for a in previous.get("attemptHistory") or [] if isinstance(a, Mapping)]
     if rayjob is not None and attempt_of_child(rayjob) != number:
         rayjob = None  # an ended attempt's RayJob: nothing of it describes this attempt
-    s = job.slice
-    shape = (
-        f"{s.generation.name} {s.topology} slice: {s.hosts} host(s) x {s.chips_per_host} chips, "
-        f"{job.workers} worker(s) x {job.chips_per_worker} chip(s)"
-    )
-    rj_status = (rayjob or {}).get("status") or {}
-    cluster_status = rj_status.get("rayClusterStatus") or {}
-    deployment = rj_status.get("jobDeploymentStatus") or ""
-    job_status = rj_status.get("jobStatus") or ""
-    phase = _phase(deployment, job_status) if rayjob is not None else "Pending"
-    phase = queue_phase(phase, job.suspend, queue)
-    pods = list(pods)
-    ending = None
-    settled = any(a.get("attempt") == number for a in history)  # this attempt's end is recorded
-    # Pods go when a job is suspended (by its user or by Kueue's preemption): that ends no attempt.
-    suspended = job.suspend or bool(((rayjob or {}).get("spec") or {}).get("suspend")) or phase in QUEUE_PHASES
-    watching = rayjob is not None and not suspended and deployment in ("", "Initializing", "Running", "Complete", "Failed")
-    if watching and not settled and previous.get("phase") not in TERMINAL_PHASES:
-        ending = tries.classify(rj_status, pods, deleted)
-    cause = net.dashboard_cause(network) if ending is not None and ending.reason == net.GRACE_PERIOD_EXCEEDED else None
-    if cause:  # another attempt behind the same NetworkPolicy would end the same way
-        ending = tries.Ending(tries.FINAL, net.DASHBOARD_UNREACHABLE, f"{cause}; KubeRay: {ending.message}")
-    retry_note = ""
-    if ending is not None and ending.result != tries.SUCCEEDED:
-        history.append(_record(number, ending, now))
-        left = tries.retries_left(ending.result, history[:-1], job.retries)
-        if left > 0:
-            number += 1
-            phase = "Retrying"
-            retry_note = (f"attempt {number - 1} ended: {ending.message} ({ending.result.lower()} failure); "
-                          f"starting attempt {number} ({left - 1} {ending.result.lower()} retries left after it)")
-        else:
-            phase = "Failed"
-    elif ending is not None:
-        history.append(_record(number, ending, now))
-        phase = "Succeeded"
-    elif settled and previous.get("phase") in TERMINAL_PHASES:
-        phase = previous["phase"]  # decided before; what KubeRay does with the RayJob now changes nothing
-    elif number > 1 and phase == "Pending":
-        phase = "Retrying"  # the previous attempt's RayJob is going or the new one is starting
-    ready = ready_hosts(_training_slice(job, pods), cluster_status)
-    if job.groups:  # KubeRay's fallback count (pods gone) includes the groups' pods
-        ready = min(ready, s.hosts)
-    kuberay_message = rj_status.get("message") or rj_status.get("reason") or ""
-    no_webhook = tpu_webhook_missing(_training_slice(job, pods), s.hosts)
-    if no_webhook and phase == "Running":
-        phase = "Pending"  # Ray may run the script, but a slice whose hosts cannot find each other never trains
+    seen = observe_job(job, rayjob, pods)
+    kuberay_phase = queue_phase(rayjob_phase(seen.deployment, seen.job_status) if rayjob is not None else "Pending",
+                                job.suspend, queue)
+    decided = decide_attempt(job, previous, number, rayjob, seen, kuberay_phase, deleted, network, now)
+    phase = job_phase(decided, seen)
 
-    conditions = leading_conditions(shape, RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, True, queue, network,
+    conditions = leading_conditions(_shape(job), RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, True, queue, network,
                                     generation)
+    slice_ready = slice_ready_condition(job, seen, phase, rayjob is not None, pods_problem, generation)
+    ended = end_condition(job, seen, phase, decided, generation)
+    conditions += [slice_ready] + ([ended] if ended is not None else [])
 
-    unschedulable = scheduling_problem(pods)
-    blocked = quota_problem(cluster_status) or container_problem(pods) or \
-        no_node_pool(_training_slice(job, pods), render.worker_node_selector(job))
-    if phase in TERMINAL_PHASES:
-        slice_ready = condition(SLICE_READY, False, "JobFinished", "the job has finished", generation)
-    elif phase == "Suspended":
-        slice_ready = condition(SLICE_READY, False, "Suspended", "the job is suspended", generation)
-    elif phase in QUEUE_PHASES:
-        slice_ready = condition(SLICE_READY, False, "WaitingForKueue", f"{phase.lower()} by Kueue: the job holds no slice", generation)
-    elif pods_problem:  # the operator may not read the pods: what they would say is unknown
-        slice_ready = condition(SLICE_READY, None, pods_problem[0], pods_problem[1], generation)
-    elif no_webhook:
-        slice_ready = condition(SLICE_READY, False, no_webhook[0], no_webhook[1], generation)
-    elif rayjob is not None and ready >= s.hosts:
-        slice_ready = condition(SLICE_READY, True, "AllHostsReady", f"{ready}/{s.hosts} TPU hosts ready", generation)
-    elif blocked:
-        slice_ready = condition(SLICE_READY, False, blocked[0], blocked[1], generation)
-    elif unschedulable:
-        slice_ready = condition(SLICE_READY, False, "Unschedulable", unschedulable, generation)
-    else:
-        slice_ready = condition(SLICE_READY, False, "WaitingForHosts", f"{ready}/{s.hosts} TPU hosts ready", generation)
-    conditions.append(slice_ready)
+    message = job_message(job, phase, seen, decided, previous, conditions[1], slice_ready, ended, rayjob is not None, queue)
+    return _job_status(job, seen, phase, message, stamp(conditions, previous, now), decided, previous, now, generation, queue)
 
-    if phase == "Succeeded":
-        conditions.append(condition(SUCCEEDED, True, "JobSucceeded", kuberay_message or "the Ray job succeeded", generation))
-    if phase == "Failed":
-        last = history[-1] if history else None
-        if last is not None and last.get("attempt") == number:
-            budget = job.retries.get(str(last["result"]).lower())
-            why = last["message"] + (f" ({last['result'].lower()} failure after {budget} retries of that kind)"
-                                     if budget is not None and budget > 0 else "")
-            conditions.append(condition(FAILED, True, last["reason"], why, generation))
-        else:
-            reason = rj_status.get("reason") or "JobFailed"
-            conditions.append(condition(FAILED, True, reason, kuberay_message or f"the Ray job ended {job_status or 'in failure'}", generation))
 
-    if phase == "Retrying":
-        if retry_note:
-            message = retry_note
-        elif previous.get("phase") == "Retrying" and previous.get("message"):
-            message = previous["message"]
-        else:
-            message = f"attempt {number}: {slice_ready['message']}"
-    elif phase == "Running":
-        message = f"{job.workers} worker(s) on a {shape.split(':')[0]}, {ready}/{s.hosts} hosts ready"
-    elif phase in TERMINAL_PHASES:
-        message = conditions[-1]["message"]
-    elif phase == "Suspended":
-        message = "suspended: the RayJob holds no slice"
-    elif phase in QUEUE_PHASES:
-        message = queue_message(job, queue)
-    elif rayjob is None:
-        message = conditions[1]["message"]
-    else:
-        message = slice_ready["message"]
-
+def _job_status(job: JobSpec, seen: JobObserved, phase: str, message: str, conditions: list[dict],
+                decided: AttemptDecision, previous: dict, now: str, generation: int, queue: Admission | None) -> dict:
+    s, history, rj_status = job.slice, decided.history, seen.rj_status
     status = {
         "phase": phase,
         "message": message,
         "observedGeneration": generation,
-        "conditions": stamp(conditions, previous, now),
+        "conditions": conditions,
         "workers": job.workers,
         "hosts": s.hosts,
-        "readyHosts": ready,
-        "hostsReady": f"{ready}/{s.hosts}",
+        "readyHosts": seen.ready,
+        "hostsReady": f"{seen.ready}/{s.hosts}",
         "rayJobName": job.name,
         **queue_fields(job, queue),
-        "attempts": number,
+        "attempts": decided.number,
     }
     status.update(training.carried(previous))  # the controller puts a newer read in (progress.apply)
     if history:
@@ -233,11 +333,10 @@ def derive(
         "rayClusterName": rj_status.get("rayClusterName"),
         "dashboardURL": rj_status.get("dashboardURL"),
         "jobId": rj_status.get("jobId"),
-        "jobStatus": job_status or None,
-        "jobDeploymentStatus": deployment or None,
+        "jobStatus": seen.job_status or None,
+        "jobDeploymentStatus": seen.deployment or None,
         "startTime": rj_status.get("startTime"),
         "completionTime": (rj_status.get("endTime") or previous.get("completionTime") or now) if phase in TERMINAL_PHASES else None,
     }
     status.update({k: v for k, v in optional.items() if v})
     return status
-

@@ -447,7 +447,6 @@ def derive_service(
     now: str,
     problem: tuple[str, str] | None = None,
     queue: Admission | None = None,
-    deleted: Iterable[dict] = (),  # noqa: ARG001  (a service has no attempts: lost pods are KubeRay's to replace)
     pods_problem: tuple[str, str] | None = None,
     network: net.NetworkPolicyState | None = None,
     *,

@@ -49,7 +49,7 @@ def section(text: str, heading: str) -> str:
 def test_the_committed_reference_is_what_the_code_generates(pages):
     changed = stale(COMMITTED, pages)
     assert not changed, ("stale generated pages: " + ", ".join(f"docs/reference/{n}" for n in changed)
-                         + "; run `make docs-ref` and commit the result")
+                         + "; run `make docs-ref` (or `python hack/gen_reference.py`) and commit the result")
 
 
 def test_a_stale_page_is_found(pages, tmp_path):

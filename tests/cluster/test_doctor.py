@@ -86,6 +86,8 @@ def test_healthy_cluster_fails_nothing(kube, leader, doctor_ns, capsys):
     assert network in ("warn", "unknown")
     # with Kueue (KUEUE=1, or test_kueue.py ran first): this fresh namespace has no LocalQueue
     assert not_ok.pop("kueue-localqueues", "warn") == "warn"
+    # and Kueue runs out of cluster: no Deployment kueue-system/kueue-controller-manager to read its version from
+    assert not_ok.pop("kueue-version", "unknown") == "unknown"
     assert not_ok == LOCAL_NOT_OK, {k: checks[k]["message"] for k in not_ok}
     assert "holds the leader Lease" in checks["operator"]["message"]
     assert f"Lease {doctor_ns}/tputorch-operator" in checks["operator-lease"]["message"]

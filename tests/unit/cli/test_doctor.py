@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tputorch import tested_versions
 from tputorch.api import crd, spec
 from tputorch.cli import doctor
 from tputorch.cli.doctor import result as doctor_result, smoke
@@ -96,7 +97,7 @@ def healthy_facts() -> dict:
         "validating_webhooks": [{"metadata": {"name": "ray-tpu-webhook-validation"}}],
         "nodes": pool("tpu-v6e-4x4", 4) + pool("v6e-2x2-spot", 1, topo="2x2", **{"cloud.google.com/gke-spot": "true"}),
         "kube_system_pods": [{"metadata": {"name": "anetd-x7k2p"}}, {"metadata": {"name": "kube-dns-1"}}],
-        "kueue_installed": False, "kueue_config": None,
+        "kueue_installed": False, "kueue_config": None, "kueue_deployment": None,
         "local_queues": {"team-a": []}, "quotas": {"team-a": []},
         "gcsfuse_driver": {"metadata": {"name": GCS_FUSE_DRIVER}},
         "rights": {r: True for r in RIGHTS},
@@ -267,6 +268,75 @@ def test_no_kuberay_deployment_as_on_gkes_add_on_is_unknown_and_says_why():
     facts["kuberay_deployments"] = [{"spec": {"template": {"spec": {"containers": [{"image": "kuberay/operator@sha256:1"}]}}}}]
     (result,) = [r for r in doctor.run_checks(facts, NOW) if r.check == "kuberay-version"]
     assert result.status == UNKNOWN and "no version tag" in result.message
+
+
+def _image(facts: dict, image: str) -> None:
+    facts["kuberay_deployments"][0]["spec"]["template"]["spec"]["containers"][0]["image"] = image
+
+
+def test_a_kuberay_other_than_the_tested_ones_is_a_warning_naming_them():
+    facts = healthy_facts()
+    (tested,) = tested_versions.KUBERAY[:1]
+    _image(facts, f"quay.io/kuberay/operator:v{tested}")
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-version"]
+    assert result.status == OK and result.message == f"KubeRay {tested} (tested)"
+    _image(facts, "quay.io/kuberay/operator:v1.5.1")
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-version"]
+    assert result.status == WARN and result.doc.endswith("compatibility.md#kuberay")
+    assert result.message == ("KubeRay 1.5.1: not a version this release was tested with "
+                              f"(tested: {tested_versions.shown(tested_versions.KUBERAY)})")
+    assert doctor.exit_code([result]) == 0  # a warning: the operator may still work there
+    _image(facts, "quay.io/kuberay/operator:v1.6.0")  # known bad: its own message, the tested ones in the fix
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-version"]
+    assert "kuberay#4686" in result.message and f"tested: {tested}" in result.fix
+
+
+def kueue_deployment(image: str) -> dict:
+    return {"metadata": {"namespace": "kueue-system", "name": "kueue-controller-manager"},
+            "spec": {"template": {"spec": {"containers": [{"name": "manager", "image": image}]}}}}
+
+
+def kueue_version_result(deployment) -> doctor_result.Result:
+    facts = healthy_facts()
+    facts["kueue_installed"] = True
+    facts["kueue_deployment"] = deployment
+    (result,) = [r for r in doctor.run_checks(facts, NOW) if r.check == "kueue-version"]
+    return result
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.20.3", "0.20.5"])
+def test_kueue_0_20_0_to_0_20_5_fails_for_its_workload_watch_cache_failure(version):
+    result = kueue_version_result(kueue_deployment(f"registry.k8s.io/kueue/kueue:v{version}"))
+    assert result.status == FAIL
+    assert result.message.startswith(f"Kueue {version}: ") and "kueue#18411" in result.message
+    assert "0.20.6 or later" in result.fix and f"tested: {tested_versions.shown(tested_versions.KUEUE)}" in result.fix
+    assert result.doc == "docs/compatibility.md#kueue"
+
+
+@pytest.mark.parametrize("version", ["0.20.6", "0.19.0", "0.21.0"])
+def test_a_kueue_other_than_the_tested_ones_is_a_warning_naming_them(version):
+    result = kueue_version_result(kueue_deployment(f"registry.k8s.io/kueue/kueue:v{version}@sha256:" + "a" * 64))
+    assert result.status == WARN
+    assert result.message == (f"Kueue {version}: not a version this release was tested with "
+                              f"(tested: {tested_versions.shown(tested_versions.KUEUE)})")
+
+
+def test_a_tested_kueue_is_ok_and_an_unknown_one_not_ruled_out():
+    (tested,) = tested_versions.KUEUE[:1]
+    result = kueue_version_result(kueue_deployment(f"registry.k8s.io/kueue/kueue:v{tested}"))
+    assert result.status == OK and result.message == f"Kueue {tested} (tested)"
+    for deployment, why in ((None, "no Deployment kueue-system/kueue-controller-manager"),
+                            (kueue_deployment("registry.k8s.io/kueue/kueue@sha256:" + "a" * 64), "no version tag")):
+        result = kueue_version_result(deployment)
+        assert result.status == UNKNOWN and why in result.message and "0.20.0 to 0.20.5 not ruled out" in result.message
+    result = kueue_version_result(Unread("timed out"))
+    assert result.status == UNKNOWN and "timed out" in result.message
+
+
+def test_no_kueue_version_without_kueue():
+    facts = healthy_facts()
+    facts["kueue_deployment"] = kueue_deployment("registry.k8s.io/kueue/kueue:v0.20.1")
+    assert "kueue-version" not in statuses(doctor.run_checks(facts, NOW))
 
 
 # ---------------------------------------------------------------- the TPU webhook
@@ -517,6 +587,20 @@ def test_for_reads_the_cluster_queues_and_flavors_of_a_queued_job_through_the_ap
     facts = doctor_read.read_facts(unqueued, "team-a", [job()], timeout=5)
     assert (facts["cluster_queues"], facts["resource_flavors"]) == (None, None)
     assert not [p for p in unqueued.paths if p.endswith(("/clusterqueues", "/resourceflavors"))]  # read only when queued
+
+
+def test_kueues_version_is_read_from_its_deployment_through_the_api():
+    from tputorch.cli.doctor import read as doctor_read
+
+    api = FakeApiClient({
+        "/version": healthy_facts()["version"],
+        doctor_read.CRD_PATH + KUEUE_LOCALQUEUE_CRD: {"spec": {"versions": [{"name": "v1beta2", "storage": True}]}},
+        "/apis/apps/v1/namespaces/kueue-system/deployments/kueue-controller-manager":
+            kueue_deployment("registry.k8s.io/kueue/kueue:v0.20.2"),
+    })
+    (result,) = [r for r in doctor.run_checks(doctor_read.read_facts(api, "team-a", None, timeout=5))
+                 if r.check == "kueue-version"]
+    assert result.status == FAIL and result.message.startswith("Kueue 0.20.2: ")
 
 
 # ---------------------------------------------------------------- network, Kueue, GCS FUSE, rights

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...api import crd, spec
-from ... import render
+from ... import render, tested_versions
 from .result import (DOC_COMPAT_KUBERAY, DOC_WEBHOOK, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown,
-                          parse_version)
+                     image_version)
 
 
 # KubeRay versions that break something the operator relies on (docs/compatibility.md).
@@ -92,18 +92,8 @@ def served_schema(definition: dict, version: str = "v1") -> dict | None:
 
 
 def kuberay_version(deployments: list[dict] | Unread) -> str | None:
-    """The KubeRay operator's version, from its Deployment's image tag (v1.6.2 -> 1.6.2; a digest
-    after the tag is ignored, an image by digest alone has no version)."""
-    if isinstance(deployments, Unread):
-        return None
-    for d in deployments:
-        for c in ((d.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
-            name = (c.get("image") or "").partition("@")[0]
-            tag = name.rpartition(":")[2] if ":" in name.rpartition("/")[2] else ""
-            parsed = parse_version(tag)
-            if parsed:
-                return ".".join(map(str, parsed))
-    return None
+    """The KubeRay operator's version, from its Deployment's image tag."""
+    return None if isinstance(deployments, Unread) else image_version(deployments)
 
 
 def check_kuberay(installed: dict[str, dict | None | Unread], deployments: list[dict] | Unread,
@@ -150,9 +140,15 @@ def check_kuberay(installed: dict[str, dict | None | Unread], deployments: list[
     elif version in KNOWN_BAD_KUBERAY:
         status = FAIL if kueue_rayservice else WARN
         results.append(Result("kuberay-version", status, f"KubeRay {version}: {KNOWN_BAD_KUBERAY[version]}",
-                              "upgrade KubeRay to 1.6.1 or later", DOC_COMPAT_KUBERAY))
+                              f"upgrade KubeRay to 1.6.1 or later (tested: {tested_versions.shown(tested_versions.KUBERAY)})",
+                              DOC_COMPAT_KUBERAY))
+    elif version not in tested_versions.KUBERAY:
+        results.append(Result("kuberay-version", WARN, f"KubeRay {version}: not a version this release was tested "
+                              f"with (tested: {tested_versions.shown(tested_versions.KUBERAY)})",
+                              "the per-feature table says what each feature needs of KubeRay; or run a tested version",
+                              DOC_COMPAT_KUBERAY))
     else:
-        results.append(Result("kuberay-version", OK, f"KubeRay {version}"))
+        results.append(Result("kuberay-version", OK, f"KubeRay {version} (tested)"))
     return results
 
 

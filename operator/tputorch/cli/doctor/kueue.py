@@ -1,17 +1,28 @@
-"""`tputorch doctor`'s Kueue checks: its Ray integrations and the namespace's LocalQueues.
+"""`tputorch doctor`'s Kueue checks: its version, its Ray integrations and the namespace's LocalQueues.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ... import tested_versions
 from ...api import groups
 from ...status import kueue
-from .result import DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
+from .result import (DOC_COMPAT_KUEUE, DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, image_version,
+                     parse_version, quantity)
 
 
 KUEUE_INTEGRATIONS = ("ray.io/rayjob", "ray.io/rayservice")
 KUEUE_LOCALQUEUE_CRD = "localqueues.kueue.x-k8s.io"
+# Kueue's controller, as its release manifests and its Helm chart (release name kueue) name it:
+# the image tag there is the version (Kueue publishes it nowhere else in the cluster).
+KUEUE_DEPLOYMENT = ("kueue-system", "kueue-controller-manager")
+# Kueue versions that break something a queued job or service relies on (docs/compatibility.md),
+# as (first, last) bad version, what breaks, and the fix.
+KNOWN_BAD_KUEUE = [
+    ((0, 20, 0), (0, 20, 5), "can break the API server's watch cache for Workloads, which the admission of every "
+     "queued job and service goes through (kueue#18411, fixed in 0.20.6)", "upgrade Kueue to 0.20.6 or later"),
+]
 
 
 def _manager_config(config_map: dict) -> dict | None:
@@ -74,6 +85,35 @@ def kueue_quota_check(config_map: dict | None | Unread) -> QuotaCheck:
     ignore = (gate and doc.get("apiVersion") == "config.kueue.x-k8s.io/v1beta2"
               and resources.get("quotaCheckStrategy") == "IgnoreUndeclared")
     return QuotaCheck(prefixes, ignore)
+
+
+def check_kueue_version(crd_installed: bool | Unread, deployment: dict | None | Unread) -> list[Result]:
+    """Kueue's version from its Deployment (nothing when Kueue is not installed, which check_kueue
+    says): a known-bad one fails, one the suite did not run is a warning naming those it did."""
+    if crd_installed is not True:
+        return []
+    where = "/".join(KUEUE_DEPLOYMENT)
+    if isinstance(deployment, Unread):
+        return [_unknown("kueue-version", f"Kueue's Deployment {where}", deployment)]
+    version = image_version([deployment]) if deployment else None
+    if version is None:
+        why = "its image has no version tag" if deployment else f"no Deployment {where}"
+        return [Result("kueue-version", UNKNOWN, f"Kueue's version: cannot tell: {why} (Kueue "
+                       f"{', '.join(f'{_dotted(lo)} to {_dotted(hi)}' for lo, hi, _, _ in KNOWN_BAD_KUEUE)} not ruled out)")]
+    parsed = parse_version(version)
+    for first, last, what, fix in KNOWN_BAD_KUEUE:
+        if first <= parsed <= last:
+            return [Result("kueue-version", FAIL, f"Kueue {version}: {what}",
+                           f"{fix} (tested: {tested_versions.shown(tested_versions.KUEUE)})", DOC_COMPAT_KUEUE)]
+    if version not in tested_versions.KUEUE:
+        return [Result("kueue-version", WARN, f"Kueue {version}: not a version this release was tested with "
+                       f"(tested: {tested_versions.shown(tested_versions.KUEUE)})",
+                       "docs/kueue.md says what the operator needs of Kueue; or run a tested version", DOC_COMPAT_KUEUE)]
+    return [Result("kueue-version", OK, f"Kueue {version} (tested)")]
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
 
 
 def check_kueue(crd_installed: bool | Unread, frameworks: list[str] | None | Unread,

@@ -17,7 +17,7 @@ from ...api import crd, topology
 from ...status.kueue import WORKLOAD_CRD
 from .cluster import LEASE_NAME, lease_names
 from .kuberay import KUBERAY_CRDS
-from .kueue import KUEUE_LOCALQUEUE_CRD
+from .kueue import KUEUE_DEPLOYMENT, KUEUE_LOCALQUEUE_CRD
 from .result import Unread
 from .rights import GCS_FUSE_DRIVER, RIGHTS
 
@@ -78,6 +78,7 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
         "nodes": lambda: r.items("/api/v1/nodes", labelSelector=topology.GKE_ACCELERATOR_LABEL),
         "kube_system_pods": lambda: r.items("/api/v1/namespaces/kube-system/pods"),
         "kueue_config": lambda: r.call("/api/v1/namespaces/kueue-system/configmaps/kueue-manager-config"),
+        "kueue_deployment": lambda: r.call("/apis/apps/v1/namespaces/{}/deployments/{}".format(*KUEUE_DEPLOYMENT)),
         "gcsfuse_driver": lambda: r.call(f"/apis/storage.k8s.io/v1/csidrivers/{GCS_FUSE_DRIVER}"),
     }
     for name in crd_names:
@@ -96,7 +97,7 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
 
     facts: dict = {k: got[k] for k in ("version", "operator_deployments", "kuberay_deployments", "lease",
                                         "mutating_webhooks", "validating_webhooks", "nodes", "kube_system_pods",
-                                        "kueue_config", "gcsfuse_driver")}
+                                        "kueue_config", "kueue_deployment", "gcsfuse_driver")}
     facts["namespace"] = namespace
     facts["user"] = None if isinstance(got["user"], Unread) else got["user"]
     facts["crds"] = {name: got[f"crd:{name}"] for name in crd_names}

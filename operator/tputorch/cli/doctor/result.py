@@ -16,6 +16,7 @@ SYMBOLS = {OK: "✓", FAIL: "✗", WARN: "!", UNKNOWN: "?"}
 DOCS = "docs/"  # the project's docs folder
 DOC_COMPAT_K8S = DOCS + "compatibility.md#kubernetes-and-gke"
 DOC_COMPAT_KUBERAY = DOCS + "compatibility.md#kuberay"
+DOC_COMPAT_KUEUE = DOCS + "compatibility.md#kueue"
 DOC_WEBHOOK = DOCS + "compatibility.md#the-ray-tpu-webhook"
 DOC_OPERATOR = DOCS + "install-gke.md#7-the-operator"
 DOC_OPERATOR_TROUBLE = DOCS + "troubleshooting.md#the-operator"
@@ -61,6 +62,19 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     """`v1.34.4-gke.100` -> (1, 34, 4); None for something that is no version."""
     m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
     return tuple(int(g) for g in m.groups() if g is not None) if m else None
+
+
+def image_version(deployments: list[dict]) -> str | None:
+    """The version a Deployment's image tag names (quay.io/kuberay/operator:v1.6.2 -> 1.6.2; a digest
+    after the tag is ignored, an image by digest alone has no version): the first container that has one."""
+    for d in deployments:
+        for c in ((d.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
+            name = (c.get("image") or "").partition("@")[0]
+            tag = name.rpartition(":")[2] if ":" in name.rpartition("/")[2] else ""
+            parsed = parse_version(tag)
+            if parsed:
+                return ".".join(map(str, parsed))
+    return None
 
 
 def quantity(text: str | int | None) -> float:

@@ -45,6 +45,7 @@ REFUSED = {
     "a group's image from elsewhere": (job(groups=[{**GPU_GROUP, "image": "docker.io/someone/vllm:1"}]), "spec.groups[].image"),
     "added capabilities": (job(securityContext={"capabilities": {"add": ["NET_ADMIN"]}}), "capabilities.add"),
     "root": (job(securityContext={"runAsUser": 0}), "runAsUser must not be 0"),
+    "another ServiceAccount": (job(serviceAccountName="admin"), "spec.serviceAccountName must be ray-tpu"),
     "unconfined seccomp": (job(securityContext={"seccompProfile": {"type": "Unconfined"}}), "Unconfined"),
     "a Hugging Face token Secret": (SERVICE, "spec.model.hfTokenSecret"),
 }

@@ -147,6 +147,9 @@ def run_example_as(kube, kubeconfig: str, namespaces: list[str], job_ns: str, lo
     try:
         body = yaml.safe_load(EXAMPLE.read_text())
         name = body["metadata"]["name"]
+        # the example runs as the runbook's bucket-bound account (install-gke.md step 6): without it
+        # the API server refuses the pods, as on GKE
+        kubectl(kube.kubeconfig, "create", "serviceaccount", "ray-tpu", "-n", job_ns)
         kubectl(kube.kubeconfig, "apply", "-n", job_ns, "-f", str(EXAMPLE))
         rayjob = kube.wait(lambda: kube.custom.get_namespaced_custom_object("ray.io", "v1", job_ns, "rayjobs", name),
                            60, "RayJob created by the operator")

@@ -135,6 +135,9 @@ def test_operator_from_the_image_runs_a_job(kube, namespace, tputorch_crd, image
     try:
         wait_healthy(proc, f"http://127.0.0.1:{health}/healthz", log)
         name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+        # the example runs as the runbook's bucket-bound account (install-gke.md step 6): without it
+        # the API server refuses the pods, as on GKE
+        kubectl(kube.kubeconfig, "create", "serviceaccount", "ray-tpu", "-n", namespace)
         kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", str(EXAMPLE))
 
         def running():

@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 
-from ..api import crd, network, service, spec, topology
+from ..api import crd, identity, network, service, spec, topology
 from ..api.groups import describe
 from .. import render
 from . import submit
@@ -37,6 +37,8 @@ def _parse_all(path: str, max_pods: int = spec.MAX_PODS_DEFAULT) -> tuple[list[s
             parsed = spec.parse_any(doc, max_pods=max_pods)
             render.render_any(parsed)  # the child must fit what Kubernetes stores, as the operator checks
             jobs.append(parsed)
+            if warning := identity.missing_identity(doc.get("spec") or {}):
+                print(f"warning: {where}: {warning}", file=sys.stderr)
         except spec.InvalidSpec as err:
             problems.extend(f"{where}: {e}" for e in err.errors)
     return jobs, problems

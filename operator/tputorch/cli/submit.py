@@ -22,7 +22,7 @@ import yaml
 from kubernetes.client.rest import ApiException
 
 from . import client, display
-from ..api import crd, spec
+from ..api import crd, identity, spec
 from .. import render
 from .display import FAILED, INTERRUPTED, INVALID, OK
 from .yamlfile import YAMLFileError, read_documents
@@ -212,6 +212,13 @@ def validate(body: dict, flag_errors: list | None = None, parse=spec.parse, flag
     return parsed
 
 
+def warn_identity(body: dict) -> None:
+    """Said before the object is created: a spec that reaches Cloud Storage as the namespace's
+    default ServiceAccount (api/identity.py; a warning, since that account may be bound on purpose)."""
+    if warning := identity.missing_identity(body.get("spec") or {}):
+        print(f"warning: {warning}", file=sys.stderr)
+
+
 # ---------------------------------------------------------------- following (threads + renderer)
 
 def _pump_status(api: client.Api, kind: client.Kind, name: str, namespace: str, q: queue.Queue,
@@ -367,6 +374,7 @@ def cmd_submit(a) -> int:
     except InvalidFlags as err:
         _print_errors(err.errors)
         return INVALID
+    warn_identity(body)
     try:
         api = None if a.dry_run else _connect(a)
     except client.ConnectError as err:
@@ -388,6 +396,7 @@ def cmd_serve(a) -> int:
     except InvalidFlags as err:
         _print_errors(err.errors)
         return INVALID
+    warn_identity(body)
     try:
         api = None if a.dry_run else _connect(a)
     except client.ConnectError as err:

@@ -1,0 +1,62 @@
+"""Which Cloud Storage a spec reaches, and whether it names the identity GKE will check.
+
+On GKE a pod reaches Cloud Storage as its Kubernetes ServiceAccount (Workload Identity Federation:
+the principal `.../subject/ns/NS/sa/KSA`). Without `spec.serviceAccountName` the pods run as the
+namespace's `default` account, which the runbook never binds to a bucket, so the first checkpoint (or
+the `working_dir` download, before the driver starts) fails with a 403 after the slice has been
+provisioned. That is not refused here: a namespace's `default` account may be bound on purpose. It is
+said before the slice is paid for (`tputorch validate`/`submit`, and a condition on the object).
+
+Read from the spec as the user wrote it (a dict), so the one rule covers both kinds and every field
+that can carry a `gs://` URL.
+"""
+
+from __future__ import annotations
+
+import re
+
+GCS_URL = re.compile(r"gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](?:/[^\s'\"]*)?")
+
+
+def gcs_references(spec: dict) -> list[tuple[str, str]]:
+    """(field, gs:// value) for every place of ``spec`` that reaches a bucket with the pods' identity,
+    in the spec's order: the entrypoint, env values, the checkpoint path, runtimeEnv's working_dir and
+    py_modules, the model source, the LoRA path, and gcs volumes."""
+    found: list[tuple[str, str]] = []
+
+    def urls(field: str, value: object) -> None:
+        if isinstance(value, str):
+            found.extend((field, url) for url in GCS_URL.findall(value))
+
+    urls("spec.entrypoint", spec.get("entrypoint"))
+    for i, item in enumerate(spec.get("env") or []):
+        if isinstance(item, dict):
+            urls(f"spec.env[{i}] ({item.get('name')})", item.get("value"))
+    urls("spec.checkpoint.storagePath", (spec.get("checkpoint") or {}).get("storagePath"))
+    runtime_env = spec.get("runtimeEnv") or {}
+    if isinstance(runtime_env, dict):
+        urls("spec.runtimeEnv.working_dir", runtime_env.get("working_dir"))
+        for i, module in enumerate(runtime_env.get("py_modules") or []):
+            urls(f"spec.runtimeEnv.py_modules[{i}]", module)
+    urls("spec.model.source", (spec.get("model") or {}).get("source"))
+    urls("spec.lora.path", (spec.get("lora") or {}).get("path"))
+    for i, volume in enumerate(spec.get("volumes") or []):
+        bucket = ((volume or {}).get("gcs") or {}).get("bucket") if isinstance(volume, dict) else None
+        if isinstance(bucket, str) and bucket:
+            found.append((f"spec.volumes[{i}].gcs.bucket", f"gs://{bucket}"))
+    return found
+
+
+def missing_identity(spec: dict) -> str | None:
+    """The warning for a spec that reaches Cloud Storage without naming its ServiceAccount, or None."""
+    if spec.get("serviceAccountName"):
+        return None
+    refs = gcs_references(spec)
+    if not refs:
+        return None
+    field, value = refs[0]
+    more = f" (and {len(refs) - 1} more)" if len(refs) > 1 else ""
+    return (f"{field} is {value}{more} but spec.serviceAccountName is unset: on GKE the pods reach Cloud "
+            "Storage as the namespace's default ServiceAccount, which the bucket's IAM policy must then "
+            "grant (else a 403 after the slice is provisioned); set spec.serviceAccountName to the account "
+            "bound through Workload Identity (docs/install-gke.md step 6: ray-tpu)")

@@ -17,7 +17,7 @@ import posixpath
 import re
 from pathlib import Path
 
-from mkdocs.structure.files import File, Files
+from mkdocs.structure.files import File, Files, InclusionLevel
 
 log = logging.getLogger("mkdocs.hooks.tputorch")
 
@@ -92,10 +92,13 @@ def on_files(files: Files, config) -> Files:
             if not (root / path).exists() or path == "README.md":
                 continue  # on_page_markdown says so
             seen.add(path)
+            # reached through the links, not the navigation
             if (root / path).is_dir():
-                files.append(File.generated(config, _site_path(path, root, docs), content=_listing(root, path)))
+                files.append(File.generated(config, _site_path(path, root, docs), content=_listing(root, path),
+                                            inclusion=InclusionLevel.NOT_IN_NAV))
                 continue
-            files.append(File.generated(config, _site_path(path, root, docs), abs_src_path=str(root / path)))
+            files.append(File.generated(config, _site_path(path, root, docs), abs_src_path=str(root / path),
+                                        inclusion=InclusionLevel.NOT_IN_NAV))
             if path.endswith(".md"):
                 todo.append(path)
     return files
@@ -121,4 +124,12 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         line = lines[number]
         start, end = offset + match.start(2), offset + match.end(2)
         lines[number] = line[:start] + new + line[end:]
-    return "".join(lines)
+    return "".join(_code_pipes(line) for line in lines)
+
+
+def _code_pipes(line: str) -> str:
+    """A table row's `\\|` in code spans as `|`: GitHub's tables need the escape there, Python-Markdown's
+    do not split cells inside code spans and would show the backslash."""
+    if not line.lstrip().startswith("|"):
+        return line
+    return "".join(part.replace("\\|", "|") if i % 2 else part for i, part in enumerate(_CODE_SPAN.split(line)))

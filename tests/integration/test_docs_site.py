@@ -5,6 +5,7 @@ the repository (hack/mkdocs_hooks.py). A few seconds."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,11 @@ def test_the_site_builds_strict_with_every_link_resolved(tmp_path):
     assert "tputorch" in (site / "index.html").read_text()
     assert (site / "reference" / "cli" / "index.html").is_file()
     assert (site / "_repo" / "examples" / "v6e-4x4.yaml").read_text() == (ROOT / "examples" / "v6e-4x4.yaml").read_text()
+    # copies are reached through links, not the navigation
+    assert "_repo/" not in "".join(re.findall(r'<a href="[^"]*" class="md-nav__link">', (site / "index.html").read_text()))
+    # a pipe that GitHub's tables need escaped in a code span reads as a pipe here
+    helm = (site / "reference" / "helm-values" / "index.html").read_text()
+    assert "(ms|s|m|h)" in helm and "ms\\|s" not in helm
 
 
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path):

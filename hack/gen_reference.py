@@ -440,8 +440,10 @@ def conditions_page() -> tuple[str, str]:
            table(["kind", "condition types"],
                  [["TPUTorchJob", ", ".join(code(t) for t in status.CONDITION_TYPES)],
                   ["TPUTorchService", ", ".join(code(t) for t in status.SERVICE_CONDITION_TYPES)]]),
-           "\n## Reasons the operator sets\n\nOther reasons are copied, made CamelCase, from KubeRay (the RayJob's or "
-           "RayService's), Kueue (its Workload's) or a pod (e.g. `ErrImagePull`).\n\n"]
+           "\n## Reasons the operator sets\n\nThose the status code names itself. Others name a problem found at run "
+           "time (in the pods, at a create) or are copied, made CamelCase, from KubeRay (the RayJob's or RayService's), "
+           "Kueue (its Workload's) or a pod (e.g. `ErrImagePull`); [troubleshooting](../troubleshooting.md) says what "
+           "to do about each.\n\n"]
     order = {t: i for i, t in enumerate(dict.fromkeys(status.CONDITION_TYPES + status.SERVICE_CONDITION_TYPES))}
     where: dict[tuple[str, str, str], list[str]] = {}
     for ctype, state, reason, module in _set_conditions():

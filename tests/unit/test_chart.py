@@ -89,11 +89,12 @@ NAMESPACED_RULES = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": ["events.k8s.io", ""], "resources": ["events"], "verbs": ["create"]},
 ]
-CRD_DISCOVERY = [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                  "verbs": ["get", "list", "watch"]},
-                 {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloadpriorityclasses"],
-                  "verbs": ["get", "list", "watch"]}]
-NAMESPACE_DISCOVERY = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+# Cluster-scoped reads: Kueue's Workload CRD by name (no other CRD: kopf's scanning is off) and its
+# WorkloadPriorityClasses; never the namespaces.
+WORKLOAD_CRD = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                "resourceNames": ["workloads.kueue.x-k8s.io"], "verbs": ["get", "list", "watch"]}
+CLUSTER_READS = [WORKLOAD_CRD, {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloadpriorityclasses"],
+                                "verbs": ["get", "list", "watch"]}]
 
 
 # What would let a thief of the operator's token change the cluster (docs/install-gke.md's table).
@@ -113,7 +114,12 @@ def allowed(rules: list[dict], group: str, resource: str, verb: str) -> bool:
 def assert_least_privilege(rules: list[dict]) -> None:
     for r in rules:
         assert "*" not in r["apiGroups"] + r["resources"] + r["verbs"], r
-        assert "resourceNames" not in r and "nonResourceURLs" not in r, r
+        # the one rule narrowed by name is the Workload CRD's: no other CRD may be read
+        assert r == WORKLOAD_CRD or "resourceNames" not in r, r
+        assert "nonResourceURLs" not in r, r
+        if "customresourcedefinitions" in r["resources"]:
+            assert r == WORKLOAD_CRD, r
+    assert not allowed(rules, "", "namespaces", "list") and not allowed(rules, "", "namespaces", "watch")
     for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
         # create only (a job's Ray token Secret): never read, and never written over (an
         # update or patch answers with the whole Secret, so it would be a read too)
@@ -310,8 +316,8 @@ def test_clusterwide_rbac_is_exactly_the_operators_needs():
     docs = operator_rbac(render())
     role = one(docs, "ClusterRole")
     assert role["metadata"]["name"] == FULLNAME
-    assert role["rules"] == NAMESPACED_RULES + CRD_DISCOVERY
-    # kopf 1.45 never lists namespaces when it runs cluster-wide (observation.namespace_observer)
+    assert role["rules"] == NAMESPACED_RULES + CLUSTER_READS
+    # kopf's scanning is off: it lists no namespaces and no CRDs, in either mode (handlers.start)
     assert not allowed(role["rules"], "", "namespaces", "list")
     assert_least_privilege(role["rules"])
     binding = one(docs, "ClusterRoleBinding")
@@ -357,20 +363,20 @@ def test_namespaced_mode():
     for b in bindings:
         assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FULLNAME}
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}]
-    # cluster-wide: only what kopf reads for discovery, nothing about jobs, RayJobs or pods
+    # cluster-wide: only the cluster-scoped reads, nothing about jobs, RayJobs or pods
     cluster_role = one(docs, "ClusterRole")
-    assert cluster_role["metadata"]["name"] == f"{FULLNAME}-discovery"
-    assert cluster_role["rules"] == [*CRD_DISCOVERY, NAMESPACE_DISCOVERY]
+    assert cluster_role["metadata"]["name"] == f"{FULLNAME}-cluster-reads"
+    assert cluster_role["rules"] == CLUSTER_READS
     assert_least_privilege(cluster_role["rules"])
     # every write grant is in the listed namespaces' Roles alone, none cluster-wide
     for group, resource, verb in WRITE_GRANTS:
         assert all(allowed(role["rules"], group, resource, verb) for role in roles), (group, resource, verb)
         assert not any(allowed(r["rules"], group, resource, verb) for r in by_kind(docs, "ClusterRole")), (group, resource, verb)
-    assert {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")} == {f"{FULLNAME}-discovery"}
+    assert {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")} == {f"{FULLNAME}-cluster-reads"}
     # no Role beyond the listed namespaces and the release namespace's leader election
     assert {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in by_kind(docs, "Role")} == {
         ("team-a", FULLNAME), ("team-b", FULLNAME), (NS, f"{FULLNAME}-leader-election")}
-    assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == f"{FULLNAME}-discovery"
+    assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == f"{FULLNAME}-cluster-reads"
 
 
 @needs_helm

@@ -109,12 +109,14 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
 {{- end -}}
 
 {{/*
-What kopf reads cluster-wide in every mode: it lists and watches CRDs to find the served
-resources (and notices when KubeRay's CRDs appear later).
+What the operator reads cluster-wide in every mode. Kueue's Workload CRD, by name (its list and
+watch select it by metadata.name): its schema's cap on pod sets per Workload bounds a queued job's
+groups. No other CRD, and no namespace list: kopf's scanning is off (controller/handlers.py).
 */}}
-{{- define "tputorch.discoveryRules" -}}
+{{- define "tputorch.clusterReadRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
+  resourceNames: ["workloads.kueue.x-k8s.io"]
   verbs: ["get", "list", "watch"]
 # Kueue's WorkloadPriorityClasses (cluster-scoped): a spec.priorityClassName that names none is
 # reported on the object.

@@ -138,6 +138,10 @@ async def start(settings: kopf.OperatorSettings, **_) -> None:
     failed, never builds a second controller with a second set of stores."""
     # kopf's own per-handler events would double ours; keep them for problems only.
     settings.posting.level = logging.WARNING
+    # kopf would otherwise list and watch every CRD of the cluster (and, namespaced, every
+    # namespace) to serve handlers this operator does not have: the informers read what it needs
+    # (kopf starts these observers only after the startup handlers, so this takes effect).
+    settings.scanning.disabled = True
     loop = asyncio.get_running_loop()
     if RUNTIME.controller is None:
         start_controller(loop)

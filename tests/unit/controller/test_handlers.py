@@ -2,6 +2,7 @@
 
 import asyncio
 import copy
+import logging
 
 import pytest
 
@@ -232,6 +233,21 @@ def test_the_readiness_endpoint_answers_503_naming_the_store_then_200():
             await runner.cleanup()
     (code, text), (code2, _) = asyncio.run(scenario())
     assert (code, text, code2) == (503, "not listed (required): pods\n", 200)
+
+
+def test_startup_switches_kopfs_scanning_off(monkeypatch):
+    """kopf's resource and namespace observers start after the startup handlers, whatever handlers
+    exist: scanning off, they list and watch no CRD and no namespace (the chart grants neither)."""
+    import kopf
+
+    runtime = handlers.Runtime()
+    runtime.controller = object()  # built already: start() only configures kopf
+    monkeypatch.setattr(handlers, "RUNTIME", runtime)
+    monkeypatch.setattr(handlers, "CONFIG", handlers.Config())
+    settings = kopf.OperatorSettings()
+    assert not settings.scanning.disabled
+    asyncio.run(handlers.start(settings))
+    assert settings.scanning.disabled and settings.posting.level == logging.WARNING
 
 
 # --- startup is idempotent (issue 34) --------------------------------------------------------------

@@ -66,8 +66,11 @@ class Api:
         return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, kind.plural, body)
 
     def get(self, kind: Kind, name: str, namespace: str) -> dict | None:
+        return self._get(GROUP, VERSION, namespace, kind.plural, name)
+
+    def _get(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict | None:
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, kind.plural, name)
+            return self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -105,12 +108,7 @@ class Api:
 
     def child(self, kind: Kind, name: str, namespace: str) -> dict | None:
         """The object's RayJob / RayService (same name; None when there is none, or no KubeRay)."""
-        try:
-            return self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, kind.child_plural, name)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        return self._get(RAY_GROUP, RAY_VERSION, namespace, kind.child_plural, name)
 
     def delete(self, kind: Kind, name: str, namespace: str) -> bool:
         try:

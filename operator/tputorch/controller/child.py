@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 from .. import render
 from ..api.job import kueue_errors
 from ..api.spec import InvalidSpec
-from ..render import MANAGED_BY_LABEL
+from ..render import MANAGED_BY_LABEL, stamp as stamps
 from ..status import CLUSTER_LABEL
 from ..status.job import ATTEMPT_LABEL, attempt, child_must_go
 from .extras import RayTokenSecrets
@@ -146,11 +146,16 @@ class ChildStep:
         """A service's RayService: every field of the spec is applied to the live RayService
         (KubeRay upgrades it without downtime)."""
         child = self.of(key, parent)
+        fresh = render.rayservice(spec)  # rendered (and refused when too large) whatever the child keeps
         if child is None:
-            return await self._create(kind, key, parent, spec, lambda: render.rayservice(spec), beside)
+            return await self._create(kind, key, parent, spec, lambda: fresh, beside)
         if not self._owned(kind, key, parent, child):
             return "retry", child
-        return await self._patch(kind, key, render.rayservice_patch(spec, child)), child
+        # An operator upgrade changes no running RayService: it keeps its own rendering (restored
+        # where edited) until the spec changes or the user asks for this operator's (render/stamp.py).
+        patch = stamps.child_patch(parent, child, lambda: fresh, lambda desired: render.rayservice_patch(spec, child, desired),
+                                   render.RAYSERVICE_ANNOTATIONS)
+        return await self._patch(kind, key, patch), child
 
     def _owned(self, kind: Kind, key: Key, parent: dict, child: dict) -> bool:
         owned = ownership(kind, parent, child)
@@ -188,6 +193,10 @@ class ChildStep:
             self.problems[key] = ("Forbidden", f"the operator may not {refused[0]} {kind.child.kind}s: {refused[1]}")
             return "retry", None
         desired = render_child()
+        # the record of its rendering: what it keeps through operator upgrades (render/stamp.py)
+        desired["metadata"]["annotations"] = {**(desired["metadata"].get("annotations") or {}), **stamps.annotations(
+            stamps.OPERATOR_VERSION, parent["metadata"].get("generation"), stamps.requested(parent),
+            stamps.rendering(desired))}
         desired["metadata"]["namespace"] = namespace  # the object's own, whatever its body says
         desired["metadata"]["ownerReferences"] = [owner_reference(kind, parent)]
         if beside is not None:

@@ -34,7 +34,8 @@ from typing import Callable
 
 from .. import render, status as statuses
 from ..api.spec import InvalidSpec
-from ..status import applied as service_status, kueue, progress as training
+from ..render import stamp as stamps
+from ..status import applied as service_status, kueue, progress as training, rendering
 from .admission import KueueAdmission
 from .attempts import Attempts
 from .child import ChildStep
@@ -288,10 +289,17 @@ class Controller:
         admission = await self.kueue.admission(kind, spec, ours)
         await self.kueue.initializing_timeout(kind, spec, ours, admission)
         previous, now = self.writes.previous(parent), self.clock()
+        # What the live RayService is to run: its own rendering unless the spec changed (render/stamp.py)
+        fresh = render.rayservice(spec)
+        found = stamps.read(ours) if ours is not None else None
+        own = stamps.own_rendering(parent, ours, found, fresh, render.RAYSERVICE_ANNOTATIONS)
         current = statuses.derive_service(
             spec, meta.get("generation", 0), ours, pods, previous, now, self.child.problems.get(key),
             queue=admission, pods_problem=self._pods_problem(key[1]), network=self.extras.network(key, spec),
-            desired_hash=render.rayservice_spec_hash(spec))  # is the live RayService up to date?
+            desired_hash=own["annotations"].get(render.SPEC_HASH_ANNOTATION))  # is the live RayService up to date?
+        current = rendering.with_condition(current, rendering.rendering_condition(
+            kind.resource.kind, kind.child.kind, key[2], key[1], found, own, stamps.rendering(fresh),
+            meta.get("generation", 0)), previous, now)
         recheck = service_status.recheck_in(current, now, ours)
         if recheck is not None:  # KubeRay's Serve reload may bring no event (status/applied.py)
             self.queue.add_after(key, recheck)
@@ -348,6 +356,17 @@ class Controller:
         meta = parent["metadata"]
         self.specs.refused(meta, err, cap)
         previous = self.writes.previous(parent)
+        key = (kind.resource.kind, meta.get("namespace"), meta.get("name"))
+        child = self._ours(kind, parent, self.child.of(key, parent))
+        found = stamps.read(child) if child is not None else None
+        if child is not None and rendering.keeps_running(parent, found):
+            # a refusal this operator adds applies to new generations only: the child keeps running
+            current = rendering.refused_but_running(kind.resource.kind, kind.child.kind, key[2], key[1], err.errors,
+                                                    found, meta.get("generation", 0), previous, self.clock())
+            if await self.writes.write(kind, parent, previous, current):
+                log.warning("%s %s/%s is refused by this operator; its %s, made for this generation, keeps running: %s",
+                            kind.resource.kind, key[1], key[2], kind.child.kind, err)
+            return "invalid"
         current = statuses.invalid(err.errors, meta.get("generation", 0), previous, self.clock())
         if await self.writes.write(kind, parent, previous, current):
             METRICS.validation_failed(kind.resource.kind)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import render, status as statuses
+from ..render import stamp as stamps
 from ..api import spec as specs
 from ..status import kueue
 from .informer import Informer
@@ -86,8 +87,12 @@ keep_extra = controlled_by(TPUTORCHJOB, TPUTORCHSERVICE)  # ours directly
 
 def slim_object(obj: dict) -> dict:
     """An object of ours: metadata without managedFields and annotations (kubectl's copy of the
-    whole object is a third of the memory per object), spec, status."""
+    whole object is a third of the memory per object) but the user's request for the new rendering
+    (render/stamp.py), spec, status."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("managedFields", "annotations")}
+    asked = stamps.requested(obj)
+    if asked:
+        meta["annotations"] = {stamps.RERENDER_ANNOTATION: asked}
     return {"metadata": meta, "spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
 
 
@@ -95,14 +100,18 @@ _CHILD_META = ("name", "namespace", "uid", "resourceVersion", "generation", "lab
                "deletionTimestamp")
 
 
-def _slim_child(obj: dict, spec: dict) -> dict:
+# The stamp of a child's rendering (render/stamp.py) but the rendering itself: what a job's
+# RayJob is kept with (its running attempt is never re-rendered, so its rendering is never restored).
+_STAMP_BUT_RENDERING = (stamps.VERSION_ANNOTATION, stamps.GENERATION_ANNOTATION, stamps.RERENDER_ANNOTATION)
+
+
+def _slim_child(obj: dict, spec: dict, annotations_kept: tuple[str, ...]) -> dict:
     """A RayJob or RayService as its store keeps it: identity, owner, our spec hash, ``spec``, status."""
     meta = obj.get("metadata") or {}
     kept = {k: meta[k] for k in _CHILD_META if k in meta}
     annotations = meta.get("annotations") or {}
-    # our spec hash, and the initializing timeout a queued service gets on admission
-    ours = {k: annotations[k] for k in (render.SPEC_HASH_ANNOTATION, render.INITIALIZING_TIMEOUT_ANNOTATION)
-            if annotations.get(k)}
+    # our spec hash, the initializing timeout a queued service gets on admission, the stamp
+    ours = {k: annotations[k] for k in (*render.RAYSERVICE_ANNOTATIONS, *annotations_kept) if annotations.get(k)}
     if ours:
         kept["annotations"] = ours
     return {"metadata": kept, "spec": spec, "status": obj.get("status") or {}}
@@ -117,12 +126,13 @@ def slim_rayjob(obj: dict) -> dict:
     auth = (spec.get("rayClusterSpec") or {}).get("authOptions")
     if isinstance(auth, dict):
         read["rayClusterSpec"] = {"authOptions": dict(auth)}
-    return _slim_child(obj, read)
+    return _slim_child(obj, read, _STAMP_BUT_RENDERING)
 
 
 def slim_rayservice(obj: dict) -> dict:
-    """A RayService with its whole spec: its patch (render.rayservice_patch) replaces the spec."""
-    return _slim_child(obj, obj.get("spec") or {})
+    """A RayService with its whole spec and its stamp: its patch (render.rayservice_patch) replaces
+    the spec, with its own stamped rendering unless the spec changed (render/stamp.py)."""
+    return _slim_child(obj, obj.get("spec") or {}, stamps.STAMP_ANNOTATIONS)
 
 
 def slim_extra(obj: dict) -> dict:

@@ -144,3 +144,14 @@ def child_patch(parent: dict, child: dict, fresh, restore, managed: tuple[str, .
     return {"metadata": {"annotations": annotations(found.version if found is not None else UNKNOWN_VERSION,
                                                     generation if found is None else found.generation,
                                                     found.rerender if found is not None else "", have)}}
+
+
+def own_rendering(parent: dict, child: dict | None, found: Stamp | None, fresh: dict, managed: tuple[str, ...]) -> dict:
+    """The rendering (rendering()) ``child`` is to run under the rule: this operator's ``fresh``
+    one when there is no child yet or it is to be re-rendered, else its own (stamped, or what a
+    child without a stamp has of ``managed`` and its spec)."""
+    if child is None or decide(parent, found) == RERENDER:
+        return rendering(fresh)
+    if found is not None and found.rendering is not None:
+        return found.rendering
+    return rendering(child, managed)

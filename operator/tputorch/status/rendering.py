@@ -56,6 +56,9 @@ def changed_fields(found: stamps.Stamp | None, running: dict, fresh: dict) -> li
     def unhashed(rendered: dict) -> dict:
         annotations = {k: v for k, v in (rendered.get("annotations") or {}).items() if k != SPEC_HASH_ANNOTATION}
         return {**rendered, "annotations": annotations}
+    hashes = [(r.get("annotations") or {}).get(SPEC_HASH_ANNOTATION) for r in (running, fresh)]
+    if hashes[0] and hashes[0] == hashes[1]:
+        return []  # the same hash: the same rendering (the walk below is the cost of every reconcile)
     exact = found is not None and found.version != stamps.UNKNOWN_VERSION and found.rendering is not None
     return differences(unhashed(running), unhashed(fresh), exact=exact)
 

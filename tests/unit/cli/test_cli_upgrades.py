@@ -13,7 +13,10 @@ from ..services import service_body
 
 
 def stamped(child, version="0.2.0", generation=1):
+    """``child`` as an operator of ``version`` made it: its spec hash and stamp of what it has."""
     child = copy.deepcopy(child)
+    if render.SPEC_HASH_ANNOTATION in (child["metadata"].get("annotations") or {}):
+        child["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] = render.rayservice_hash(child)
     child["metadata"]["annotations"] = {**(child["metadata"].get("annotations") or {}),
                                         **stamp.annotations(version, generation, "", stamp.rendering(child))}
     return child

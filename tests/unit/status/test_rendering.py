@@ -19,6 +19,13 @@ def fresh(**spec):
     return stamp.rendering(render.rayservice(specs.parse_service(service_body(**spec))))
 
 
+def rehashed(rendered: dict) -> dict:
+    """A rendering edited by a test, with the spec hash its operator would have given it."""
+    annotations = {k: v for k, v in rendered["annotations"].items() if k != render.SPEC_HASH_ANNOTATION}
+    digest = render.rayservice_hash({"metadata": {"annotations": annotations}, "spec": rendered["spec"]})
+    return {**rendered, "annotations": {**annotations, render.SPEC_HASH_ANNOTATION: digest}}
+
+
 def test_the_same_rendering_says_nothing():
     assert rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", None, fresh(), fresh(), 1) is None
 
@@ -28,6 +35,7 @@ def test_an_older_rendering_names_both_versions_what_applying_it_does_and_how():
     old = copy.deepcopy(new)
     old["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"].append(
         {"name": "OLD", "value": "1"})
+    old = rehashed(old)
     found = stamp.Stamp("0.2.0", 3, "", old)
     cond = rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", found, old, new, 3)
     assert (cond["type"], cond["status"], cond["reason"]) == ("RenderingCurrent", "False", "OlderRendering")
@@ -38,6 +46,7 @@ def test_an_older_rendering_names_both_versions_what_applying_it_does_and_how():
     # only the worker bounds differ: KubeRay applies them in place
     bounds = copy.deepcopy(new)
     bounds["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = 7
+    bounds = rehashed(bounds)
     cond = rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", None, bounds, new, 3)
     assert "no new RayCluster" in cond["message"] and "an operator before 0.3.0" in cond["message"]
 
@@ -79,6 +88,7 @@ def test_a_child_made_before_the_rule_differs_only_in_what_this_operator_renders
     adopted = stamp.Stamp(stamp.UNKNOWN_VERSION, 1, "", stored)
     assert rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", adopted, stored, new, 1) is None
     stored["spec"]["serveConfigV2"] = "applications: []\n"
+    assert rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", adopted, stored, new, 1) is not None
     cond = rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", adopted, stored, new, 1)
     assert ": spec.serveConfigV2." in cond["message"] and "restartPolicy" not in cond["message"]
 

@@ -210,7 +210,7 @@ def queue_problems(queue: str, namespace: str, local_queues: list[dict], cluster
     agree with the slice's `selector` and whose quota (nominal, plus what it may borrow in a
     cohort) holds `chips`. Usage by others is not counted: that is waiting, not never. A resource
     Kueue's config leaves out of quota (`quota_check`) needs no ClusterQueue to cover it."""
-    lq = next((q for q in local_queues if (q.get("metadata") or {}).get("name") == queue), None)
+    lq = _named(local_queues, queue)
     if lq is None:
         return [f"no Kueue LocalQueue {queue!r} in namespace {namespace}"], []
     cq_name = (lq.get("spec") or {}).get("clusterQueue")
@@ -218,31 +218,63 @@ def queue_problems(queue: str, namespace: str, local_queues: list[dict], cluster
         return [], []
     if isinstance(cluster_queues, Unread):
         return [], [f"Kueue's ClusterQueues unreadable ({cluster_queues.reason})"]
-    cq = next((c for c in cluster_queues if (c.get("metadata") or {}).get("name") == cq_name), None)
+    cq = _named(cluster_queues, cq_name)
     where = f"LocalQueue {queue!r}'s ClusterQueue {cq_name!r}"
     if cq is None:
         return [f"{where} does not exist"], []
-    active = next((c for c in (cq.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"), None)
-    if active and active.get("status") == "False":
-        return [f"{where} is not active ({active.get('reason')}: {active.get('message')})"], []
+    inactive = _inactive(cq)
+    if inactive:
+        return [f"{where} is not active ({inactive})"], []
     groups = (cq.get("spec") or {}).get("resourceGroups") or []
     covered = {r for g in groups for r in g.get("coveredResources") or []}
-    uncovered = sorted(r for r in resources - covered if not quota_check.excluded(r))
-    if uncovered and not quota_check.ignore_undeclared:
-        problem = f"{where} covers no {', '.join(uncovered)}, which the pods ask for"
-        if quota_check.unread:
-            return [], [f"{problem}, and whether Kueue's config leaves them out of quota is unknown: "
-                        f"kueue-system/kueue-manager-config unreadable ({quota_check.unread})"]
-        return [problem], []
+    verdict = _uncovered_problems(where, sorted(r for r in resources - covered if not quota_check.excluded(r)),
+                                  quota_check)
+    if verdict:
+        return verdict
     if quota_check.excluded(tpu_resource) or tpu_resource not in covered and quota_check.ignore_undeclared:
         return [], []  # Kueue counts no TPU quota for it
     if isinstance(flavors, Unread):
         return [], [f"Kueue's ResourceFlavors unreadable ({flavors.reason})"]
+    return _tpu_flavor_problems(where, cq, flavors, selector, tpu_resource, chips)
+
+
+def _named(objects: list[dict], name: str | None) -> dict | None:
+    """The object called `name` (metadata.name) among `objects`, None when there is none."""
+    return next((o for o in objects if (o.get("metadata") or {}).get("name") == name), None)
+
+
+def _inactive(cq: dict) -> str | None:
+    """'reason: message' of a ClusterQueue whose Active condition is False (Kueue admits nothing
+    through it), None when it is active or says nothing."""
+    active = next((c for c in (cq.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"), None)
+    if active and active.get("status") == "False":
+        return f"{active.get('reason')}: {active.get('message')}"
+    return None
+
+
+def _uncovered_problems(where: str, uncovered: list[str],
+                        quota_check: QuotaCheck) -> tuple[list[str], list[str]] | None:
+    """The verdict when the ClusterQueue covers none of `uncovered` (resources the pods ask for that
+    Kueue's config does not leave out of quota), None when that stops nothing: there are none, or
+    Kueue skips what no resource group declares (IgnoreUndeclared)."""
+    if not uncovered or quota_check.ignore_undeclared:
+        return None
+    problem = f"{where} covers no {', '.join(uncovered)}, which the pods ask for"
+    if quota_check.unread:
+        return [], [f"{problem}, and whether Kueue's config leaves them out of quota is unknown: "
+                    f"kueue-system/kueue-manager-config unreadable ({quota_check.unread})"]
+    return [problem], []
+
+
+def _tpu_flavor_problems(where: str, cq: dict, flavors: list[dict] | None, selector: dict[str, str],
+                         tpu_resource: str, chips: float) -> tuple[list[str], list[str]]:
+    """Whether a flavor of the ClusterQueue `cq` for `tpu_resource` agrees with the slice's
+    `selector` and may ever hold `chips` (its nominal quota, plus what it may borrow in a cohort)."""
     by_name = {(f.get("metadata") or {}).get("name"): f for f in flavors or []}
     spec = cq.get("spec") or {}
     cohort = spec.get("cohortName") or spec.get("cohort")
     tried = []
-    for group in groups:
+    for group in spec.get("resourceGroups") or []:
         if tpu_resource not in (group.get("coveredResources") or []):
             continue
         for flavor in group.get("flavors") or []:

@@ -13,7 +13,7 @@ from .network import Exposure, parse_exposure
 from .storage import check_bucket
 from .vllm_args import ENGINE_ARGS, FRONTEND_APP_ARGS, FRONTEND_SERVER_ARGS, VLLM_VERSION
 from .common import (
-    DNS1123_SUBDOMAIN, INT32_MAX, MAX_PODS_DEFAULT, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader,
+    DNS1123_SUBDOMAIN, INT32_MAX, MAX_PODS_DEFAULT, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader, TPU,
     between, check_pods, common_fields, freeform, parse_common, string,
 )
 
@@ -359,10 +359,32 @@ def check_scale_to_zero(r, slice_, max_replicas: int | None, queue_name: str | N
 
 def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     """Validate a TPUTorchService object (as a dict) and return its ServiceSpec; InvalidSpec lists every error.
-    ``max_pods``: the most pods the service may make at spec.replicas.max (common.check_pods)."""
+    ``max_pods``: the most pods the service may make at spec.replicas.max (common.check_pods).
+    The blocks are read in turn (the shared one, model, engine and lora, replicas, serve, the upgrade
+    strategy, exposure), each stage returning its ServiceSpec fields; errors are listed in that order."""
     r = Reader()
     if not isinstance(body, Mapping):
         raise InvalidSpec([FieldError("", body, "must be a TPUTorchService object")])
+    fields, spec, tpu = parse_common(r, body, SERVICE, _operator_env(body))
+    model = _parse_model(r, spec, fields)
+    engine = _parse_engine(r, spec, tpu, model["model_source"], model["model_name"])
+    replicas = _parse_replicas(r, spec, tpu, fields.get("queue_name"), max_pods)
+    serve = _parse_serve(r, spec, replicas["min_replicas"], replicas["max_replicas"])
+    strategy = r.value(spec, "upgradeStrategy", "spec.upgradeStrategy", str, default=SERVICE_DEFAULTS["upgradeStrategy"],
+                       check=lambda v: None if v in UPGRADE_STRATEGIES else
+                       f"must be one of {', '.join(UPGRADE_STRATEGIES)} (KubeRay's RayService upgrade strategies)")
+    exposure = parse_exposure(r, spec)
+
+    if r.errors:
+        raise InvalidSpec(r.errors)
+    return ServiceSpec(**common_fields(fields, tpu), **model, **engine, **replicas, **serve,
+                       upgrade_strategy=strategy, exposure=exposure)
+
+
+def _operator_env(body: Mapping) -> dict[str, str]:
+    """The environment variables the operator sets in a service's pods (spec.env may not set them):
+    the serving ones, HF_TOKEN with spec.model.hfTokenSecret, the caches with spec.model.cacheVolume.
+    Read from the raw body, before the model block is validated."""
     model = body.get("spec", {}).get("model") if isinstance(body.get("spec"), Mapping) else None
     token_secret_set = isinstance(model, Mapping) and model.get("hfTokenSecret") is not None
     operator_env = dict(SERVICE_ENV)
@@ -370,8 +392,12 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         operator_env[HF_TOKEN_ENV] = "the operator sets it from spec.model.hfTokenSecret"
     if isinstance(model, Mapping) and model.get("cacheVolume") is not None:
         operator_env.update({k: "the operator sets it under spec.model.cacheVolume's mountPath" for k in CACHE_ENV})
-    fields, spec, tpu = parse_common(r, body, SERVICE, operator_env)
+    return operator_env
 
+
+def _parse_model(r: Reader, spec: Mapping, fields: dict) -> dict:
+    """spec.model: model_source, model_name (the object's name unless set), hf_token_secret
+    ((name, key) or None) and cache_path (where spec.model.cacheVolume is mounted, or None)."""
     model = r.mapping(spec, "model", "spec.model", MODEL_FIELDS)
     if spec.get("model") is None:
         r.error("spec.model", None, "is required")
@@ -387,18 +413,31 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
         if secret_name and secret_key:
             hf_token_secret = (secret_name, secret_key)
     cache_name = r.value(model, "cacheVolume", "spec.model.cacheVolume", str, check=string(63))
-    cache_path = None
-    if cache_name is not None:
-        volume = next((v for v in fields["volumes"] if v.name == cache_name), None)
-        if volume is None:
-            r.error("spec.model.cacheVolume", cache_name, "must name one of spec.volumes"
-                    + (f" ({', '.join(v.name for v in fields['volumes'])})" if fields["volumes"] else " (there are none)"))
-        elif volume.source == "emptyDir" or volume.read_only or "worker" not in volume.mount_on:
-            r.error("spec.model.cacheVolume", cache_name, "must be a writable gcs or pvc volume mounted on the workers "
-                    "(the TPU hosts download the weights and compile there)")
-        else:
-            cache_path = volume.mount_path.rstrip("/")
+    return {"model_source": source, "model_name": model_name, "hf_token_secret": hf_token_secret,
+            "cache_path": _cache_path(r, cache_name, fields["volumes"])}
 
+
+def _cache_path(r: Reader, cache_name: str | None, volumes: list) -> str | None:
+    """The mountPath of the spec.volumes entry spec.model.cacheVolume names, when it may hold the
+    caches (writable, gcs or pvc, on the workers); None when it is not set or may not."""
+    if cache_name is None:
+        return None
+    volume = next((v for v in volumes if v.name == cache_name), None)
+    if volume is None:
+        r.error("spec.model.cacheVolume", cache_name, "must name one of spec.volumes"
+                + (f" ({', '.join(v.name for v in volumes)})" if volumes else " (there are none)"))
+    elif volume.source == "emptyDir" or volume.read_only or "worker" not in volume.mount_on:
+        r.error("spec.model.cacheVolume", cache_name, "must be a writable gcs or pvc volume mounted on the workers "
+                "(the TPU hosts download the weights and compile there)")
+    else:
+        return volume.mount_path.rstrip("/")
+    return None
+
+
+def _parse_engine(r: Reader, spec: Mapping, tpu: TPU, source: str | None, model_name: str | None) -> dict:
+    """spec.engine and spec.lora (the engine's args depend on whether adapters are served):
+    tensor_parallel_size (chips / pipelineParallelSize unless set), pipeline_parallel_size,
+    enable_expert_parallel, max_model_len, engine_args and lora; and whether the slice can serve."""
     engine = r.mapping(spec, "engine", "spec.engine", ENGINE_FIELDS)
     chips = tpu.slice.chips if tpu.slice else None
     tp = r.value(engine, "tensorParallelSize", "spec.engine.tensorParallelSize", int, check=between(1, INT32_MAX))
@@ -423,22 +462,33 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     if tpu.slice is not None and (problem := serving_problem(tpu.slice)) is not None:
         field, message = problem
         r.error(f"spec.tpu.{field}", tpu.slice.chips_per_host if field == "chipsPerHost" else tpu.slice.generation.name, message)
+    return {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "enable_expert_parallel": expert,
+            "max_model_len": max_model_len, "engine_args": engine_args, "lora": lora}
 
+
+def _parse_replicas(r: Reader, spec: Mapping, tpu: TPU, queue_name: str | None, max_pods: int) -> dict:
+    """spec.replicas: min_replicas and max_replicas (min unless set; required when min is 0), and
+    the pods they make at most."""
     replicas = r.mapping(spec, "replicas", "spec.replicas", REPLICA_FIELDS)
     min_replicas = r.value(replicas, "min", "spec.replicas.min", int, default=SERVICE_DEFAULTS["replicas.min"], check=between(0, MAX_REPLICAS))
     max_replicas = r.value(replicas, "max", "spec.replicas.max", int, default=min_replicas or None, check=between(1, MAX_REPLICAS))
     if min_replicas == 0:
-        check_scale_to_zero(r, tpu.slice, max_replicas, fields.get("queue_name"))
+        check_scale_to_zero(r, tpu.slice, max_replicas, queue_name)
     if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
         r.error("spec.replicas.max", max_replicas, f"must be at least spec.replicas.min ({min_replicas})")
-    elif fields.get("queue_name") and min_replicas and max_replicas != min_replicas:  # Kueue's RayService webhook refuses it
+    elif queue_name and min_replicas and max_replicas != min_replicas:  # Kueue's RayService webhook refuses it
         r.error("spec.replicas.max", max_replicas, f"must equal spec.replicas.min ({min_replicas}) when "
                 "spec.queueName is set: Kueue admits a fixed number of slices, not an autoscaling range")
 
     if tpu.slice is not None and max_replicas is not None:
         check_pods(r, "spec.replicas.max", 1 + max_replicas * tpu.slice.hosts, max_pods,
                    "the head and every host of spec.replicas.max slices")
+    return {"min_replicas": min_replicas, "max_replicas": max_replicas}
 
+
+def _parse_serve(r: Reader, spec: Mapping, min_replicas: int | None, max_replicas: int | None) -> dict:
+    """spec.serve: Ray Serve's request targets, health checks, timeouts, routing and ingress, and
+    the autoscaling delays (each allowed only with the replica range it acts on)."""
     serve = r.mapping(spec, "serve", "spec.serve", SERVE_FIELDS)
     target = r.value(serve, "targetOngoingRequests", "spec.serve.targetOngoingRequests", int,
                      default=SERVICE_DEFAULTS["serve.targetOngoingRequests"], check=between(1, 1_000_000))
@@ -471,39 +521,8 @@ def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
     if downscale_delay is not None and min_replicas == max_replicas:
         r.error("spec.serve.downscaleDelaySeconds", downscale_delay, "is set only with spec.replicas.max above "
                 f"spec.replicas.min (autoscaled): both are {min_replicas}, so Serve never stops a replica for low load")
-    strategy = r.value(spec, "upgradeStrategy", "spec.upgradeStrategy", str, default=SERVICE_DEFAULTS["upgradeStrategy"],
-                       check=lambda v: None if v in UPGRADE_STRATEGIES else
-                       f"must be one of {', '.join(UPGRADE_STRATEGIES)} (KubeRay's RayService upgrade strategies)")
-    exposure = parse_exposure(r, spec)
-
-    if r.errors:
-        raise InvalidSpec(r.errors)
-    return ServiceSpec(
-        **common_fields(fields, tpu),
-        model_source=source,
-        model_name=model_name,
-        hf_token_secret=hf_token_secret,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-        enable_expert_parallel=expert,
-        max_model_len=max_model_len,
-        engine_args=engine_args,
-        min_replicas=min_replicas,
-        max_replicas=max_replicas,
-        target_ongoing_requests=target,
-        max_ongoing_requests=max_ongoing,
-        health_check_period_s=period,
-        health_check_timeout_s=timeout,
-        initializing_timeout_s=init_timeout,
-        cluster_deletion_delay_s=deletion_delay,
-        graceful_shutdown_timeout_s=graceful,
-        routing=routing,
-        ingress_replicas=ingress,
-        scale_to_zero_delay_s=to_zero_delay,
-        downscale_delay_s=downscale_delay,
-        upgrade_strategy=strategy,
-        cache_path=cache_path,
-        exposure=exposure,
-        lora=lora,
-    )
+    return {"target_ongoing_requests": target, "max_ongoing_requests": max_ongoing, "health_check_period_s": period,
+            "health_check_timeout_s": timeout, "initializing_timeout_s": init_timeout,
+            "cluster_deletion_delay_s": deletion_delay, "graceful_shutdown_timeout_s": graceful, "routing": routing,
+            "ingress_replicas": ingress, "scale_to_zero_delay_s": to_zero_delay, "downscale_delay_s": downscale_delay}
 

@@ -141,16 +141,16 @@ class ServiceObserved:
     cluster_name: str | None  # the RayCluster that serves (the pending one before the first promotion)
     new_cluster_pending: bool  # an upgrade: a new RayCluster is prepared beside the serving one
     pending_problem: str | None  # then, why the new cluster's hosts cannot start (the upgrade waits on them)
-    pods: list[dict]  # the serving cluster's pods (all of them while no cluster is named)
-    cluster_status: dict  # KubeRay's copy of the serving cluster's status
+    # The serving cluster's hosts (its pods; KubeRay's copy of its status where they cannot be read):
     ready: int  # TPU hosts running
     ready_replicas: int  # slice replicas whose every host runs
     replicas: int  # slice replicas wanted now: Ray's autoscaler's count, within spec.replicas
     slices_wanted: int  # slice replicas that must be up to serve (0: scaled to zero)
-    head_runs: bool
-    no_webhook: tuple[str, str] | None  # why the hosts cannot start, when they cannot:
-    no_pool: tuple[str, str] | None
-    unschedulable: str | None
+    head_runs: bool  # the head's pod runs (its Serve proxy takes the next request)
+    # Why its hosts cannot start, when they cannot:
+    no_webhook: tuple[str, str] | None  # created without what the GKE Ray TPU webhook sets
+    no_pool: tuple[str, str] | None  # no node pool has the slice's node labels
+    unschedulable: str | None  # the scheduler's reason
     stuck: tuple[str, str] | None  # a quota, an image or a crash loop
     up_to_date: bool  # KubeRay has seen the current spec (its hash and generation)
     app: dict  # the Serve application: the serving cluster's, else the pending one's
@@ -214,7 +214,7 @@ def observe_service(svc: ServiceSpec, rayservice: dict | None, pods: Iterable[di
         exists=rayservice is not None, rs_status=rs_status, active=active, pending=pending,
         cluster_name=cluster_name, new_cluster_pending=new_cluster_pending,
         pending_problem=_pending_cluster_problem(svc, every_pod, pending) if new_cluster_pending else None,
-        pods=serving, cluster_status=cluster_status, ready=ready,
+        ready=ready,
         ready_replicas=ready_slices(serving, s.hosts, ready, up=running), replicas=replicas,
         # Scale to zero: no slice is wanted until Serve asks for a replica, then that one is. With
         # none wanted, the head alone must run (its Serve proxy takes the next request).

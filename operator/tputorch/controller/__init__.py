@@ -11,13 +11,15 @@ A TPUTorchService from ``kubectl apply`` to Ready (each step in this package unl
     reconcile_fenced -> reconcile -> reconcile_service, every decision made from the stores.
  3. reconcile_service: specs.Specs.parse (api/service.py parse_service); then
     child.ChildStep.ensure_rayservice renders the RayService (render/) and creates it through
-    kube.Kube, its NetworkPolicy made beside it (extras.ExtraChildren.ensure).
+    kube.Kube, stamped with its rendering (render/stamp.py), its NetworkPolicy made beside it
+    (extras.ExtraChildren.ensure).
  4. It derives the status (status/service.py derive_service: Pending, KubeRay has said nothing
     yet) and writes it: writes.StatusWrites.write -> Kube.patch_status, with the Events of what
     changed (events.py).
  5. KubeRay makes the RayCluster and its pods. Each change of the RayService (child_changed) or of
     a pod labelled with the service's name (pod_changed) queues the key again, and
-    reconcile_service runs again: an edit of the spec goes to the live RayService (child.py), its
+    reconcile_service runs again: an edit of the spec goes to the live RayService (child.py; an
+    operator upgrade alone changes nothing there: render/stamp.py child_patch), its
     RayClusters get the worker bounds (clusters.py), Kueue's admission is read (admission.py) and
     the status derived anew: Deploying while the slice and Serve come up; Ready once KubeRay's
     Ready condition holds, the Serve application and its LLM deployment are healthy and the

@@ -31,6 +31,9 @@ RERENDER_ANNOTATION = "tputorch.io/rerender"
 STAMP_ANNOTATIONS = (VERSION_ANNOTATION, GENERATION_ANNOTATION, RENDERING_ANNOTATION, RERENDER_ANNOTATION)
 UNKNOWN_VERSION = "unknown"  # a child made before this rule: no operator said which version made it
 _ENCODING = "gzip+base64:"  # a RayService renders to about 10 kB of JSON, 2 kB gzipped
+# A child's annotations may total 256 KiB (the API server's limit): a rendering whose encoding would
+# take more than half (a spec of large incompressible values) is not recorded.
+MAX_RENDERING_CHARS = 128 * 1024
 
 # What the reconcile does with an existing child of ours (decide()).
 KEEP = "keep"  # its own rendering stays (and is restored where edited behind our back)
@@ -72,13 +75,14 @@ def decode(text: str) -> dict | None:
     return value if isinstance(value, dict) and isinstance(value.get("spec"), dict) else None
 
 
-def annotations(version: str, generation: int | None, rerender: str, rendered: dict | None) -> dict[str, str]:
-    """The stamp as the child's annotations. ``rendered``: rendering() of what it runs (None: not
-    recorded, a merge patch then leaves the recorded one alone)."""
+def annotations(version: str, generation: int | None, rerender: str, rendered: dict) -> dict[str, str]:
+    """The stamp as the child's annotations: ``rendered`` is rendering() of what it runs, left out
+    when its encoding is over MAX_RENDERING_CHARS (the child then keeps what it has, unrecorded)."""
     stamp = {VERSION_ANNOTATION: version, GENERATION_ANNOTATION: str(generation if generation is not None else ""),
              RERENDER_ANNOTATION: rerender}
-    if rendered is not None:
-        stamp[RENDERING_ANNOTATION] = encode(rendered)
+    encoded = encode(rendered)
+    if len(encoded) <= MAX_RENDERING_CHARS:
+        stamp[RENDERING_ANNOTATION] = encoded
     return stamp
 
 
@@ -133,17 +137,20 @@ def child_patch(parent: dict, child: dict, fresh, restore, managed: tuple[str, .
         desired = fresh()
         patch = restore(desired) or {}
         meta = patch.setdefault("metadata", {})
-        meta["annotations"] = {**(meta.get("annotations") or {}),
+        # an earlier rendering too large to record must not stay recorded as this one
+        meta["annotations"] = {**(meta.get("annotations") or {}), RENDERING_ANNOTATION: None,
                                **annotations(OPERATOR_VERSION, generation, requested(parent), rendering(desired))}
         return patch
     if decision == KEEP and found.rendering is not None:
         own = found.rendering
         return restore({"metadata": {"annotations": dict(own.get("annotations") or {})}, "spec": own["spec"]})
     # ADOPT, or a stamp whose rendering was lost (edited by hand): what it has is its rendering
-    have = rendering(child, managed)
-    return {"metadata": {"annotations": annotations(found.version if found is not None else UNKNOWN_VERSION,
-                                                    generation if found is None else found.generation,
-                                                    found.rerender if found is not None else "", have)}}
+    stamp = annotations(found.version if found is not None else UNKNOWN_VERSION,
+                        generation if found is None else found.generation,
+                        found.rerender if found is not None else "", rendering(child, managed))
+    if found is not None and RENDERING_ANNOTATION not in stamp:
+        return None  # stamped, its rendering too large to record: kept as it is, without drift correction
+    return {"metadata": {"annotations": stamp}}
 
 
 def own_rendering(parent: dict, child: dict | None, found: Stamp | None, fresh: dict, managed: tuple[str, ...]) -> dict:

@@ -145,3 +145,19 @@ def test_a_queued_services_timeout_stays_kueues_admission_to_give():
         "spec": child["spec"]}))
     child["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION] = "360s"  # admitted_timeout_patch's
     assert patch_of(body, child) is None
+
+
+def test_a_rendering_too_large_to_record_is_left_out_and_the_child_kept_as_it_is():
+    import secrets
+    body = parent(env=[{"name": f"V{i}", "value": secrets.token_hex(2000)} for i in range(40)])  # incompressible
+    child = rendered(body)
+    stamped = stamp.annotations("0.2.0", 1, "", stamp.rendering(child))
+    assert stamp.RENDERING_ANNOTATION not in stamped and stamped[stamp.VERSION_ANNOTATION] == "0.2.0"
+    child["metadata"]["annotations"].update(stamped)
+    child["spec"]["serveConfigV2"] = "applications: []\n"
+    assert patch_of(body, child) is None  # no record to restore from, none to write again
+    # a new generation's rendering replaces the record; a too large one removes the earlier
+    small = made_by("0.2.0", parent())
+    patch = patch_of(parent(generation=2, env=[{"name": f"V{i}", "value": secrets.token_hex(2000)} for i in range(40)]),
+                     small)
+    assert patch["metadata"]["annotations"][stamp.RENDERING_ANNOTATION] is None

@@ -268,6 +268,7 @@ class Controller:
         current = self.writes.never_back_from_terminal(kind, parent, current)
         current = self.progress.apply(key, meta.get("uid"), current,
                                       render.ray_token_secret_name(ours) if ours is not None else None)
+        current = rendering.with_condition(current, self._older_rayjob(kind, key, spec, ours, meta), previous, now)
         await self._write_status(kind, parent, spec, ours, previous, current, result, admission)
         if self.attempts.must_end(self.writes.previous(parent), ours):
             await self.attempts.end(kind, key, ours)  # the attempt it ran has ended (as now written)
@@ -305,6 +306,19 @@ class Controller:
             self.queue.add_after(key, recheck)
         await self._write_status(kind, parent, spec, ours, previous, current, result, admission)
         return result
+
+    @staticmethod
+    def _older_rayjob(kind: Kind, key: Key, spec, rayjob: dict | None, meta: dict) -> dict | None:
+        """RenderingCurrent of a job whose running attempt's RayJob another operator version
+        rendered (its next attempt gets this one's): rendered again only for such a RayJob."""
+        found = stamps.read(rayjob) if rayjob is not None else None
+        if found is None or found.version == stamps.OPERATOR_VERSION or found.rendering is None:
+            return None
+        fresh = render.rayjob(spec)
+        if render.ray_token_secret_name(rayjob):  # named at its creation, not rendered
+            render.with_ray_token_secret(fresh, render.ray_token_secret_name(rayjob))
+        return rendering.rendering_condition(kind.resource.kind, kind.child.kind, key[2], key[1], found,
+                                             found.rendering, stamps.rendering(fresh), meta.get("generation", 0))
 
     # --- the steps both kinds take ---------------------------------------------------------------
 

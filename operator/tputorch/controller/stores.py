@@ -101,7 +101,8 @@ _CHILD_META = ("name", "namespace", "uid", "resourceVersion", "generation", "lab
 
 
 # The stamp of a child's rendering (render/stamp.py) but the rendering itself: what a job's
-# RayJob is kept with (its running attempt is never re-rendered, so its rendering is never restored).
+# RayJob is kept with (its running attempt is never re-rendered, so its rendering is never restored)
+# unless another operator version made it.
 _STAMP_BUT_RENDERING = (stamps.VERSION_ANNOTATION, stamps.GENERATION_ANNOTATION, stamps.RERENDER_ANNOTATION)
 
 
@@ -126,7 +127,11 @@ def slim_rayjob(obj: dict) -> dict:
     auth = (spec.get("rayClusterSpec") or {}).get("authOptions")
     if isinstance(auth, dict):
         read["rayClusterSpec"] = {"authOptions": dict(auth)}
-    return _slim_child(obj, read, _STAMP_BUT_RENDERING)
+    # its rendering only when another operator version made it: what RenderingCurrent compares
+    # (reconcile_job); a RayJob of this version's is this version's rendering
+    another = ((obj.get("metadata") or {}).get("annotations") or {}).get(stamps.VERSION_ANNOTATION) not in (
+        None, stamps.OPERATOR_VERSION)
+    return _slim_child(obj, read, stamps.STAMP_ANNOTATIONS if another else _STAMP_BUT_RENDERING)
 
 
 def slim_rayservice(obj: dict) -> dict:

@@ -88,15 +88,16 @@ def rendering_condition(kind: str, child_kind: str, name: str, namespace: str, f
     if not changed:
         return None
     made_by = _made_by(found)
-    effect = ""
     if child_kind == "RayService":
         effect = (" (applying it makes KubeRay start a new RayCluster, a second set of TPU slices until it is ready)"
                   if new_cluster(running.get("spec") or {}, fresh.get("spec") or {})
                   else " (applied in place: no new RayCluster)")
+        then = f"It is kept until the spec changes; to apply it now: {how_to_apply(kind, name, namespace)}"
+    else:  # a job's running attempt is never re-rendered
+        effect, then = "", "The running attempt keeps it; the job's next attempt gets this operator's rendering"
     message = (f"the {child_kind} runs the rendering of {made_by}; this operator "
                f"(tputorch-operator {stamps.OPERATOR_VERSION}) renders the spec differently{effect}: "
-               f"{', '.join(changed[:5])}{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}. "
-               f"It is kept until the spec changes; to apply it now: {how_to_apply(kind, name, namespace)}")
+               f"{', '.join(changed[:5])}{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}. {then}")
     return condition(RENDERING_CURRENT, False, OLDER_RENDERING, message, generation)
 
 

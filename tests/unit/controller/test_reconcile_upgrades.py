@@ -183,6 +183,17 @@ def test_a_refusal_this_operator_adds_keeps_a_rayservice_of_the_same_generation_
     assert last_status(ctl)["phase"] == "Failed"
 
 
+def running_earlier_attempt(ctl, created: dict) -> None:
+    """The store holds, in place of ``created``, the running RayJob an earlier operator rendered
+    for the same job: another entrypoint."""
+    older = copy.deepcopy(created)
+    older["metadata"].update(uid="rj-1", resourceVersion="60")
+    older["spec"]["entrypoint"] = "python old_operators_entrypoint.py"
+    older["metadata"]["annotations"].update(stamp.annotations("0.2.0", 1, "", stamp.rendering(older)))
+    older["status"] = {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
+    ctl.children[JOB]._put(ctl.children[JOB].slim(older))
+
+
 def test_a_jobs_rayjob_is_stamped_and_its_running_attempt_never_re_rendered():
     parent = job_body()
     parent["metadata"].update(uid="uid-new", resourceVersion="10", generation=1)
@@ -193,12 +204,7 @@ def test_a_jobs_rayjob_is_stamped_and_its_running_attempt_never_re_rendered():
     assert (found.version, found.generation) == (stamp.OPERATOR_VERSION, 1)
     assert found.rendering["spec"] == created["spec"]
     # an earlier operator's running attempt, and the user's suspend edit (generation 2): suspend alone
-    older = copy.deepcopy(created)
-    older["metadata"].update(uid="rj-1", resourceVersion="60")
-    older["spec"]["entrypoint"] = "python old_operators_entrypoint.py"
-    older["metadata"]["annotations"].update(stamp.annotations("0.2.0", 1, "", stamp.rendering(older)))
-    older["status"] = {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
-    ctl.children[JOB]._put(ctl.children[JOB].slim(older))
+    running_earlier_attempt(ctl, created)
     ctl.parents[JOB]._put({**parent, "metadata": {**parent["metadata"], "generation": 2, "resourceVersion": "11"},
                            "spec": {**parent["spec"], "suspend": True}})
     run(ctl.reconcile(JOB_KEY))
@@ -222,3 +228,19 @@ def test_the_ray_token_secret_is_never_replaced_under_a_running_cluster():
     assert upgraded.kube.objects[secret_key] == made
     assert not [c for c in upgraded.kube.calls if c[0] in ("patch", "delete") and c[1] == "secrets"]
     assert child_patches(upgraded, "rayjobs") == []
+
+
+def test_a_running_attempt_of_an_earlier_operators_rendering_is_said_and_the_next_attempt_gets_this_ones():
+    parent = job_body()
+    parent["metadata"].update(uid="uid-new", resourceVersion="10", generation=1)
+    ctl = setup(parent, None, kind=JOB)
+    run(ctl.reconcile(JOB_KEY))
+    created = ctl.kube.objects[("rayjobs", "ml", "demo")]
+    assert stamp.RENDERING_ANNOTATION not in ctl.children[JOB].slim(created)["metadata"]["annotations"]  # this version's
+    running_earlier_attempt(ctl, created)
+    run(ctl.reconcile(JOB_KEY))
+    cond = rendering_condition(last_status(ctl))
+    assert (cond["status"], cond["reason"]) == ("False", "OlderRendering")
+    assert "spec.entrypoint" in cond["message"] and "next attempt" in cond["message"] and "0.2.0" in cond["message"]
+    assert "authOptions" not in cond["message"]  # its token Secret's name is its own, not a difference
+    assert child_patches(ctl, "rayjobs") == []

@@ -24,6 +24,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from tputorch import render
+from tputorch.render.names import MANAGED_BY_LABEL
 from tputorch.api import spec
 
 import throughput
@@ -331,7 +332,7 @@ class Bench:
         """Until ns holds n token Secrets and n NetworkPolicies (the floor's writes after the RayJobs)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            secrets = self.core.list_namespaced_secret(ns, label_selector=render.MANAGED_BY_LABEL).items
+            secrets = self.core.list_namespaced_secret(ns, label_selector=MANAGED_BY_LABEL).items
             policies = self.custom.list_namespaced_custom_object("networking.k8s.io", "v1", ns, "networkpolicies")
             if len(secrets) >= n and len(policies["items"]) >= n:
                 return

@@ -75,7 +75,7 @@ def rss_kb() -> int:
 
 
 def one(case: str, count: int, size: int) -> dict:
-    from tputorch import render
+    from tputorch.render.network import NetworkPolicyConfig
     from tputorch.controller import handlers, kinds
     from tputorch.controller.rest import RestSource
 
@@ -86,7 +86,7 @@ def one(case: str, count: int, size: int) -> dict:
         async def post_event(self, regarding, event):
             pass
     ctl = handlers.build(NoKube(), lambda path, *selectors: RestSource(api, path, *selectors), loop, None,
-                         extras=kinds.extras(render.NetworkPolicyConfig()))
+                         extras=kinds.extras(NetworkPolicyConfig()))
     informer = {"pods": ctl.pods, "networkpolicies": ctl.extra_stores.get("networkpolicies"),
                 "tputorchjobs": ctl.parents["TPUTorchJob"]}[case]
     informer.on_change = lambda event, obj: None  # the loop is not run: nothing reaches the controller

@@ -29,6 +29,10 @@ from kubernetes.client.rest import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 from tputorch import render  # noqa: E402
+from tputorch.render.network import NetworkPolicyConfig, network_policy
+from tputorch.render.raytoken import (
+    new_ray_token_secret_name, ray_token_secret, ray_token_secret_name, with_ray_token_secret,
+)
 from tputorch.api import crd, spec  # noqa: E402
 from tputorch.controller.rest import raw_call  # noqa: E402
 from tputorch.controller.raytoken import RayTokens  # noqa: E402
@@ -49,7 +53,7 @@ def main() -> int:
     api_client = client.ApiClient(cfg)
     api = client.CustomObjectsApi(api_client)
     tokens = RayTokens(secrets.token_bytes(32))
-    policy = render.NetworkPolicyConfig()  # the operator's default (handlers.Config.network_policy)
+    policy = NetworkPolicyConfig()  # the operator's default (handlers.Config.network_policy)
 
     def post(what: str, call, *call_args) -> dict | None:
         try:
@@ -66,16 +70,16 @@ def main() -> int:
                  "controller": True, "blockOwnerDeletion": True}
         body["metadata"]["ownerReferences"] = [owner]
         if args.same_work:
-            render.with_ray_token_secret(body, render.new_ray_token_secret_name(meta["name"], secrets.token_hex(3)))
+            with_ray_token_secret(body, new_ray_token_secret_name(meta["name"], secrets.token_hex(3)))
         created = post(f"RayJob {meta['name']}", api.create_namespaced_custom_object, "ray.io", "v1", namespace,
                        "rayjobs", body)
         if not args.same_work or created is None:
             return
-        name = render.ray_token_secret_name(created)
-        secret = render.ray_token_secret(created, tokens.token(namespace, name))
+        name = ray_token_secret_name(created)
+        secret = ray_token_secret(created, tokens.token(namespace, name))
         post(f"Secret {name}", lambda: raw_call(api_client, "POST", f"/api/v1/namespaces/{namespace}/secrets",
                                                 None, body=secret).read())
-        netpol = render.network_policy(parsed, policy)
+        netpol = network_policy(parsed, policy)
         netpol["metadata"].update(namespace=namespace, ownerReferences=[owner])
         post(f"NetworkPolicy {netpol['metadata']['name']}", api.create_namespaced_custom_object,
              "networking.k8s.io", "v1", namespace, "networkpolicies", netpol)

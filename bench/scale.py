@@ -26,6 +26,8 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from tputorch import render
+from tputorch.render.names import JOB_LABEL
+from tputorch.render.names import JOB_LABEL
 from tputorch.api import spec
 
 import burst
@@ -36,7 +38,6 @@ import population  # noqa: E402  (tests/cluster is on sys.path through burst)
 
 GROUP, VERSION, PLURAL = burst.GROUP, burst.VERSION, burst.PLURAL
 RAY = burst.RAY
-JOB_LABEL = render.JOB_LABEL
 BENCH_NODE_LABEL = "tputorch.local/bench-node"
 
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-# The environment contract between render.py (writer) and this module (reader).
+# The environment contract between render/env.py (writer) and this module (reader).
 ENV_NUM_WORKERS = "TPUTORCH_NUM_WORKERS"
 ENV_TOPOLOGY = "TPUTORCH_TOPOLOGY"
 ENV_ACCELERATOR_TYPE = "TPUTORCH_ACCELERATOR_TYPE"

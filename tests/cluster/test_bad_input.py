@@ -17,7 +17,7 @@ import yaml
 from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
-from tputorch import render
+from tputorch.render.names import JOB_LABEL, MANAGED_BY
 from tputorch.controller.rest import decode
 
 GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"
@@ -166,7 +166,7 @@ def test_malformed_job_is_refused_naming_the_field(kube, bad_ns, bad_operator, a
         validated = next(c for c in st["conditions"] if c["type"] == "Validated")
         assert (validated["status"], validated["reason"]) == ("False", "ValidationFailed")
         rayjobs = kube.custom.list_namespaced_custom_object("ray.io", "v1", bad_ns, "rayjobs",
-                                                            label_selector=f"{render.JOB_LABEL}={case}")["items"]
+                                                            label_selector=f"{JOB_LABEL}={case}")["items"]
         assert not rayjobs, "an invalid job must not get a RayJob"
     with _no_proxy.open(f"http://127.0.0.1:{bad_operator.health_port}/healthz", timeout=5) as resp:
         assert resp.status == 200
@@ -175,11 +175,11 @@ def test_malformed_job_is_refused_naming_the_field(kube, bad_ns, bad_operator, a
 
 def test_a_label_cannot_hijack_another_jobs_children(kube, bad_ns, bad_operator):
     body = good("hijacker")
-    body["metadata"]["labels"] = {render.JOB_LABEL: "good-alongside", "app.kubernetes.io/managed-by": "someone-else"}
+    body["metadata"]["labels"] = {JOB_LABEL: "good-alongside", "app.kubernetes.io/managed-by": "someone-else"}
     kubectl(kube.kubeconfig, "apply", "-n", bad_ns, "-f", "-", input=yaml.safe_dump(body))
     rayjob = kube.wait(lambda: kube.custom.get_namespaced_custom_object("ray.io", "v1", bad_ns, "rayjobs", "hijacker"), 60, "RayJob")
-    assert rayjob["metadata"]["labels"][render.JOB_LABEL] == "hijacker"
-    assert rayjob["metadata"]["labels"]["app.kubernetes.io/managed-by"] == render.MANAGED_BY
+    assert rayjob["metadata"]["labels"][JOB_LABEL] == "hijacker"
+    assert rayjob["metadata"]["labels"]["app.kubernetes.io/managed-by"] == MANAGED_BY
 
 
 def test_operator_survived_and_the_good_job_progressed(kube, bad_ns, bad_operator, alongside):

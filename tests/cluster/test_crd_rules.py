@@ -15,6 +15,7 @@ from operator_process import REPO, kubectl
 from tputorch.api import crd, spec
 from tputorch.api.groups import MAX_GROUPS
 from tputorch import render, status
+from tputorch.render.service import rayservice_spec_hash
 
 NOW = "2026-11-29T10:00:00Z"
 
@@ -249,9 +250,9 @@ def test_derived_statuses_are_accepted_and_nothing_is_pruned(crds, namespace):
         (crd.PLURAL, "train", status.derive(job_spec, 1, rayjob, pods(4), {}, NOW)),
         (crd.PLURAL, "train", status.invalid([spec.FieldError("spec.image", "", "must not be empty")], 1, {}, NOW)),
         (crd.SERVICE_PLURAL, "qwen", status.derive_service(svc_spec, 1, rs, pods(4), {}, NOW,
-                                                           desired_hash=render.rayservice_spec_hash(svc_spec))),
+                                                           desired_hash=rayservice_spec_hash(svc_spec))),
         (crd.SERVICE_PLURAL, "qwen", status.derive_service(svc_spec, 1, None, [], {}, NOW, ("KubeRayNotInstalled", "install KubeRay"),
-                                                           desired_hash=render.rayservice_spec_hash(svc_spec))),
+                                                           desired_hash=rayservice_spec_hash(svc_spec))),
     ]
     for plural, name, derived in cases:
         previous = get(crds, namespace, plural, name).get("status") or {}

@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the unit
 from unit.test_properties import broken, job_bodies, service_bodies  # noqa: E402
 
 from tputorch import render  # noqa: E402
+from tputorch.api.network import Peer
+from tputorch.render.network import NetworkPolicyConfig, network_policy
 from tputorch.api import spec  # noqa: E402
 
 EXAMPLES = int(os.environ.get("TPUTORCH_FUZZ_EXAMPLES", "25"))
@@ -93,9 +95,9 @@ def _check(kube, namespace: str, body: dict) -> None:
     child["metadata"]["namespace"] = namespace
     is_service = child["kind"] == "RayService"
     assert _dry_run(kube, "ray.io", "v1", "rayservices" if is_service else "rayjobs", namespace, child) is None, child
-    policy = render.network_policy(parsed, render.NetworkPolicyConfig(
-        "strict", (render.Peer("kuberay", (("app", "kuberay"),)), render.Peer(cidr="10.128.0.0/20")),
-        (render.Peer("gmp-system"),)))
+    policy = network_policy(parsed, NetworkPolicyConfig(
+        "strict", (Peer("kuberay", (("app", "kuberay"),)), Peer(cidr="10.128.0.0/20")),
+        (Peer("gmp-system"),)))
     assert _dry_run(kube, "networking.k8s.io", "v1", "networkpolicies", namespace, policy) is None
     cluster = child["spec"]["rayClusterConfig" if is_service else "rayClusterSpec"]
     templates = {"head": cluster["headGroupSpec"]["template"], "worker": cluster["workerGroupSpecs"][0]["template"]}

@@ -24,6 +24,7 @@ import audit
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 
 from tputorch import render, timestamps
+from tputorch.render.names import INITIALIZING_TIMEOUT_ANNOTATION, JOB_LABEL
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "kueue"
@@ -80,7 +81,7 @@ def condition(st: dict, ctype: str) -> dict:
 
 
 def pods_of(kube, ns, job):
-    return kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={job}").items
+    return kube.core.list_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={job}").items
 
 
 def workload_of(kube, ns, rayjob: str) -> dict | None:
@@ -120,7 +121,7 @@ class PodWatch:
         try:
             for ev in self._w.stream(kube.core.list_namespaced_pod, ns, timeout_seconds=600):
                 pod = ev["object"]
-                job = (pod.metadata.labels or {}).get(render.JOB_LABEL)
+                job = (pod.metadata.labels or {}).get(JOB_LABEL)
                 if job and ev["type"] == "ADDED":
                     self.first.setdefault(job, pod.metadata.creation_timestamp)
         except Exception as err:  # the stream cut at stop(); a cut before is seen by the test
@@ -291,7 +292,7 @@ def test_a_service_queued_longer_than_its_initializing_timeout_is_admitted_and_r
     time.sleep(2 * INITIALIZING_TIMEOUT)
     rs = rayservice_of(kube, ns, "llm")
     assert condition(rs["status"], "Ready") == initializing, rs["status"]
-    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in (rs["metadata"].get("annotations") or {})
+    assert INITIALIZING_TIMEOUT_ANNOTATION not in (rs["metadata"].get("annotations") or {})
     assert status(kube, ns, "llm", "tputorchservices")["phase"] == "Queued"
     # The slice's quota comes free: admitted, given its timeout, deployed, Ready.
     finish(kube, dashboard, ns, "holder")
@@ -303,7 +304,7 @@ def test_a_service_queued_longer_than_its_initializing_timeout_is_admitted_and_r
              if any(r["kind"] == "RayService" for r in w["metadata"]["ownerReferences"]))
     assert any(c["type"] == "Admitted" and c["status"] == "True" for c in w["status"]["conditions"])
     rs = rayservice_of(kube, ns, "llm")
-    timeout = int(rs["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION].removesuffix("s"))
+    timeout = int(rs["metadata"]["annotations"][INITIALIZING_TIMEOUT_ANNOTATION].removesuffix("s"))
     # KubeRay times out on the Initializing condition's age, not the RayService's: the wait counts from there
     waited = (admitted_at_of(w) - since(initializing)).total_seconds()
     assert waited >= 2 * INITIALIZING_TIMEOUT, waited

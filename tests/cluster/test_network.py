@@ -29,7 +29,8 @@ import yaml
 from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
-from tputorch import render
+from tputorch.render.names import JOB_LABEL, SERVICE_LABEL
+from tputorch.render.network import NetworkPolicyConfig, network_policy
 from tputorch.api import spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
@@ -80,8 +81,8 @@ def test_a_services_serve_port_follows_its_exposure(exposure, admitted):
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": "chat", "namespace": "ml"},
             "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/vllm:1",
                      "model": {"source": "Qwen/Qwen3-0.6B"}, **({"exposure": exposure} if exposure else {})}}
-    policy = render.network_policy(spec.parse_service(body), render.NetworkPolicyConfig())
-    head = {"metadata": {"namespace": "ml", "labels": {render.SERVICE_LABEL: "chat"}}}
+    policy = network_policy(spec.parse_service(body), NetworkPolicyConfig())
+    head = {"metadata": {"namespace": "ml", "labels": {SERVICE_LABEL: "chat"}}}
     clients = {"same": ("ml", {"app": "x"}), "web-front": ("web", {"app": "front"}), "web-other": ("web", {"app": "y"}),
                "elsewhere": ("other", {})}
     got = verdicts([policy], [({"metadata": {"namespace": ns, "labels": labels}}, head, 8000)
@@ -172,16 +173,16 @@ class _Kube:
 
 
 def test_the_stand_in_asks_cyclonus_once_per_policy_set_and_flow():
-    strict = render.network_policy(spec.parse({**job("a"), "metadata": {"name": "a", "namespace": "ml"}}),
-                                   render.NetworkPolicyConfig("strict"))
-    other = render.network_policy(spec.parse({**job("b"), "metadata": {"name": "b", "namespace": "ml"}}),
-                                  render.NetworkPolicyConfig())
+    strict = network_policy(spec.parse({**job("a"), "metadata": {"name": "a", "namespace": "ml"}}),
+                                   NetworkPolicyConfig("strict"))
+    other = network_policy(spec.parse({**job("b"), "metadata": {"name": "b", "namespace": "ml"}}),
+                                  NetworkPolicyConfig())
     net = network.Network(_Kube([strict, other]), log=lambda _: None)
-    head = {"metadata": {"name": "a-head", "namespace": "ml", "labels": {render.JOB_LABEL: "a", "ray.io/cluster": "a-x"}}}
+    head = {"metadata": {"name": "a-head", "namespace": "ml", "labels": {JOB_LABEL: "a", "ray.io/cluster": "a-x"}}}
     assert net.enforce
     assert net.admits("kuberay", head, 8265) is False  # strict, KubeRay hosted: dropped
     assert net.admits("kuberay", head, 8265) is False and net.asked == 1  # the cache answered
-    net.control("PUT", {"identities": {"kuberay": {"namespace": "ml", "labels": {render.JOB_LABEL: "a"}}}})
+    net.control("PUT", {"identities": {"kuberay": {"namespace": "ml", "labels": {JOB_LABEL: "a"}}}})
     assert net.admits("kuberay", head, 8265) is True and net.asked == 2  # as one of the cluster's own pods
     # b's (open) policy does not select a's pods: it neither admits nor changes a's verdicts
     unselected = {"metadata": {"name": "c", "namespace": "ml", "labels": {"app": "c"}}}

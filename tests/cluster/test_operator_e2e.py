@@ -22,6 +22,7 @@ from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixt
 from test_network import enforce, verdicts
 
 from tputorch import render
+from tputorch.render.names import JOB_LABEL, MANAGED_BY_LABEL
 from tputorch.api import spec, topology
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -79,7 +80,7 @@ def wait_events(kube, ns, name, *expected, timeout=30):
 
 
 def pods_of(kube, ns, job):
-    return kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={job}").items
+    return kube.core.list_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={job}").items
 
 
 @pytest.fixture
@@ -140,7 +141,7 @@ def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, kube_env, namespace, enfor
     # without the cluster's token (the stand-in answers as a Ray 2.60 head, recorded).
     policy = kube.custom.get_namespaced_custom_object("networking.k8s.io", "v1", namespace, "networkpolicies",
                                                       f"{name}-rayjob")
-    head = {"metadata": {"namespace": namespace, "labels": {render.JOB_LABEL: name, "ray.io/node-type": "head"}}}
+    head = {"metadata": {"namespace": namespace, "labels": {JOB_LABEL: name, "ray.io/node-type": "head"}}}
     other = {"metadata": {"namespace": "elsewhere", "labels": {"app": "notebook"}}}
     assert verdicts([policy], [(other, head, port) for port in (6379, 10001, 43215, 8265)]) == [False, False, False, True]
     proxy = urllib.request.build_opener(urllib.request.ProxyHandler({"http": kube_env["dashboard_url"]}))
@@ -335,7 +336,7 @@ def test_children_stay_in_the_jobs_namespace(kube, namespace, operator):
     apply(kube, namespace, body)
     rayjob = kube.wait(lambda: get_rayjob(kube, namespace, "here"), 30, "RayJob")
     assert rayjob["metadata"]["namespace"] == namespace
-    others = kube.custom.list_cluster_custom_object("ray.io", "v1", "rayjobs", label_selector=f"{render.JOB_LABEL}=here")["items"]
+    others = kube.custom.list_cluster_custom_object("ray.io", "v1", "rayjobs", label_selector=f"{JOB_LABEL}=here")["items"]
     assert {r["metadata"]["namespace"] for r in others} == {namespace}
 
 
@@ -376,7 +377,7 @@ CHART_MEMORY_LIMIT = 512 * 2**20  # charts/tputorch-operator/values.yaml resourc
 
 def _hostile(kind: str, i: int) -> dict:
     """An object any tenant may make with our managed-by label: nothing of ours controls it."""
-    labels = {render.MANAGED_BY_LABEL: "tputorch-operator", render.JOB_LABEL: "victim"}
+    labels = {MANAGED_BY_LABEL: "tputorch-operator", JOB_LABEL: "victim"}
     meta = {"name": f"hostile-{i}", "labels": labels}
     if kind == "pods":  # never scheduled (no node has the label): it stays, as it is, in the store's list
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,

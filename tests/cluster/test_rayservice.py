@@ -100,6 +100,7 @@ def test_kuberays_autoscaler_alone_holds_the_api_token_of_a_service_head(kube, n
     pod-wide token (the ServiceAccount admission plugin adds none), its autoscaler container mounts
     the projected token volume where in-cluster clients read it, and the Ray container does not."""
     from tputorch import render
+    from tputorch.render.cluster import AUTOSCALER_TOKEN_VOLUME
     from tputorch.api import spec
 
     body = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService", "metadata": {"name": "tok", "namespace": namespace},
@@ -117,8 +118,8 @@ def test_kuberays_autoscaler_alone_holds_the_api_token_of_a_service_head(kube, n
     assert set(containers) == {"ray-head", "autoscaler"}, set(containers)
     token_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
     mounts = {name: {m.mount_path: m.name for m in c.volume_mounts or []} for name, c in containers.items()}
-    assert mounts["autoscaler"].get(token_dir) == render.AUTOSCALER_TOKEN_VOLUME, mounts["autoscaler"]
-    assert token_dir not in mounts["ray-head"] and render.AUTOSCALER_TOKEN_VOLUME not in mounts["ray-head"].values()
-    (volume,) = [v for v in pod.spec.volumes if v.name == render.AUTOSCALER_TOKEN_VOLUME]
+    assert mounts["autoscaler"].get(token_dir) == AUTOSCALER_TOKEN_VOLUME, mounts["autoscaler"]
+    assert token_dir not in mounts["ray-head"] and AUTOSCALER_TOKEN_VOLUME not in mounts["ray-head"].values()
+    (volume,) = [v for v in pod.spec.volumes if v.name == AUTOSCALER_TOKEN_VOLUME]
     assert volume.projected.sources[0].service_account_token.path == "token"
     assert not [v for v in pod.spec.volumes if v.name.startswith("kube-api-access")]  # no injected token volume

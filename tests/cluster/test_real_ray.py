@@ -27,6 +27,8 @@ from ray_backend import REPORTED
 from operator_process import OperatorProcess, kubectl, operator, ray_token_key_file, tputorch_crd  # noqa: F401 (fixtures)
 
 from tputorch import render
+from tputorch.render.names import JOB_LABEL
+from tputorch.render.names import JOB_LABEL
 from tputorch.api import spec
 
 pytestmark = pytest.mark.realray
@@ -165,7 +167,7 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
     phases["attempt1_paused"] = time.monotonic() - t0
 
     # A preempted TPU VM: its Ray node dies, and GKE deletes its pod.
-    workers = [p for p in kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={name}").items
+    workers = [p for p in kube.core.list_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={name}").items
                if p.metadata.labels.get("ray.io/node-type") == "worker"]
     assert len(workers) == 4, [p.metadata.name for p in workers]
     # KubeRay then deletes the other hosts of the multi-host replica too, and the operator names the
@@ -220,7 +222,7 @@ def test_failing_entrypoint_fails_with_rays_message(kube, real_ray_namespace, op
 
 
 def pod_ready(kube, ns: str, name: str, node_type: str) -> bool:
-    (pod,) = [p for p in kube.core.list_namespaced_pod(ns, label_selector=f"{render.JOB_LABEL}={name}").items
+    (pod,) = [p for p in kube.core.list_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={name}").items
               if p.metadata.labels.get("ray.io/node-type") == node_type and not p.metadata.deletion_timestamp]
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 

@@ -54,6 +54,9 @@ from ray_backend import REPORTED, RealRay, http_json, wait
 from real_autoscaler import RealAutoscaler
 
 from tputorch import render
+from tputorch.render.cluster import PENDING_SLICE_IDLE_TIMEOUT_ENV
+from tputorch.render.names import SERVE_APP, SPEC_HASH_ANNOTATION, WORKER_GROUP
+from tputorch.render.serveconfig import ROUTER_TIMEOUT_ENV, SCALE_FROM_ZERO_TIMEOUT_S
 from tputorch.api import spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -265,7 +268,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     rs = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)
     ours = yaml.safe_load(rs["spec"]["serveConfigV2"])
     details = http_json("GET", f"{serving_ray.url}/api/serve/applications/", timeout=60, token=serving_ray.token)
-    app = details["applications"][render.SERVE_APP]
+    app = details["applications"][SERVE_APP]
     assert app["status"] == "RUNNING"
     deployed = app["deployed_app_config"]
     (expected,) = cpu_serving.to_cpu(ours, serve_env)["applications"]
@@ -383,13 +386,13 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
     assert (slice_ready["reason"], st["replicasReady"]) == ("ScaledToZero", "0/0"), st
     assert st["message"].startswith(f"scaled to zero: no slice is held while {name} is idle"), st["message"]
     details = serving_chain.head_json(serving_ray, "/api/serve/applications/")
-    app = details["applications"][render.SERVE_APP]
+    app = details["applications"][SERVE_APP]
     assert app["status"] == "RUNNING" and llm_deployment(app)["replicas"] == [], app
     # Serve LLM's ingress runs on the head (the node of Serve's controller), with the longer wait.
     ingress = app["deployments"]["OpenAiIngress"]
     assert [r["node_id"] for r in ingress["replicas"]] == [details["controller_info"]["node_id"]], ingress
     assert ingress["deployment_config"]["ray_actor_options"]["runtime_env"]["env_vars"] == {
-        render.ROUTER_TIMEOUT_ENV: str(render.SCALE_FROM_ZERO_TIMEOUT_S)}, ingress
+        ROUTER_TIMEOUT_ENV: str(SCALE_FROM_ZERO_TIMEOUT_S)}, ingress
 
     cluster = active_cluster(kube, ns, name)
     short_idle_timeout(kube, ns, cluster)
@@ -408,13 +411,13 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
         first.join(300)
         TIMINGS["zero_first_request_s"] = time.monotonic() - t1
         assert answers and answers[0]["usage"]["completion_tokens"] > 0, answers
-        llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+        llm = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
         assert [r["state"] for r in llm["replicas"]] == ["RUNNING"], llm
         assert {r["node_id"] for r in llm["replicas"]} <= set(nodes.values()), (llm, nodes)
         an_adapter_is_downloaded_from_the_bucket_and_answers(st["endpoint"], dashboard, name, adapter_store)
 
         t2 = time.monotonic()
-        kube.wait(lambda: not llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))["replicas"],
+        kube.wait(lambda: not llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))["replicas"],
                   180, "the idle model back at zero replicas")
         TIMINGS["zero_idle_to_zero_s"] = time.monotonic() - t2
         t3 = time.monotonic()
@@ -479,7 +482,7 @@ class ScrapesWhileServing:
 
 def replica_killed_and_replaced(kube, ns: str, name: str, serving_ray: RealRay, dashboard) -> None:
     """The LLM replica's Ray actor killed (a lost host): the status leaves Ready, then comes back."""
-    (before,) = [r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+    (before,) = [r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))[
         "replicas"]]
     t1 = time.monotonic()
     killed = serving_ray.kill_serve_replica("LLMServer")
@@ -491,7 +494,7 @@ def replica_killed_and_replaced(kube, ns: str, name: str, serving_ray: RealRay, 
     st, seen = follow(kube, ns, name, "Ready", 600)
     TIMINGS["kill_to_ready_again_s"] = time.monotonic() - t1
     # Ready again on Serve's replacement: a new replica, running, that answers.
-    llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+    llm = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
     running = [r["replica_id"] for r in llm["replicas"] if r["state"] == "RUNNING"]
     assert llm["status"] == "HEALTHY" and len(running) == 1 and before not in running, (killed, llm)
     assert serving_chain.chat(st["endpoint"], dashboard.url, name)["usage"]["completion_tokens"] > 0
@@ -547,7 +550,7 @@ class StatusRecording:
     def _snapshot(rs: dict, serve_runs_edit: bool) -> dict:
         return {"now": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "generation": rs["metadata"]["generation"],
                 "resourceVersion": rs["metadata"]["resourceVersion"],
-                "spec_hash": rs["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION],
+                "spec_hash": rs["metadata"]["annotations"][SPEC_HASH_ANNOTATION],
                 "status": rs.get("status") or {}, "serve_runs_edit": serve_runs_edit}
 
     def see(self, rs: dict, serve_runs_edit: bool) -> None:
@@ -577,7 +580,7 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
     whole = {"max_tokens": 256 - prompt_tokens, "ignore_eos": True}
     assert serving_chain.chat(endpoint, proxy, name, **whole)["usage"]["completion_tokens"] == whole["max_tokens"]
     cluster = active_cluster(kube, ns, name)
-    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))[
         "replicas"]}
 
     t0 = time.monotonic()
@@ -597,7 +600,7 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
     def wait_returned() -> None:
         out, err = waiter.communicate(timeout=960)
         # What Serve runs the moment `tputorch wait` returned.
-        app = serving_chain.serve_application(serving_ray, render.SERVE_APP)
+        app = serving_chain.serve_application(serving_ray, SERVE_APP)
         waited.update(rc=waiter.returncode, out=out + err, t=time.monotonic() - t0,
                       max_model_len=app["deployed_app_config"]["args"]["llm_configs"][0]["engine_kwargs"].get(
                           "max_model_len"), app_status=app["status"])
@@ -622,7 +625,7 @@ def engine_args_edit_goes_in_place(kube, ns: str, name: str, body: dict, serving
         upgrading.update(c["status"] for c in rs_status.get("conditions") or [] if c["type"] == "UpgradeInProgress")
         clusters.update(c["metadata"]["name"] for c in kube.custom.list_namespaced_custom_object(
             "ray.io", "v1", ns, "rayclusters")["items"])
-        app = serving_chain.serve_application(serving_ray, render.SERVE_APP)
+        app = serving_chain.serve_application(serving_ray, SERVE_APP)
         kwargs = app["deployed_app_config"]["args"]["llm_configs"][0]["engine_kwargs"]
         record.see(rs, serve_runs_edit=app["status"] == "RUNNING" and kwargs.get("max_model_len") == 128)
         return app if phase == "Ready" and app["status"] == "RUNNING" and kwargs.get("max_model_len") == 128 else None
@@ -660,7 +663,7 @@ def replicas_edit_reaches_the_raycluster(kube, ns: str, name: str, body: dict, s
     owns: the same cluster, in place, with the new bounds; Serve gets the new max_replicas through
     the Serve config (a lightweight update: the running replica stays)."""
     cluster = active_cluster(kube, ns, name)
-    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))[
         "replicas"] if r["state"] == "RUNNING"}
     edited = copy.deepcopy(body)
     edited["spec"]["replicas"] = {"min": 1, "max": MAX_REPLICAS}
@@ -675,7 +678,7 @@ def replicas_edit_reaches_the_raycluster(kube, ns: str, name: str, body: dict, s
             phases.append(st["phase"])
         (group,) = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)["spec"][
             "workerGroupSpecs"]
-        scaling = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))["deployment_config"][
+        scaling = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))["deployment_config"][
             "autoscaling_config"]
         done = ((group["minReplicas"], group["maxReplicas"]) == (1, MAX_REPLICAS)
                 and scaling["max_replicas"] == MAX_REPLICAS and st.get("phase") == "Ready"
@@ -691,7 +694,7 @@ def replicas_edit_reaches_the_raycluster(kube, ns: str, name: str, body: dict, s
           f"replicas {group.get('replicas')} min {group['minReplicas']} max {group['maxReplicas']}")
     assert clusters == {cluster}, clusters  # in place: no second cluster
     assert group.get("replicas") == 1 and set(phases) <= {"Ready", "Updating"}, (group, phases)
-    after = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+    after = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))[
         "replicas"] if r["state"] == "RUNNING"}
     assert after == before, (before, after)
     return edited
@@ -701,7 +704,7 @@ def downscale_delay_edit_goes_in_place(kube, ns: str, name: str, body: dict, ser
     """serve.downscaleDelaySeconds (Serve's default, 600 s, until now) -> DOWNSCALE_DELAY_S: a
     deployments override like the replica bounds, so Serve takes it in place (no replica started
     or restarted for it) and the load's replicas can go sooner."""
-    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))[
+    before = {r["replica_id"] for r in llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))[
         "replicas"]}
     edited = copy.deepcopy(body)
     edited["spec"]["serve"] = {**edited["spec"]["serve"], "downscaleDelaySeconds": DOWNSCALE_DELAY_S}
@@ -709,7 +712,7 @@ def downscale_delay_edit_goes_in_place(kube, ns: str, name: str, body: dict, ser
     apply(kube, ns, edited)
 
     def serve_has_it():
-        d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+        d = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
         return d if d["deployment_config"]["autoscaling_config"].get("downscale_delay_s") == DOWNSCALE_DELAY_S else None
 
     llm = kube.wait(serve_has_it, 120, f"Serve to take downscale_delay_s {DOWNSCALE_DELAY_S}", interval=1)
@@ -728,7 +731,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
     raised. Then the load stops, a shorter downscale delay is edited in, and the idle slice is given
     back."""
     endpoint, proxy = f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1", dashboard.url
-    llm = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+    llm = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
     scaling = llm["deployment_config"]["autoscaling_config"]
     assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, MAX_REPLICAS, TARGET_ONGOING), scaling
     assert llm["target_num_replicas"] == 1 and not serving_chain.pending_placement_groups(serving_ray), llm
@@ -772,7 +775,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
         def second_waits_for_a_slice():
             phase()
             scrapes.scrape()
-            d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+            d = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
             groups = [g for g in serving_chain.pending_placement_groups(serving_ray)
                       if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4]]
             step = (d["target_num_replicas"], sorted(r["state"] for r in d["replicas"]), len(groups), d["status"])
@@ -792,7 +795,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
             phase()
             apps = (kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name)["status"][
                 "activeServiceStatus"].get("applicationStatuses") or {})
-            d = next((d for n, d in apps[render.SERVE_APP]["serveDeploymentStatuses"].items()
+            d = next((d for n, d in apps[SERVE_APP]["serveDeploymentStatuses"].items()
                       if n.startswith("LLMServer")), {})
             return d if d.get("status") == llm["status"] else None
 
@@ -852,17 +855,17 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
 
 def prober_replicas(kube, ns: str, cluster: str) -> list[str]:
     """The pod replicas of the cluster's running TPU host pods."""
-    pods = kube.core.list_namespaced_pod(ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={render.WORKER_GROUP}")
+    pods = kube.core.list_namespaced_pod(ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={WORKER_GROUP}")
     return [prober.pod_replica(kube.core.api_client.sanitize_for_serialization(p)) for p in pods.items
             if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 
-# The cluster's idle timeout on the chain: the operator's (render.SLICE_IDLE_TIMEOUT_S, longer than a
+# The cluster's idle timeout on the chain: the operator's (render/cluster.py SLICE_IDLE_TIMEOUT_S, longer than a
 # slice takes to come) would keep an idle slice 30 min.
 IDLE_TIMEOUT_S = 10
 
 
-# The cluster's pending-slice timeout on the chain (the operator's: render.PENDING_SLICE_IDLE_TIMEOUT_S).
+# The cluster's pending-slice timeout on the chain (the operator's: render/cluster.py PENDING_SLICE_IDLE_TIMEOUT_S).
 PENDING_TIMEOUT_S = 10
 
 
@@ -871,9 +874,9 @@ def short_pending_timeout(kube, ns: str, cluster: str) -> None:
     its start (as its container's env), in place of the operator's value."""
     env = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)["spec"][
         "autoscalerOptions"]["env"]
-    assert [e["name"] for e in env] == [render.PENDING_SLICE_IDLE_TIMEOUT_ENV], env
+    assert [e["name"] for e in env] == [PENDING_SLICE_IDLE_TIMEOUT_ENV], env
     kubectl(kube.kubeconfig, "patch", "raycluster", cluster, "-n", ns, "--type=merge", "-p", json.dumps(
-        {"spec": {"autoscalerOptions": {"env": [{"name": render.PENDING_SLICE_IDLE_TIMEOUT_ENV,
+        {"spec": {"autoscalerOptions": {"env": [{"name": PENDING_SLICE_IDLE_TIMEOUT_ENV,
                                                   "value": str(PENDING_TIMEOUT_S)}]}}}))
 
 
@@ -885,7 +888,7 @@ def short_idle_timeout(kube, ns: str, cluster: str) -> None:
 
 def worker_group(kube, ns: str, cluster: str) -> dict:
     rc = kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", cluster)
-    (group,) = [g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == render.WORKER_GROUP]
+    (group,) = [g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == WORKER_GROUP]
     return group
 
 
@@ -916,7 +919,7 @@ def an_idle_slice_is_given_back(kube, ns: str, cluster: str, serving_ray: RealRa
     short_idle_timeout(kube, ns, cluster)
 
     def one_replica():
-        d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+        d = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
         return d if d["target_num_replicas"] == 1 and [r["state"] for r in d["replicas"]] == ["RUNNING"] else None
 
     kube.wait(one_replica, 180, "Serve back to one LLM replica", interval=2)
@@ -937,7 +940,7 @@ def an_idle_slice_is_given_back(kube, ns: str, cluster: str, serving_ray: RealRa
     def one_slice_left():
         group = worker_group(kube, ns, cluster)
         pods = kube.core.list_namespaced_pod(
-            ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={render.WORKER_GROUP}").items
+            ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={WORKER_GROUP}").items
         return group if group.get("replicas") == 1 and len(pods) == 1 else None
 
     group = wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to cancel the slice no demand needs",
@@ -960,7 +963,7 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
         group = worker_group(kube, ns, cluster)
         return group if group.get("replicas") == LOAD_REPLICAS else None
 
-    group = wait_for_autoscaler(kube, autoscaler, f"Ray's autoscaler to raise {render.WORKER_GROUP} to "
+    group = wait_for_autoscaler(kube, autoscaler, f"Ray's autoscaler to raise {WORKER_GROUP} to "
                                 f"{LOAD_REPLICAS} replicas", autoscaler_raised_the_group, 120)
     print(f"Ray's autoscaler wrote replicas {group['replicas']} (min {group['minReplicas']}, "
           f"max {group['maxReplicas']})")
@@ -968,7 +971,7 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
     def two_hosts_running():
         phase()
         pods = kube.core.list_namespaced_pod(
-            ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={render.WORKER_GROUP}").items
+            ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={WORKER_GROUP}").items
         running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
         return running if len(running) == 2 else None
 
@@ -979,7 +982,7 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
 
     def two_replicas_running():
         phase()
-        d = llm_deployment(serving_chain.serve_application(serving_ray, render.SERVE_APP))
+        d = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
         return d if len({r["node_id"] for r in d["replicas"] if r["state"] == "RUNNING"}) == 2 else None
 
     def counted():

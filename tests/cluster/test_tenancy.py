@@ -23,7 +23,7 @@ import yaml
 from namespaces import delete_namespace, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
-from tputorch import render
+from tputorch.render.names import JOB_LABEL
 from tputorch.controller.rest import decode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
@@ -105,11 +105,11 @@ def test_each_ray_cluster_is_closed_to_other_tenants(kube, tputorch_crd, namespa
         (owner,) = policy["metadata"]["ownerReferences"]
         assert (owner["uid"], owner["controller"]) == (ttj["metadata"]["uid"], True)
         ray_pods = kube.wait(lambda: (lambda pods: pods if len(pods) >= 2 else None)(
-            kube.core.list_namespaced_pod(namespace, label_selector=f"{render.JOB_LABEL}=closed").to_dict()["items"]),
+            kube.core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}=closed").to_dict()["items"]),
             120, "the head and the TPU host")
         kuberay = stand_in_pod(kube, kuberay_ns, "kuberay-operator", KUBERAY_LABELS)
         operator_pod = stand_in_pod(kube, operator_ns, "tputorch-operator", OPERATOR_LABELS)
-        intruder = stand_in_pod(kube, other_ns, "intruder", {render.JOB_LABEL: "closed", **KUBERAY_LABELS})
+        intruder = stand_in_pod(kube, other_ns, "intruder", {JOB_LABEL: "closed", **KUBERAY_LABELS})
         neighbour = stand_in_pod(kube, namespace, "neighbour", {"app": "notebook"})
         scraper = stand_in_pod(kube, scraper_ns, "collector", {"app.kubernetes.io/name": "collector"})
         ns_labels = {n: kube.core.read_namespace(n).metadata.labels

@@ -4,7 +4,7 @@ Each pod of the rendered worker group becomes one Ray node, started with what th
 have on GKE:
 
 - the Ray resource ``TPU`` = the container's ``google.com/tpu`` limit (KubeRay >= 1.3 does this),
-- the container's env (the TPUTORCH_* slice shape written by render.py),
+- the container's env (the TPUTORCH_* slice shape written by render/env.py),
 - what the GKE Ray TPU webhook adds (``TPU_WORKER_ID``, ``TPU_NAME``, ``TPU_WORKER_HOSTNAMES`` on
   multi-host slices) and what the TPU device plugin adds (``TPU_ACCELERATOR_TYPE`` as a pod type
   such as ``v6e-16``, ``TPU_TOPOLOGY``).
@@ -42,7 +42,7 @@ TPU_RESOURCE = "google.com/tpu"
 ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 
-# The GKE side, written down independently of tputorch.topology so the tests check render.py
+# The GKE side, written down independently of tputorch.topology so the tests check render/
 # against a second source: node-label value -> (pod-type prefix the device plugin reports,
 # TensorCores per chip; the pod type counts cores).
 GKE_DEVICE_PLUGIN = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from tputorch import render
+from tputorch.render.serveconfig import INGRESS_DEPLOYMENT_NAME, TPU_WORKER_ID_LABEL
 from tputorch.api import spec
 
 pytestmark = pytest.mark.ray
@@ -94,7 +95,7 @@ def test_an_autoscaled_service_can_be_given_a_slice_for_a_new_replica():
 
 def test_without_the_groups_resources_the_demand_is_infeasible(monkeypatch):
     """What the rendered cluster had before: the autoscaler finds no node type for the replica."""
-    monkeypatch.setattr(render, "autoscaler_visible_resources", lambda _svc: None)
+    monkeypatch.setattr("tputorch.render.service.autoscaler_visible_resources", lambda _svc: None)
     svc = service("2x2", 1, 3)  # rendered (and cached by render) after the patch
     reply = schedule(svc, replica_demand(deployment_options(svc, "LLMServer")))
     assert [dict(r.resources_bundle) for r in reply.infeasible_resource_requests] == [
@@ -102,7 +103,7 @@ def test_without_the_groups_resources_the_demand_is_infeasible(monkeypatch):
 
 
 def test_the_scale_to_zero_ingress_is_a_replica_serve_accepts_and_asks_only_for_the_head():
-    demand = replica_demand(deployment_options(service("2x2", 0, 2), render.INGRESS_DEPLOYMENT_NAME))
+    demand = replica_demand(deployment_options(service("2x2", 0, 2), INGRESS_DEPLOYMENT_NAME))
     assert dict(demand.resources_bundle) == {"node:__internal_head__": 0.001}  # no CPU: the head has none
 
 
@@ -112,7 +113,7 @@ def test_a_multi_host_replica_pinned_to_worker_0_is_infeasible_for_the_autoscale
     and no node type lists it."""
     svc = service("4x4", 1, 2)
     options = deployment_options(svc, "LLMServer")
-    assert options["label_selector"] == {render.TPU_WORKER_ID_LABEL: "0"}
+    assert options["label_selector"] == {TPU_WORKER_ID_LABEL: "0"}
     reply = schedule(svc, replica_demand(options))
     assert len(reply.infeasible_resource_requests) == 1
     assert launched(reply) == {TPU_GROUP: 4}  # only the min count (one 4-host slice), nothing for the demand

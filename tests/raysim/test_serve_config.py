@@ -20,6 +20,7 @@ from ray.serve.schema import ServeDeploySchema
 from ray.util.tpu import get_tpu_version_from_type
 
 from tputorch import render
+from tputorch.render.serveconfig import REQUEST_ROUTERS
 from tputorch.api import service as service_api, spec, topology
 
 pytestmark = pytest.mark.ray
@@ -88,7 +89,7 @@ def test_golden_serve_config_validates_with_rays_own_schemas(path):
     (cfg,) = llm_configs(rayservice)
     (raw,) = llm_configs(rayservice, with_router=True)
     router = raw["deployment_config"].get("request_router_config")
-    assert router in (None, {"request_router_class": render.REQUEST_ROUTERS["PrefixAware"]}), router
+    assert router in (None, {"request_router_class": REQUEST_ROUTERS["PrefixAware"]}), router
     llm = LLMConfig(**cfg)  # unknown or wrongly typed keys raise here
     # ... but not in deployment_config: Serve's DeploymentConfig ignores a key it does not know (a
     # misspelt graceful_shutdown_timeout_s would be dropped silently); every key must be an option

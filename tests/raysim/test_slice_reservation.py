@@ -27,6 +27,7 @@ from ray.util.tpu import get_tpu_version_from_type, slice_placement_group
 
 import slicesim
 from tputorch import render
+from tputorch.render.serveconfig import TPU_WORKER_ID_LABEL
 from tputorch.api import spec
 
 pytestmark = pytest.mark.ray
@@ -97,7 +98,7 @@ def groups() -> set[str]:
 def test_the_pinned_replica_starts_on_worker_0_and_reserves_the_slice_however_hosts_join(ray_cluster, slice_hosts):
     slice_hosts.detach()  # this test adds its slice's hosts one at a time
     cfg, options, sim = rendered("v5p", "2x2x2")
-    assert options["label_selector"] == {render.TPU_WORKER_ID_LABEL: "0"} and len(sim.hosts) == 2
+    assert options["label_selector"] == {TPU_WORKER_ID_LABEL: "0"} and len(sim.hosts) == 2
     before = groups()
     nodes, actors = {}, []
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 
 from fakedash import cpu_serving  # noqa: E402
-from tputorch import render  # noqa: E402
+from tputorch.render import serveconfig  # noqa: E402
 from tputorch.api import spec  # noqa: E402
 
 # The simulated TPU host advertises what Ray gives a v6e 2x2 host: its 4 chips (the slice the
@@ -33,7 +33,7 @@ def service(model_source: str, name: str = "tiny") -> spec.ServiceSpec:
 
 
 def serve_config(model_source: str, http_port: int = 8000) -> dict:
-    cfg = cpu_serving.to_cpu(render.serve_config(service(model_source)))
+    cfg = cpu_serving.to_cpu(serveconfig.serve_config(service(model_source)))
     # A head started by the config itself (tests/serving/record_serve.py): Serve's HTTP port on
     # loopback, chosen free. The cluster chain's head starts Serve with these options instead.
     cfg["http_options"] = {**cfg.get("http_options", {}), "host": "127.0.0.1", "port": http_port}

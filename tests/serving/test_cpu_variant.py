@@ -8,10 +8,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cpu_variant  # noqa: E402
 from tputorch import render  # noqa: E402
+from tputorch.render.serveconfig import serve_config
 
 
 def test_the_cpu_config_is_the_operators_but_for_the_listed_differences():
-    ours = render.serve_config(cpu_variant.service("/models/tiny"))
+    ours = serve_config(cpu_variant.service("/models/tiny"))
     cpu = cpu_variant.serve_config("/models/tiny", 18000)
     (o,), (c,) = ours["applications"][0]["args"]["llm_configs"], cpu["applications"][0]["args"]["llm_configs"]
     assert {k for k in o if o.get(k) != c.get(k)} | {k for k in c if k not in o} == {
@@ -81,7 +82,7 @@ def test_the_replicas_cache_env_is_the_pods_with_the_pvc_made_a_local_directory(
 def test_a_serve_env_with_a_hub_turns_offline_mode_off_and_adds_only_itself():
     from fakedash import cpu_serving
 
-    ours = render.serve_config(cached_service())
+    ours = serve_config(cached_service())
     serve_env = {"HF_HOME": "/tmp/pvc/huggingface", "VLLM_CACHE_ROOT": "/tmp/pvc/vllm/v6e-2x2",
                  "HF_ENDPOINT": "http://127.0.0.1:18080"}
     (plain,) = cpu_serving.to_cpu(ours)["applications"][0]["args"]["llm_configs"]

@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tputorch import render
+from tputorch.render.serveconfig import llm_deployment_name
+from tputorch.render.service import rayservice_patch
 from tputorch.api import service as service_api
 from tputorch.api import spec, topology
 
@@ -174,13 +176,13 @@ def test_services_parse_or_fail_cleanly_and_most_render():
         assert kwargs["tensor_parallel_size"] * kwargs["pipeline_parallel_size"] == svc.slice.chips
         assert "distributed_executor_backend" not in kwargs
         (override,) = app["deployments"]
-        assert override["name"] == render.llm_deployment_name(svc.model_name)
+        assert override["name"] == llm_deployment_name(svc.model_name)
         scaling = override["autoscaling_config"]
         group = worker_group(rs)
         assert (group["minReplicas"], group["maxReplicas"]) == (scaling["min_replicas"], scaling["max_replicas"])
         assert 1 <= scaling["min_replicas"] <= scaling["max_replicas"]
         assert "TPU_MULTIHOST_BACKEND" in names  # every slice: vllm-torchtpu's executor comes from it
-        assert render.rayservice_patch(svc, rs) is None
+        assert rayservice_patch(svc, rs) is None
 
     run()
     assert seen["valid"] >= 0.5 * sum(seen.values()), seen

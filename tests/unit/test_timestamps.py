@@ -6,6 +6,8 @@ import datetime as dt
 import pytest
 
 from tputorch import render, timestamps
+from tputorch.render.names import INITIALIZING_TIMEOUT_ANNOTATION
+from tputorch.render.service import admitted_timeout_patch
 from tputorch.api import spec
 from tputorch.cli import manage
 from tputorch.cli.doctor.cluster import check_lease
@@ -70,6 +72,6 @@ def test_each_caller_treats_an_unreadable_time_as_unknown():
     created = render.rayservice(svc)
     created["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "Initializing",
                                          "lastTransitionTime": "garbage"}]}
-    assert render.admitted_timeout_patch(svc, created, kueue.Admission(True, "Admitted", "", None, "tpu", "w", "garbage")) is None
-    assert render.admitted_timeout_patch(svc, created, kueue.Admission(True, "Admitted", "", None, "tpu", "w", "2026-12-07T02:24:17Z")) == {
-        "metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: "30s"}}}
+    assert admitted_timeout_patch(svc, created, kueue.Admission(True, "Admitted", "", None, "tpu", "w", "garbage")) is None
+    assert admitted_timeout_patch(svc, created, kueue.Admission(True, "Admitted", "", None, "tpu", "w", "2026-12-07T02:24:17Z")) == {
+        "metadata": {"annotations": {INITIALIZING_TIMEOUT_ANNOTATION: "30s"}}}

@@ -56,7 +56,7 @@ def kueue_groups_error(groups: int, kueue: KueuePodSets) -> FieldError | None:
                       f"submitter and the training slice take {PODSETS_BESIDE_GROUPS}")
 
 
-from ..train import TRAIN_GROUP  # the KubeRay worker group of the training slice (render.WORKER_GROUP)
+from ..train import TRAIN_GROUP  # the KubeRay worker group of the training slice (render/names.py WORKER_GROUP)
 # Kueue reserves "head" (its head podSet) and "submitter"; the training slice's group is ours.
 RESERVED_NAMES = {TRAIN_GROUP: "the training slice's worker group", "head": "Kueue's head podSet",
                   "submitter": "Kueue's submitter podSet"}

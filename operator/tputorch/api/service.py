@@ -125,7 +125,7 @@ MAX_GRACEFUL_SHUTDOWN_S = 86400
 MAX_SCALE_TO_ZERO_DELAY_S = 86400
 # spec.serve.downscaleDelaySeconds: how long load must stay low before Serve stops a replica above
 # replicas.min (its downscale_delay_s, unset 600 s); the slice under it is then idle, and Ray's
-# autoscaler gives it back after the cluster's idle timeout (render.SLICE_IDLE_TIMEOUT_S).
+# autoscaler gives it back after the cluster's idle timeout (render/cluster.py SLICE_IDLE_TIMEOUT_S).
 MAX_DOWNSCALE_DELAY_S = 86400
 # KubeRay 1.5's RayService upgrade strategies (spec.upgradeStrategy.type) that run without a feature
 # gate. NewCluster (KubeRay's default): a cluster-spec edit starts a whole second RayCluster, i.e. a
@@ -197,7 +197,7 @@ SERVICE_DEFAULTS: dict[str, Any] = {
     "lora.maxAdaptersPerReplica": 4,
     "lora.maxRank": 16,  # vLLM's own default
 }
-# Environment the operator sets on a service's pods (render.py), never the user's to repeat.
+# Environment the operator sets on a service's pods (render/env.py), never the user's to repeat.
 SERVICE_ENV = {
     "TPU_MULTIHOST_BACKEND": "the operator sets it to ray on every slice: vllm-torchtpu then runs its engine on the slice's hosts through Ray",
     topology.RAY_TPU_RESOURCE_PER_CHIP: "the operator sets it for TPU7x, whose chips Ray counts as 2 TPU resources each",

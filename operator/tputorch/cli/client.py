@@ -171,7 +171,7 @@ class Api:
 
     def pods(self, kind: Kind, name: str, namespace: str) -> list:
         """The Ray pods of a job or service (the operator labels them with its name)."""
-        from ..render import JOB_LABEL, SERVICE_LABEL
+        from ..render.names import JOB_LABEL, SERVICE_LABEL
 
         label = JOB_LABEL if kind is JOB else SERVICE_LABEL
         return self.core.list_namespaced_pod(namespace, label_selector=f"{label}={name}").items

@@ -14,6 +14,9 @@ from typing import Sequence
 from ..api import crd, identity, network, service, spec, topology
 from ..api.groups import describe
 from .. import render
+from ..api.network import Peer
+from ..render.network import NetworkPolicyConfig
+from ..render.output import to_yaml
 from . import submit
 from .yamlfile import YAMLFileError, read_documents
 
@@ -49,7 +52,7 @@ def cmd_render(args) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
-    sys.stdout.write("---\n".join(render.to_yaml(render.render_any(job)) for job in jobs))
+    sys.stdout.write("---\n".join(to_yaml(render.render_any(job)) for job in jobs))
     return 0
 
 
@@ -201,8 +204,8 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
     logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
-def _peer(text: str) -> render.Peer:
-    """CIDR or NAMESPACE[:KEY=VALUE,...] -> render.Peer."""
+def _peer(text: str) -> Peer:
+    """CIDR or NAMESPACE[:KEY=VALUE,...] -> Peer."""
     try:
         return network.parse_peer_text(text)
     except ValueError as err:
@@ -241,7 +244,7 @@ def cmd_run(args) -> int:
     cfg.ray_token_key_file = args.ray_token_key_file
     cfg.ray_token_previous_key_file = args.ray_token_previous_key_file
     cfg.max_pods_per_job = args.max_pods_per_job
-    cfg.network_policy = render.NetworkPolicyConfig(
+    cfg.network_policy = NetworkPolicyConfig(
         args.network_policy_mode, tuple(args.network_policy_peer or ()),
         tuple(args.network_policy_metrics_peer or ())) if args.network_policy else None
     # kopf runs the process only; without peering: replicas are coordinated by the Lease.

@@ -24,6 +24,7 @@ from kubernetes.client.rest import ApiException
 from . import client, display
 from ..api import crd, identity, spec
 from .. import render
+from ..render.output import to_yaml
 from .display import FAILED, INTERRUPTED, INVALID, OK
 from .yamlfile import YAMLFileError, read_documents
 
@@ -384,7 +385,7 @@ def cmd_submit(a) -> int:
     file_namespace = meta.get("namespace") if a.file else None  # kubectl's rule: -n, the file's, the context's
     meta["namespace"] = a.namespace or file_namespace or _namespace(a, api)
     if a.dry_run:
-        sys.stdout.write(yaml.safe_dump(body, sort_keys=False) + "---\n" + render.to_yaml(render.rayjob(validate_job(body))))
+        sys.stdout.write(yaml.safe_dump(body, sort_keys=False) + "---\n" + to_yaml(render.rayjob(validate_job(body))))
         return OK
     return _create_and_follow(api, client.JOB, body, a, target="Succeeded")
 
@@ -405,7 +406,7 @@ def cmd_serve(a) -> int:
     body["metadata"]["namespace"] = _namespace(a, api)
     if a.dry_run:
         svc = spec.parse_service(body)
-        sys.stdout.write(yaml.safe_dump(body, sort_keys=False) + "---\n" + render.to_yaml(render.rayservice(svc)))
+        sys.stdout.write(yaml.safe_dump(body, sort_keys=False) + "---\n" + to_yaml(render.rayservice(svc)))
         return OK
     return _create_and_follow(api, client.SERVICE, body, a, target="Ready")
 

@@ -12,6 +12,8 @@ import json
 import sys
 
 from .. import render
+from ..render.names import RAYSERVICE_ANNOTATIONS
+from ..render.raytoken import ray_token_secret_name, with_ray_token_secret
 from ..api.spec import InvalidSpec, parse_any
 from ..render import stamp as stamps
 from ..status import rendering
@@ -44,10 +46,10 @@ def plan_row(kind: str, parent: dict, child: dict | None) -> dict:
         row["change"] = "refused: " + "; ".join(str(e) for e in err.errors)
         return row
     service = kind == client.SERVICE.kind
-    if not service and render.ray_token_secret_name(child):  # named at the RayJob's creation, not rendered
-        render.with_ray_token_secret(fresh, render.ray_token_secret_name(child))
+    if not service and ray_token_secret_name(child):  # named at the RayJob's creation, not rendered
+        with_ray_token_secret(fresh, ray_token_secret_name(child))
     running = (found.rendering if found is not None and found.rendering is not None
-               else stamps.rendering(child, render.RAYSERVICE_ANNOTATIONS if service else ()))
+               else stamps.rendering(child, RAYSERVICE_ANNOTATIONS if service else ()))
     new = stamps.rendering(fresh)
     row["fields"] = rendering.changed_fields(found, running, new)
     if not row["fields"]:

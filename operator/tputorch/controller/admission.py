@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from .. import render
+from ..render.names import QUEUE_LABEL
+from ..render.service import admitted_timeout_patch
 from ..status import kueue
 from .informer import key_of
 from .kind import WORKLOAD, Kind
@@ -24,7 +25,7 @@ class KueueAdmission:
         served (without Kueue nobody else would ever start or stop it)."""
         labels = (child.get("metadata") or {}).get("labels") or {}
         workloads = self.stores.workloads
-        return bool(labels.get(render.QUEUE_LABEL)) and workloads is not None and workloads.served is not False
+        return bool(labels.get(QUEUE_LABEL)) and workloads is not None and workloads.served is not False
 
     async def admission(self, kind: Kind, spec, child: dict | None) -> kueue.Admission | None:
         """Where Kueue has the child, from its Workload."""
@@ -52,8 +53,8 @@ class KueueAdmission:
     async def initializing_timeout(self, kind: Kind, spec, child: dict | None,
                                    admission: kueue.Admission | None) -> None:
         """A queued service's RayService gets its initializing timeout when Kueue admits it
-        (render.admitted_timeout_patch): the time it waited in the queue does not count."""
-        patch = render.admitted_timeout_patch(spec, child, admission) if child is not None else None
+        (render/service.py admitted_timeout_patch): the time it waited in the queue does not count."""
+        patch = admitted_timeout_patch(spec, child, admission) if child is not None else None
         if patch is None:
             return
         namespace, name = key_of(child)

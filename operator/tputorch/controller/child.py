@@ -13,9 +13,12 @@ from typing import Callable
 from kubernetes.client.rest import ApiException
 
 from .. import render
+from ..render.names import MANAGED_BY_LABEL, RAYSERVICE_ANNOTATIONS
+from ..render.raytoken import new_ray_token_secret_name, with_ray_token_secret
+from ..render.service import rayservice_patch
 from ..api.job import kueue_errors
 from ..api.spec import InvalidSpec
-from ..render import MANAGED_BY_LABEL, stamp as stamps
+from ..render import stamp as stamps
 from ..status import CLUSTER_LABEL
 from ..status.job import ATTEMPT_LABEL, attempt, child_must_go
 from .extras import RayTokenSecrets
@@ -126,7 +129,7 @@ class ChildStep:
             def desired() -> dict:
                 rayjob = render.rayjob(spec)
                 # a name of this child's alone: never one a deleted child still holds
-                render.with_ray_token_secret(rayjob, render.new_ray_token_secret_name(key[2], secrets.token_hex(3)))
+                with_ray_token_secret(rayjob, new_ray_token_secret_name(key[2], secrets.token_hex(3)))
                 rayjob["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(attempt(self.writes.previous(parent)))
                 return rayjob
             result, child = await self._create(kind, key, parent, spec, desired, beside, "; its Ray token Secret next")
@@ -153,8 +156,8 @@ class ChildStep:
             return "retry", child
         # An operator upgrade changes no running RayService: it keeps its own rendering (restored
         # where edited) until the spec changes or the user asks for this operator's (render/stamp.py).
-        patch = stamps.child_patch(parent, child, lambda: fresh, lambda desired: render.rayservice_patch(spec, child, desired),
-                                   render.RAYSERVICE_ANNOTATIONS)
+        patch = stamps.child_patch(parent, child, lambda: fresh, lambda desired: rayservice_patch(spec, child, desired),
+                                   RAYSERVICE_ANNOTATIONS)
         return await self._patch(kind, key, patch), child
 
     def _owned(self, kind: Kind, key: Key, parent: dict, child: dict) -> bool:

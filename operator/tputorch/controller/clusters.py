@@ -8,7 +8,7 @@ import logging
 
 from kubernetes.client.rest import ApiException
 
-from .. import render
+from ..render.service import raycluster_bounds_patch
 from .kind import RAYCLUSTER, Key, Kind, api_message, controller_of
 
 log = logging.getLogger("tputorch")
@@ -27,7 +27,7 @@ class ClusterBounds:
 
     async def ensure(self, kind: Kind, key: Key, spec, child: dict | None, version: tuple) -> None:
         """Each running RayCluster of the service's RayService (owned by it) gets the spec's worker
-        bounds (render.raycluster_bounds_patch). Read once per spec version and cluster: nothing
+        bounds (render/service.py raycluster_bounds_patch). Read once per spec version and cluster: nothing
         else writes a cluster's bounds."""
         if child is None:
             return
@@ -49,7 +49,7 @@ class ClusterBounds:
                 if err.status == 404:
                     continue  # not made yet, or already deleted by KubeRay: looked at on the next event
                 raise
-            patch = render.raycluster_bounds_patch(spec, cluster)
+            patch = raycluster_bounds_patch(spec, cluster)
             # never one another object controls (its name in our status is no proof it is ours)
             if patch is not None and (controller_of(cluster) or {}).get("uid") == child_uid:
                 await self.kube.patch(RAYCLUSTER, namespace, name, patch)

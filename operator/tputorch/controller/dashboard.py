@@ -3,7 +3,7 @@ the progress lines of tputorch.train.report() (status/progress.py reads them).
 
 Ray 2.60's state API serves it: ``GET /api/v0/logs/file?node_id=<driver's node>&submission_id=<id>&lines=<n>``
 on the head's dashboard (port 8265, the head Service KubeRay makes, ``<raycluster>-head-svc``); every
-Ray cluster's NetworkPolicy admits the operator there (render.Peer). Ray 2.60 refuses the call
+Ray cluster's NetworkPolicy admits the operator there (api/network.py Peer). Ray 2.60 refuses the call
 without a node (HTTP 500, GetLogOptions: "node_id or node_ip must be provided") although the
 submission id names the driver's log alone, so the job's own info (``GET /api/jobs/<id>``, as KubeRay
 reads it) gives ``driver_node_id`` first. Proxies come from the environment
@@ -23,7 +23,7 @@ import re
 
 import aiohttp
 
-from ..render import DASHBOARD_PORT
+from ..render.network import DASHBOARD_PORT
 from ..status.progress import LOG_LINES, MAX_LOG_BYTES
 
 # Seconds for one request (connecting, sending, the whole answer), not counting the wait for a slot:

@@ -12,7 +12,7 @@ from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
-from .. import render
+from ..render.raytoken import is_ray_token_secret_of, ray_token_secret, ray_token_secret_name
 from .kind import Extra, Key, Kind, api_message, describe, owner_reference, ownership
 from .raytoken import RayTokens
 from .stores import Stores
@@ -136,13 +136,13 @@ class RayTokenSecrets:
         never made (it died or was refused in between) gets it. Created only, as the operator may
         not read Secrets: a 409 is this child's own (the name is the child's alone, the token is
         derived, never random). The problem when refused: said in the status and tried again."""
-        name, uid = render.ray_token_secret_name(child), child["metadata"].get("uid")
-        if (not render.is_ray_token_secret_of(child, name) or self.made.get(key) == uid
+        name, uid = ray_token_secret_name(child), child["metadata"].get("uid")
+        if (not is_ray_token_secret_of(child, name) or self.made.get(key) == uid
                 or child["metadata"].get("deletionTimestamp")):
             return None
         namespace = key[1]
         try:
-            await self.kube.create_secret(namespace, render.ray_token_secret(child, self.ray_tokens.token(namespace, name)))
+            await self.kube.create_secret(namespace, ray_token_secret(child, self.ray_tokens.token(namespace, name)))
             # Right after its child's create (whose line says it comes next): debug, a line costs CPU in
             # a burst. For a child that existed without it (a process died or was refused before): info.
             log.log(logging.DEBUG if just_created else logging.INFO, "Secret %s/%s (the Ray token of %s %s) created",

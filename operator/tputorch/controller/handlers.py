@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import kopf
 
-from .. import render
+from ..render.names import MANAGED_BY, MANAGED_BY_LABEL
+from ..render.network import NetworkPolicyConfig
 from ..status import kueue
 from . import health, kinds as kinds_, stores
 from .informer import Informer, scopes_for
@@ -32,7 +33,7 @@ from .writes import STATUS_INTERVAL
 
 log = logging.getLogger("tputorch")
 
-SELECTOR = f"{render.MANAGED_BY_LABEL}={render.MANAGED_BY}"
+SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 SYNC_TIMEOUT = 60  # seconds between the log lines that name the stores still not listed
 SYNC_DEADLINE = 300  # the required stores are waited for this long; then the operator runs with what it has
 OPTIONAL_SYNC_WAIT = 30  # the optional ones (Kueue's, NetworkPolicies) this long
@@ -52,7 +53,7 @@ class Config:
     namespaces: list[str] | None = None  # None: all namespaces
     max_pods_per_job: int = MAX_PODS_DEFAULT  # the most pods one object may make (api/common.check_pods)
     # A NetworkPolicy per Ray cluster (its own pods, the dashboard, the peers); None: none.
-    network_policy: render.NetworkPolicyConfig | None = render.NetworkPolicyConfig()
+    network_policy: NetworkPolicyConfig | None = NetworkPolicyConfig()
     ray_token_key_file: str | None = None  # the key Ray tokens are derived from (controller/raytoken.py)
     ray_token_previous_key_file: str | None = None  # the key before a rotation, still tried on a refusal
     leader_election: bool = False

@@ -7,7 +7,9 @@ from dataclasses import replace
 from functools import partial
 
 from ..api import spec as specs
-from .. import render, status as statuses
+from .. import status as statuses
+from ..render.names import JOB_LABEL, SERVICE_LABEL
+from ..render.network import NetworkPolicyConfig, network_policy, network_policy_name
 from ..status import network as network_status
 from .kube import Resource
 from .kind import RAYJOB, RAYSERVICE, TPUTORCHJOB, TPUTORCHSERVICE, Extra, Kind
@@ -31,12 +33,12 @@ def _never_finished(_status: dict) -> bool:
 
 
 JOB = Kind(
-    resource=TPUTORCHJOB, child=RAYJOB, label=render.JOB_LABEL, parse=specs.parse,
+    resource=TPUTORCHJOB, child=RAYJOB, label=JOB_LABEL, parse=specs.parse,
     cluster_names=_rayjob_clusters, finished=statuses.finished, slim_child=slim_rayjob,
     phase_metric="tputorch_jobs", phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"),
 )
 SERVICE = Kind(
-    resource=TPUTORCHSERVICE, child=RAYSERVICE, label=render.SERVICE_LABEL, parse=specs.parse_service,
+    resource=TPUTORCHSERVICE, child=RAYSERVICE, label=SERVICE_LABEL, parse=specs.parse_service,
     cluster_names=_rayservice_clusters, finished=_never_finished, slim_child=slim_rayservice,
     phase_metric="tputorch_services", phases=statuses.SERVICE_PHASES,
 )
@@ -52,12 +54,12 @@ def bounded(kinds: list[Kind], max_pods: int) -> list[Kind]:
 NETWORKPOLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 
 
-def extras(policy: render.NetworkPolicyConfig | None) -> list[Extra]:
+def extras(policy: NetworkPolicyConfig | None) -> list[Extra]:
     """The further children of every object: its NetworkPolicy, unless switched off (None)."""
     if policy is None:
         return []
     def state(spec, problem):
-        return network_status.NetworkPolicyState(spec.namespace, render.network_policy_name(spec),
+        return network_status.NetworkPolicyState(spec.namespace, network_policy_name(spec),
                                                  policy.admits_everyone_to_dashboard(),
                                                  tuple(str(p) for p in policy.peers), problem)
-    return [Extra(NETWORKPOLICY, lambda spec: render.network_policy(spec, policy), state)]
+    return [Extra(NETWORKPOLICY, lambda spec: network_policy(spec, policy), state)]

@@ -1,6 +1,6 @@
 """Each job's Ray cluster auth token, derived from the operator's own key.
 
-The operator writes the token into a Secret it creates (render.ray_token_secret), which KubeRay
+The operator writes the token into a Secret it creates (render/raytoken.py ray_token_secret), which KubeRay
 hands to every Ray container; it needs the same token again for its own dashboard calls (the
 progress reads). Deriving it (HMAC-SHA256 of the Secret's namespace and name under the key)
 means the operator never reads a Secret: RBAC grants it ``create`` on secrets and nothing else, and

@@ -33,6 +33,8 @@ from functools import partial
 from typing import Callable
 
 from .. import render, status as statuses
+from ..render.names import RAYSERVICE_ANNOTATIONS, SPEC_HASH_ANNOTATION
+from ..render.raytoken import ray_token_secret_name, with_ray_token_secret
 from ..api.spec import InvalidSpec
 from ..render import stamp as stamps
 from ..status import applied as service_status, kueue, progress as training, rendering
@@ -267,7 +269,7 @@ class Controller:
                 ours, current = fresh, derive(fresh)
         current = self.writes.never_back_from_terminal(kind, parent, current)
         current = self.progress.apply(key, meta.get("uid"), current,
-                                      render.ray_token_secret_name(ours) if ours is not None else None)
+                                      ray_token_secret_name(ours) if ours is not None else None)
         current = rendering.with_condition(current, self._older_rayjob(kind, key, spec, ours, meta), previous, now)
         await self._write_status(kind, parent, spec, ours, previous, current, result, admission)
         if self.attempts.must_end(self.writes.previous(parent), ours):
@@ -293,11 +295,11 @@ class Controller:
         # What the live RayService is to run: its own rendering unless the spec changed (render/stamp.py)
         fresh = render.rayservice(spec)
         found = stamps.read(ours) if ours is not None else None
-        own = stamps.own_rendering(parent, ours, found, fresh, render.RAYSERVICE_ANNOTATIONS)
+        own = stamps.own_rendering(parent, ours, found, fresh, RAYSERVICE_ANNOTATIONS)
         current = statuses.derive_service(
             spec, meta.get("generation", 0), ours, pods, previous, now, self.child.problems.get(key),
             queue=admission, pods_problem=self._pods_problem(key[1]), network=self.extras.network(key, spec),
-            desired_hash=own["annotations"].get(render.SPEC_HASH_ANNOTATION))  # is the live RayService up to date?
+            desired_hash=own["annotations"].get(SPEC_HASH_ANNOTATION))  # is the live RayService up to date?
         current = rendering.with_condition(current, rendering.rendering_condition(
             kind.resource.kind, kind.child.kind, key[2], key[1], found, own, stamps.rendering(fresh),
             meta.get("generation", 0)), previous, now)
@@ -315,8 +317,8 @@ class Controller:
         if found is None or found.version == stamps.OPERATOR_VERSION or found.rendering is None:
             return None
         fresh = render.rayjob(spec)
-        if render.ray_token_secret_name(rayjob):  # named at its creation, not rendered
-            render.with_ray_token_secret(fresh, render.ray_token_secret_name(rayjob))
+        if ray_token_secret_name(rayjob):  # named at its creation, not rendered
+            with_ray_token_secret(fresh, ray_token_secret_name(rayjob))
         return rendering.rendering_condition(kind.resource.kind, kind.child.kind, key[2], key[1], found,
                                              found.rendering, stamps.rendering(fresh), meta.get("generation", 0))
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import render, status as statuses
+from .. import status as statuses
+from ..render.names import JOB_LABEL, RAYSERVICE_ANNOTATIONS, SERVICE_LABEL
 from ..render import stamp as stamps
 from ..api import spec as specs
 from ..status import kueue
@@ -112,7 +113,7 @@ def _slim_child(obj: dict, spec: dict, annotations_kept: tuple[str, ...]) -> dic
     kept = {k: meta[k] for k in _CHILD_META if k in meta}
     annotations = meta.get("annotations") or {}
     # our spec hash, the initializing timeout a queued service gets on admission, the stamp
-    ours = {k: annotations[k] for k in (*render.RAYSERVICE_ANNOTATIONS, *annotations_kept) if annotations.get(k)}
+    ours = {k: annotations[k] for k in (*RAYSERVICE_ANNOTATIONS, *annotations_kept) if annotations.get(k)}
     if ours:
         kept["annotations"] = ours
     return {"metadata": kept, "spec": spec, "status": obj.get("status") or {}}
@@ -135,8 +136,8 @@ def slim_rayjob(obj: dict) -> dict:
 
 
 def slim_rayservice(obj: dict) -> dict:
-    """A RayService with its whole spec and its stamp: its patch (render.rayservice_patch) replaces
-    the spec, with its own stamped rendering unless the spec changed (render/stamp.py)."""
+    """A RayService with its whole spec and its stamp: its patch (render/service.py
+    rayservice_patch) replaces the spec, with its own stamped rendering unless the spec changed (render/stamp.py)."""
     return _slim_child(obj, obj.get("spec") or {}, stamps.STAMP_ANNOTATIONS)
 
 
@@ -147,7 +148,7 @@ def slim_extra(obj: dict) -> dict:
 
 
 # The labels that name the object a pod serves (kinds.JOB.label, kinds.SERVICE.label).
-_OBJECT_LABELS = (render.JOB_LABEL, render.SERVICE_LABEL)
+_OBJECT_LABELS = (JOB_LABEL, SERVICE_LABEL)
 _POD_LABELS = _OBJECT_LABELS + statuses.POD_LABELS_READ
 
 

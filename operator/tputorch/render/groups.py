@@ -15,6 +15,7 @@ import json
 from .. import train
 from ..api import storage, topology
 from ..api.groups import GKE_GPU_LABEL, GPU_RESOURCE, TRAIN_GROUP, Group
+from .cluster import SPOT_TOLERATION, TPU_TOLERATION, container_resources
 
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
@@ -59,8 +60,6 @@ def _node_selector_and_tolerations(job, group: Group) -> tuple[dict, list]:
     selector = dict(group.node_selector)
     tolerations: list[dict] = []
     if group.kind == "tpu":
-        from . import SPOT_TOLERATION, TPU_TOLERATION  # the job's own slice tolerations
-
         selector.update(group.slice.node_selector)
         if group.spot:
             selector[topology.GKE_SPOT_LABEL] = "true"
@@ -76,8 +75,6 @@ def _node_selector_and_tolerations(job, group: Group) -> tuple[dict, list]:
 def group_context(job, group: Group, cluster: dict) -> dict:
     """One group's worker group; what every Ray worker pod shares (env, pod labels, the workers'
     volumes, securityContext, service-account token) comes from the job's cluster context."""
-    from . import container_resources  # render imports this module
-
     selector, tolerations = _node_selector_and_tolerations(job, group)
     extra = {}
     if group.kind == "tpu":

@@ -32,7 +32,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from .. import render, timestamps
+from .. import timestamps
+from ..render.names import SERVE_APP
+from ..render.output import spec_hash
 
 APPLIED_FIELD = "appliedConfig"  # status field: what the operator has seen the running service apply
 
@@ -70,17 +72,17 @@ def cluster_hash(cluster_spec: dict) -> str:
     for pod in _pod_specs(muted):
         pod.pop("tolerations", None)
         pod.pop("schedulingGates", None)
-    return render.spec_hash(muted)
+    return spec_hash(muted)
 
 
 def tolerations_hash(cluster_spec: dict) -> str:
     """A hash of what cluster_hash leaves out of the pod specs: tolerations and scheduling gates."""
-    return render.spec_hash([{k: pod.get(k) for k in ("tolerations", "schedulingGates")}
+    return spec_hash([{k: pod.get(k) for k in ("tolerations", "schedulingGates")}
                              for pod in _pod_specs(cluster_spec or {})])
 
 
 def serve_hash(serve_config: str) -> str:
-    return render.spec_hash(serve_config or "")
+    return spec_hash(serve_config or "")
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ def applied(rayservice: dict, previous_record: dict | None, upgrade_strategy: st
         return Applied(APPLIED, f"RayCluster {active_name} runs the current spec", {**want, "rayClusterName": active_name})
     record = dict(prev)
     if want["serveConfig"] != prev.get("serveConfig"):
-        app = (((active.get("applicationStatuses") or {}).get(render.SERVE_APP)) or {}).get("status")
+        app = (((active.get("applicationStatuses") or {}).get(SERVE_APP)) or {}).get("status")
         written, at = timestamps.seconds(st.get("lastUpdateTime")), timestamps.seconds(now)
         quiet = written is not None and at is not None and at - written >= RELOAD_QUIET_S
         if app in (None, "RUNNING") and not quiet:

@@ -1,12 +1,12 @@
 """Whether the RayJob / RayService as the API server keeps it still asks KubeRay for Ray token
-authentication. The operator always renders ``authOptions`` (render.RAY_AUTH); a KubeRay whose CRD
+authentication. The operator always renders ``authOptions`` (render/raytoken.py RAY_AUTH); a KubeRay whose CRD
 lacks the field (structural schema pruning drops unknown fields without an error) starts the Ray
 cluster without it. Pure functions: the reconcile hands in the child as its store holds it.
 """
 
 from __future__ import annotations
 
-from .. import render
+from ..render import raytoken
 from .conditions import AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED, RAY_AUTH, TOKEN_AUTH, condition
 
 # Where each child kind embeds its RayCluster's spec.
@@ -32,7 +32,7 @@ def ray_auth_condition(child_kind: str, child: dict | None, own_secret: bool, ge
     path = f"spec.{field}.authOptions"
     name = (child.get("metadata") or {}).get("name", "")
     options = ((child.get("spec") or {}).get(field) or {}).get("authOptions") or {}
-    if options.get("mode") != render.RAY_AUTH["mode"]:
+    if options.get("mode") != raytoken.RAY_AUTH["mode"]:
         return condition(RAY_AUTH, False, AUTH_OPTIONS_DROPPED, (
             f"the {child_kind} {name} was created with {path}.mode: token, and the API server kept "
             f"{path} = {options or 'nothing'}: the installed KubeRay's {child_kind} CRD lacks the field (KubeRay "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from .. import render
+from ..render.cluster import worker_node_selector
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
@@ -118,7 +118,7 @@ def observe_job(job: JobSpec, rayjob: dict | None, pods: Iterable[dict]) -> JobO
         kuberay_message=rj_status.get("message") or rj_status.get("reason") or "",
         pods=pods, ready=ready, no_webhook=tpu_webhook_missing(training, s.hosts),
         blocked=quota_problem(cluster_status) or container_problem(pods) or
-        no_node_pool(training, render.worker_node_selector(job)),
+        no_node_pool(training, worker_node_selector(job)),
         unschedulable=scheduling_problem(pods),
     )
 

@@ -5,7 +5,8 @@ rule). Pure."""
 
 from __future__ import annotations
 
-from ..render import SPEC_HASH_ANNOTATION, stamp as stamps
+from ..render import stamp as stamps
+from ..render.names import SPEC_HASH_ANNOTATION
 from .conditions import OLDER_RENDERING, REFUSED_BY_THIS_VERSION, RENDERING_CURRENT, VALIDATED, condition, stamp
 
 # The fields of a RayService's rayClusterConfig that KubeRay leaves out of its cluster hash (issue

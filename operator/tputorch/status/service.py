@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from .. import render
+from ..render.cluster import worker_node_selector
+from ..render.names import SERVE_APP, SERVE_PORT, SPEC_HASH_ANNOTATION
+from ..render.serveconfig import SCALE_FROM_ZERO_TIMEOUT_S
 from ..api.spec import ServiceSpec
 from .conditions import (
     CLUSTER_LABEL, FAILED, QUEUE_PHASES, ROLE_LABEL, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED, condition,
@@ -34,7 +36,7 @@ SCALED_TO_ZERO = "ScaledToZero"
 
 
 def _first_request_wait() -> str:
-    return (f"Serve LLM answers a request 408 after {render.SCALE_FROM_ZERO_TIMEOUT_S} s: the slice's provisioning, "
+    return (f"Serve LLM answers a request 408 after {SCALE_FROM_ZERO_TIMEOUT_S} s: the slice's provisioning, "
             "the image, the weights and the compile must fit")
 
 
@@ -60,7 +62,7 @@ def scaled_to_zero_message(svc: ServiceSpec, hosts_running: int = 0) -> str:
 
 def endpoint(svc: ServiceSpec) -> str:
     """The OpenAI base URL inside the cluster: KubeRay's serve Service <name>-serve-svc."""
-    return f"http://{svc.name}-serve-svc.{svc.namespace}.svc.cluster.local:{render.SERVE_PORT}/v1"
+    return f"http://{svc.name}-serve-svc.{svc.namespace}.svc.cluster.local:{SERVE_PORT}/v1"
 
 
 def _kuberay_condition(rs_status: dict, ctype: str) -> dict:
@@ -68,7 +70,7 @@ def _kuberay_condition(rs_status: dict, ctype: str) -> dict:
 
 
 def _application(service_status: dict) -> dict:
-    return ((service_status or {}).get("applicationStatuses") or {}).get(render.SERVE_APP) or {}
+    return ((service_status or {}).get("applicationStatuses") or {}).get(SERVE_APP) or {}
 
 
 # A deployment Serve is scaling on load (UPSCALING/DOWNSCALING, Ray 2.60 keeps the application
@@ -177,7 +179,7 @@ def _pending_cluster_problem(svc: ServiceSpec, pods: list[dict], pending: dict) 
     """Why the pending cluster's hosts cannot start: no node pool, unschedulable, a quota, an image
     or a crash loop."""
     new = [p for p in pods if labels_of(p).get(CLUSTER_LABEL) == pending["rayClusterName"]]
-    held = no_node_pool(new, render.worker_node_selector(svc))
+    held = no_node_pool(new, worker_node_selector(svc))
     return ((held[1] if held else None) or scheduling_problem(new)
             or (quota_problem(pending.get("rayClusterStatus")) or container_problem(new) or (None, None))[1])
 
@@ -187,7 +189,7 @@ def _runs_current_spec(rayservice: dict | None, rs_status: dict, desired_hash: s
     (and the hash is the desired one) the service is updating, not ready."""
     meta = (rayservice or {}).get("metadata") or {}
     seen, wanted = rs_status.get("observedGeneration"), meta.get("generation")
-    return ((meta.get("annotations") or {}).get(render.SPEC_HASH_ANNOTATION) == desired_hash
+    return ((meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == desired_hash
             and (seen is None or wanted is None or seen >= wanted))
 
 
@@ -221,7 +223,7 @@ def observe_service(svc: ServiceSpec, rayservice: dict | None, pods: Iterable[di
         slices_wanted=svc.min_replicas or min(replicas, 1),
         head_runs=any(labels_of(p).get(ROLE_LABEL) == "head" and running(p) for p in serving),
         no_webhook=tpu_webhook_missing(serving, s.hosts),
-        no_pool=no_node_pool(serving, render.worker_node_selector(svc)),
+        no_pool=no_node_pool(serving, worker_node_selector(svc)),
         unschedulable=scheduling_problem(serving),
         stuck=quota_problem(cluster_status) or container_problem(serving),
         up_to_date=_runs_current_spec(rayservice, rs_status, desired_hash),

@@ -89,6 +89,7 @@ def podsets_of(rayjob: dict) -> int:
 @pytest.mark.parametrize("max_podsets,cap", [(8, 5), (18, 15)])  # Kueue 0.17, 0.19
 def test_a_queued_jobs_groups_fit_the_kueue_caps_pod_sets_as_rendered(max_podsets, cap):
     from tputorch import render
+    from tputorch.render.names import WORKER_GROUP
     from tputorch.api.job import kueue_errors
 
     kueue = groups_api.KueuePodSets(max_podsets, "the installed Kueue's Workload CRD")
@@ -119,8 +120,9 @@ def test_each_gpu_type_takes_exactly_its_counts(gpu_type, counts):
 
 def test_train_group_is_the_training_slices_kuberay_group():
     from tputorch import render
+    from tputorch.render.names import WORKER_GROUP
 
-    assert train.TRAIN_GROUP == render.WORKER_GROUP == groups_api.TRAIN_GROUP
+    assert train.TRAIN_GROUP == WORKER_GROUP == groups_api.TRAIN_GROUP
     assert train.TRAIN_GROUP in groups_api.RESERVED_NAMES
 
 

@@ -4,6 +4,9 @@ import copy
 import json
 
 from tputorch import render
+from tputorch.render.names import SPEC_HASH_ANNOTATION
+from tputorch.render.raytoken import with_ray_token_secret
+from tputorch.render.service import rayservice_hash
 from tputorch.api import spec as specs
 from tputorch.cli import client, main, upgrades
 from tputorch.render import stamp
@@ -15,8 +18,8 @@ from ..services import service_body
 def stamped(child, version="0.2.0", generation=1):
     """``child`` as an operator of ``version`` made it: its spec hash and stamp of what it has."""
     child = copy.deepcopy(child)
-    if render.SPEC_HASH_ANNOTATION in (child["metadata"].get("annotations") or {}):
-        child["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] = render.rayservice_hash(child)
+    if SPEC_HASH_ANNOTATION in (child["metadata"].get("annotations") or {}):
+        child["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(child)
     child["metadata"]["annotations"] = {**(child["metadata"].get("annotations") or {}),
                                         **stamp.annotations(version, generation, "", stamp.rendering(child))}
     return child
@@ -58,7 +61,7 @@ def test_a_job_changes_on_its_next_attempt_only_and_its_token_secret_is_no_chang
     parent = job_body()
     parent["metadata"]["namespace"] = "ml"
     child = render.rayjob(specs.parse(parent))
-    render.with_ray_token_secret(child, "demo-ray-token-abc123")
+    with_ray_token_secret(child, "demo-ray-token-abc123")
     assert upgrades.plan_row("TPUTorchJob", parent, stamped(child))["change"] == "none"
     child["spec"]["entrypoint"] = "python old.py"
     assert upgrades.plan_row("TPUTorchJob", parent, stamped(child))["change"] == "next attempt"

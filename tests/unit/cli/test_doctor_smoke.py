@@ -8,19 +8,21 @@ import sys
 
 import pytest
 
-from tputorch import render, train
+from tputorch import train
+from tputorch.render.network import NetworkPolicyConfig
+from tputorch.render.raytoken import RAY_AUTH_TOKEN_KEY
 from tputorch.api import network
 from tputorch.cli.doctor import smoke, storage_probe
 from tputorch.cli.doctor.result import FAIL, OK, UNKNOWN
 
 
 def test_the_probe_is_the_operators_rayjob_with_no_tpu_host():
-    policy = render.NetworkPolicyConfig("strict", (network.parse_peer_text("kuberay-system"),))
+    policy = NetworkPolicyConfig("strict", (network.parse_peer_text("kuberay-system"),))
     rayjob, secret, policy_obj = smoke.smoke_objects("ns", "tputorch-smoke-1", "img", "tok", policy, "ray-sa")
     cluster = rayjob["spec"]["rayClusterSpec"]
     assert [g["replicas"] for g in cluster["workerGroupSpecs"]] == [0]
     assert cluster["authOptions"] == {"mode": "token", "secretName": secret["metadata"]["name"]}
-    assert secret["stringData"] == {render.RAY_AUTH_TOKEN_KEY: "tok"}
+    assert secret["stringData"] == {RAY_AUTH_TOKEN_KEY: "tok"}
     assert rayjob["spec"]["submissionMode"] == "K8sJobMode"
     assert cluster["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == "ray-sa"
     dashboard = [r for r in policy_obj["spec"]["ingress"] if {"protocol": "TCP", "port": 8265} in r.get("ports", [])]

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tputorch import render
+from tputorch.render.network import NetworkPolicyConfig
 from tputorch.controller import handlers, kinds, stores
 from tputorch.api import spec
 
@@ -161,7 +161,7 @@ def _built(failing_path):
     loop = asyncio.new_event_loop()
     failing = {"workloads": WORKLOAD, "rayjobs": kinds.JOB.child}[failing_path].path(None)
     ctl = handlers.build(FakeKube(), lambda path, *_: _FailsForEver() if path(None) == failing else FakeSource(),
-                         loop, None, extras=kinds.extras(render.NetworkPolicyConfig()))
+                         loop, None, extras=kinds.extras(NetworkPolicyConfig()))
     required, optional = handlers.required_stores(ctl), handlers.optional_stores(ctl)
     for informer in required + optional:
         informer.cycle(None)

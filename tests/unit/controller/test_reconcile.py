@@ -14,6 +14,10 @@ import pytest
 import urllib3
 
 from tputorch import render
+from tputorch.api.network import Peer
+from tputorch.render.names import INITIALIZING_TIMEOUT_ANNOTATION, SERVICE_LABEL
+from tputorch.render.network import NetworkPolicyConfig
+from tputorch.render.raytoken import with_ray_token_secret
 from tputorch.controller import kinds, stores
 from tputorch import status as statuses
 from tputorch.api import spec as statuses_spec
@@ -128,7 +132,7 @@ def test_a_refused_ray_token_secret_is_said_and_made_on_the_next_try_once():
 
 def with_token(child: dict, secret_name: str = "demo-ray-token-abc123") -> dict:
     child["spec"]["rayClusterSpec"] = {}
-    render.with_ray_token_secret(child, secret_name)
+    with_ray_token_secret(child, secret_name)
     return child
 
 
@@ -420,7 +424,7 @@ def test_a_service_gets_its_rayservice_and_an_edit_reaches_it_once():
     created = ctl.kube.objects[("rayservices", "ml", "qwen")]
     ctl.children["TPUTorchService"]._put(ctl.children["TPUTorchService"].slim(created))  # its watch event
     assert created["metadata"]["ownerReferences"][0]["uid"] == "svc-uid"
-    assert created["metadata"]["labels"][render.SERVICE_LABEL] == "qwen"
+    assert created["metadata"]["labels"][SERVICE_LABEL] == "qwen"
     assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
     # replicas edited: the live RayService is patched with the new spec and hash, once
     ctl.parents["TPUTorchService"]._put(service(rv="11", generation=2, replicas={"min": 1, "max": 3}))
@@ -450,7 +454,7 @@ def test_a_queued_service_gets_its_initializing_timeout_when_kueue_admits_it():
     ctl.parents["TPUTorchService"].remember(svc)
     assert run(ctl.reconcile(SVC_KEY)) == "created"
     created = ctl.kube.objects[("rayservices", "ml", "qwen")]
-    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in created["metadata"]["annotations"]
+    assert INITIALIZING_TIMEOUT_ANNOTATION not in created["metadata"]["annotations"]
     created["metadata"]["uid"] = "rs-uid"
     created["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "Initializing",
                                          "lastTransitionTime": "2026-12-01T10:00:00Z"}]}
@@ -470,7 +474,7 @@ def test_a_queued_service_gets_its_initializing_timeout_when_kueue_admits_it():
     ctl.workloads._put(ctl.workloads.slim(workload))  # its watch event
     run(ctl.reconcile(SVC_KEY))
     (patch,) = [c[4] for c in ctl.kube.called("patch") if c[1] == "rayservices"]
-    assert patch == {"metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: "360s"}}}  # 300 s queued + 60
+    assert patch == {"metadata": {"annotations": {INITIALIZING_TIMEOUT_ANNOTATION: "360s"}}}  # 300 s queued + 60
 
 
 def test_a_services_pods_count_for_its_active_and_pending_clusters_only():
@@ -766,8 +770,8 @@ def test_a_job_whose_rayjob_would_be_too_large_fails_alone_without_a_create():
 
 # --- extra children: the NetworkPolicy ---------------------------------------------------------------
 
-PEERS = (render.Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),)),)
-POLICY = render.NetworkPolicyConfig(peers=PEERS)
+PEERS = (Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),)),)
+POLICY = NetworkPolicyConfig(peers=PEERS)
 
 
 def test_every_job_gets_its_network_policy_owned_by_its_uid_and_kept_as_rendered():
@@ -886,14 +890,14 @@ def test_a_network_policy_call_that_times_out_still_writes_the_status_and_is_tri
 
 
 def test_a_service_is_rendered_once_per_version_of_its_spec_not_per_reconcile(monkeypatch):
-    from tputorch import render
+    from tputorch.render import output
     renders = []
-    template = render._template
+    template = output.template
 
     def counting(name):
         renders.append(name)
         return template(name)
-    monkeypatch.setattr(render, "_template", counting)
+    monkeypatch.setattr(output, "template", counting)
     ctl = controller()
     ctl.parents["TPUTorchService"].remember(service())
     assert run(ctl.reconcile(SVC_KEY)) == "created"

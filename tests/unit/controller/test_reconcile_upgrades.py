@@ -10,6 +10,8 @@ import asyncio
 import copy
 
 from tputorch import render
+from tputorch.render.names import SPEC_HASH_ANNOTATION
+from tputorch.render.service import rayservice_hash
 from tputorch.api import spec as specs
 from tputorch.controller.raytoken import RayTokens
 from tputorch.render import stamp
@@ -44,7 +46,7 @@ def older_rayservice(parent: dict, stamped_as: str | None = "0.2.0", generation:
     child = render.rayservice(specs.parse_service(parent))
     child["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"].append(
         {"name": "OLD_OPERATORS_VARIABLE", "value": "1"})
-    child["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] = render.rayservice_hash(child)
+    child["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(child)
     if stamped_as is not None:
         child["metadata"]["annotations"].update(stamp.annotations(stamped_as, generation, "", stamp.rendering(child)))
     child["metadata"].update(namespace="ml", uid="rs-uid", resourceVersion="50", ownerReferences=[

@@ -11,6 +11,16 @@ import pytest
 import yaml
 
 from tputorch import render
+from tputorch.api.network import Peer
+from tputorch.render.cluster import AUTOSCALER_TOKEN_VOLUME
+from tputorch.render.names import (
+    INITIALIZING_TIMEOUT_ANNOTATION, JOB_LABEL, MANAGED_BY_LABEL, QUEUE_LABEL, SERVICE_LABEL, SPEC_HASH_ANNOTATION,
+)
+from tputorch.render.network import NetworkPolicyConfig, network_policy, network_policy_name
+from tputorch.render.output import spec_hash, to_yaml
+from tputorch.render.raytoken import ray_token_secret, ray_token_secret_name, with_ray_token_secret
+from tputorch.render.serveconfig import SERVE_KEEP_ALIVE_S, llm_deployment_name
+from tputorch.render.service import admitted_timeout_patch, raycluster_bounds_patch, rayservice_hash, rayservice_patch
 from tputorch.api import service, spec, topology
 
 from ..jobs import body
@@ -84,7 +94,7 @@ def rendered(overrides, name="demo"):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden(case):
-    text = render.to_yaml(rendered(CASES[case], name=case))
+    text = to_yaml(rendered(CASES[case], name=case))
     path = GOLDEN / f"{case}.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
@@ -181,11 +191,11 @@ def test_only_allowlisted_labels_pass_and_kueues_come_from_the_spec_alone():
     }
     for child in (render.rayjob(spec.parse(b)), render.rayservice(spec.parse_service(service_body(**{"queueName": "team-a"}) | {"metadata": b["metadata"] | {"name": "demo"}}))):
         labels = child["metadata"]["labels"]
-        owner = render.SERVICE_LABEL if child["kind"] == "RayService" else render.JOB_LABEL
-        assert labels == {"team": "a", "app.kubernetes.io/part-of": "llm", render.MANAGED_BY_LABEL: "tputorch-operator",
-                          owner: "demo", render.QUEUE_LABEL: "team-a"}
+        owner = SERVICE_LABEL if child["kind"] == "RayService" else JOB_LABEL
+        assert labels == {"team": "a", "app.kubernetes.io/part-of": "llm", MANAGED_BY_LABEL: "tputorch-operator",
+                          owner: "demo", QUEUE_LABEL: "team-a"}
     b["spec"].pop("queueName")
-    assert render.QUEUE_LABEL not in render.rayjob(spec.parse(b))["metadata"]["labels"]
+    assert QUEUE_LABEL not in render.rayjob(spec.parse(b))["metadata"]["labels"]
 
 
 def test_user_env_follows_the_slice_env_in_every_container():
@@ -202,7 +212,7 @@ def test_runtime_env_is_yaml_and_strings_are_quoted_safely():
 
 
 def test_rendering_is_deterministic():
-    assert render.to_yaml(rendered(CASES["v6e-4x4-everything"])) == render.to_yaml(rendered(CASES["v6e-4x4-everything"]))
+    assert to_yaml(rendered(CASES["v6e-4x4-everything"])) == to_yaml(rendered(CASES["v6e-4x4-everything"]))
 
 
 # --- TPUTorchService -> RayService ---------------------------------------------------------
@@ -279,7 +289,7 @@ def autoscaling(rayservice):
 
 @pytest.mark.parametrize("case", sorted(SERVICE_CASES))
 def test_service_golden(case):
-    text = render.to_yaml(rendered_service(SERVICE_CASES[case], name=case.removeprefix("service-")[:47]))
+    text = to_yaml(rendered_service(SERVICE_CASES[case], name=case.removeprefix("service-")[:47]))
     path = GOLDEN / f"{case}.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
@@ -437,25 +447,25 @@ def test_service_labels_and_queue():
     rs = rendered_service(SERVICE_CASES["service-v6e-4x4-hf-token"], name="my-svc")
     cluster = rs["spec"]["rayClusterConfig"]
     for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
-        assert template["metadata"]["labels"] == {render.MANAGED_BY_LABEL: "tputorch-operator", render.SERVICE_LABEL: "my-svc"}
+        assert template["metadata"]["labels"] == {MANAGED_BY_LABEL: "tputorch-operator", SERVICE_LABEL: "my-svc"}
     assert rs["metadata"]["labels"] == {
         "app.kubernetes.io/managed-by": "tputorch-operator", "tputorch.io/service": "my-svc",
         "kueue.x-k8s.io/queue-name": "serving-queue"}
-    assert render.SERVICE_LABEL == "tputorch.io/service" and render.JOB_LABEL == "tputorch.io/job"
+    assert SERVICE_LABEL == "tputorch.io/service" and JOB_LABEL == "tputorch.io/job"
 
 
 def test_spec_hash_annotation_follows_the_spec():
     a, b = rendered_service({}), rendered_service({})
-    h = a["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]
-    assert h == b["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] == render.rayservice_hash(a)
+    h = a["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    assert h == b["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == rayservice_hash(a)
     assert len(h) == 16 and int(h, 16) >= 0
-    hash_of = lambda body: rendered_service(body)["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION]  # noqa: E731
+    hash_of = lambda body: rendered_service(body)["metadata"]["annotations"][SPEC_HASH_ANNOTATION]  # noqa: E731
     assert hash_of({"replicas": {"max": 2}}) != h
     assert hash_of({"engine": {"maxModelLen": 4096}}) != h
     # The initializing-timeout annotation is ours too: an edit of it is patched like the spec.
     assert hash_of({"serve": {"initializingTimeoutSeconds": 600}}) != h
     # Key order never matters, only content.
-    assert render.spec_hash({"a": 1, "b": [1, 2]}) == render.spec_hash({"b": [1, 2], "a": 1}) != render.spec_hash({"a": 1, "b": [2, 1]})
+    assert spec_hash({"a": 1, "b": [1, 2]}) == spec_hash({"b": [1, 2], "a": 1}) != spec_hash({"a": 1, "b": [2, 1]})
     assert "annotations" not in rendered({})["metadata"]  # RayJobs only ever get suspend patched
 
 
@@ -465,10 +475,10 @@ def test_rayservice_patch_only_when_the_hash_differs():
     # What KubeRay keeps (status, defaults it adds) never causes a patch while the hash matches.
     observed = {**current, "status": {"serviceStatus": "Running"}}
     observed["spec"] = {**current["spec"], "serveService": {"metadata": {"name": "x"}}}
-    assert render.rayservice_patch(svc, observed) is None
+    assert rayservice_patch(svc, observed) is None
 
     edited = spec.parse_service(service_body(engine={"maxModelLen": 4096}, replicas={"min": 1, "max": 2}))
-    patch = render.rayservice_patch(edited, observed)
+    patch = rayservice_patch(edited, observed)
     desired = render.rayservice(edited)
     assert patch["metadata"] == {"annotations": desired["metadata"]["annotations"]}
     assert patch["spec"]["serveService"] is None  # a key we do not render is removed
@@ -479,17 +489,17 @@ def test_rayservice_patch_only_when_the_hash_differs():
 def test_rayservice_patch_removes_what_the_new_spec_no_longer_has():
     before = render.rayservice(spec.parse_service(service_body(serviceAccountName="serving")))
     after = spec.parse_service(service_body())
-    patch = render.rayservice_patch(after, before)
+    patch = rayservice_patch(after, before)
     head = patch["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
     assert head["serviceAccountName"] is None
     # Applied as a JSON merge patch (RFC 7386) to the old spec it gives exactly the new one.
     assert merge(before["spec"], patch["spec"]) == render.rayservice(after)["spec"]
     # Also when the caller has only the observed annotations (a store that keeps no spec).
-    slim = render.rayservice_patch(after, {"metadata": before["metadata"]})
+    slim = rayservice_patch(after, {"metadata": before["metadata"]})
     assert merge(before["spec"], slim["spec"]) == render.rayservice(after)["spec"]
     for optional in ({"tolerations": [{"key": "a", "operator": "Exists"}]}, {"head": {"nodeSelector": {"pool": "cpu"}}}):
         old = render.rayservice(spec.parse_service(service_body(**optional)))
-        assert merge(old["spec"], render.rayservice_patch(after, {"metadata": old["metadata"]})["spec"]) == render.rayservice(after)["spec"]
+        assert merge(old["spec"], rayservice_patch(after, {"metadata": old["metadata"]})["spec"]) == render.rayservice(after)["spec"]
 
 
 def test_rayservice_patch_keeps_the_autoscalers_slice_count_within_the_new_bounds():
@@ -497,10 +507,10 @@ def test_rayservice_patch_keeps_the_autoscalers_slice_count_within_the_new_bound
     autoscaled["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] = 3  # scaled up meanwhile
     for bounds, kept in (({"min": 1, "max": 4}, 3), ({"min": 1, "max": 2}, 2), ({"min": 4, "max": 6}, 4)):
         edited = spec.parse_service(service_body(replicas=bounds, engine={"maxModelLen": 2048}))
-        group = render.rayservice_patch(edited, autoscaled)["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+        group = rayservice_patch(edited, autoscaled)["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
         assert group["replicas"] == kept, bounds
     fixed = spec.parse_service(service_body(replicas={"min": 2, "max": 2}))
-    assert render.rayservice_patch(fixed, autoscaled)["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] == 2
+    assert rayservice_patch(fixed, autoscaled)["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] == 2
 
 
 def test_an_edit_of_the_rayservice_behind_our_back_is_put_back_and_defaults_are_not():
@@ -525,7 +535,7 @@ def test_an_edit_of_the_rayservice_behind_our_back_is_put_back_and_defaults_are_
                       lambda s: s.update(serviceUnhealthySecondThreshold=900),
                       lambda s: workers(s).update(replicas=3),
                       lambda s: s["rayClusterConfig"].update(suspend=True)):  # Kueue's
-        assert render.rayservice_patch(svc, observed_with(unchanged)) is None
+        assert rayservice_patch(svc, observed_with(unchanged)) is None
     # A value we render, changed or removed by hand, with our hash still on the object: put back.
     for drift in (lambda s: s.update(serveConfigV2=s["serveConfigV2"] + "# edited by hand\n"),
                   lambda s: container(s)["resources"]["limits"].update({"google.com/tpu": "8"}),
@@ -533,21 +543,21 @@ def test_an_edit_of_the_rayservice_behind_our_back_is_put_back_and_defaults_are_
                   lambda s: container(s)["env"].append({"name": "EXTRA", "value": "1"}),
                   lambda s: workers(s).update(replicas=7)):  # outside the bounds
         drifted = observed_with(drift)
-        patch = render.rayservice_patch(svc, drifted)
+        patch = rayservice_patch(svc, drifted)
         assert patch is not None
-        assert render.rayservice_patch(svc, {**drifted, "spec": merge(drifted["spec"], patch["spec"])}) is None
+        assert rayservice_patch(svc, {**drifted, "spec": merge(drifted["spec"], patch["spec"])}) is None
 
 
 def test_rayservice_carries_the_initializing_timeout_and_the_upgrade_strategy():
     rs = rendered_service({})
-    assert rs["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION] == "3600s"  # KubeRay: Go duration
+    assert rs["metadata"]["annotations"][INITIALIZING_TIMEOUT_ANNOTATION] == "3600s"  # KubeRay: Go duration
     assert rs["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
     never = rendered_service({"serve": {"initializingTimeoutSeconds": 0}, "upgradeStrategy": "None"})
-    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in never["metadata"]["annotations"]
+    assert INITIALIZING_TIMEOUT_ANNOTATION not in never["metadata"]["annotations"]
     assert never["spec"]["upgradeStrategy"] == {"type": "None"}
     # Dropping the timeout removes KubeRay's annotation from the live object.
-    patch = render.rayservice_patch(spec.parse_service(service_body(serve={"initializingTimeoutSeconds": 0})), rs)
-    assert patch["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION] is None
+    patch = rayservice_patch(spec.parse_service(service_body(serve={"initializingTimeoutSeconds": 0})), rs)
+    assert patch["metadata"]["annotations"][INITIALIZING_TIMEOUT_ANNOTATION] is None
 
 
 def _llm_deployment_config(rs):
@@ -582,7 +592,7 @@ def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress()
     assert ingress == {"name": "OpenAiIngress", "autoscaling_config": {"min_replicas": 3, "max_replicas": 3}}
     # The names are those Ray 2.60 Serve LLM gave the deployments on the real chain (recorded there).
     recorded = json.loads((REPO / "hack" / "fakedash" / "recorded" / "serve-deploy.json").read_text())
-    assert {"OpenAiIngress", render.llm_deployment_name("tiny")} <= set(
+    assert {"OpenAiIngress", llm_deployment_name("tiny")} <= set(
         recorded[-1]["details"]["applications"]["llm"]["deployments"])
 
 
@@ -613,10 +623,10 @@ def test_dropping_the_cluster_deletion_delay_removes_it_from_the_rayservice():
     set_ = rendered_service({"serve": {"clusterDeletionDelaySeconds": 3600}})
     unset = spec.parse_service(service_body())
     for observed in (set_, {"metadata": set_["metadata"]}):  # with and without the observed spec
-        patch = render.rayservice_patch(unset, observed)
+        patch = rayservice_patch(unset, observed)
         assert patch["spec"]["rayClusterDeletionDelaySeconds"] is None
     edited = spec.parse_service(service_body(serve={"clusterDeletionDelaySeconds": 120}))
-    assert render.rayservice_patch(edited, set_)["spec"]["rayClusterDeletionDelaySeconds"] == 120
+    assert rayservice_patch(edited, set_)["spec"]["rayClusterDeletionDelaySeconds"] == 120
 
 
 def test_a_queued_service_gets_its_initializing_timeout_on_admission_plus_the_time_it_waited():
@@ -627,33 +637,33 @@ def test_a_queued_service_gets_its_initializing_timeout_on_admission_plus_the_ti
     from tputorch.status import kueue
     svc = spec.parse_service(service_body(queueName="tpu", serve={"initializingTimeoutSeconds": 30}))
     created = render.rayservice(svc)
-    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in created["metadata"]["annotations"]
+    assert INITIALIZING_TIMEOUT_ANNOTATION not in created["metadata"]["annotations"]
     created["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "Initializing",
                                          "lastTransitionTime": "2026-12-01T10:00:00Z"}]}
     queued = kueue.Admission(False, "Pending", "waiting", kueue.QUEUED)
-    assert render.admitted_timeout_patch(svc, created, queued) is None
+    assert admitted_timeout_patch(svc, created, queued) is None
     admitted = kueue.Admission(True, "Admitted", "admitted", None, "tpu", "w", "2026-12-01T10:02:00.4Z")
-    patch = render.admitted_timeout_patch(svc, created, admitted)
-    assert patch == {"metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: "151s"}}}  # 120.4 s waited + 30
+    patch = admitted_timeout_patch(svc, created, admitted)
+    assert patch == {"metadata": {"annotations": {INITIALIZING_TIMEOUT_ANNOTATION: "151s"}}}  # 120.4 s waited + 30
     # Applied: nothing more; and a spec patch of the service leaves it alone.
     created["metadata"]["annotations"].update(patch["metadata"]["annotations"])
-    assert render.admitted_timeout_patch(svc, created, admitted) is None
+    assert admitted_timeout_patch(svc, created, admitted) is None
     edited = spec.parse_service(service_body(queueName="tpu", serve={"initializingTimeoutSeconds": 30}, engine={"maxModelLen": 4096}))
-    assert render.INITIALIZING_TIMEOUT_ANNOTATION not in render.rayservice_patch(edited, created)["metadata"]["annotations"]
+    assert INITIALIZING_TIMEOUT_ANNOTATION not in rayservice_patch(edited, created)["metadata"]["annotations"]
     # Preempted back into the queue before it was ever ready: no timeout while it waits again.
-    assert render.admitted_timeout_patch(svc, created, queued) == {
-        "metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: None}}}
+    assert admitted_timeout_patch(svc, created, queued) == {
+        "metadata": {"annotations": {INITIALIZING_TIMEOUT_ANNOTATION: None}}}
     # Ready once (KubeRay times out only an initializing service): left as it is.
     created["status"]["conditions"][0].update(reason="ZeroServeEndpoints", lastTransitionTime="2026-12-01T11:00:00Z")
     later = kueue.Admission(True, "Admitted", "admitted", None, "tpu", "w", "2026-12-01T12:00:00Z")
-    assert render.admitted_timeout_patch(svc, created, later) is None
+    assert admitted_timeout_patch(svc, created, later) is None
     # Kueue not managing it (not installed): nothing holds it back, the timeout counts from creation.
-    assert render.admitted_timeout_patch(svc, render.rayservice(svc), None) == {
-        "metadata": {"annotations": {render.INITIALIZING_TIMEOUT_ANNOTATION: "30s"}}}
+    assert admitted_timeout_patch(svc, render.rayservice(svc), None) == {
+        "metadata": {"annotations": {INITIALIZING_TIMEOUT_ANNOTATION: "30s"}}}
     # Not queued, or no timeout: none of this.
-    assert render.admitted_timeout_patch(spec.parse_service(service_body()), created, admitted) is None
+    assert admitted_timeout_patch(spec.parse_service(service_body()), created, admitted) is None
     never = spec.parse_service(service_body(queueName="tpu", serve={"initializingTimeoutSeconds": 0}))
-    assert render.admitted_timeout_patch(never, created, admitted) is None
+    assert admitted_timeout_patch(never, created, admitted) is None
 
 
 def test_the_rayservice_store_keeps_the_initializing_timeout_it_compares():
@@ -661,7 +671,7 @@ def test_the_rayservice_store_keeps_the_initializing_timeout_it_compares():
     rs = render.rayservice(spec.parse_service(service_body()))
     rs["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "{...}"
     kept = stores.slim_rayservice(rs)["metadata"]["annotations"]
-    assert sorted(kept) == [render.INITIALIZING_TIMEOUT_ANNOTATION, render.SPEC_HASH_ANNOTATION]
+    assert sorted(kept) == [INITIALIZING_TIMEOUT_ANNOTATION, SPEC_HASH_ANNOTATION]
 
 
 def test_serve_options_reach_the_llm_deployment():
@@ -691,23 +701,23 @@ def test_every_ray_container_meets_restricted_and_no_pod_mounts_a_token_unless_a
             assert RESTRICTED.items() <= c["securityContext"].items(), (role, c["securityContext"])
             # no pod-wide token: KubeRay's autoscaler gets its own (below), the Ray containers none
             assert pod["automountServiceAccountToken"] is False, role
-            assert not [m for m in c.get("volumeMounts", []) if m["name"] == render.AUTOSCALER_TOKEN_VOLUME], role
-            token_volumes = [v for v in pod.get("volumes", []) if v["name"] == render.AUTOSCALER_TOKEN_VOLUME]
+            assert not [m for m in c.get("volumeMounts", []) if m["name"] == AUTOSCALER_TOKEN_VOLUME], role
+            token_volumes = [v for v in pod.get("volumes", []) if v["name"] == AUTOSCALER_TOKEN_VOLUME]
             assert len(token_volumes) == (role == "head" and autoscaling), role
         if autoscaling:
             options = child["spec"]["rayClusterConfig"]["autoscalerOptions"]
             assert RESTRICTED.items() <= options["securityContext"].items()
             # the autoscaler alone mounts the API token, where in-cluster clients look for it
-            assert options["volumeMounts"] == [{"name": render.AUTOSCALER_TOKEN_VOLUME, "readOnly": True,
+            assert options["volumeMounts"] == [{"name": AUTOSCALER_TOKEN_VOLUME, "readOnly": True,
                                                 "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
             (head,) = [pod for role, pod in _pods(child) if role == "head"]
-            (volume,) = [v for v in head["volumes"] if v["name"] == render.AUTOSCALER_TOKEN_VOLUME]
+            (volume,) = [v for v in head["volumes"] if v["name"] == AUTOSCALER_TOKEN_VOLUME]
             sources = volume["projected"]["sources"]
             assert [next(iter(s)) for s in sources] == ["serviceAccountToken", "configMap", "downwardAPI"]
             assert [i["path"] for i in sources[1]["configMap"]["items"] + sources[2]["downwardAPI"]["items"]] == ["ca.crt", "namespace"]
     queued = rendered_service({"queueName": "q"})  # no autoscaler under Kueue: no token at all
     assert "autoscalerOptions" not in queued["spec"]["rayClusterConfig"]
-    assert not any(v["name"] == render.AUTOSCALER_TOKEN_VOLUME for _, pod in _pods(queued) for v in pod.get("volumes", []))
+    assert not any(v["name"] == AUTOSCALER_TOKEN_VOLUME for _, pod in _pods(queued) for v in pod.get("volumes", []))
     asked = rendered_service({"automountServiceAccountToken": True})  # the pod-wide token, asked for: no second one
     assert "volumeMounts" not in asked["spec"]["rayClusterConfig"]["autoscalerOptions"]
     assert all(pod["automountServiceAccountToken"] for _, pod in _pods(asked))
@@ -740,28 +750,28 @@ def test_a_named_service_account_gets_its_token_mounted_for_workload_identity_un
 def test_the_submitter_pod_is_kuberays_default_with_our_security_and_no_ray_node_label():
     job = rendered({})
     template = job["spec"]["submitterPodTemplate"]
-    assert template["metadata"]["labels"] == {render.JOB_LABEL: "demo"}  # not managed-by: no Ray node
+    assert template["metadata"]["labels"] == {JOB_LABEL: "demo"}  # not managed-by: no Ray node
     (c,) = template["spec"]["containers"]
     assert (c["name"], c["image"], template["spec"]["restartPolicy"]) == ("ray-job-submitter", "example.com/ray-torch-tpu:2.60.0", "Never")
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
-KUBERAY = render.Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),))
-OPERATOR = render.Peer("tputorch-system")
+KUBERAY = Peer("ray-system", (("app.kubernetes.io/name", "kuberay-operator"),))
+OPERATOR = Peer("tputorch-system")
 TCP = lambda *ports: [{"protocol": "TCP", "port": n} for n in ports]  # noqa: E731
 
 
 def test_the_default_network_policy_admits_own_pods_everywhere_and_the_dashboard_from_any_source():
-    job = render.network_policy(spec.parse(body(name="demo")), render.NetworkPolicyConfig(peers=(KUBERAY, OPERATOR)))
+    job = network_policy(spec.parse(body(name="demo")), NetworkPolicyConfig(peers=(KUBERAY, OPERATOR)))
     assert (job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]) == ("NetworkPolicy", "demo-rayjob", "ml")
-    assert job["spec"]["podSelector"] == {"matchLabels": {render.JOB_LABEL: "demo"}}
+    assert job["spec"]["podSelector"] == {"matchLabels": {JOB_LABEL: "demo"}}
     assert job["spec"]["policyTypes"] == ["Ingress"]
     own, dashboard = job["spec"]["ingress"]  # the peers add nothing to a job in open mode
-    assert own == {"from": [{"podSelector": {"matchLabels": {render.JOB_LABEL: "demo"}}}]}  # same namespace, every port
+    assert own == {"from": [{"podSelector": {"matchLabels": {JOB_LABEL: "demo"}}}]}  # same namespace, every port
     assert dashboard == {"ports": TCP(8265)}  # no "from": any source (Ray token auth guards it)
-    svc = render.network_policy(spec.parse_service(service_body(name="chat")), render.NetworkPolicyConfig(peers=(KUBERAY,)))
+    svc = network_policy(spec.parse_service(service_body(name="chat")), NetworkPolicyConfig(peers=(KUBERAY,)))
     assert svc["metadata"]["name"] == "chat-ray"
-    assert svc["spec"]["podSelector"] == {"matchLabels": {render.SERVICE_LABEL: "chat"}}
+    assert svc["spec"]["podSelector"] == {"matchLabels": {SERVICE_LABEL: "chat"}}
     _, dashboard, peers, clients = svc["spec"]["ingress"]
     assert dashboard == {"ports": TCP(8265)}
     assert peers == {"from": [KUBERAY.selector()], "ports": TCP(8000)}  # KubeRay reads Serve's health
@@ -769,9 +779,9 @@ def test_the_default_network_policy_admits_own_pods_everywhere_and_the_dashboard
 
 
 def test_strict_mode_admits_the_dashboard_only_from_the_peers_and_metrics_only_from_the_scrapers():
-    config = render.NetworkPolicyConfig("strict", (KUBERAY, OPERATOR, render.Peer(cidr="10.128.0.0/20")),
-                                        (render.Peer("gmp-system"),))
-    own, peers, metrics = render.network_policy(spec.parse(body(name="demo")), config)["spec"]["ingress"]
+    config = NetworkPolicyConfig("strict", (KUBERAY, OPERATOR, Peer(cidr="10.128.0.0/20")),
+                                        (Peer("gmp-system"),))
+    own, peers, metrics = network_policy(spec.parse(body(name="demo")), config)["spec"]["ingress"]
     assert peers["ports"] == TCP(8265)
     assert peers["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ray-system"}},
@@ -781,13 +791,13 @@ def test_strict_mode_admits_the_dashboard_only_from_the_peers_and_metrics_only_f
     assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}},
                                  "podSelector": {}}], "ports": TCP(8080)}
     # strict and no peer: the cluster's own pods only
-    assert render.network_policy(spec.parse(body(name="demo")), render.NetworkPolicyConfig("strict"))["spec"]["ingress"] == [own]
+    assert network_policy(spec.parse(body(name="demo")), NetworkPolicyConfig("strict"))["spec"]["ingress"] == [own]
 
 
 def test_a_services_exposure_decides_who_reaches_the_serve_port():
     def clients(exposure):
         svc = spec.parse_service(service_body(name="chat", exposure=exposure))
-        return render.network_policy(svc, render.NetworkPolicyConfig("strict"))["spec"]["ingress"][-1]
+        return network_policy(svc, NetworkPolicyConfig("strict"))["spec"]["ingress"][-1]
     assert clients({"clients": "Anywhere"}) == {"ports": TCP(8000)}
     assert clients({"clients": "InNamespace"}) == {"from": [{"podSelector": {}}], "ports": TCP(8000)}
     listed = clients({"clients": "Listed", "from": [{"namespace": "web", "podLabels": {"app": "front"}},
@@ -822,14 +832,14 @@ def test_serves_keep_alive_outlasts_a_google_load_balancers_600_s_backend_keep_a
     # Google's Application Load Balancers keep an idle backend connection for a fixed 600 s: Serve's
     # proxy (Ray 2.60's default 90 s) must not close it first, or the next request on it gets a 502.
     options = serve_config(rendered_service({}))["http_options"]
-    assert options == {"keep_alive_timeout_s": render.SERVE_KEEP_ALIVE_S} and render.SERVE_KEEP_ALIVE_S > 600
+    assert options == {"keep_alive_timeout_s": SERVE_KEEP_ALIVE_S} and SERVE_KEEP_ALIVE_S > 600
 
 
 def test_a_job_and_a_service_of_one_name_never_share_a_network_policy_name():
     names = set()
     for name in ("chat", "chat-ray", "chat-rayjob", "x-ray"):
-        names.add(render.network_policy_name(spec.parse(body(name=name))))
-        names.add(render.network_policy_name(spec.parse_service(service_body(name=name))))
+        names.add(network_policy_name(spec.parse(body(name=name))))
+        names.add(network_policy_name(spec.parse_service(service_body(name=name))))
     assert len(names) == 8
 
 
@@ -859,10 +869,10 @@ def test_every_ray_cluster_of_both_kinds_runs_with_token_auth():
     assert job["authOptions"] == svc["authOptions"] == {"mode": "token"}
     made = {**rendered({}), "metadata": {"name": "demo", "namespace": "ml", "uid": "u1",
                                          "labels": {"tputorch.io/job": "demo", "team": "x"}}}
-    assert render.ray_token_secret_name(made) is None
-    render.with_ray_token_secret(made, "demo-ray-token-abc123")
-    assert render.ray_token_secret_name(made) == "demo-ray-token-abc123"
-    secret = render.ray_token_secret(made, "t0k3n")
+    assert ray_token_secret_name(made) is None
+    with_ray_token_secret(made, "demo-ray-token-abc123")
+    assert ray_token_secret_name(made) == "demo-ray-token-abc123"
+    secret = ray_token_secret(made, "t0k3n")
     assert (secret["metadata"]["name"], secret["stringData"]) == ("demo-ray-token-abc123", {"auth_token": "t0k3n"})
     assert secret["metadata"]["labels"] == {"tputorch.io/job": "demo"}
     assert secret["metadata"]["ownerReferences"] == [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "demo", "uid": "u1"}]
@@ -876,16 +886,16 @@ def test_the_raycluster_bounds_patch_tests_uid_and_group_and_clamps_replicas():
     svc = spec.parse_service(service_body(replicas={"min": 2, "max": 3}))
     rc = {"metadata": {"uid": "rc-uid"}, "spec": {"workerGroupSpecs": [
         {"groupName": "tpu-slice", "replicas": 5, "minReplicas": 1, "maxReplicas": 5}]}}
-    ops = render.raycluster_bounds_patch(svc, rc)
+    ops = raycluster_bounds_patch(svc, rc)
     assert ops[:2] == [{"op": "test", "path": "/metadata/uid", "value": "rc-uid"},
                        {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": "tpu-slice"}]
     assert {o["path"]: o["value"] for o in ops[2:]} == {
         "/spec/workerGroupSpecs/0/minReplicas": 2, "/spec/workerGroupSpecs/0/maxReplicas": 3, "/spec/workerGroupSpecs/0/replicas": 3}
     # what the autoscaler reached within the bounds stays; nothing to do when the bounds hold
     rc["spec"]["workerGroupSpecs"][0].update(replicas=2, minReplicas=2, maxReplicas=3)
-    assert render.raycluster_bounds_patch(svc, rc) is None
+    assert raycluster_bounds_patch(svc, rc) is None
     rc["spec"]["workerGroupSpecs"][0].update(replicas=3, maxReplicas=4)
-    assert [o["value"] for o in render.raycluster_bounds_patch(svc, rc)[2:]] == [2, 3, 3]
+    assert [o["value"] for o in raycluster_bounds_patch(svc, rc)[2:]] == [2, 3, 3]
 
 
 def test_an_autoscaled_service_runs_autoscaler_v2_with_idle_timeouts_above_slice_provisioning():

@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tputorch import render, train
+from tputorch.render.cluster import TPU_TOLERATION
+from tputorch.render.groups import shape
+from tputorch.render.groups import shape
+from tputorch.render.names import WORKER_GROUP
 from tputorch.api import spec, topology
 
 from ..jobs import body
@@ -30,7 +34,7 @@ def test_without_groups_the_training_slice_is_the_only_group_and_unchanged():
 def test_every_groups_nodes_carry_the_ray_label_naming_it():
     for case in ("groups-tpu-tpu", "groups-tpu-gpu", "groups-tpu-cpu"):
         groups = groups_of(rendered(case))
-        assert list(groups)[0] == render.WORKER_GROUP
+        assert list(groups)[0] == WORKER_GROUP
         for name, g in groups.items():
             assert g["labels"] == {train.GROUP_LABEL: name}, (case, name)
             assert g["rayStartParams"] == {}  # KubeRay refuses rayStartParams['labels']: top-level labels only
@@ -38,10 +42,10 @@ def test_every_groups_nodes_carry_the_ray_label_naming_it():
 
 def test_only_the_training_slice_has_the_fence_resource_one_per_chip():
     groups = groups_of(rendered("groups-tpu-tpu"))
-    train_group = groups[render.WORKER_GROUP]
+    train_group = groups[WORKER_GROUP]
     assert train_group["resources"] == {train.TRAIN_RESOURCE: "4"}
     assert container(train_group["template"])["resources"]["limits"][topology.TPU_RESOURCE] == "4"
-    assert all("resources" not in g for n, g in groups.items() if n != render.WORKER_GROUP)
+    assert all("resources" not in g for n, g in groups.items() if n != WORKER_GROUP)
 
 
 def test_tpu_group_is_a_whole_slice_per_replica_on_its_own_pool():
@@ -50,7 +54,7 @@ def test_tpu_group_is_a_whole_slice_per_replica_on_its_own_pool():
     pod = rollout["template"]["spec"]
     assert pod["nodeSelector"] == {topology.GKE_ACCELERATOR_LABEL: "tpu-v6e-slice", topology.GKE_TOPOLOGY_LABEL: "4x4",
                                    topology.GKE_INSTANCE_TYPE_LABEL: "ct6e-standard-4t", topology.GKE_RESERVATION_LABEL: "rl-res"}
-    assert render.TPU_TOLERATION in pod["tolerations"]
+    assert TPU_TOLERATION in pod["tolerations"]
     res = container(rollout["template"])["resources"]
     assert res["requests"] == res["limits"] and res["limits"][topology.TPU_RESOURCE] == "4"
 
@@ -104,7 +108,7 @@ def test_script_reads_every_groups_shape_and_the_fenced_training_shape(case):
 @pytest.mark.parametrize("case", ["groups-tpu-tpu", "groups-tpu-gpu", "groups-tpu-cpu"])
 def test_group_pods_share_the_workers_security_token_and_volumes(case):
     groups = groups_of(rendered(case))
-    trainer = groups.pop(render.WORKER_GROUP)["template"]
+    trainer = groups.pop(WORKER_GROUP)["template"]
     for name, g in groups.items():
         pod = g["template"]
         assert container(pod)["securityContext"] == container(trainer)["securityContext"], name
@@ -119,4 +123,4 @@ def test_a_tpu7x_groups_pod_type_is_rays_v7x_spelling():
     # the script matches on Ray's.
     group = {"name": "rollout", "tpu": {"accelerator": "tpu7x", "topology": "2x2x2"}}
     (g,) = spec.parse(body(groups=[group])).groups
-    assert render.groups.shape(g)["podType"] == "v7x-16" and g.slice.pod_type == "tpu7x-16"
+    assert shape(g)["podType"] == "v7x-16" and g.slice.pod_type == "tpu7x-16"

@@ -7,12 +7,14 @@ import copy
 import pytest
 
 from tputorch import render
+from tputorch.render.names import INITIALIZING_TIMEOUT_ANNOTATION, RAYSERVICE_ANNOTATIONS, SPEC_HASH_ANNOTATION
+from tputorch.render.service import rayservice_hash, rayservice_patch
 from tputorch.api import spec as specs
 from tputorch.render import stamp
 
 from ..services import merge_patch, service_body
 
-MANAGED = render.RAYSERVICE_ANNOTATIONS
+MANAGED = RAYSERVICE_ANNOTATIONS
 
 
 def parent(generation=1, rerender=None, observed=None, **spec):
@@ -39,7 +41,7 @@ def made_by(version, body, generation=1, rerender="") -> dict:
 def patch_of(body, child, fresh=None):
     svc = specs.parse_service(body)
     return stamp.child_patch(body, child, fresh or (lambda: render.rayservice(svc)),
-                             lambda desired: render.rayservice_patch(svc, child, desired), MANAGED)
+                             lambda desired: rayservice_patch(svc, child, desired), MANAGED)
 
 
 def older_operators_rendering(body) -> dict:
@@ -47,7 +49,7 @@ def older_operators_rendering(body) -> dict:
     child = rendered(body)
     env = child["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
     env.append({"name": "OLD_OPERATORS_VARIABLE", "value": "1"})
-    child["metadata"]["annotations"][render.SPEC_HASH_ANNOTATION] = render.rayservice_hash(child)
+    child["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(child)
     return child
 
 
@@ -141,9 +143,9 @@ def test_a_queued_services_timeout_stays_kueues_admission_to_give():
     body = parent(queueName="tpu", serve={"initializingTimeoutSeconds": 60})
     child = rendered(body)
     child["metadata"]["annotations"].update(stamp.annotations("0.2.0", 1, "", {
-        "annotations": {**child["metadata"]["annotations"], render.INITIALIZING_TIMEOUT_ANNOTATION: "60s"},
+        "annotations": {**child["metadata"]["annotations"], INITIALIZING_TIMEOUT_ANNOTATION: "60s"},
         "spec": child["spec"]}))
-    child["metadata"]["annotations"][render.INITIALIZING_TIMEOUT_ANNOTATION] = "360s"  # admitted_timeout_patch's
+    child["metadata"]["annotations"][INITIALIZING_TIMEOUT_ANNOTATION] = "360s"  # admitted_timeout_patch's
     assert patch_of(body, child) is None
 
 

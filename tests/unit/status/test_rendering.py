@@ -5,6 +5,8 @@ it; a spec this operator refuses keeps a child rendered for the same generation 
 import copy
 
 from tputorch import render
+from tputorch.render.names import SPEC_HASH_ANNOTATION
+from tputorch.render.service import rayservice_hash
 from tputorch.api import spec as specs
 from tputorch.api.common import FieldError
 from tputorch.render import stamp
@@ -21,9 +23,9 @@ def fresh(**spec):
 
 def rehashed(rendered: dict) -> dict:
     """A rendering edited by a test, with the spec hash its operator would have given it."""
-    annotations = {k: v for k, v in rendered["annotations"].items() if k != render.SPEC_HASH_ANNOTATION}
-    digest = render.rayservice_hash({"metadata": {"annotations": annotations}, "spec": rendered["spec"]})
-    return {**rendered, "annotations": {**annotations, render.SPEC_HASH_ANNOTATION: digest}}
+    annotations = {k: v for k, v in rendered["annotations"].items() if k != SPEC_HASH_ANNOTATION}
+    digest = rayservice_hash({"metadata": {"annotations": annotations}, "spec": rendered["spec"]})
+    return {**rendered, "annotations": {**annotations, SPEC_HASH_ANNOTATION: digest}}
 
 
 def test_the_same_rendering_says_nothing():
@@ -84,7 +86,7 @@ def test_a_child_made_before_the_rule_differs_only_in_what_this_operator_renders
     new = fresh()
     stored = copy.deepcopy(new)
     stored["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["restartPolicy"] = "Always"  # a default
-    stored["annotations"][render.SPEC_HASH_ANNOTATION] = "0123456789abcdef"
+    stored["annotations"][SPEC_HASH_ANNOTATION] = "0123456789abcdef"
     adopted = stamp.Stamp(stamp.UNKNOWN_VERSION, 1, "", stored)
     assert rendering.rendering_condition("TPUTorchService", "RayService", "qwen", "ml", adopted, stored, new, 1) is None
     stored["spec"]["serveConfigV2"] = "applications: []\n"

@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from tputorch import render, status
+from tputorch.render.names import SERVE_APP
+from tputorch.render.service import rayservice_spec_hash
 from tputorch.api import spec
 from tputorch.status import applied
 
@@ -28,7 +30,7 @@ def rayservice(stage, svc=SVC, generation=None):
 
 def derive_service(svc, *args, **kw):
     """status.derive_service given the spec hash of the RayService ``svc`` renders, as the reconcile gives it."""
-    return status.derive_service(svc, *args, desired_hash=render.rayservice_spec_hash(svc), **kw)
+    return status.derive_service(svc, *args, desired_hash=rayservice_spec_hash(svc), **kw)
 
 
 def derive(stage, pods=(), previous=None, svc=SVC, now=T0, **kw):
@@ -560,7 +562,7 @@ def test_the_recorded_serve_edit_is_ready_only_once_serve_runs_the_edit():
     for snap in rec["after"]:
         st = derive_service(after, 2, rayservice_of(snap), pods, previous, snap["now"])
         phases.append(st["phase"])
-        app = (snap["status"].get("activeServiceStatus") or {}).get("applicationStatuses", {}).get(render.SERVE_APP, {})
+        app = (snap["status"].get("activeServiceStatus") or {}).get("applicationStatuses", {}).get(SERVE_APP, {})
         if snap["status"].get("observedGeneration") == snap["generation"] > first["generation"] \
                 and not snap["serve_runs_edit"] and app.get("status") == "RUNNING":
             stale += 1  # KubeRay's stale RUNNING of the new generation, which must not read as Ready

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...api import crd, spec
 from ... import render, tested_versions
+from ...render.raytoken import RAY_AUTH, with_ray_token_secret
 from .result import (DOC_COMPAT_KUBERAY, DOC_WEBHOOK, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown,
                      image_version)
 
@@ -44,9 +45,9 @@ def representative_children() -> dict[str, list[dict]]:
                                       "loadBalancerSourceRanges": ["10.0.0.0/8"]}},
         "volumes": [{"name": "data", "mountPath": "/data", "gcs": {"bucket": "doctor"}}]}}
     rayjob = render.render_any(spec.parse_any(job))
-    render.with_ray_token_secret(rayjob, "doctor-ray-token")
+    with_ray_token_secret(rayjob, "doctor-ray-token")
     rayservice = render.render_any(spec.parse_any(service))
-    rayservice["spec"]["rayClusterConfig"]["authOptions"] = {**render.RAY_AUTH, "secretName": "doctor-ray-token"}
+    rayservice["spec"]["rayClusterConfig"]["authOptions"] = {**RAY_AUTH, "secretName": "doctor-ray-token"}
     return {"RayJob": [rayjob], "RayService": [rayservice]}
 
 

@@ -5,7 +5,7 @@ operator's policy mode admits KubeRay to the Ray dashboard.
 from __future__ import annotations
 
 from ...api import network
-from ... import render
+from ...render.network import NetworkPolicyConfig
 from .result import DOC_NETWORK, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown
 from .cluster import operator_args
 
@@ -45,13 +45,13 @@ def _flag_values(args: list[str], flag: str) -> list[str]:
             + [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")])
 
 
-def policy_config(args: list[str]) -> "render.NetworkPolicyConfig | None":
+def policy_config(args: list[str]) -> "NetworkPolicyConfig | None":
     """The NetworkPolicy the operator with these flags gives a Ray cluster (None: --no-network-policy),
     for --smoke to give its probe the same; ValueError on a peer the operator would refuse too."""
     if "--no-network-policy" in args:
         return None
     mode = (_flag_values(args, "--network-policy-mode") or ["open"])[-1]
-    return render.NetworkPolicyConfig(mode, tuple(network.parse_peer_text(p) for p in _flag_values(args, "--network-policy-peer")),
+    return NetworkPolicyConfig(mode, tuple(network.parse_peer_text(p) for p in _flag_values(args, "--network-policy-peer")),
                                       tuple(network.parse_peer_text(p) for p in _flag_values(args, "--network-policy-metrics-peer")))
 
 

@@ -13,6 +13,7 @@ from ...api.common import bytes_quantity
 from .result import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
 from .kueue import QuotaCheck, queue_problems, requested_resources
 from ... import render
+from ...render.cluster import worker_node_selector
 
 
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -247,7 +248,7 @@ def check_placement(specs: list, nodes: list[dict] | Unread, quotas: dict[str, l
             else:
                 never, cannot_tell = queue_problems(
                     s.queue_name, s.namespace, lqs or [], cluster_queues, flavors,
-                    requested_resources(render.render_any(s)), render.worker_node_selector(s), topology.TPU_RESOURCE,
+                    requested_resources(render.render_any(s)), worker_node_selector(s), topology.TPU_RESOURCE,
                     sl.chips * wanted, quota_check)
                 problems += never
                 unread += cannot_tell

@@ -26,6 +26,11 @@ from kubernetes.client.rest import ApiException
 from ...api import crd, spec
 from ...api.common import DEFAULTS
 from ... import render
+from ...render.names import JOB_LABEL
+from ...render.network import NetworkPolicyConfig, network_policy
+from ...render.raytoken import (
+    RAY_AUTH_TOKEN_KEY, new_ray_token_secret_name, ray_token_secret_name, with_ray_token_secret,
+)
 from .result import DOC_NETWORK, DOCS, FAIL, OK, UNKNOWN, Result
 from . import storage_probe
 
@@ -90,7 +95,7 @@ def storage_path_problem(uri: str) -> str | None:
     return None
 
 
-def smoke_objects(namespace: str, name: str, image: str, token: str, policy: render.NetworkPolicyConfig | None,
+def smoke_objects(namespace: str, name: str, image: str, token: str, policy: NetworkPolicyConfig | None,
                   service_account: str | None = None, storage_path: str | None = None) -> tuple[dict, dict, dict | None]:
     """(RayJob, its token Secret, its NetworkPolicy or None): a v6e 2x2 job's, with the TPU group
     at zero hosts, so only the CPU head runs the probe; with `storage_path`, the job's checkpoint
@@ -104,12 +109,12 @@ def smoke_objects(namespace: str, name: str, image: str, token: str, policy: ren
     rayjob = render.rayjob(job)
     for group in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
         group["replicas"] = group["minReplicas"] = group["maxReplicas"] = 0
-    render.with_ray_token_secret(rayjob, render.new_ray_token_secret_name(name, secrets.token_hex(3)))
-    secret_meta = {"name": render.ray_token_secret_name(rayjob), "namespace": namespace,
-                   "labels": {render.JOB_LABEL: name}}
+    with_ray_token_secret(rayjob, new_ray_token_secret_name(name, secrets.token_hex(3)))
+    secret_meta = {"name": ray_token_secret_name(rayjob), "namespace": namespace,
+                   "labels": {JOB_LABEL: name}}
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": secret_meta,
-              "stringData": {render.RAY_AUTH_TOKEN_KEY: token}}
-    policy_obj = render.network_policy(job, policy) if policy is not None else None
+              "stringData": {RAY_AUTH_TOKEN_KEY: token}}
+    policy_obj = network_policy(job, policy) if policy is not None else None
     return rayjob, secret, policy_obj
 
 
@@ -201,7 +206,7 @@ def _raise_interrupted(signum, frame):
     raise _Interrupted()
 
 
-def run(api_client, namespace: str, image: str, policy: render.NetworkPolicyConfig | None, timeout: float,
+def run(api_client, namespace: str, image: str, policy: NetworkPolicyConfig | None, timeout: float,
         service_account: str | None = None, say=print, storage_path: str | None = None) -> list[Result]:
     """Create the probe, wait for KubeRay's verdict, delete what was made (also on Ctrl-C / SIGTERM)."""
     from kubernetes import client

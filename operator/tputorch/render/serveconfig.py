@@ -1,0 +1,147 @@
+"""ServiceSpec -> Ray Serve's config (serveConfigV2, templates/serveconfig.json.j2): vLLM's engine
+arguments, Serve's autoscaling, routing and ingress, and where the LLMServer replica may start."""
+
+from __future__ import annotations
+
+import json
+
+from ..api.spec import SERVICE_DEFAULTS, ServiceSpec
+from . import output
+from .names import SERVE_APP
+
+def engine_kwargs(svc: ServiceSpec) -> dict:
+    """vLLM's engine arguments: the user's extra args, then the first-class fields (parse_service
+    refuses args that repeat them)."""
+    kwargs = dict(svc.engine_args)
+    kwargs["tensor_parallel_size"] = svc.tensor_parallel_size
+    kwargs["pipeline_parallel_size"] = svc.pipeline_parallel_size
+    if svc.enable_expert_parallel:
+        kwargs["enable_expert_parallel"] = True
+    if svc.max_model_len is not None:
+        kwargs["max_model_len"] = svc.max_model_len
+    if svc.lora is not None:
+        # vLLM's LoRA slots: as many as Serve keeps adapters on the replica, so none waits for a slot.
+        kwargs.update(enable_lora=True, max_loras=svc.lora.max_adapters, max_lora_rank=svc.lora.max_rank)
+    return kwargs
+
+
+# Serve's HTTP proxy closes an idle client connection after keep_alive_timeout_s (Ray 2.60's default
+# 90 s). Google's Application Load Balancers (a GKE Gateway in front of <name>-serve-svc) keep an idle
+# connection to a backend for a fixed 600 s and reuse it: a backend that closes first makes the next
+# request on that connection fail with a 502. Above 600 s, the load balancer always closes first.
+# Serve takes it from the first config KubeRay PUTs (which starts Serve on the head).
+SERVE_KEEP_ALIVE_S = 620
+
+
+# spec.serve.routing -> the request router Serve loads for the LLMServer deployment (Ray 2.60's
+# public import path); PowerOfTwo is Serve's default router, so nothing is written for it.
+REQUEST_ROUTERS = {"PrefixAware": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"}
+
+
+def serve_config(svc: ServiceSpec) -> dict:
+    """Ray Serve's config (serveConfigV2, before it becomes YAML) for the service's model."""
+    return json.loads(output.template("serveconfig.json.j2").render({
+        "keep_alive_timeout_s": SERVE_KEEP_ALIVE_S,
+        "app_name": SERVE_APP,
+        "model_id": svc.model_name,
+        "model_source": svc.model_source,
+        # Ray's TPU-V6E form: Ray Serve LLM refuses v6e and TPU-V6E-16.
+        "accelerator_type": svc.slice.generation.ray_accelerator_type,
+        "topology": svc.slice.topology,
+        "engine_kwargs": engine_kwargs(svc),
+        "runtime_env": svc.runtime_env,
+        "lora_config": {"dynamic_lora_loading_path": svc.lora.path,
+                        "max_num_adapters_per_replica": svc.lora.max_adapters} if svc.lora else None,
+        "llm_deployment_name": llm_deployment_name(svc.model_name),
+        # JSON in the override's own key order (tojson would sort it): the serveConfigV2 text of a
+        # service that sets ingressReplicas stays the one it had.
+        "ingress_override": json.dumps(ingress) if (ingress := ingress_override(svc)) else None,
+        "min_replicas": svc.min_replicas,
+        "max_replicas": svc.max_replicas,
+        "target_ongoing_requests": svc.target_ongoing_requests,
+        "downscale_to_zero_delay_s": svc.scale_to_zero_delay_s,
+        "downscale_delay_s": svc.downscale_delay_s,
+        "max_ongoing_requests": svc.max_ongoing_requests,
+        "health_check_period_s": svc.health_check_period_s,
+        "health_check_timeout_s": svc.health_check_timeout_s,
+        "graceful_shutdown_timeout_s": svc.graceful_shutdown_timeout_s,
+        "request_router_class": REQUEST_ROUTERS.get(svc.routing),
+        # Google's vLLM TorchTPU sample pins the LLMServer replica to a TPU host with a sliver of
+        # the resource Ray gives every TPU host; without it the replica may land on the head.
+        "replica_resources": {accelerator_resource(svc): 0.001},
+        "replica_label_selector": replica_label_selector(svc),
+    }))
+
+
+def autoscaler_visible_resources(svc: ServiceSpec) -> dict[str, str] | None:
+    """The worker group's Ray resources (KubeRay's group `resources`) that Ray's autoscaler must see
+    to add a slice for a new replica. Its node types come from the RayCluster alone (CPU, TPU,
+    memory, TPU-<pod type>-head), never from a running host, and a replica's demand for a resource
+    no node type lists is infeasible: the LLMServer replica asks for accelerator_type:<type> (the
+    pin in serve_config, and Serve LLM's slice bundles), which Ray gives a TPU host only once it
+    runs. So an autoscaled service lists it (Ray sets the same value on the host). A service with a
+    fixed count (min == max) writes nothing: its cluster is as before."""
+    if not svc.autoscaling or svc.queue_name:
+        return None
+    return {accelerator_resource(svc): "1"}
+
+
+def accelerator_resource(svc: ServiceSpec) -> str:
+    """Ray's resource of every TPU host of the service's generation (accelerator_type:TPU-V6E)."""
+    return f"accelerator_type:{svc.slice.generation.ray_accelerator_type}"
+
+
+# Ray 2.60 Serve LLM's ingress deployment (build_openai_app's OpenAiIngress): min = max = 1 replica
+# of its own. spec.serve.ingressReplicas other than 1 overrides both (ingress_override).
+INGRESS_DEPLOYMENT_NAME = "OpenAiIngress"
+
+
+# Scale to zero (spec.replicas.min 0): the ingress (1 CPU by default) would run on a TPU host, the
+# head having num-cpus 0, and hold that slice for ever. On the head with no CPU, beside the Serve
+# proxy Serve always runs there (0 CPU), it outlives the slices, takes the first request and holds
+# it while Serve's LLMServer scales up from zero. node:__internal_head__ is Ray's resource of the
+# head node (the one Serve pins its own controller with).
+INGRESS_ON_HEAD = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
+# Serve LLM's ingress answers 408 once a request has waited RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT (600 s
+# in Ray 2.60); a request that wakes a service waits for a slice to be provisioned, the image, the
+# weights and the compile (a cold XLA compile alone can take 10-30 min).
+ROUTER_TIMEOUT_ENV = "RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT"
+SCALE_FROM_ZERO_TIMEOUT_S = 1800
+
+
+def ingress_override(svc: ServiceSpec) -> dict | None:
+    """The OpenAiIngress deployments override: its replica count when spec.serve.ingressReplicas
+    is not Ray's own 1, and its place on the head under scale to zero; None when neither applies,
+    so a service that sets neither keeps the Serve config it had."""
+    scales_to_zero = svc.min_replicas == 0
+    if not scales_to_zero and svc.ingress_replicas == SERVICE_DEFAULTS["serve.ingressReplicas"]:
+        return None
+    count = svc.ingress_replicas
+    override = {"name": INGRESS_DEPLOYMENT_NAME, "autoscaling_config": {"min_replicas": count, "max_replicas": count}}
+    if scales_to_zero:
+        override["ray_actor_options"] = {**INGRESS_ON_HEAD, "runtime_env": {
+            "env_vars": {ROUTER_TIMEOUT_ENV: str(SCALE_FROM_ZERO_TIMEOUT_S)}}}
+    return override
+
+
+def llm_deployment_name(model_id: str) -> str:
+    """The name Ray 2.60 Serve LLM's build_openai_app gives the model's LLMServer deployment (the
+    class name, then the model id with '/' and '.' replaced), which a Serve config's deployments
+    override must name: Serve refuses an override of a deployment the application does not have."""
+    return "LLMServer:" + model_id.replace("/", "--").replace(".", "_")
+
+
+# Ray's node label of a TPU host's index in its slice (from the GKE webhook's TPU_WORKER_ID).
+TPU_WORKER_ID_LABEL = "ray.io/tpu-worker-id"
+
+
+def replica_label_selector(svc: ServiceSpec) -> dict[str, str]:
+    """Where the LLMServer replica may start. On a multi-host slice Ray 2.60 Serve LLM defers the
+    slice's placement group to the replica, which first reserves the slice through its worker 0
+    (ray.util.tpu.reserve_tpu_slice: a placement group on TPU-<pod type>-head, a resource only
+    worker 0 has) and gives up after DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S (100 s), failing the
+    replica's start. A replica free to start on whichever host joins first may wait out those
+    100 s for a slow worker 0, and Serve fails the deployment after three such starts. On worker 0
+    itself the replica starts only once the head resource it reserves is there. The rest of the
+    slice is then waited for by vLLM's engine start (RAYLLM_ENGINE_START_TIMEOUT_S, 1 h)."""
+    return {TPU_WORKER_ID_LABEL: "0"} if svc.slice.hosts > 1 else {}

@@ -1,6 +1,7 @@
 """Step: the child (RayJob, RayService), made and owned: created with the object as its controller,
 told apart from an earlier object's or someone else's by uid, patched as the spec says, its
-labels put back. Its state: the child just created while its watch event has not arrived
+labels put back; a job's next attempt's RayJob created only once every pod of the earlier one is
+gone (status/attempts.py earlier_pods). Its state: the child just created while its watch event has not arrived
 (client-go's expectations), the uids of children seen deleted, and why a child could not be made."""
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from ..api.job import kueue_errors
 from ..api.spec import InvalidSpec
 from ..render import stamp as stamps
 from ..status import CLUSTER_LABEL
+from ..status import attempts as tries
 from ..status.job import ATTEMPT_LABEL, attempt, child_must_go
 from .extras import RayTokenSecrets
-from .kind import Key, Kind, controller_of, create_problem, owner_reference, ownership, waiting_problem
+from .kind import Key, Kind, now, controller_of, create_problem, owner_reference, ownership, waiting_problem
 from .stores import Stores
 from .writes import StatusWrites
 
@@ -53,9 +55,10 @@ def in_clusters(pods, kind: Kind, child: dict | None) -> list[dict]:
 
 class ChildStep:
     def __init__(self, kube, stores: Stores, tokens: RayTokenSecrets, writes: StatusWrites,
-                 kueue_manages: Callable[[dict], bool], monotonic: Callable[[], float] = time.monotonic) -> None:
+                 kueue_manages: Callable[[dict], bool], monotonic: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], str] = now, requeue: Callable[[Key, float], None] = lambda key, delay: None) -> None:
         self.kube, self.stores, self.tokens, self.writes = kube, stores, tokens, writes
-        self.kueue_manages, self.monotonic = kueue_manages, monotonic
+        self.kueue_manages, self.monotonic, self.clock, self.requeue = kueue_manages, monotonic, clock, requeue
         self.expected: dict[Key, tuple[dict, float]] = {}  # key -> (child just created, monotonic time)
         self.tombstones: dict[str, None] = {}  # uids of deleted children, oldest first
         self.problems: dict[Key, tuple[str, str]] = {}  # why a child could not be created
@@ -91,6 +94,18 @@ class ChildStep:
             return []
         return in_clusters(self.stores.pods.indexed((kind.label, key[1], key[2])), kind, child)
 
+    def earlier_pods(self, kind: Kind, key: Key, parent: dict) -> tries.EarlierPods | None:
+        """While the job has no RayJob, the pods labelled with its name are an earlier attempt's:
+        whether the next attempt waits for them (status/attempts.py earlier_pods), counted from the
+        previous attempt's recorded end."""
+        if self.stores.pods is None:
+            return None
+        previous = self.writes.previous(parent)
+        number = attempt(previous)
+        ended = [a for a in previous.get("attemptHistory") or [] if isinstance(a, dict) and a.get("attempt") == number - 1]
+        return tries.earlier_pods(self.stores.pods.indexed((kind.label, key[1], key[2])), number,
+                                  ended[-1].get("endTime") if ended else None, self.clock())
+
     def of(self, key: Key, parent: dict) -> dict | None:
         """The child as the store holds it, else the one just created for this very object while
         its watch event has not arrived."""
@@ -125,6 +140,12 @@ class ChildStep:
             errors = kueue_errors(spec, cap) if cap is not None else []
             if errors:
                 raise InvalidSpec(errors)
+            waiting = self.earlier_pods(kind, key, parent)
+            if waiting is not None:  # attempts never overlap: each pod's deletion brings the key back
+                self.problems[key] = (waiting.reason, waiting.message)
+                if waiting.recheck_s is not None:  # the deadline comes with no event of its own
+                    self.requeue(key, waiting.recheck_s + 1)
+                return "waiting", None
 
             def desired() -> dict:
                 rayjob = render.rayjob(spec)

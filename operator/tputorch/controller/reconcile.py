@@ -11,7 +11,8 @@ its own with its inputs and the in-memory state it keeps:
 
   specs.py         the spec, parsed once per version
   kueuecap.py      the installed Kueue's cap on pod sets per Workload (a queued job's groups)
-  child.py         the child, made and owned (uid), with its expectations; the pods of its clusters
+  child.py         the child, made and owned (uid), with its expectations; the pods of its clusters;
+                   a job's next attempt held until the earlier attempt's pods are gone
   extras.py        its NetworkPolicy and a job's Ray token Secret
   clusters.py      the worker bounds of a service's running RayClusters
   admission.py     Kueue admission, a service's initializing timeout, spec.suspend carried to the Workload
@@ -99,7 +100,8 @@ class Controller:
                                    park=lambda key, most: self.queue.add_when_idle(key, most))
         self.kueue = KueueAdmission(kube, self.stores)
         self.tokens = RayTokenSecrets(kube, ray_tokens)
-        self.child = ChildStep(kube, self.stores, self.tokens, self.writes, self.kueue.manages)
+        self.child = ChildStep(kube, self.stores, self.tokens, self.writes, self.kueue.manages,
+                               clock=lambda: self.clock(), requeue=requeue)
         self.extras = ExtraChildren(kube, self.stores, list(extras), requeue)
         self.clusters = ClusterBounds(kube)
         self.attempts = Attempts(kube, self.stores, self.child, self.writes)

@@ -167,6 +167,8 @@ def slim_pod(obj: dict) -> dict:
         slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
         if meta.get("deletionGracePeriodSeconds") is not None:  # when the deletion was asked (status/attempts.py)
             slim_meta["deletionGracePeriodSeconds"] = meta["deletionGracePeriodSeconds"]
+        if meta.get("finalizers"):  # what holds a pod being deleted: the next attempt waits for it (status/attempts.py)
+            slim_meta["finalizers"] = list(meta["finalizers"])
     slim_status = {"conditions": conditions}
     for key in ("phase", "reason", "message"):
         if status.get(key):

@@ -158,3 +158,67 @@ def retries_left(result: str, history: Iterable[Mapping], budget: Mapping[str, i
     spec.retries: {"infrastructure": n, "application": m}; other endings are never retried)."""
     used = sum(1 for a in history if a.get("result") == result)
     return budget.get(result.lower(), 0) - used
+
+
+# --- attempts never overlap -----------------------------------------------------------------------
+# The next attempt's RayJob is created only once every pod of the earlier ones is gone from the API:
+# deleting the RayJob (propagationPolicy Background) removes it at once while its pods, possibly
+# still writing a checkpoint, outlive it. A pod's object goes only once its kubelet has confirmed
+# its containers stopped (or it was force-deleted), so no two attempts ever run side by side.
+EARLIER_PODS_WAITING = "PreviousAttemptTerminating"
+EARLIER_PODS_STUCK = "PreviousAttemptStuck"
+# Past this long, a pod still there is held by something other than its own shutdown: 10 minutes
+# is far beyond the 30 s default grace period and the minutes a large checkpoint's last upload may
+# take, yet short enough that a finalizer or a node that stopped answering is named the same hour.
+# The next attempt still waits (overlap would be worse); the status names the pod that holds it.
+EARLIER_PODS_DEADLINE_S = 600
+MAX_PODS_NAMED = 5
+
+
+@dataclass(frozen=True)
+class EarlierPods:
+    """The pods of earlier attempts the next one waits for."""
+
+    reason: str  # EARLIER_PODS_WAITING, or EARLIER_PODS_STUCK past the deadline
+    message: str
+    recheck_s: float | None  # seconds until the deadline (None: past it, or no clock to count from)
+
+
+def _why_held(pod: Mapping) -> str:
+    meta, node = _meta(pod), (pod.get("spec") or {}).get("nodeName")
+    parts = [f"being deleted since {meta['deletionTimestamp']}" if meta.get("deletionTimestamp") else "not yet deleted"]
+    if meta.get("finalizers"):
+        parts.append(f"held by finalizer(s) {', '.join(meta['finalizers'])}")
+    if node:
+        parts.append(f"on node {node}")
+    return "; ".join(parts)
+
+
+def earlier_pods(pods: Iterable[Mapping], number: int, since: str | None, now: str,
+                 deadline_s: float = EARLIER_PODS_DEADLINE_S) -> EarlierPods | None:
+    """Whether attempt ``number``'s RayJob must wait: ``pods`` are the pods labelled with the job's
+    name (kept only when a RayCluster controls them) while the job has no RayJob, so every one of
+    them is an earlier attempt's (or an earlier object's of that name, which as surely holds the
+    slice and may write to the same checkpoints). ``since``: when the wait began (the previous
+    attempt's end; else the earliest deletion asked of the pods), from which the deadline counts."""
+    pods = sorted(pods, key=lambda p: (_role(p) != "head", _meta(p).get("name", "")))
+    if not pods:
+        return None
+    started = timestamps.parse(since) or min(
+        (timestamps.parse(_meta(p).get("deletionTimestamp")) - datetime.timedelta(
+            seconds=_meta(p).get("deletionGracePeriodSeconds") or 0)
+         for p in pods if timestamps.parse(_meta(p).get("deletionTimestamp"))), default=None)
+    clock = timestamps.parse(now)
+    waited = (clock - started).total_seconds() if started is not None and clock is not None else None
+    names = ", ".join(_meta(p).get("name", "?") for p in pods[:MAX_PODS_NAMED]) + \
+        (f" and {len(pods) - MAX_PODS_NAMED} more" if len(pods) > MAX_PODS_NAMED else "")
+    earlier = "an earlier attempt" if number > 1 else "an earlier TPUTorchJob of this name"
+    if waited is None or waited < deadline_s:
+        left = deadline_s - waited if waited is not None else None
+        return EarlierPods(EARLIER_PODS_WAITING, f"attempt {number} starts once the {len(pods)} pod(s) of {earlier} "
+                           f"are gone (never two attempts at once): {names} still terminating", left)
+    holder = next((p for p in pods if _meta(p).get("finalizers")), pods[0])  # a finalizer holds it surely
+    return EarlierPods(EARLIER_PODS_STUCK, f"attempt {number} has waited {int(waited // 60)} min for the pods of {earlier} "
+                       f"to go: pod {_meta(holder).get('name', '?')} holds it ({_why_held(holder)}); "
+                       f"{len(pods)} pod(s) left: {names}. Attempts never overlap: remove what holds the pod "
+                       f"(its finalizer, or the node that no longer answers)", None)

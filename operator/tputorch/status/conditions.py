@@ -12,7 +12,7 @@ from typing import Iterable
 
 from ..api import topology
 from ..api.spec import FieldError
-from . import kueue
+from . import attempts, kueue
 
 # Condition types, in the order they are written.
 VALIDATED = "Validated"
@@ -80,7 +80,8 @@ _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", 
 # Kueue's "Pending" is told by the Queued phase's event.
 # ("Applied": a NetworkPolicy in force is no news; one that could not be made is.)
 _QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService", "Pending", "Applied",
-                  TOKEN_AUTH, "WaitingForServeReload", "Upgrading", *kueue.QUIET_REASONS}
+                  TOKEN_AUTH, "WaitingForServeReload", "Upgrading", *kueue.QUIET_REASONS,
+                  attempts.EARLIER_PODS_WAITING}  # the Retrying phase's event says it; past the deadline, a Warning
 # Phases whose start is an event of its own (the others have a condition event that says it).
 _PHASE_EVENTS = ("Running", "Retrying", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering", *QUEUE_PHASES)
 

@@ -241,6 +241,8 @@ def job_message(job: JobSpec, phase: str, seen: JobObserved, decided: AttemptDec
     if phase == "Retrying":
         if decided.retry_note:
             return decided.retry_note
+        if not has_rayjob and created["reason"] in (tries.EARLIER_PODS_WAITING, tries.EARLIER_PODS_STUCK):
+            return created["message"]  # which pods of the previous attempt the next one waits for
         if previous.get("phase") == "Retrying" and previous.get("message"):
             return previous["message"]
         return f"attempt {decided.number}: {slice_ready['message']}"

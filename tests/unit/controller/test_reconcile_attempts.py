@@ -28,9 +28,9 @@ def pod(name, role="worker", cluster="demo-abcde"):
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
 
 
-def started(kube: FakeKube):
+def started(kube: FakeKube, **options):
     """A job whose first RayJob runs on a slice of four ready hosts."""
-    ctl = controller(kube)
+    ctl = controller(kube, **options)
     parent = body()
     parent["metadata"].update(uid="uid-job", resourceVersion="10")
     ctl.parents[KIND].remember(parent)
@@ -78,9 +78,72 @@ def test_a_deleted_host_pod_ends_the_attempt_and_the_next_rayjob_is_attempt_two(
     assert kube.called("delete") == [("delete", "rayjobs", "ml", "demo", old_uid)]
 
     ctl.child.seen(KEY, "DELETED", ctl.children[KIND]._pop(("ml", "demo")))  # its DELETED event
+    gone_all(ctl)
     assert run(ctl.reconcile(KEY)) == "created"
     assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["labels"][ATTEMPT_LABEL] == "2"
     assert last_status(kube)["phase"] == "Retrying"
+
+
+def gone_all(ctl) -> None:
+    """Every pod of the job's clusters deleted (their DELETED events)."""
+    for p in list(ctl.pods.indexed(("tputorch.io/job", "ml", "demo"))):
+        ctl.pods._pop(("ml", p["metadata"]["name"]))
+        ctl.pod_changed("DELETED", p)
+
+
+def ended_attempt_one(kube: FakeKube):
+    """Attempt 1 ended on a lost host and its RayJob is gone, while the other pods of its slice
+    are still terminating (the head held by a finalizer)."""
+    ctl = started(kube, status_interval=0)  # every status change written at once
+    ctl.pods._pop(("ml", "demo-tpu-2"))
+    ctl.pod_changed("DELETED", pod("demo-tpu-2"))
+    assert run(ctl.reconcile(KEY)) == "attempt-ended"
+    for p in [pod("demo-head", "head")] + [pod(f"demo-tpu-{i}") for i in (0, 1, 3)]:
+        raw = {**p, "metadata": {**p["metadata"], "resourceVersion": "9", "deletionTimestamp": "2026-11-30T00:00:30Z",
+                                 "deletionGracePeriodSeconds": 30}}
+        if p["metadata"]["name"] == "demo-head":
+            raw["metadata"]["finalizers"] = ["example.com/hold"]
+        ctl.pods._put(stores.slim_pod(raw))  # the watch brings the pod being deleted
+    ctl.child.seen(KEY, "DELETED", ctl.children[KIND]._pop(("ml", "demo")))
+    kube.calls.clear()
+    return ctl
+
+
+def test_the_next_attempt_waits_until_every_pod_of_the_previous_one_is_gone():
+    """The RayJob of attempt 1 is gone but its pods are not: attempt 2 is not created, the status
+    says why and names them; once they are gone it is."""
+    kube = FakeKube()
+    ctl = ended_attempt_one(kube)
+    assert run(ctl.reconcile(KEY)) == "waiting"
+    assert kube.called("create") == []
+    status = last_status(kube)
+    created = next(c for c in status["conditions"] if c["type"] == "RayJobCreated")
+    assert (status["phase"], status["attempts"], created["status"], created["reason"]) == \
+        ("Retrying", 2, "False", "PreviousAttemptTerminating")
+    for name in ("demo-head", "demo-tpu-0", "demo-tpu-1", "demo-tpu-3"):
+        assert name in created["message"] and name in status["message"]
+
+    ctl.pods._pop(("ml", "demo-tpu-0"))  # one pod left: still waiting
+    ctl.pod_changed("DELETED", pod("demo-tpu-0"))
+    assert run(ctl.reconcile(KEY)) == "waiting" and kube.called("create") == []
+
+    gone_all(ctl)
+    assert run(ctl.reconcile(KEY)) == "created"
+    assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["labels"][ATTEMPT_LABEL] == "2"
+
+
+def test_past_the_deadline_the_status_names_the_pod_that_holds_the_next_attempt():
+    kube = FakeKube()
+    ctl = ended_attempt_one(kube)
+    run(ctl.reconcile(KEY))
+    ctl.clock = lambda: "2026-11-30T00:10:01Z"  # attempt 1 ended at 00:00:00
+    assert run(ctl.reconcile(KEY)) == "waiting"
+    run(ctl.recorder.drain())
+    created = next(c for c in last_status(kube)["conditions"] if c["type"] == "RayJobCreated")
+    assert created["reason"] == "PreviousAttemptStuck"
+    assert "pod demo-head holds it" in created["message"] and "example.com/hold" in created["message"]
+    assert ("event", "demo", "PreviousAttemptStuck") in kube.called("event")
+    assert kube.called("create") == []
 
 
 def test_a_rayjob_of_an_ended_attempt_seen_again_is_deleted_not_observed():
@@ -154,6 +217,7 @@ def test_the_rayjob_read_again_before_an_attempt_ends_never_outlives_its_deletio
     assert run(ctl.reconcile(KEY)) == "attempt-ended"
     assert store.get(("ml", "demo")) is None
     kube.get = get
+    gone_all(ctl)  # the old slice's pods gone too
     assert run(ctl.reconcile(KEY)) == "created"  # the next attempt's RayJob, at once
     assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["uid"] != rayjob["metadata"]["uid"]
     assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["labels"][ATTEMPT_LABEL] == "2"

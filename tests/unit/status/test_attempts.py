@@ -225,3 +225,42 @@ def test_a_quota_that_refuses_the_pods_is_named():
          "message": 'pods "demo-tpu-0" is forbidden: exceeded quota: tpu, requested: google.com/tpu=4, used: google.com/tpu=0, limited: google.com/tpu=2'}]}})
     cond = next(c for c in derive(job(), rj, [])["conditions"] if c["type"] == "SliceReady")
     assert cond["reason"] == "QuotaExceeded" and "limited: google.com/tpu=2" in cond["message"]
+
+
+def _going(name, role="worker", finalizers=(), deleted="2026-12-01T10:00:30Z"):
+    meta = {"name": name, "labels": {"ray.io/node-type": role}, "deletionTimestamp": deleted,
+            "deletionGracePeriodSeconds": 30}
+    if finalizers:
+        meta["finalizers"] = list(finalizers)
+    return {"metadata": meta, "spec": {"nodeName": f"node-{name}"}}
+
+
+def test_no_earlier_pods_no_wait():
+    assert attempts.earlier_pods([], 2, "2026-12-01T10:00:00Z", "2026-12-01T10:00:05Z") is None
+
+
+def test_earlier_pods_hold_the_next_attempt_and_are_named_until_the_deadline():
+    waiting = attempts.earlier_pods([_going("w-1"), _going("h", "head")], 2, "2026-12-01T10:00:00Z", "2026-12-01T10:04:00Z")
+    assert waiting.reason == attempts.EARLIER_PODS_WAITING
+    assert "attempt 2" in waiting.message and "h, w-1 still terminating" in waiting.message
+    assert waiting.recheck_s == attempts.EARLIER_PODS_DEADLINE_S - 240
+
+
+def test_past_the_deadline_the_pod_a_finalizer_holds_is_named():
+    pods = [_going("h", "head"), _going("w-1", finalizers=["example.com/hold"])]
+    stuck = attempts.earlier_pods(pods, 3, "2026-12-01T10:00:00Z", "2026-12-01T10:10:00Z")
+    assert (stuck.reason, stuck.recheck_s) == (attempts.EARLIER_PODS_STUCK, None)
+    assert "pod w-1 holds it" in stuck.message and "example.com/hold" in stuck.message and "on node node-w-1" in stuck.message
+
+
+def test_without_a_recorded_end_the_deadline_counts_from_the_deletion_asked():
+    """Attempt 1 and the pods of an earlier object of the same name: deleted at 10:00:00 (30 s grace)."""
+    assert attempts.earlier_pods([_going("h", "head")], 1, None, "2026-12-01T10:09:59Z").reason == attempts.EARLIER_PODS_WAITING
+    stuck = attempts.earlier_pods([_going("h", "head")], 1, None, "2026-12-01T10:10:00Z")
+    assert stuck.reason == attempts.EARLIER_PODS_STUCK and "earlier TPUTorchJob of this name" in stuck.message
+
+
+def test_pods_not_yet_deleted_wait_with_no_deadline_clock():
+    pod = {"metadata": {"name": "h", "labels": {"ray.io/node-type": "head"}}}
+    waiting = attempts.earlier_pods([pod], 1, None, "2026-12-01T10:00:00Z")
+    assert (waiting.reason, waiting.recheck_s) == (attempts.EARLIER_PODS_WAITING, None)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "operator"))
 import fakehub  # noqa: E402
 import tinymodel  # noqa: E402
 from tputorch.api import spec  # noqa: E402
-from tputorch.api.storage import GCS_FUSE_DRIVER, fuse_owner_options  # noqa: E402
+from tputorch.render.volumes import GCS_FUSE_DRIVER, fuse_owner_options  # noqa: E402
 
 JOB = yaml.safe_load((ROOT / "examples" / "serve" / "download-weights.yaml").read_text())
 SERVICE = yaml.safe_load((ROOT / "examples" / "serve" / "qwen3-moe-v6e-4x4-bucket.yaml").read_text())

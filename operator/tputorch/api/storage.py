@@ -5,7 +5,7 @@ GKE's Cloud Storage FUSE CSI driver (checkpoints, datasets, model weights, the X
 a PersistentVolumeClaim, and an emptyDir for scratch. Each volume is mounted at one path in the
 head's and/or the workers' container (``mountOn``); a pod gets only the volumes its container
 mounts. The parse functions write their errors to the spec parser's reader; the CRD (crd.py)
-builds its schema from the constants here.
+builds its schema from the constants here; render/volumes.py puts them into the pods.
 """
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Mapping
 
-# GKE's Cloud Storage FUSE CSI driver: the pod annotation that makes its webhook inject the
-# gke-gcsfuse-sidecar container, the CSI driver name, and the annotations that size the sidecar.
-GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
-GCS_FUSE_ANNOTATION = "gke-gcsfuse/volumes"
-# spec.gcsFuseSidecar field -> the pod annotation GKE documents for it.
+# spec.gcsFuseSidecar field -> the pod annotation GKE documents for it (the annotations that size
+# GKE's Cloud Storage FUSE sidecar).
 SIDECAR_ANNOTATIONS = {
     "cpuRequest": "gke-gcsfuse/cpu-request",
     "cpuLimit": "gke-gcsfuse/cpu-limit",
@@ -44,7 +41,6 @@ GCS_FIELDS = {"bucket", "mountOptions", "fileCache"}
 # Memory the host's RAM; either counts against the pod's memory or ephemeral storage).
 FILE_CACHE_FIELDS = {"capacity", "medium", "parallelDownloads"}
 CACHE_VOLUME = "gke-gcsfuse-cache"
-PARALLEL_DOWNLOADS_OPTION = "file-cache:enable-parallel-downloads:true"
 PVC_FIELDS = {"claimName"}
 EMPTY_DIR_FIELDS = {"sizeLimit", "medium"}
 EMPTY_DIR_MEDIA = ("", "Memory")
@@ -91,56 +87,6 @@ class Volume:
     size_limit: str | None = None
     medium: str = ""
     file_cache: FileCache | None = None  # gcs only
-
-    def pod_volume(self, security_context: Mapping[str, Any]) -> dict:
-        """The pod's volume (core/v1 Volume); a gcs volume's files owned by the containers' user."""
-        if self.source == "gcs":
-            attributes = {"bucketName": self.bucket}
-            options = fuse_owner_options(security_context, self.mount_options) + self.mount_options
-            if self.file_cache:
-                # Range reads too: safetensors are read at offsets (each tensor where it lies), and
-                # without it a read that does not start at 0 bypasses the cache.
-                attributes.update(fileCacheCapacity=self.file_cache.capacity, fileCacheForRangeRead="true")
-                if self.file_cache.parallel_downloads and not any(o.startswith("file-cache:enable-parallel-downloads")
-                                                                  for o in options):
-                    options += (PARALLEL_DOWNLOADS_OPTION,)
-            if options:
-                attributes["mountOptions"] = ",".join(options)
-            return {"name": self.name, "csi": {"driver": GCS_FUSE_DRIVER, "readOnly": self.read_only,
-                                               "volumeAttributes": attributes}}
-        if self.source == "pvc":
-            return {"name": self.name, "persistentVolumeClaim": {"claimName": self.claim_name, "readOnly": self.read_only}}
-        empty_dir: dict[str, str] = {}
-        if self.medium:
-            empty_dir["medium"] = self.medium
-        if self.size_limit:
-            empty_dir["sizeLimit"] = self.size_limit
-        return {"name": self.name, "emptyDir": empty_dir}
-
-    def mount(self) -> dict:
-        """The container's volumeMount."""
-        mount: dict[str, Any] = {"name": self.name, "mountPath": self.mount_path}
-        if self.read_only:
-            mount["readOnly"] = True
-        return mount
-
-
-# gcsfuse presents every file as owned by the mounting process (root, in GKE's sidecar) with modes
-# 0644/0755, so a non-root container can read a bucket but not write to it: the CSI driver's
-# troubleshooting guide asks non-root pods for these options. uid/gid are the containers' user and
-# group; group-writable modes let another user of that group (another container's) write too.
-FUSE_FILE_MODE, FUSE_DIR_MODE = "664", "775"
-
-
-def fuse_owner_options(security_context: Mapping[str, Any], given: tuple[str, ...]) -> tuple[str, ...]:
-    """The uid, gid, file-mode and dir-mode options a gcs volume gets, but those spec mountOptions
-    already name (the user's value wins); none when the containers run as root."""
-    uid, gid = security_context.get("runAsUser"), security_context.get("runAsGroup")
-    if uid in (None, 0):
-        return ()
-    wanted = {"uid": uid, **({"gid": gid} if gid is not None else {}), "file-mode": FUSE_FILE_MODE, "dir-mode": FUSE_DIR_MODE}
-    named = {re.split(r"[=:]", o, maxsplit=1)[0] for o in given}
-    return tuple(f"{k}={v}" for k, v in wanted.items() if k not in named)
 
 
 def _problem_path(v: str) -> str | None:
@@ -277,18 +223,6 @@ def check_file_caches(r, volumes: tuple[Volume, ...]) -> None:
             return
 
 
-def cache_volume(volumes: list[Volume]) -> dict | None:
-    """The pod's CACHE_VOLUME for the cached gcs volumes among ``volumes`` (one pod's), if any."""
-    from .common import quantity_value  # common imports this module
-
-    caches = [v.file_cache for v in volumes if v.file_cache]
-    if not caches:
-        return None
-    size = caches[0].capacity if len(caches) == 1 else str(int(sum(quantity_value(c.capacity) for c in caches)))
-    empty_dir = {"sizeLimit": size, **({"medium": caches[0].medium} if caches[0].medium else {})}
-    return {"name": CACHE_VOLUME, "emptyDir": empty_dir}
-
-
 # What of a pod lands on its node's disk with a size the spec gives: the cache volume (the capacities
 # of the pod's cached buckets) and each emptyDir with a sizeLimit, unless medium Memory (RAM, counted
 # as the pod's memory). The kubelet counts them in the pod's ephemeral storage and evicts the pod when
@@ -343,25 +277,12 @@ def node_disk(volumes: tuple[Volume, ...], role: str) -> NodeDisk:
     return NodeDisk(tuple(parts))
 
 
-def _needed(disk: NodeDisk) -> Decimal:
+def needed_disk(disk: NodeDisk) -> Decimal:
     """The least ephemeral-storage limit a pod with these volumes can have: they fill up, and the
     container's own logs and writable layer come on top (DISK_HEADROOM)."""
     from .common import quantity_value  # common imports this module
 
     return disk.total + quantity_value(DISK_HEADROOM)
-
-
-def ephemeral_storage(given: str | None, disk: NodeDisk) -> tuple[dict[str, str], dict[str, str]]:
-    """The Ray container's ephemeral-storage (requests, limits): spec.<role>.ephemeralStorage as both
-    when given (ephemeral_storage_problem has checked it holds ``disk``), else a request of ``disk``
-    plus DISK_HEADROOM when the pod has anything on the node's disk, and no limit."""
-    from .common import bytes_quantity  # common imports this module
-
-    if given is not None:
-        return {"ephemeral-storage": given}, {"ephemeral-storage": given}
-    if not disk.parts:
-        return {}, {}
-    return {"ephemeral-storage": bytes_quantity(_needed(disk))}, {}
 
 
 def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> str | None:
@@ -371,9 +292,9 @@ def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> s
     would pass a limit of exactly their size."""
     from .common import bytes_quantity, quantity_value  # common imports this module
 
-    if given is None or not disk.parts or quantity_value(given) >= _needed(disk):
+    if given is None or not disk.parts or quantity_value(given) >= needed_disk(disk):
         return None
-    return (f"must be at least {bytes_quantity(_needed(disk))}: the {role} pod's volumes on the node's disk "
+    return (f"must be at least {bytes_quantity(needed_disk(disk))}: the {role} pod's volumes on the node's disk "
             f"(spec.volumes: {disk.text()}) plus {DISK_HEADROOM} for the container's own logs and writable layer; "
             "they count as the pod's ephemeral storage, which is requested and limited to this value; raise it, "
             f"or leave it out for a request of the volumes plus {DISK_HEADROOM} and no limit")
@@ -399,22 +320,15 @@ def sidecar_disk_request(volumes: tuple[Volume, ...], sidecar: Mapping[str, str]
     return sidecar.get(SIDECAR_ANNOTATIONS["ephemeralStorageRequest"], SIDECAR_DISK_REQUEST_DEFAULT)
 
 
-def sidecar_annotations(sidecar: Mapping[str, str], ray_limit: str | None) -> dict[str, str]:
-    """The sidecar's annotations for a pod whose Ray container's ephemeral-storage limit is ``ray_limit``."""
-    if ray_limit is None and SIDECAR_DISK_LIMIT not in sidecar:
-        return {**sidecar, SIDECAR_DISK_LIMIT: "0"}
-    return dict(sidecar)
-
-
 def sidecar_limit_problem(sidecar: Mapping[str, str], given: str | None, disk: NodeDisk, role: str) -> str | None:
     """Why spec.gcsFuseSidecar.ephemeralStorageLimit would evict the ``role`` pod, if it would: with
     spec.<role>.ephemeralStorage unset it is the pod's whole limit, its volumes on the disk counted."""
     from .common import bytes_quantity, quantity_value  # common imports this module
 
     limit = sidecar.get(SIDECAR_DISK_LIMIT)
-    if limit is None or given is not None or not disk.parts or quantity_value(limit) == 0 or quantity_value(limit) >= _needed(disk):
+    if limit is None or given is not None or not disk.parts or quantity_value(limit) == 0 or quantity_value(limit) >= needed_disk(disk):
         return None
-    return (f"must be \"0\" (none) or at least {bytes_quantity(_needed(disk))} while spec.{role}.ephemeralStorage is unset: "
+    return (f"must be \"0\" (none) or at least {bytes_quantity(needed_disk(disk))} while spec.{role}.ephemeralStorage is unset: "
             f"the kubelet takes the containers' limits as the {role} pod's, and the Ray container has none, so this "
             f"one limits the whole pod, its volumes on the node's disk included (spec.volumes: {disk.text()})")
 
@@ -430,17 +344,3 @@ def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...], quantity) -> di
         if value is not None:
             annotations[annotation] = str(value)
     return annotations
-
-
-def pod_storage(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str,
-                security_context: Mapping[str, Any], ray_limit: str | None) -> dict:
-    """What one role's pod template gets: volumes, its container's mounts, pod annotations.
-    ``ray_limit``: the Ray container's ephemeral-storage limit (sidecar_annotations)."""
-    mine = [v for v in volumes if role in v.mount_on]
-    annotations: dict[str, str] = {}
-    if has_sidecar(volumes, role):
-        annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar_annotations(sidecar, ray_limit)}
-    pod_volumes = [v.pod_volume(security_context) for v in mine]
-    if (cache := cache_volume(mine)) is not None:
-        pod_volumes.append(cache)
-    return {"volumes": pod_volumes, "mounts": [v.mount() for v in mine], "annotations": annotations}

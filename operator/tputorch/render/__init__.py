@@ -7,6 +7,7 @@ both kinds run on is one macro, templates/_cluster.json.j2):
 - names.py: the labels and annotations the operator writes and reads back, and their values
 - raytoken.py: Ray's token auth (authOptions) and a RayJob's token Secret
 - env.py: the environment of the Ray containers (a job's Ray Train shape, a service's vLLM)
+- volumes.py: spec.volumes and spec.gcsFuseSidecar in a pod (volumes, mounts, GKE's annotations, disk)
 - cluster.py: the RayCluster of either kind (head, TPU worker group, resources, autoscaler)
 - groups.py: a job's spec.groups, the extra worker groups of its RayCluster
 - job.py: the RayJob (its submitter and cluster)

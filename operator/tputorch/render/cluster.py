@@ -4,6 +4,7 @@ node selectors, tolerations, resources and volumes, and KubeRay's autoscaler."""
 from __future__ import annotations
 
 from ..api import storage, topology
+from . import volumes
 from .names import SERVE_PORT, WORKER_GROUP, Spec, pod_labels
 from .raytoken import RAY_AUTH
 
@@ -30,7 +31,7 @@ def worker_node_selector(spec: Spec) -> dict[str, str]:
 
 def container_resources(cpu: str, memory: str, ephemeral: tuple[dict, dict], extra: dict | None = None) -> dict:
     """A Ray container's requests and limits: cpu, memory and ``extra`` both (requests = limits), and
-    the ephemeral-storage storage.ephemeral_storage decided (requested alone when derived)."""
+    the ephemeral-storage volumes.ephemeral_storage decided (requested alone when derived)."""
     requests, limits = ephemeral
     return {"requests": {"cpu": cpu, "memory": memory, **requests, **(extra or {})},
             "limits": {"cpu": cpu, "memory": memory, **limits, **(extra or {})}}
@@ -38,7 +39,7 @@ def container_resources(cpu: str, memory: str, ephemeral: tuple[dict, dict], ext
 
 def _resources(spec: Spec, role: str, extra: dict | None = None) -> dict:
     r = spec.head if role == "head" else spec.worker
-    disk = storage.ephemeral_storage(r.ephemeral_storage, storage.node_disk(spec.volumes, role))
+    disk = volumes.ephemeral_storage(r.ephemeral_storage, storage.node_disk(spec.volumes, role))
     return container_resources(r.cpu, r.memory, disk, extra)
 
 
@@ -79,7 +80,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
     """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
     autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
     token_in_autoscaler = autoscaling and not spec.automount_service_account_token  # else pod-wide, or none
-    head_storage = storage.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "head", spec.security_context,
+    head_storage = volumes.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "head", spec.security_context,
                                        spec.head.ephemeral_storage)
     return {
         "ray_version": spec.ray_version,
@@ -108,7 +109,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "head_ports": head_ports,
         "head_resources": _resources(spec, "head"),
         "head_storage": head_storage,
-        "worker_storage": storage.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "worker", spec.security_context,
+        "worker_storage": volumes.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "worker", spec.security_context,
                                               spec.worker.ephemeral_storage),
         "group_name": WORKER_GROUP,
         "min_replicas": min_replicas,

@@ -15,6 +15,7 @@ import json
 from .. import train
 from ..api import storage, topology
 from ..api.groups import GKE_GPU_LABEL, GPU_RESOURCE, TRAIN_GROUP, Group
+from . import volumes
 from .cluster import SPOT_TOLERATION, TPU_TOLERATION, container_resources
 
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
@@ -83,7 +84,7 @@ def group_context(job, group: Group, cluster: dict) -> dict:
         extra[GPU_RESOURCE] = str(group.gpus)
     # The workers' volumes, so the workers' disk: requested as for a main-slice host whose
     # spec.worker.ephemeralStorage is unset (a group has no field of its own for it).
-    disk = storage.ephemeral_storage(None, storage.node_disk(job.volumes, "worker"))
+    disk = volumes.ephemeral_storage(None, storage.node_disk(job.volumes, "worker"))
     resources = container_resources(group.cpu, group.memory, disk, extra)
     return {
         "name": group.name,
@@ -98,7 +99,7 @@ def group_context(job, group: Group, cluster: dict) -> dict:
         "env": cluster["env"],
         "resources": resources,
         # the workers' volumes, mounts and GKE's gcsfuse annotations, for a Ray container without a disk limit
-        "storage": storage.pod_storage(job.volumes, job.gcs_fuse_sidecar, "worker", job.security_context, None),
+        "storage": volumes.pod_storage(job.volumes, job.gcs_fuse_sidecar, "worker", job.security_context, None),
         "security_context": cluster["security_context"],
         "automount": cluster["worker_automount"],
     }

@@ -13,6 +13,7 @@ from ...api.common import bytes_quantity
 from .result import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
 from .kueue import QuotaCheck, queue_problems, requested_resources
 from ... import render
+from ...render import volumes
 from ...render.cluster import worker_node_selector
 
 
@@ -90,7 +91,7 @@ def host_disk_request(s) -> tuple[float, str] | None:
     """The ephemeral-storage each TPU host pod of a job or service requests, in bytes, and what it is
     made of: the Ray container's (storage.ephemeral_storage) and GKE's Cloud Storage FUSE sidecar's
     (storage.sidecar_disk_request), which the scheduler adds up. None when it requests none."""
-    requests, _ = storage.ephemeral_storage(s.worker.ephemeral_storage, storage.node_disk(s.volumes, "worker"))
+    requests, _ = volumes.ephemeral_storage(s.worker.ephemeral_storage, storage.node_disk(s.volumes, "worker"))
     parts = [(q, what) for q, what in ((requests.get("ephemeral-storage"), "Ray"),
                                         (storage.sidecar_disk_request(s.volumes, s.gcs_fuse_sidecar, "worker"),
                                          "GKE's Cloud Storage FUSE sidecar")) if q]

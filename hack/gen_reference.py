@@ -35,6 +35,9 @@ for _name in [n for n in os.environ if n.startswith("TPUTORCH_")]:
 import yaml  # noqa: E402
 
 from tputorch import status  # noqa: E402
+from tputorch.api.phases import (  # noqa: E402
+    ADMITTED, CONDITION_TYPES, JOB_PHASES, SERVICE_CONDITION_TYPES, SERVICE_PHASES, SPEC_APPLIED, TERMINAL_PHASES,
+)
 from tputorch.status import applied  # noqa: E402
 from tputorch.cli import main as cli_main  # noqa: E402
 from tputorch.controller import kinds, metrics  # noqa: E402
@@ -329,8 +332,8 @@ def _set_conditions() -> list[tuple[str, str, str, str]]:
     copied from KubeRay, Kueue or a pod are not among them."""
     makers = {  # call name -> the argument index (or the value) of type, status and reason
         "condition": (0, 1, 2),
-        "Admission": (status.conditions.ADMITTED, 0, 1),
-        "Applied": (status.conditions.SPEC_APPLIED, None, 0),
+        "Admission": (ADMITTED, 0, 1),
+        "Applied": (SPEC_APPLIED, None, 0),
     }
     sites = _call_sites(ROOT / "operator" / "tputorch" / "status")
     by_callee: dict[str, list[_Site]] = {}
@@ -433,18 +436,18 @@ def conditions_page() -> tuple[str, str]:
            "`status.phase` says where an object is; `status.conditions` (metav1.Condition) say why. Each change of a "
            "condition's status or reason is also an Event on the object, unless the reason only describes waiting "
            "(\"none\" below).\n\n## Phases\n\n",
-           table(["kind", "phases"], [["TPUTorchJob", ", ".join(code(p) for p in status.JOB_PHASES)],
-                                      ["TPUTorchService", ", ".join(code(p) for p in status.SERVICE_PHASES)]]),
-           f"\nTerminal phases of a job: {', '.join(code(p) for p in status.TERMINAL_PHASES)}.\n\n",
+           table(["kind", "phases"], [["TPUTorchJob", ", ".join(code(p) for p in JOB_PHASES)],
+                                      ["TPUTorchService", ", ".join(code(p) for p in SERVICE_PHASES)]]),
+           f"\nTerminal phases of a job: {', '.join(code(p) for p in TERMINAL_PHASES)}.\n\n",
            "## Condition types\n\nIn the order they are written.\n\n",
            table(["kind", "condition types"],
-                 [["TPUTorchJob", ", ".join(code(t) for t in status.CONDITION_TYPES)],
-                  ["TPUTorchService", ", ".join(code(t) for t in status.SERVICE_CONDITION_TYPES)]]),
+                 [["TPUTorchJob", ", ".join(code(t) for t in CONDITION_TYPES)],
+                  ["TPUTorchService", ", ".join(code(t) for t in SERVICE_CONDITION_TYPES)]]),
            "\n## Reasons the operator sets\n\nThose the status code names itself. Others name a problem found at run "
            "time (in the pods, at a create) or are copied, made CamelCase, from KubeRay (the RayJob's or RayService's), "
            "Kueue (its Workload's) or a pod (e.g. `ErrImagePull`); [troubleshooting](../troubleshooting.md) says what "
            "to do about each.\n\n"]
-    order = {t: i for i, t in enumerate(dict.fromkeys(status.CONDITION_TYPES + status.SERVICE_CONDITION_TYPES))}
+    order = {t: i for i, t in enumerate(dict.fromkeys(CONDITION_TYPES + SERVICE_CONDITION_TYPES))}
     where: dict[tuple[str, str, str], list[str]] = {}
     for ctype, state, reason, module in _set_conditions():
         where.setdefault((ctype, state, reason), []).append(code(module))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from . import common, groups, job as job_spec, network, spec, storage, topology
-from .. import status, train
+from . import common, groups, job as job_spec, network, phases, spec, storage, topology
+from .. import train
 
 GROUP = "tputorch.io"
 VERSION = "v1alpha1"
@@ -29,8 +29,8 @@ SERVICE_SINGULAR = "tputorchservice"
 SERVICE_SHORT_NAMES = ["ttsvc"]
 SERVICE_NAME = f"{SERVICE_PLURAL}.{GROUP}"
 
-PHASES = list(status.JOB_PHASES)
-SERVICE_PHASES = list(status.SERVICE_PHASES)
+PHASES = list(phases.JOB_PHASES)
+SERVICE_PHASES = list(phases.SERVICE_PHASES)
 MAX_CONDITIONS = 16
 
 INT32_MAX = 2**31 - 1
@@ -809,7 +809,7 @@ def _conditions_schema(types: tuple[str, ...]) -> dict:
                 "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
                 "reason": {"type": "string", "minLength": 1, "maxLength": 1024,
                            "pattern": r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"},
-                "message": {"type": "string", "maxLength": status.MAX_CONDITION_MESSAGE},
+                "message": {"type": "string", "maxLength": phases.MAX_CONDITION_MESSAGE},
                 "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
                 "lastTransitionTime": {"type": "string", "format": "date-time"},
             },
@@ -854,7 +854,7 @@ def _job_status_schema() -> dict:
                     },
                 },
             ),
-            "conditions": _conditions_schema(status.CONDITION_TYPES),
+            "conditions": _conditions_schema(phases.CONDITION_TYPES),
             "rayJobName": _string("Name of the RayJob."),
             "dashboardURL": _string("Ray dashboard address (inside the cluster)."),
             "jobId": _string("Ray job submission id."),
@@ -890,7 +890,7 @@ def _service_status_schema() -> dict:
         properties={
             **_common_status(),
             "phase": _string(", ".join(SERVICE_PHASES[:-1]) + " or " + SERVICE_PHASES[-1] + ".", enum=SERVICE_PHASES),
-            "conditions": _conditions_schema(status.SERVICE_CONDITION_TYPES),
+            "conditions": _conditions_schema(phases.SERVICE_CONDITION_TYPES),
             "replicas": _int("Model replicas (slices) wanted now."),
             "readyReplicas": _int("Replicas whose every TPU host runs (a host without a Serve replica is NotReady by design)."),
             "replicasReady": _string("readyReplicas/replicas, for display."),

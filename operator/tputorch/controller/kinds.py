@@ -7,6 +7,7 @@ from dataclasses import replace
 from functools import partial
 
 from ..api import spec as specs
+from ..api.phases import SERVICE_PHASES
 from .. import status as statuses
 from ..render.names import JOB_LABEL, SERVICE_LABEL
 from ..render.network import NetworkPolicyConfig, network_policy, network_policy_name
@@ -40,7 +41,7 @@ JOB = Kind(
 SERVICE = Kind(
     resource=TPUTORCHSERVICE, child=RAYSERVICE, label=SERVICE_LABEL, parse=specs.parse_service,
     cluster_names=_rayservice_clusters, finished=_never_finished, slim_child=slim_rayservice,
-    phase_metric="tputorch_services", phases=statuses.SERVICE_PHASES,
+    phase_metric="tputorch_services", phases=SERVICE_PHASES,
 )
 
 KINDS = [JOB, SERVICE]

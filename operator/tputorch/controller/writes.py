@@ -13,6 +13,7 @@ from typing import Callable
 from kubernetes.client.rest import ApiException
 
 from .. import status as statuses
+from ..api.phases import TERMINAL_PHASES
 from .events import EventRecorder
 from .kind import Kind, gone_or_replaced
 from .metrics import METRICS
@@ -98,7 +99,7 @@ class StatusWrites:
         """A finished object's status never goes back to a running phase: a child seen late (a new
         leader whose child watch lags, a stale version) must not turn Succeeded into Running."""
         terminal = self.terminal_of(kind, parent)
-        if terminal is None or current.get("phase") in statuses.TERMINAL_PHASES:
+        if terminal is None or current.get("phase") in TERMINAL_PHASES:
             return current
         if current.get("phase") != terminal.get("phase"):
             log.info("%s %s/%s: %s derived from a stale %s; keeping %s", kind.resource.kind,

@@ -7,7 +7,8 @@ cluster without it. Pure functions: the reconcile hands in the child as its stor
 from __future__ import annotations
 
 from ..render import raytoken
-from .conditions import AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED, RAY_AUTH, TOKEN_AUTH, condition
+from ..api.phases import RAY_AUTH
+from .conditions import AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED, TOKEN_AUTH, condition
 
 # Where each child kind embeds its RayCluster's spec.
 _CLUSTER_FIELDS = ("rayClusterSpec", "rayClusterConfig")

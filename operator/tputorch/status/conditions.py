@@ -1,4 +1,4 @@
-"""What both kinds' status derivations share: the condition types and helpers, reading pods for
+"""What both kinds' status derivations share: the condition helpers (the types are api/phases.py's), reading pods for
 scheduling problems and host readiness, invalid(), patch_for() and events().
 
 Pure functions: the reconcile feeds them what the watches saw and patches what comes out.
@@ -11,35 +11,18 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..api import topology
+from ..api.phases import (
+    ADMITTED, FAILED, MAX_CONDITION_MESSAGE, PREEMPTED, QUEUE_PHASES, RAYJOB_CREATED, RAYSERVICE_CREATED,
+    SERVICE_STATUS_FIELDS, STATUS_FIELDS, TERMINAL_PHASES, VALIDATED,
+)
 from ..api.spec import FieldError
 from . import attempts, kueue
 
-# Condition types, in the order they are written.
-VALIDATED = "Validated"
-RAYJOB_CREATED = "RayJobCreated"
-SLICE_READY = "SliceReady"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-ADMITTED = "Admitted"  # Kueue admitted the child (only for objects with spec.queueName)
-NETWORK_POLICY_READY = "NetworkPolicyReady"  # its NetworkPolicy was made as rendered (with policies on)
-RAY_AUTH = "RayAuth"  # the child, as stored, still asks KubeRay for Ray token auth (status/auth.py)
+# The RayAuth condition's reasons (status/auth.py).
 TOKEN_AUTH, AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED = "TokenAuth", "AuthOptionsDropped", "AuthSecretNameDropped"
-# Present only when the child runs another rendering than this operator would make of its spec (an
-# earlier operator's, kept: render/stamp.py), or a spec this operator refuses (status/rendering.py).
-RENDERING_CURRENT = "RenderingCurrent"
+# The RenderingCurrent condition's reasons (status/rendering.py).
 OLDER_RENDERING = "OlderRendering"
 REFUSED_BY_THIS_VERSION = "RefusedByThisVersion"
-CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, SUCCEEDED, FAILED,
-                   RENDERING_CURRENT)
-RAYSERVICE_CREATED = "RayServiceCreated"
-READY = "Ready"
-SPEC_APPLIED = "SpecApplied"  # the serving RayCluster runs the service's current spec (status/applied.py)
-SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, READY, SPEC_APPLIED, FAILED,
-                           RENDERING_CURRENT)
-
-TERMINAL_PHASES = ("Succeeded", "Failed")
-QUEUE_PHASES = (kueue.QUEUED, kueue.PREEMPTED)  # Kueue holds the child back
-SERVICE_PHASES = ("Pending", *QUEUE_PHASES, "Deploying", "Ready", "Updating", "Degraded", "Recovering", "Failed")
 ROLE_LABEL = "ray.io/node-type"  # KubeRay labels each pod head or worker
 CLUSTER_LABEL = "ray.io/cluster"  # and with its RayCluster's name
 # KubeRay >= 1.5 with its RayMultiHostIndexing gate: which slice replica a host pod belongs to.
@@ -47,21 +30,6 @@ REPLICA_LABEL = "ray.io/worker-group-replica-name"
 GROUP_LABEL = "ray.io/group"  # KubeRay labels each pod with its worker group's name
 # The pod labels the derive functions read (a pod store may keep only these).
 POD_LABELS_READ = (ROLE_LABEL, CLUSTER_LABEL, REPLICA_LABEL, GROUP_LABEL)
-
-# Every status field this module writes (the CRD declares each one).
-STATUS_FIELDS = (
-    "phase", "message", "observedGeneration", "conditions", "workers", "hosts", "readyHosts",
-    "hostsReady", "rayJobName", "rayClusterName", "dashboardURL", "jobId", "jobStatus",
-    "jobDeploymentStatus", "startTime", "completionTime", "queue", "priorityClass", "clusterQueue", "workload", "attempts", "attemptHistory",
-    "progress", "lastCheckpoint",
-)
-SERVICE_STATUS_FIELDS = (
-    "phase", "message", "observedGeneration", "conditions", "replicas", "readyReplicas",
-    "replicasReady", "hosts", "readyHosts", "model", "endpoint", "rayServiceName", "rayClusterName",
-    "serviceStatus", "applicationStatus", "applicationMessage", "appliedConfig", "queue", "priorityClass", "clusterQueue", "workload",
-)
-# A condition's message is capped (metav1.Condition allows 32768 characters).
-MAX_CONDITION_MESSAGE = 32768
 
 # Condition states that are bad news: their events are Warnings.
 _WARNING_STATES = {
@@ -383,7 +351,7 @@ def queue_phase(phase: str, suspended_by_user: bool, queue: kueue.Admission | No
 
 
 def queue_message(spec, queue: kueue.Admission) -> str:
-    if queue.phase == kueue.PREEMPTED:
+    if queue.phase == PREEMPTED:
         return f"preempted by Kueue: {queue.message}"
     return f"queued in LocalQueue {spec.queue_name}: {queue.message}"
 

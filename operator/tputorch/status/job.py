@@ -1,6 +1,7 @@
 """Observed RayJob (+ its pods) -> TPUTorchJob status: its phase, its conditions, and its attempts.
 
-Every phase a TPUTorchJob can be in is listed here (PHASES); the CRD's enum is built from it.
+Every phase a TPUTorchJob can be in is listed in api/phases.py (JOB_PHASES), with the CRD's enum.
+Retrying: an attempt ended for a reason another attempt may cure; the next one is on its way.
 
 The derivation runs in stages, each reading only what the ones before it produced, so that a
 wrong status leads to one place: what is observed (observe_job: the RayJob's state, the training
@@ -16,21 +17,19 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..render.cluster import worker_node_selector
+from ..api.phases import FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
 from . import network as net
 from . import progress as training
 from .conditions import (
-    FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES,
     condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
     container_problem, quota_problem, no_node_pool, tpu_webhook_missing, GROUP_LABEL,
 )
 from .kueue import Admission
 from .leading import leading_conditions
 
-# Retrying: an attempt ended for a reason another attempt may cure; the next one is on its way.
-PHASES = ("Pending", *QUEUE_PHASES, "Running", "Retrying", "Succeeded", "Failed", "Suspended")
 ATTEMPT_LABEL = "tputorch.io/attempt"  # on the RayJob: which attempt it runs (1 when absent)
 MAX_HISTORY = 20  # attempt records kept in the status: the first one and the latest ones
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ADMITTED = "Admitted"  # the operator's condition type
-QUEUED, PREEMPTED = "Queued", "Preempted"  # phases while Kueue holds the child back
+from ..api.phases import PREEMPTED, QUEUED
 
 # Reasons of the Admitted condition that only say "still waiting" (no event each time).
 QUIET_REASONS = {"WaitingForKueue"}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from . import auth
 from . import network as net
-from .conditions import VALIDATED, admitted_condition, child_created, condition
+from ..api.phases import VALIDATED
+from .conditions import admitted_condition, child_created, condition
 from .kueue import Admission
 
 

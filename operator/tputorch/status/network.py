@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .conditions import NETWORK_POLICY_READY, condition
+from ..api.phases import NETWORK_POLICY_READY
+from .conditions import condition
 
 # KubeRay 1.6 (rayjob_controller.go): the submitter ended and the dashboard never answered
 # GetJobInfo within the grace period after it; the Ray job itself may well have succeeded.

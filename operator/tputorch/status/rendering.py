@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ..render import stamp as stamps
 from ..render.names import SPEC_HASH_ANNOTATION
-from .conditions import OLDER_RENDERING, REFUSED_BY_THIS_VERSION, RENDERING_CURRENT, VALIDATED, condition, stamp
+from ..api.phases import RENDERING_CURRENT, VALIDATED
+from .conditions import OLDER_RENDERING, REFUSED_BY_THIS_VERSION, condition, stamp
 
 # The fields of a RayService's rayClusterConfig that KubeRay leaves out of its cluster hash (issue
 # 59, KubeRay 1.6): a change elsewhere makes it start a whole second RayCluster.

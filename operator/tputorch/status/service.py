@@ -17,9 +17,10 @@ from typing import Iterable
 from ..render.cluster import worker_node_selector
 from ..render.names import SERVE_APP, SERVE_PORT, SPEC_HASH_ANNOTATION
 from ..render.serveconfig import SCALE_FROM_ZERO_TIMEOUT_S
+from ..api.phases import FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED
 from ..api.spec import ServiceSpec
 from .conditions import (
-    CLUSTER_LABEL, FAILED, QUEUE_PHASES, ROLE_LABEL, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED, condition,
+    CLUSTER_LABEL, ROLE_LABEL, condition,
     container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts, ready_slices,
     running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing, wanted_hosts,
 )

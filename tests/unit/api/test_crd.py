@@ -7,8 +7,7 @@ import re
 import pytest
 import yaml
 
-from tputorch.api import crd, spec, topology
-from tputorch import status
+from tputorch.api import crd, phases, spec, topology
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 KINDS = [crd.KIND, crd.SERVICE_KIND]
@@ -75,7 +74,7 @@ def test_shared_blocks_are_the_same_schema_in_both_kinds():
         assert job[key] == svc[key], key
 
 
-@pytest.mark.parametrize("kind,fields", [(crd.KIND, status.STATUS_FIELDS), (crd.SERVICE_KIND, status.SERVICE_STATUS_FIELDS)])
+@pytest.mark.parametrize("kind,fields", [(crd.KIND, phases.STATUS_FIELDS), (crd.SERVICE_KIND, phases.SERVICE_STATUS_FIELDS)])
 def test_every_status_field_is_declared(kind, fields):
     # Undeclared status fields would be pruned silently by the API server.
     assert set(schema(kind)["properties"]["status"]["properties"]) == set(fields)
@@ -151,14 +150,14 @@ def test_service_only_tpu_and_the_serve_service_are_immutable():
 def test_conditions_are_metav1_conditions(kind):
     conditions = schema(kind)["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]
-    assert conditions["maxItems"] >= len(status.SERVICE_CONDITION_TYPES)
+    assert conditions["maxItems"] >= len(phases.SERVICE_CONDITION_TYPES)
     item = conditions["items"]
     assert set(item["required"]) == {"type", "status", "reason", "message", "lastTransitionTime"}
     reason = re.compile(item["properties"]["reason"]["pattern"])
     reasons = ["Valid", "Created", "Unschedulable", "AllHostsReady", "NonZeroServeEndpoints", "InitializingTimeout",
                "KubeRayNotInstalled", "RayJobNameTaken", "ValidationFailed", "DeployFailed", "WaitingForKubeRay"]
     assert all(reason.match(r) for r in reasons)
-    assert item["properties"]["message"]["maxLength"] == status.MAX_CONDITION_MESSAGE
+    assert item["properties"]["message"]["maxLength"] == phases.MAX_CONDITION_MESSAGE
 
 
 @pytest.mark.parametrize("kind,child", [(crd.KIND, "RayJob"), (crd.SERVICE_KIND, "RayService")])

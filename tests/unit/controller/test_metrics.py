@@ -7,6 +7,7 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tputorch.api.phases import SERVICE_PHASES
 from tputorch.controller.metrics import Metrics
 from tputorch.controller.workqueue import WorkQueue
 
@@ -30,8 +31,7 @@ def test_every_phase_of_each_kind_is_a_series_zero_included():
     jobs = {dict(k[1])["phase"]: v for k, v in got.items() if k[0] == "tputorch_jobs"}
     assert jobs == {"Pending": 0, "Suspended": 0, "Running": 1, "Succeeded": 0, "Failed": 0}
     services = {dict(k[1])["phase"]: v for k, v in got.items() if k[0] == "tputorch_services"}
-    from tputorch import status
-    assert set(services) == set(status.SERVICE_PHASES) and not any(services.values())
+    assert set(services) == set(SERVICE_PHASES) and not any(services.values())
 
 
 def test_reconciles_carry_the_kind_and_the_queue_counts_adds_retries_and_waits():

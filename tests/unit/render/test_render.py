@@ -634,13 +634,14 @@ def test_a_queued_service_gets_its_initializing_timeout_on_admission_plus_the_ti
     with reason Initializing (set in its first reconcile, at creation) and checks it every reconcile,
     suspended or not (markFailedOnInitializingTimeout): a queue wait longer than the timeout would
     fail the service in the queue. So none while queued, and on admission the wait plus the timeout."""
+    from tputorch.api.phases import QUEUED
     from tputorch.status import kueue
     svc = spec.parse_service(service_body(queueName="tpu", serve={"initializingTimeoutSeconds": 30}))
     created = render.rayservice(svc)
     assert INITIALIZING_TIMEOUT_ANNOTATION not in created["metadata"]["annotations"]
     created["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "Initializing",
                                          "lastTransitionTime": "2026-12-01T10:00:00Z"}]}
-    queued = kueue.Admission(False, "Pending", "waiting", kueue.QUEUED)
+    queued = kueue.Admission(False, "Pending", "waiting", QUEUED)
     assert admitted_timeout_patch(svc, created, queued) is None
     admitted = kueue.Admission(True, "Admitted", "admitted", None, "tpu", "w", "2026-12-01T10:02:00.4Z")
     patch = admitted_timeout_patch(svc, created, admitted)

@@ -10,7 +10,7 @@ import yaml
 from tputorch import render, status
 from tputorch.render.names import SERVE_APP
 from tputorch.render.service import rayservice_spec_hash
-from tputorch.api import spec
+from tputorch.api import phases, spec
 from tputorch.status import applied
 
 from ..services import service_body
@@ -383,7 +383,7 @@ def test_condition_messages_are_capped_for_the_api():
     huge = rayservice("deploy-failed")
     huge["status"]["activeServiceStatus"]["applicationStatuses"]["llm"]["message"] = "x" * 100000
     st = derive_service(SVC, 1, huge, slice_hosts(4), {}, T0)
-    assert len(cond(st, "Failed")["message"]) == status.MAX_CONDITION_MESSAGE
+    assert len(cond(st, "Failed")["message"]) == phases.MAX_CONDITION_MESSAGE
 
 
 def test_a_child_without_generation_is_judged_by_its_hash_alone():

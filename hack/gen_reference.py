@@ -432,7 +432,8 @@ def _event(ctype: str, state: str, reason: str) -> str:
 
 
 def conditions_page() -> tuple[str, str]:
-    out = ["# Phases, conditions and reasons\n\n", HEADER.format(source="the status constants (`operator/tputorch/status/`)"),
+    source = "`operator/tputorch/api/phases.py` and the status code (`operator/tputorch/status/`)"
+    out = ["# Phases, conditions and reasons\n\n", HEADER.format(source=source),
            "`status.phase` says where an object is; `status.conditions` (metav1.Condition) say why. Each change of a "
            "condition's status or reason is also an Event on the object, unless the reason only describes waiting "
            "(\"none\" below).\n\n## Phases\n\n",

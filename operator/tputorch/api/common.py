@@ -8,19 +8,17 @@ in one function. Nothing here raises anything but InvalidSpec from a kind's pars
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
-from decimal import Decimal
 from typing import Any
 
 from . import storage, topology
+from .quantity import MIN_MEMORY, MIN_MEMORY_MESSAGE, QUANTITY, ZERO_QUANTITY, memory_quantity, positive_quantity, quantity
 from .storage import Volume
 from .topology import Slice, TopologyError
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 RAY_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -238,59 +236,6 @@ def string(max_len: int = MAX_STRING, pattern: re.Pattern | None = None, what: s
 
 image_reference = string(MAX_STRING, IMAGE, "an image reference such as us-docker.pkg.dev/p/r/ray:2.60.0 or "
                          "name@sha256:<digest> (letters, digits and . _ - / : @ +; no whitespace)")
-
-
-def quantity(v: Any) -> str | None:
-    return None if QUANTITY.fullmatch(str(v)) else "must be a Kubernetes quantity such as 4, 500m, 16Gi"
-
-
-# [.] rather than an escaped dot: the same pattern goes into a CEL string literal (crd.py).
-ZERO_QUANTITY = re.compile(r"^0+([.]0+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-
-
-def positive_quantity(v: Any) -> str | None:
-    problem = quantity(v) if len(str(v)) <= 64 else "must be at most 64 characters"
-    if problem is None and ZERO_QUANTITY.fullmatch(str(v)):
-        return "must be greater than zero (a pod with none could never run Ray)"
-    return problem
-
-
-# A pod's memory: a bare number is bytes, so "1.5" or "8" would give a Ray node a few bytes, which
-# the API server accepts and the kernel kills at once. Below this no Ray node starts.
-MIN_MEMORY = "256Mi"
-MIN_MEMORY_MESSAGE = f"must be at least {MIN_MEMORY} (a number without a unit is bytes; Ray's processes need more)"
-
-
-QUANTITY_SUFFIXES = {"": 1, "m": Decimal("0.001"), **{s: 1000 ** (i + 1) for i, s in enumerate("kMGTPE")},
-                     **{f"{s}i": 1024 ** (i + 1) for i, s in enumerate("KMGTPE")}}
-
-
-def quantity_value(v: Any) -> Decimal:
-    """A quantity that matches QUANTITY, as a number (bytes for memory)."""
-    text = str(v)
-    digits = text.rstrip("kKMGTPEmi")  # K only before i (Ki)
-    return Decimal(digits) * QUANTITY_SUFFIXES[text[len(digits):]]
-
-
-BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
-
-
-def bytes_quantity(n: Decimal | int) -> str:
-    """A number of bytes as a quantity: whole bytes (rounded up), in the largest binary unit that
-    holds it exactly (214748364800 -> 200Gi), else plain bytes."""
-    whole = math.ceil(Decimal(n))
-    for i, suffix in enumerate(BINARY_SUFFIXES):
-        unit = 1024 ** (len(BINARY_SUFFIXES) - i)
-        if whole and whole % unit == 0:
-            return f"{whole // unit}{suffix}"
-    return str(whole)
-
-
-def memory_quantity(v: Any) -> str | None:
-    problem = positive_quantity(v)
-    if problem is None and quantity_value(v) < quantity_value(MIN_MEMORY):
-        return MIN_MEMORY_MESSAGE
-    return problem
 
 
 # The rule of each pod resource, for the main slice, the head and every group alike (RESOURCE_RULES),
@@ -696,8 +641,8 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
     if priority is not None and queue_name is None:
         r.error("spec.priorityClassName", priority, "must not be set without spec.queueName: Kueue orders and "
                 "preempts only the work it queues")
-    volumes = storage.parse_volumes(r, spec, quantity)
-    sidecar = storage.parse_sidecar(r, spec, volumes, quantity)
+    volumes = storage.parse_volumes(r, spec)
+    sidecar = storage.parse_sidecar(r, spec, volumes)
     for role, resources in (("head", head), ("worker", worker)):
         disk = storage.node_disk(volumes, role)
         if problem := storage.ephemeral_storage_problem(resources.ephemeral_storage, disk, role):

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Mapping
 
+from .quantity import ZERO_QUANTITY, bytes_quantity, quantity, quantity_value
+
 # spec.gcsFuseSidecar field -> the pod annotation GKE documents for it (the annotations that size
 # GKE's Cloud Storage FUSE sidecar).
 SIDECAR_ANNOTATIONS = {
@@ -119,8 +121,8 @@ def check_bucket(v: str) -> str | None:
     return None
 
 
-def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
-    """spec.volumes; ``r`` is the spec parser's reader, ``quantity`` its Kubernetes quantity check."""
+def parse_volumes(r, spec: Mapping) -> tuple[Volume, ...]:
+    """spec.volumes; ``r`` is the spec parser's reader."""
     items = r.value(spec, "volumes", "spec.volumes", list, default=[])
     if len(items) > MAX_VOLUMES:
         r.error("spec.volumes", f"{len(items)} volumes", f"must have at most {MAX_VOLUMES} volumes")
@@ -172,7 +174,7 @@ def parse_volumes(r, spec: Mapping, quantity) -> tuple[Volume, ...]:
                 if not isinstance(option, str) or not option or "," in option or len(option) > 256:
                     r.error(f"{path}.gcs.mountOptions[{j}]", option, "must be a non-empty string without commas, such as implicit-dirs")
             fields["mount_options"] = tuple(o for o in options if isinstance(o, str))
-            fields["file_cache"] = _parse_file_cache(r, block, f"{path}.gcs.fileCache", quantity)
+            fields["file_cache"] = _parse_file_cache(r, block, f"{path}.gcs.fileCache")
         elif source == "pvc":
             fields["claim_name"] = r.value(block, "claimName", f"{path}.pvc.claimName", str, required=True,
                                            check=lambda v: None if len(v) <= 253 and CLAIM_NAME.fullmatch(v) else "must be a PersistentVolumeClaim name (a DNS subdomain)")
@@ -193,12 +195,10 @@ def _medium_problem(v: str) -> str | None:
     return None if v in EMPTY_DIR_MEDIA else "must be \"\" (the node's disk) or Memory"
 
 
-def _parse_file_cache(r, gcs: Mapping, path: str, quantity) -> FileCache | None:
+def _parse_file_cache(r, gcs: Mapping, path: str) -> FileCache | None:
     block = r.mapping(gcs, "fileCache", path, FILE_CACHE_FIELDS)
     if not isinstance(gcs.get("fileCache"), Mapping):
         return None
-
-    from .common import ZERO_QUANTITY  # common imports this module
 
     def positive(v) -> str | None:
         if problem := quantity(v):
@@ -251,8 +251,6 @@ class NodeDisk:
 
     @property
     def total(self) -> Decimal:
-        from .common import quantity_value  # common imports this module
-
         return sum((quantity_value(q) for _, q in self.parts), Decimal(0))
 
     def text(self) -> str:
@@ -280,8 +278,6 @@ def node_disk(volumes: tuple[Volume, ...], role: str) -> NodeDisk:
 def needed_disk(disk: NodeDisk) -> Decimal:
     """The least ephemeral-storage limit a pod with these volumes can have: they fill up, and the
     container's own logs and writable layer come on top (DISK_HEADROOM)."""
-    from .common import quantity_value  # common imports this module
-
     return disk.total + quantity_value(DISK_HEADROOM)
 
 
@@ -290,8 +286,6 @@ def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> s
     It is the Ray container's limit too, and the kubelet evicts a pod whose usage (its emptyDirs with
     its containers' writes) passes its containers' limits: the volumes alone, full, plus a log line
     would pass a limit of exactly their size."""
-    from .common import bytes_quantity, quantity_value  # common imports this module
-
     if given is None or not disk.parts or quantity_value(given) >= needed_disk(disk):
         return None
     return (f"must be at least {bytes_quantity(needed_disk(disk))}: the {role} pod's volumes on the node's disk "
@@ -323,8 +317,6 @@ def sidecar_disk_request(volumes: tuple[Volume, ...], sidecar: Mapping[str, str]
 def sidecar_limit_problem(sidecar: Mapping[str, str], given: str | None, disk: NodeDisk, role: str) -> str | None:
     """Why spec.gcsFuseSidecar.ephemeralStorageLimit would evict the ``role`` pod, if it would: with
     spec.<role>.ephemeralStorage unset it is the pod's whole limit, its volumes on the disk counted."""
-    from .common import bytes_quantity, quantity_value  # common imports this module
-
     limit = sidecar.get(SIDECAR_DISK_LIMIT)
     if limit is None or given is not None or not disk.parts or quantity_value(limit) == 0 or quantity_value(limit) >= needed_disk(disk):
         return None
@@ -333,7 +325,7 @@ def sidecar_limit_problem(sidecar: Mapping[str, str], given: str | None, disk: N
             f"one limits the whole pod, its volumes on the node's disk included (spec.volumes: {disk.text()})")
 
 
-def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...], quantity) -> dict[str, str]:
+def parse_sidecar(r, spec: Mapping, volumes: tuple[Volume, ...]) -> dict[str, str]:
     """spec.gcsFuseSidecar -> the pod annotations GKE reads ({annotation: quantity})."""
     block = r.mapping(spec, "gcsFuseSidecar", "spec.gcsFuseSidecar", set(SIDECAR_ANNOTATIONS))
     if block and not any(v.source == "gcs" for v in volumes):

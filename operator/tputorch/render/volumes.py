@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from ..api.common import bytes_quantity, quantity_value
+from ..api.quantity import bytes_quantity, quantity_value
 from ..api.storage import CACHE_VOLUME, SIDECAR_DISK_LIMIT, NodeDisk, Volume, has_sidecar, needed_disk
 
 # GKE's Cloud Storage FUSE CSI driver, and the pod annotation that makes its webhook inject the

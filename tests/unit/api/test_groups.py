@@ -182,5 +182,5 @@ def test_the_largest_slice_alone_fits_the_default_bound():
 def test_quantity_value_agrees_with_the_kubernetes_clients_parser(text):
     from kubernetes.utils import parse_quantity
 
-    from tputorch.api.common import quantity_value
+    from tputorch.api.quantity import quantity_value
     assert quantity_value(text) == parse_quantity(text)

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from tputorch import render
-from tputorch.api import common, spec, storage
+from tputorch.api import quantity, spec, storage
 
 from ..jobs import body
 from ..services import service_body
@@ -311,7 +311,7 @@ def test_a_head_ephemeral_storage_is_checked_against_the_heads_volumes_only():
 @pytest.mark.parametrize("count,text", [(200 * 2**30, "200Gi"), (1536 * 2**20, "1536Mi"), (1000, "1000"),
                                         (Decimal("0.5"), "1"), (2**30 + 1, "1073741825")])
 def test_bytes_read_back_as_the_same_quantity(count, text):
-    assert common.bytes_quantity(count) == text
+    assert quantity.bytes_quantity(count) == text
 
 
 @pytest.mark.parametrize("sidecar_limit,ok", [("0", True), ("301Gi", True), ("400Gi", True), ("300Gi", False), ("5Gi", False)])

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from ...api import spec, storage, topology
-from ...api.common import bytes_quantity
+from ...api.quantity import bytes_quantity
 from .result import DOC_POOLS, DOC_QUOTA, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, quantity
 from .kueue import QuotaCheck, queue_problems, requested_resources
 from ... import render

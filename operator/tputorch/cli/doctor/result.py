@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ...api.common import quantity_value
+from ...api.quantity import quantity_value
 
 
 OK, FAIL, WARN, UNKNOWN = "ok", "fail", "warn", "unknown"
@@ -78,6 +78,6 @@ def image_version(deployments: list[dict]) -> str | None:
 
 
 def quantity(text: str | int | None) -> float:
-    """A Kubernetes quantity as a number, read by the API's own parser (api.common.quantity_value);
+    """A Kubernetes quantity as a number, read by the API's own parser (api.quantity.quantity_value);
     None (a field not there) is 0."""
     return 0.0 if text is None else float(quantity_value(text))

@@ -9,8 +9,9 @@ A TPUTorchService from ``kubectl apply`` to Ready (each step in this package unl
     (workqueue.WorkQueue.add). A worker (Controller.work: the workers start once the stores are
     listed and, with leader election, this replica leads; handlers.sync_then_run) takes it:
     reconcile_fenced -> reconcile -> reconcile_service, every decision made from the stores.
- 3. reconcile_service: specs.Specs.parse (api/service.py parse_service); then
-    child.ChildStep.ensure_rayservice renders the RayService (render/) and creates it through
+ 3. reconcile_service: specs.Specs.parse (api/service.py parse_service), specs.Specs.child
+    renders the RayService once per spec version (render/service.py rayservice); then
+    child.ChildStep.ensure_rayservice creates it through
     kube.Kube, stamped with its rendering (render/stamp.py), its NetworkPolicy made beside it
     (extras.ExtraChildren.ensure).
  4. It derives the status (status/service.py derive_service: Pending, KubeRay has said nothing

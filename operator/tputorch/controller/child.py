@@ -165,12 +165,12 @@ class ChildStep:
             return "unchanged", child
         return await self._patch(kind, key, rayjob_patch(spec, child)), child
 
-    async def ensure_rayservice(self, kind: Kind, key: Key, parent: dict, spec,
+    async def ensure_rayservice(self, kind: Kind, key: Key, parent: dict, spec, fresh: dict,
                                 beside: Callable[[], None] | None = None) -> tuple[str, dict | None]:
         """A service's RayService: every field of the spec is applied to the live RayService
-        (KubeRay upgrades it without downtime)."""
+        (KubeRay upgrades it without downtime). ``fresh``: the RayService ``spec`` renders (rendered,
+        and refused when too large, whatever the child keeps)."""
         child = self.of(key, parent)
-        fresh = render.rayservice(spec)  # rendered (and refused when too large) whatever the child keeps
         if child is None:
             return await self._create(kind, key, parent, spec, lambda: fresh, beside)
         if not self._owned(kind, key, parent, child):

@@ -284,7 +284,8 @@ class Controller:
         attempts; a vanished RayService is made again), the worker bounds of its RayClusters, and
         the service's status."""
         meta = parent["metadata"]
-        made = await self._children(kind, key, parent, None, partial(self.child.ensure_rayservice, kind, key, parent))
+        made = await self._children(kind, key, parent, None, lambda spec, beside: self.child.ensure_rayservice(
+            kind, key, parent, spec, self.specs.child(meta, spec, render.rayservice), beside))
         if made is None:
             return "invalid"
         spec, result, child = made
@@ -295,7 +296,7 @@ class Controller:
         await self.kueue.initializing_timeout(kind, spec, ours, admission)
         previous, now = self.writes.previous(parent), self.clock()
         # What the live RayService is to run: its own rendering unless the spec changed (render/stamp.py)
-        fresh = render.rayservice(spec)
+        fresh = self.specs.child(meta, spec, render.rayservice)
         found = stamps.read(ours) if ours is not None else None
         own = stamps.own_rendering(parent, ours, found, fresh, RAYSERVICE_ANNOTATIONS)
         current = statuses.derive_service(

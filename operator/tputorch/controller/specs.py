@@ -1,6 +1,10 @@
-"""Step: the spec, parsed once per version of the object (its state: the parse cache by uid)."""
+"""Step: the spec, parsed once per version of the object, and the child it renders, rendered once
+per version (its state: the parse cache and the rendered children, by uid)."""
 
 from __future__ import annotations
+
+import json
+from typing import Callable
 
 from ..api.spec import InvalidSpec
 from .kind import REFUSED, Kind
@@ -14,6 +18,7 @@ def version(meta: dict) -> tuple:
 class Specs:
     def __init__(self) -> None:
         self.parsed: dict[str, tuple] = {}  # uid -> (spec version, spec or InvalidSpec)
+        self.rendered: dict[str, tuple] = {}  # uid -> (spec, the child it renders as JSON text)
 
     def parse(self, kind: Kind, parent: dict, namespace: str, cap=None):
         """The spec, parsed once per version of it: every status write and child change reconciles
@@ -34,6 +39,18 @@ class Specs:
             raise cached[1]
         return cached[1]
 
+    def child(self, meta: dict, spec, render: Callable[[object], dict]) -> dict:
+        """The child ``spec`` renders (``render``), rendered once per version of it: a service's
+        reconcile reads its RayService twice (the patch its live one takes, the spec hash its
+        status compares), and parse() keeps one spec object per version. As JSON text: every
+        caller gets a copy of its own. A refusal (InvalidSpec: too large) is raised, not kept."""
+        uid = meta.get("uid")
+        cached = self.rendered.get(uid)
+        if cached is None or cached[0] is not spec:
+            cached = (spec, json.dumps(render(spec)))
+            self.rendered[uid] = cached
+        return json.loads(cached[1])
+
     def refused(self, meta: dict, err: InvalidSpec, cap=None) -> None:
         """The child this version renders was refused (too large to be created, or more than the
         installed Kueue admits, ``cap``): the spec is too."""
@@ -44,3 +61,4 @@ class Specs:
 
     def forget(self, key, uid: str | None) -> None:
         self.parsed.pop(uid, None)
+        self.rendered.pop(uid, None)

@@ -4,9 +4,7 @@ timeout under Kueue, its serveService, its spec hash."""
 
 from __future__ import annotations
 
-import json
 import math
-import weakref
 
 import yaml
 
@@ -83,29 +81,9 @@ def serve_service(svc: ServiceSpec) -> dict | None:
     return {"metadata": metadata, "spec": spec}
 
 
-# Each spec object's RayService, rendered once (as JSON text: every caller gets a copy of its own)
-# and dropped with the spec. A service's reconcile reads it twice (the patch its live RayService
-# takes, the spec hash its status compares), and the controller's parse cache keeps one spec
-# object per version of the object, so a version is rendered once, not twice per reconcile.
-_RAYSERVICES: dict[int, str] = {}
-
-
 def rayservice(svc: ServiceSpec) -> dict:
-    """The RayService the operator creates for ``svc`` (without ownerReferences, added on create)."""
-    text = _RAYSERVICES.get(id(svc))
-    if text is None:
-        text = json.dumps(_rayservice(svc))
-        _RAYSERVICES[id(svc)] = text
-        weakref.finalize(svc, _RAYSERVICES.pop, id(svc), None)  # before its id can be another's
-    return json.loads(text)
-
-
-def rayservice_spec_hash(svc: ServiceSpec) -> str:
-    """The spec hash the RayService ``svc`` renders carries: a live one is up to date when it has it."""
-    return rayservice(svc)["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
-
-
-def _rayservice(svc: ServiceSpec) -> dict:
+    """The RayService the operator creates for ``svc`` (without ownerReferences, added on create).
+    Rendered anew at every call: the controller keeps one per version of a spec (controller/specs.py)."""
     obj = output.loaded(output.template("rayservice.json.j2").render({
         "name": svc.name,
         "namespace": svc.namespace,
@@ -127,6 +105,11 @@ def _rayservice(svc: ServiceSpec) -> dict:
     }), "RayService")
     obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)
     return obj
+
+
+def rayservice_spec_hash(svc: ServiceSpec) -> str:
+    """The spec hash the RayService ``svc`` renders carries: a live one is up to date when it has it."""
+    return rayservice(svc)["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
 
 
 def _replacing(observed: object, desired: object) -> object:

@@ -194,6 +194,15 @@ def image(root: Path, dist: Path, version: str) -> tuple[Path, dict]:
     return out, info
 
 
+def source(root: Path) -> str:
+    """The commit the release was built from, and whether the tree differed from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "a tree that is no git checkout"
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout.strip()
+    return f"commit {head.stdout.strip()}" + (" with uncommitted changes" if dirty else "")
+
+
 def standin_used(info: dict) -> bool:
     return info["base"].startswith(STANDIN_PREFIX)
 
@@ -227,11 +236,7 @@ def build(root: Path) -> int:
     base_line = (f"STAND-IN BASE: {info['base']} (hack/base-image.sh, built here). Not an image to publish: "
                  "its digest is of a local Debian stand-in, not of the official Python image; rebuild with "
                  "BASE_IMAGE=<the real base>@sha256:<digest>" if standin else f"base image: {info['base']}")
-    lines = [f"# {NAME} {version}", "",
-             f"CHANGELOG.md: {version} ({date}). Built from commit "
-             f"{run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True).stdout.strip()}"
-             f"{' with uncommitted changes' if run(['git', 'status', '--porcelain'], cwd=root, capture_output=True, text=True).stdout.strip() else ''}.",
-             "", base_line, f"image builder: {info['builder']}", "", "| file | sha256 |", "|---|---|"]
+    lines = [f"# {NAME} {version}", "", f"CHANGELOG.md: {version} ({date}). Built from {source(root)}.", "", base_line, f"image builder: {info['builder']}", "", "| file | sha256 |", "|---|---|"]
     lines += [f"| {a.name} | {sha256(a)} |" for a in artifacts]
     note = dist / f"RELEASE-{version}.md"
     note.write_text("\n".join(lines) + "\n")

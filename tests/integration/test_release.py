@@ -4,11 +4,13 @@ of the files the version is written in; nothing is built (the image build is `ma
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import io
 import json
 import re
 import shutil
+import sys
 import tarfile
 from pathlib import Path
 
@@ -19,6 +21,9 @@ import tputorch
 from tputorch.api import crd
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+import doccmds  # noqa: E402  (finds helm as the chart tests do)
+
 _spec = importlib.util.spec_from_file_location("release", ROOT / "hack" / "release.py")
 release = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(release)
@@ -101,29 +106,94 @@ def test_the_crd_bundle_holds_every_crd(tmp_path):
     assert sorted(bundle, key=by_name) == sorted(crd.crd(), key=by_name)
 
 
-def test_the_image_archive_is_retagged_with_the_version(tmp_path):
-    """An OCI archive as buildah/skopeo write it; the copy names its image by the version alone and
-    keeps every other file byte for byte."""
-    blob = b'{"schemaVersion":2}'
+LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
+BLOB = b'{"schemaVersion":2}'
+
+
+def oci_archive(path: Path, ref: str) -> None:
+    """An OCI archive as buildah and skopeo write one: its index names the one image `ref`."""
     index = {"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-             "digest": "sha256:" + "0" * 64, "size": len(blob),
-             "annotations": {"org.opencontainers.image.ref.name": f"{V}-0123456789abcdef"}}]}
-    src, out = tmp_path / "in.oci.tar", tmp_path / "out.oci.tar"
-    with tarfile.open(src, "w") as t:
-        for name, body in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", json.dumps(index).encode()),
-                           ("blobs/sha256/" + "0" * 64, blob)):
+             "digest": "sha256:" + "0" * 64, "size": len(BLOB),
+             "annotations": {"org.opencontainers.image.ref.name": ref}}]}
+    with tarfile.open(path, "w") as t:
+        for name, body in (("oci-layout", LAYOUT), ("index.json", json.dumps(index).encode()),
+                           ("blobs/sha256/" + "0" * 64, BLOB)):
             info = tarfile.TarInfo(name)
             info.size = len(body)
             t.addfile(info, io.BytesIO(body))
+
+
+def archive_files(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as t:
+        return {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+
+
+def test_the_image_archive_is_retagged_with_the_version(tmp_path):
+    """The copy names its image by the version alone and keeps every other file byte for byte."""
+    src, out = tmp_path / "in.oci.tar", tmp_path / "out.oci.tar"
+    oci_archive(src, f"{V}-0123456789abcdef")
     release.retag_oci_archive(src, out, V)
-    with tarfile.open(out) as t:
-        got = {m.name: t.extractfile(m).read() for m in t.getmembers()}
+    got = archive_files(out)
     assert json.loads(got["index.json"])["manifests"][0]["annotations"] == {"org.opencontainers.image.ref.name": V}
-    assert got["blobs/sha256/" + "0" * 64] == blob and got["oci-layout"] == b'{"imageLayoutVersion":"1.0.0"}'
+    assert got["blobs/sha256/" + "0" * 64] == BLOB and got["oci-layout"] == LAYOUT
+
+
+def _standin_name() -> str:
+    """The stand-in base's name as hack/image.sh gives it (its BASE_STANDIN, a key filled in)."""
+    (name,) = re.findall(r"^BASE_STANDIN=(\S+)\$BASE_KEY$", (ROOT / "hack" / "image.sh").read_text(), re.M)
+    return name + "0123456789abcdef"
+
+
+REAL_BASE = "docker.io/library/python:3.11.11-slim-bookworm@sha256:" + "a" * 64
+
+
+@pytest.mark.parametrize("base", ["stand-in", "real"])
+def test_make_release_writes_the_five_artifacts(tmp_path, monkeypatch, capsys, base):
+    """`hack/release.py build` on a copy of the sources, hack/image.sh replaced by one that hands over
+    a ready archive and image.json (building the image is make image's, tested by tests/image): the
+    chart, the image, the CRD bundle, the wheel and the sdist, each named by the version, and a note
+    that says plainly when the image stands on the stand-in base."""
+    helm = doccmds.find_helm()
+    if helm is None:
+        pytest.skip("no helm binary (hack/build.sh helm, or set $HELM)")
+    monkeypatch.setenv("HELM", helm)
+    root = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md", *VERSION_FILES, "hack/release.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, root / name)
+    for folder in ("operator", "charts", "crds"):
+        shutil.copytree(ROOT / folder, root / folder, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    built = tmp_path / "built"
+    built.mkdir()
+    oci_archive(built / "tputorch-operator.oci.tar", f"{V}-0123456789abcdef")
+    base_ref = _standin_name() if base == "stand-in" else REAL_BASE
+    (built / "image.json").write_text(json.dumps({"base": base_ref, "builder": "buildah"}))
+    image_sh = root / "hack" / "image.sh"
+    image_sh.write_text(f"#!/bin/sh\nset -e\n[ \"$1\" = build ]\nmkdir -p dist\ncp {built}/* dist/\n")
+    image_sh.chmod(0o755)
+
+    assert release.build(root) == 0
+    err = capsys.readouterr().err
+    dist = root / "dist"
+    artifacts = {f"tputorch-operator-{V}.tgz", f"tputorch-operator-{V}.oci.tar", f"tputorch-crds-{V}.yaml",
+                 f"tputorch_operator-{V}-py3-none-any.whl", f"tputorch_operator-{V}.tar.gz"}
+    assert {p.name for p in dist.iterdir()} == artifacts | {f"RELEASE-{V}.md", "tputorch-operator.oci.tar", "image.json"}
+    with tarfile.open(dist / f"tputorch-operator-{V}.tgz") as t:
+        chart = yaml.safe_load(t.extractfile("tputorch-operator/Chart.yaml"))
+    assert (chart["version"], chart["appVersion"]) == (V, V)
+    index = json.loads(archive_files(dist / f"tputorch-operator-{V}.oci.tar")["index.json"])
+    assert index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == V
+    note = (dist / f"RELEASE-{V}.md").read_text()
+    for name in artifacts:
+        assert f"| {name} | {hashlib.sha256((dist / name).read_bytes()).hexdigest()} |" in note
+    if base == "stand-in":
+        assert f"STAND-IN BASE: {base_ref}" in note and "Not an image to publish" in note
+        assert f"STAND-IN BASE: {base_ref}" in err
+    else:
+        assert f"base image: {REAL_BASE}" in note and "STAND-IN" not in note + err
 
 
 def test_the_standin_base_is_told_apart():
-    """By the name hack/image.sh gives the stand-in base (its BASE_STANDIN, the key filled in)."""
-    (name,) = re.findall(r"^BASE_STANDIN=(\S+)\$BASE_KEY$", (ROOT / "hack" / "image.sh").read_text(), re.M)
-    assert release.standin_used({"base": name + "0123456789abcdef"})
+    assert release.standin_used({"base": _standin_name()})
     assert not release.standin_used({"base": "docker.io/library/python:3.11.11-slim-bookworm@sha256:" + "a" * 64})

@@ -1,8 +1,8 @@
 """The block both kinds share, declared once: its fields (CommonSpec, COMMON_FIELDS), its parser
 (parse_common) and the typed reader every validation rule goes through (Reader, FieldError).
 
-Each kind (job.py, service.py) adds only its own block; crd.py builds the schema of the same block
-in one function. Nothing here raises anything but InvalidSpec from a kind's parser.
+Each kind (job.py, service.py) adds only its own block; schema.py builds the schema of the same
+block in one function (common_properties). Nothing here raises anything but InvalidSpec from a kind's parser.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ MAX_STRING = 4096
 INT32_MAX = 2**31 - 1  # KubeRay's int32 fields
 
 # Bounds on every spec, so that no object can cost the operator (or etcd) more than a known amount.
-# Both kinds and every field added later get them: crd.py gives each string, list and map of the
+# Both kinds and every field added later get them: schema.bounded gives each string, list and map of the
 # schema that has no bound of its own MAX_STRING / MAX_ITEMS / MAX_PROPERTIES, and the parser checks
 # free-form blocks with ``freeform`` and the typed ones field by field, with the same numbers.
 MAX_ITEMS = 64

@@ -218,7 +218,7 @@ def parse_groups(r: Reader, spec: Mapping, job_image: str | None) -> tuple[Group
 
 def schema(tpu_topology_rule: dict) -> dict:
     """spec.groups in the TPUTorchJob CRD. ``tpu_topology_rule`` is the job's own topology rule
-    (crd.py), reused for a group's tpu block."""
+    (schema.topology_rule), reused for a group's tpu block."""
     gpu_counts = json.dumps({t: list(c) for t, c in GPU_TYPES.items()}, separators=(",", ":"))
     allowed_counts = json.dumps({t: ", ".join(map(str, c)) for t, c in GPU_TYPES.items()}, separators=(",", ":"))
     accelerators = sorted(topology.ACCELERATOR_ALIASES)

@@ -3,7 +3,7 @@ condition types in the order they are written, the status fields it has, and the
 condition's message.
 
 They are the API's, as KubeRay keeps its deployment statuses and condition types with its API
-types: crd.py builds the status schema's enums from them, status/ derives into them, and the
+types: status_schema.py builds the CRDs' status enums from them, status/ derives into them, and the
 controller and CLI read them. Which reason a condition carries is status/'s decision, not here.
 """
 

@@ -4,7 +4,7 @@ Three kinds of volume cover what training and serving on GKE need: a Cloud Stora
 GKE's Cloud Storage FUSE CSI driver (checkpoints, datasets, model weights, the XLA compile cache),
 a PersistentVolumeClaim, and an emptyDir for scratch. Each volume is mounted at one path in the
 head's and/or the workers' container (``mountOn``); a pod gets only the volumes its container
-mounts. The parse functions write their errors to the spec parser's reader; the CRD (crd.py)
+mounts. The parse functions write their errors to the spec parser's reader; the CRD (schema.py)
 builds its schema from the constants here; render/volumes.py puts them into the pods.
 """
 

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tputorch.api import crd, phases, spec, topology
+from tputorch.api.schema import common_properties
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 KINDS = [crd.KIND, crd.SERVICE_KIND]
@@ -230,8 +231,8 @@ def test_the_shared_block_is_declared_once_for_both_kinds():
 
     from tputorch.api import common
 
-    assert set(crd._common_properties(crd.KIND)) == common.COMMON_FIELDS
-    assert set(crd._common_properties(crd.SERVICE_KIND)) == common.COMMON_FIELDS
+    assert set(common_properties(crd.KIND)) == common.COMMON_FIELDS
+    assert set(common_properties(crd.SERVICE_KIND)) == common.COMMON_FIELDS
     shared = {f.name for f in dataclasses.fields(common.CommonSpec)}
     for cls in (spec.JobSpec, spec.ServiceSpec):
         assert issubclass(cls, common.CommonSpec)

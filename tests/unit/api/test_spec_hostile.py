@@ -4,6 +4,7 @@ operator's own decoder): the parser refuses each, naming the field, the value an
 import pytest
 
 from tputorch.api import common, crd, spec
+from tputorch.api.schema import bounded
 
 from ..jobs import body
 from ..services import service_body
@@ -113,7 +114,7 @@ def test_security_context_defaults_meet_restricted_and_keys_replace_them():
 
 
 def test_every_string_list_and_map_of_the_spec_schemas_is_bounded():
-    """crd.bounded gives a bound to each field without one: a field added later is bounded too."""
+    """bounded (api/schema.py) gives a bound to each field without one: a field added later is bounded too."""
     unbounded = []
 
     def walk(schema, path):
@@ -134,4 +135,4 @@ def test_every_string_list_and_map_of_the_spec_schemas_is_bounded():
     for definition in crd.crd():
         walk(definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec")
     assert unbounded == []
-    assert crd.bounded({"type": "object", "properties": {"new": {"type": "string"}}})["properties"]["new"]["maxLength"] == common.MAX_STRING
+    assert bounded({"type": "object", "properties": {"new": {"type": "string"}}})["properties"]["new"]["maxLength"] == common.MAX_STRING

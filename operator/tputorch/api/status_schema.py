@@ -1,0 +1,133 @@
+"""Both kinds' status schemas (job_status_schema, service_status_schema): the fields the status
+derivations write, their phases and condition types as api/phases.py lists them.
+"""
+
+from __future__ import annotations
+
+from . import phases
+from .. import train
+from .schema import described, int_field, string_field
+
+PHASES = list(phases.JOB_PHASES)
+SERVICE_PHASES = list(phases.SERVICE_PHASES)
+MAX_CONDITIONS = 16
+
+
+def _conditions_schema(types: tuple[str, ...]) -> dict:
+    """metav1.Condition, as the Kubernetes API conventions define it."""
+    return described(
+        ", ".join(types) + ".",
+        type="array",
+        maxItems=MAX_CONDITIONS,
+        items={
+            "type": "object",
+            "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+            "properties": {
+                "type": {"type": "string", "maxLength": 316,
+                         "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "reason": {"type": "string", "minLength": 1, "maxLength": 1024,
+                           "pattern": r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"},
+                "message": {"type": "string", "maxLength": phases.MAX_CONDITION_MESSAGE},
+                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
+            },
+        },
+        **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+def _common_status() -> dict:
+    return {
+        "message": string_field("Human-readable summary of the current state."),
+        "observedGeneration": described("Generation of the spec this status describes.", type="integer", format="int64"),
+        "hosts": int_field("TPU hosts (pods) wanted."),
+        "readyHosts": int_field("TPU host pods that are ready."),
+        "rayClusterName": string_field("Name of the RayCluster KubeRay created."),
+        "queue": string_field("Kueue LocalQueue (spec.queueName)."),
+        "priorityClass": string_field("Kueue WorkloadPriorityClass (spec.priorityClassName)."),
+        "clusterQueue": string_field("Kueue ClusterQueue that admitted the workload."),
+        "workload": string_field("Name of the Kueue Workload made for the child."),
+    }
+
+
+def job_status_schema() -> dict:
+    return described(
+        "Observed state, derived from the RayJob, its RayCluster and pods.",
+        type="object",
+        properties={
+            **_common_status(),
+            "phase": string_field(", ".join(PHASES) + ".", enum=PHASES),
+            "attempts": int_field("The current attempt (1 + the retries so far); each is a fresh RayJob."),
+            "attemptHistory": described(
+                "Attempts that ended: when, and why (result Infrastructure, Application, Final or Succeeded).",
+                type="array",
+                items={
+                    "type": "object",
+                    "properties": {
+                        "attempt": {"type": "integer", "format": "int32"},
+                        "result": {"type": "string"},
+                        "reason": {"type": "string"},
+                        "message": {"type": "string", "maxLength": 1024},
+                        "endTime": {"type": "string", "format": "date-time"},
+                    },
+                },
+            ),
+            "conditions": _conditions_schema(phases.CONDITION_TYPES),
+            "rayJobName": string_field("Name of the RayJob."),
+            "dashboardURL": string_field("Ray dashboard address (inside the cluster)."),
+            "jobId": string_field("Ray job submission id."),
+            "jobStatus": string_field("Ray job status from KubeRay (PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED)."),
+            "jobDeploymentStatus": string_field("KubeRay's RayJob deployment status."),
+            "workers": int_field("Ray Train workers: chips / chipsPerWorker."),
+            "hostsReady": string_field("readyHosts/hosts, for display."),
+            "startTime": string_field("When the Ray job started.", format="date-time"),
+            "completionTime": string_field("When the Ray job finished.", format="date-time"),
+            "progress": described(
+                "What the training script last reported through tputorch.train.report(), read from the "
+                "Ray job driver's log while the job runs (at most every 30 s).",
+                type="object",
+                properties={
+                    "step": described("The last reported step.", type="integer", format="int64", minimum=0),
+                    "epoch": described("The last reported epoch.", type="integer", format="int64", minimum=0),
+                    "metrics": described("The numeric metrics of that report (e.g. loss).", type="object",
+                                  maxProperties=train.MAX_PROGRESS_METRICS,
+                                  additionalProperties={"type": "number"}),
+                    "reportedAt": string_field("When the operator first read this report.", format="date-time"),
+                },
+            ),
+            "lastCheckpoint": string_field("Where Ray Train persisted the latest checkpoint the script reported.",
+                                      maxLength=train.MAX_CHECKPOINT_PATH),
+        },
+    )
+
+
+def service_status_schema() -> dict:
+    return described(
+        "Observed state, derived from the RayService and its pods.",
+        type="object",
+        properties={
+            **_common_status(),
+            "phase": string_field(", ".join(SERVICE_PHASES[:-1]) + " or " + SERVICE_PHASES[-1] + ".", enum=SERVICE_PHASES),
+            "conditions": _conditions_schema(phases.SERVICE_CONDITION_TYPES),
+            "replicas": int_field("Model replicas (slices) wanted now."),
+            "readyReplicas": int_field("Replicas whose every TPU host runs (a host without a Serve replica is NotReady by design)."),
+            "replicasReady": string_field("readyReplicas/replicas, for display."),
+            "model": string_field("The model name clients send."),
+            "endpoint": string_field("OpenAI-compatible base URL inside the cluster."),
+            "rayServiceName": string_field("Name of the RayService."),
+            "serviceStatus": string_field("KubeRay's serviceStatus (Running when ready)."),
+            "applicationStatus": string_field("The Serve application's status (DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY...)."),
+            "applicationMessage": string_field("The Serve application's message."),
+            "appliedConfig": described(
+                "What the operator has seen the serving RayCluster apply (hashes; the SpecApplied condition).",
+                type="object",
+                properties={
+                    "rayClusterName": string_field("The RayCluster these hashes were recorded for."),
+                    "serveConfig": string_field("Hash of the Serve config seen reloaded."),
+                    "cluster": string_field("Hash of the cluster spec as KubeRay 1.6 hashes it (no replicas, tolerations)."),
+                    "tolerations": string_field("Hash of the pod specs' tolerations and scheduling gates."),
+                },
+            ),
+        },
+    )

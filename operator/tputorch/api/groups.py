@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import topology
-from .common import (DEFAULTS, FieldError, DNS1035, IMAGE, LABEL_VALUE, MAX_STRING, RESOURCE_RULES, Reader, between, image_reference,
-                     label_key_ok, resource_schema, string, string_map)
+from .common import DEFAULTS, DNS1035, IMAGE, LABEL_VALUE, RESOURCE_RULES, image_reference, label_key_ok, resource_schema
+from .reader import MAX_STRING, FieldError, Reader, between, string, string_map
 from .topology import Slice, TopologyError
 
 # Under Kueue a RayJob is one Workload whose spec.podSets hold the head, one per worker group and,

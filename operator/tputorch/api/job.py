@@ -10,9 +10,9 @@ from typing import Any
 from . import topology
 from .groups import KueuePodSets, kueue_groups_error, parse_groups
 from .common import (
-    DEFAULTS, INT32_MAX, COMMON_FIELDS, MAX_PODS_DEFAULT, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules,
-    Reader, between, check_pods, common_fields, parse_common, string, strings_in,
+    DEFAULTS, COMMON_FIELDS, MAX_PODS_DEFAULT, TPU_FIELDS, CommonSpec, KindRules, check_pods, common_fields, parse_common,
 )
+from .reader import INT32_MAX, FieldError, InvalidSpec, Reader, between, string, strings_in
 
 RAYJOB_NAME_MAX = 47  # KubeRay: the RayCluster name <rayjob>-<5 chars> must stay a valid label
 JOB_KIND = "TPUTorchJob"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from . import common, spec, storage, topology
-from .common import INT32_MAX
+from . import common, reader, spec, storage, topology
+from .reader import INT32_MAX
 from .job import JOB_KIND
 from .quantity import QUANTITY
 
@@ -31,7 +31,7 @@ def int_field(description: str, **schema) -> dict:
 
 
 def bounded(schema: dict) -> dict:
-    """``schema`` with the generic bound (common.MAX_*) on every string, list and map that has none
+    """``schema`` with the generic bound (reader.MAX_*) on every string, list and map that has none
     of its own: a field added later is bounded without anyone remembering to. Applied to the spec."""
     if not isinstance(schema, dict):
         return schema
@@ -40,11 +40,11 @@ def bounded(schema: dict) -> dict:
            for k, val in schema.items()}
     kind = out.get("type")
     if kind == "string" and "enum" not in out:
-        out.setdefault("maxLength", common.MAX_STRING)
+        out.setdefault("maxLength", reader.MAX_STRING)
     elif kind == "array":
-        out.setdefault("maxItems", common.MAX_ITEMS)
+        out.setdefault("maxItems", reader.MAX_ITEMS)
     elif kind == "object" and ("additionalProperties" in out or out.get("x-kubernetes-preserve-unknown-fields")):
-        out.setdefault("maxProperties", common.MAX_PROPERTIES)
+        out.setdefault("maxProperties", reader.MAX_PROPERTIES)
     return out
 
 
@@ -271,26 +271,26 @@ def common_properties(kind: str) -> dict:
         "runtimeEnv": described(
             ("Ray runtime environment of the job (pip, working_dir, env_vars, ...)." if job else
              "Ray runtime environment of the model's deployment (LLMConfig.runtime_env).")
-            + f" At most {common.MAX_DEPTH} levels deep and {common.MAX_FREEFORM_BYTES} bytes as JSON"
+            + f" At most {reader.MAX_DEPTH} levels deep and {reader.MAX_FREEFORM_BYTES} bytes as JSON"
             + (" (checked by the operator); no $ or ` in its strings (KubeRay passes it through bash)." if job else
                " (checked by the operator)."),
             type="object",
             properties={
                 "env_vars": described("Environment variables of the Ray workers' processes.", type="object",
-                               additionalProperties={"type": "string", "maxLength": common.MAX_ENV_VALUE}),
+                               additionalProperties={"type": "string", "maxLength": reader.MAX_ENV_VALUE}),
             },
             **{"x-kubernetes-preserve-unknown-fields": True},
         ),
         "env": described(
             "Environment variables for the Ray head and every TPU worker.",
             type="array",
-            maxItems=common.MAX_ENV,
+            maxItems=reader.MAX_ENV,
             items={
                 "type": "object",
                 "required": ["name"],
                 "properties": {
                     "name": {"type": "string", "minLength": 1, "maxLength": 256},
-                    "value": {"type": "string", "maxLength": common.MAX_ENV_VALUE},
+                    "value": {"type": "string", "maxLength": reader.MAX_ENV_VALUE},
                     "valueFrom": _env_source_schema(),
                 },
                 "x-kubernetes-validations": [{
@@ -307,7 +307,7 @@ def common_properties(kind: str) -> dict:
         "tolerations": described(
             "Extra tolerations for all pods (the TPU taint is tolerated on workers already).",
             type="array",
-            maxItems=common.MAX_TOLERATIONS,
+            maxItems=reader.MAX_TOLERATIONS,
             items=_toleration_schema(),
         ),
         "serviceAccountName": string_field("Service account of the Ray pods.", maxLength=253),

@@ -13,9 +13,10 @@ from .network import Exposure, parse_exposure
 from .storage import check_bucket
 from .vllm_args import ENGINE_ARGS, FRONTEND_APP_ARGS, FRONTEND_SERVER_ARGS, VLLM_VERSION
 from .common import (
-    DNS1123_SUBDOMAIN, INT32_MAX, MAX_PODS_DEFAULT, MAX_REPLICAS, COMMON_FIELDS, TPU_FIELDS, CommonSpec, FieldError, InvalidSpec, KindRules, Reader, TPU,
-    between, check_pods, common_fields, freeform, parse_common, string,
+    DNS1123_SUBDOMAIN, MAX_PODS_DEFAULT, COMMON_FIELDS, TPU_FIELDS, CommonSpec, KindRules, TPU, check_pods, common_fields,
+    parse_common,
 )
+from .reader import INT32_MAX, MAX_REPLICAS, FieldError, InvalidSpec, Reader, between, freeform, string
 
 # KubeRay's limit for a RayService name (its RayCluster is <name>-<5 chars> too); the Serve
 # Service <name>-serve-svc (10 more characters) stays within a 63-character label below it.

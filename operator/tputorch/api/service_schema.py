@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from . import common, network, spec, topology
+from . import network, reader, spec, topology
 from .schema import common_properties, described, int_field, string_field, string_map_field
 from .service import SERVICE_KIND
 
@@ -150,7 +150,7 @@ def service_spec_schema() -> dict:
                         "Other vLLM engine arguments, passed on as they are (not the fields above, "
                         "model, served_model_name or distributed_executor_backend: the operator refuses them).",
                         type="object",
-                        maxProperties=common.MAX_PROPERTIES,
+                        maxProperties=reader.MAX_PROPERTIES,
                         additionalProperties={"x-kubernetes-preserve-unknown-fields": True},
                     ),
                 },
@@ -161,8 +161,8 @@ def service_spec_schema() -> dict:
                 default={},
                 properties={
                     "min": int_field("Fewest replicas; 0 scales to zero (no slice while idle, single-host slices only).",
-                                minimum=0, maximum=common.MAX_REPLICAS, default=spec.SERVICE_DEFAULTS["replicas.min"]),
-                    "max": int_field("Most replicas; default: min (required when min is 0).", minimum=1, maximum=common.MAX_REPLICAS),
+                                minimum=0, maximum=reader.MAX_REPLICAS, default=spec.SERVICE_DEFAULTS["replicas.min"]),
+                    "max": int_field("Most replicas; default: min (required when min is 0).", minimum=1, maximum=reader.MAX_REPLICAS),
                 },
                 **{"x-kubernetes-validations": [{
                     "rule": "!has(self.max) || self.min <= self.max",

@@ -1,9 +1,9 @@
 """TPUTorchJob / TPUTorchService body -> validated JobSpec / ServiceSpec, or every error at once.
 
-The rules live in common.py (the block both kinds share), job.py and service.py (each kind's own
-block); this module is the one name callers use for all of them. The CRD (crd.py) repeats the subset
-that the API server can check at admission; the two are kept in agreement by tests. No parser ever
-raises anything but ``InvalidSpec``, whatever it is given.
+The rules live in common.py (the block both kinds share, read through reader.py), job.py and
+service.py (each kind's own block); this module is the one name callers use for all of them. The
+CRD (crd.py) repeats the subset that the API server can check at admission; the two are kept in
+agreement by tests. No parser ever raises anything but ``InvalidSpec``, whatever it is given.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .common import (  # noqa: F401  (re-exported)
-    COMMON_FIELDS, DEFAULTS, DNS1035, DNS1123_SUBDOMAIN, ENV_SOURCES, FORBIDDEN_ENV, HEAD_FIELDS, INT32_MAX,
-    LABEL_VALUE, MAX_PODS_DEFAULT, MAX_PODS_ENV, MAX_STRING, RAY_VERSION, RESERVED_ENV_PREFIX, RESOURCE_FIELDS, TPU_FIELDS, CommonSpec, FieldError,
-    InvalidSpec, Resources,
+    COMMON_FIELDS, DEFAULTS, DNS1035, DNS1123_SUBDOMAIN, ENV_SOURCES, FORBIDDEN_ENV, HEAD_FIELDS,
+    LABEL_VALUE, MAX_PODS_DEFAULT, MAX_PODS_ENV, RAY_VERSION, RESERVED_ENV_PREFIX, RESOURCE_FIELDS, TPU_FIELDS, CommonSpec,
+    Resources,
 )
+from .reader import INT32_MAX, MAX_STRING, FieldError, InvalidSpec  # noqa: F401
 from .job import (  # noqa: F401
     JOB_KIND, MAX_ENTRYPOINT, MIN_RAY_VERSION, RAYJOB_NAME_MAX, SINGLE_SLICE_REASON, SPEC_FIELDS, JobSpec, parse,
 )

@@ -3,7 +3,7 @@ operator's own decoder): the parser refuses each, naming the field, the value an
 
 import pytest
 
-from tputorch.api import common, crd, spec
+from tputorch.api import common, crd, reader, spec
 from tputorch.api.schema import bounded
 
 from ..jobs import body
@@ -27,7 +27,7 @@ def errors_of(b) -> list[str]:
 CASES = [
     ({"nodeSelector": {"bad key/!": "x"}}, "spec.nodeSelector"),
     ({"nodeSelector": {"pool": "not a label value!"}}, "spec.nodeSelector.pool"),
-    ({"nodeSelector": {f"k{i}": "v" for i in range(common.MAX_PROPERTIES + 1)}}, "spec.nodeSelector: must have at most 64"),
+    ({"nodeSelector": {f"k{i}": "v" for i in range(reader.MAX_PROPERTIES + 1)}}, "spec.nodeSelector: must have at most 64"),
     ({"env": [{"name": "X", "valueFrom": {"nonsense": {}}}]}, "spec.env[0].valueFrom"),
     ({"env": [{"name": "X", "valueFrom": {"fieldRef": {}, "secretKeyRef": {}}}]}, "spec.env[0].valueFrom"),
     ({"env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
@@ -37,7 +37,7 @@ CASES = [
     ({"env": [{"name": "X", "valueFrom": {"fieldRef": {"path": "x"}}}]}, "spec.env[0].valueFrom.fieldRef.path: "),
     ({"env": [{"name": "X", "valueFrom": {"resourceFieldRef": {}}}]}, "spec.env[0].valueFrom.resourceFieldRef.resource: is required"),
     ({"env": [{"name": "X", "value": "v" * (1024 * 1024)}]}, "spec.env[0].value: 'vvv"),
-    ({"env": [{"name": f"V{i}", "value": "1"} for i in range(common.MAX_ENV + 1)]}, "spec.env: "),
+    ({"env": [{"name": f"V{i}", "value": "1"} for i in range(reader.MAX_ENV + 1)]}, "spec.env: "),
     ({"env": [{"name": "X", "valueFrom": deep(1000)}]}, "spec.env[0].valueFrom"),
     ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "spec.tolerations[0].value: 'v' must be empty when operator is Exists"),
     ({"tolerations": [{"operator": "Equal", "value": "v"}]}, "spec.tolerations[0].operator: 'Equal' must be Exists when key is empty"),
@@ -45,14 +45,14 @@ CASES = [
     ({"tolerations": [{"key": "bad key!", "operator": "Exists"}]}, "spec.tolerations[0].key: 'bad key!' must be a label name"),
     ({"tolerations": [{"key": "k", "operatr": "Exists"}]}, "spec.tolerations[0].operatr: 'Exists' is not a known field"),
     ({"tolerations": [deep(1000)]}, "spec.tolerations[0].a"),
-    ({"tolerations": [{"key": "k", "operator": "Exists"}] * (common.MAX_TOLERATIONS + 1)}, "spec.tolerations: "),
+    ({"tolerations": [{"key": "k", "operator": "Exists"}] * (reader.MAX_TOLERATIONS + 1)}, "spec.tolerations: "),
     ({"worker": {"memory": "0"}}, "spec.worker.memory: '0' must be greater than zero"),
     ({"head": {"cpu": "0.0m"}}, "spec.head.cpu: '0.0m' must be greater than zero"),
     ({"worker": {"memory": 0}}, "spec.worker.memory: 0 must be greater than zero"),
     ({"runtimeEnv": deep(1000)}, "spec.runtimeEnv: must be nested at most 32 levels deep"),
     ({"runtimeEnv": deep(33)}, "spec.runtimeEnv: must be nested at most 32 levels deep"),
     ({"runtimeEnv": {"pip": ["p" * 100] * 400}}, "spec.runtimeEnv: must be at most 32768 bytes as JSON"),
-    ({"runtimeEnv": {"env_vars": {"A": "x" * (common.MAX_ENV_VALUE + 1)}}}, "spec.runtimeEnv"),
+    ({"runtimeEnv": {"env_vars": {"A": "x" * (reader.MAX_ENV_VALUE + 1)}}}, "spec.runtimeEnv"),
     ({"securityContext": {"privileged": True, "allowPrivilegeEscalation": False}},
      "spec.securityContext.allowPrivilegeEscalation: False must not be false with privileged"),
     ({"securityContext": {"runAsUser": 0, "runAsNonRoot": True}}, "spec.securityContext.runAsNonRoot: True must not be true with runAsUser 0"),
@@ -97,9 +97,9 @@ def test_valid_selectors_sources_and_tolerations_pass():
     job = spec.parse(body(nodeSelector={"cloud.google.com/gke-nodepool": "pool-1"},
                           env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": True}}},
                                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                               {"name": "BIG", "value": "x" * common.MAX_ENV_VALUE}],
+                               {"name": "BIG", "value": "x" * reader.MAX_ENV_VALUE}],
                           tolerations=[{"operator": "Exists"}, {"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute", "tolerationSeconds": 30}],
-                          runtimeEnv=deep(common.MAX_DEPTH - 1), worker={"memory": "500Mi"}))
+                          runtimeEnv=deep(reader.MAX_DEPTH - 1), worker={"memory": "500Mi"}))
     assert job.node_selector["cloud.google.com/gke-nodepool"] == "pool-1"
 
 
@@ -135,4 +135,4 @@ def test_every_string_list_and_map_of_the_spec_schemas_is_bounded():
     for definition in crd.crd():
         walk(definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec")
     assert unbounded == []
-    assert bounded({"type": "object", "properties": {"new": {"type": "string"}}})["properties"]["new"]["maxLength"] == common.MAX_STRING
+    assert bounded({"type": "object", "properties": {"new": {"type": "string"}}})["properties"]["new"]["maxLength"] == reader.MAX_STRING

@@ -8,7 +8,7 @@ from tputorch import render
 from tputorch.render.names import SPEC_HASH_ANNOTATION
 from tputorch.render.service import rayservice_hash
 from tputorch.api import spec as specs
-from tputorch.api.common import FieldError
+from tputorch.api.reader import FieldError
 from tputorch.render import stamp
 from tputorch.status import conditions, rendering
 

@@ -577,7 +577,7 @@ def test_kubelet_keeps_a_container_whose_secret_is_missing_waiting_until_it_is_t
     assert kubelet.reported(shown["status"], kubelet.waiting_status(pod, {}, "2026-12-01T00:02:00Z")["status"]), \
         "written once, not on every look"
     # what the operator reads from it names the Secret (issue 23's classification)
-    from tputorch.status.conditions import container_problem
+    from tputorch.status.pods import container_problem
     assert container_problem([shown]) == ("CreateContainerConfigError", 'pod h container ray-head: CreateContainerConfigError: '
                                           'secret "j-ray-token-abc123" not found')
     # a Secret without the key is no better; with it the pod may start (KWOK runs it)

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .. import timestamps
+from .pods import ROLE_LABEL
 
 INFRASTRUCTURE = "Infrastructure"
 APPLICATION = "Application"
 SUCCEEDED = "Succeeded"
 FINAL = "Final"  # ended in a way another attempt would not change (a deadline, an invalid RayJob)
-
-ROLE_LABEL = "ray.io/node-type"
 
 # Kubernetes' DisruptionTarget pod condition (>= 1.26): why the pod is about to go.
 DISRUPTION_REASONS = {

@@ -23,12 +23,10 @@ from ..train import TRAIN_GROUP
 from . import attempts as tries
 from . import network as net
 from . import progress as training
-from .conditions import (
-    condition, queue_fields, queue_message, queue_phase, ready_hosts, scheduling_problem, stamp,
-    container_problem, quota_problem, no_node_pool, tpu_webhook_missing, GROUP_LABEL,
-)
+from .conditions import condition, queue_fields, queue_message, queue_phase, stamp
 from .kueue import Admission
 from .leading import leading_conditions
+from .pods import GROUP_LABEL, container_problem, no_node_pool, quota_problem, ready_hosts, scheduling_problem, tpu_webhook_missing
 
 ATTEMPT_LABEL = "tputorch.io/attempt"  # on the RayJob: which attempt it runs (1 when absent)
 MAX_HISTORY = 20  # attempt records kept in the status: the first one and the latest ones

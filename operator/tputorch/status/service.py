@@ -19,15 +19,15 @@ from ..render.names import SERVE_APP, SERVE_PORT, SPEC_HASH_ANNOTATION
 from ..render.serveconfig import SCALE_FROM_ZERO_TIMEOUT_S
 from ..api.phases import FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED
 from ..api.spec import ServiceSpec
-from .conditions import (
-    CLUSTER_LABEL, ROLE_LABEL, condition,
-    container_problem, labels_of, quota_problem, queue_fields, queue_message, queue_phase, ready_hosts, ready_slices,
-    running, scheduling_problem, stamp, no_node_pool, tpu_webhook_missing, wanted_hosts,
-)
+from .conditions import condition, queue_fields, queue_message, queue_phase, stamp
 from . import applied as appl
 from . import network as net
 from .kueue import Admission
 from .leading import leading_conditions
+from .pods import (
+    CLUSTER_LABEL, ROLE_LABEL, container_problem, labels_of, no_node_pool, quota_problem, ready_hosts, ready_slices,
+    running, scheduling_problem, tpu_webhook_missing, wanted_hosts,
+)
 
 # Ray Serve LLM's build_openai_app names the deployment that runs the engine LLMServer:<model id>
 # (the others route requests: OpenAiIngress, LLMRouter).

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import pytest
 
+import raysource
 from tputorch import render
-from tputorch.render.serveconfig import INGRESS_DEPLOYMENT_NAME, TPU_WORKER_ID_LABEL
+from tputorch.render.serveconfig import INGRESS_DEPLOYMENT_NAME, accelerator_resource, slice_head_resource
 from tputorch.api import spec
 
 pytestmark = pytest.mark.ray
@@ -24,7 +25,7 @@ pytest.importorskip("ray.autoscaler.v2.scheduler", reason="Ray's autoscaler v2 (
 from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr  # noqa: E402
 from ray.autoscaler.v2.instance_manager.config import AutoscalingConfig  # noqa: E402
 from ray.autoscaler.v2.scheduler import ResourceDemandScheduler, SchedulingRequest  # noqa: E402
-from ray.core.generated.autoscaler_pb2 import ResourceRequest, ResourceRequestByCount  # noqa: E402
+from ray.core.generated.autoscaler_pb2 import GangResourceRequest, ResourceRequest, ResourceRequestByCount  # noqa: E402
 from ray.core.generated.common_pb2 import LabelSelectorOperator  # noqa: E402
 from ray.serve._private.config import ReplicaConfig  # noqa: E402
 
@@ -58,7 +59,7 @@ def replica_demand(options: dict) -> ResourceRequest:
     return request
 
 
-def schedule(svc: spec.ServiceSpec, demand: ResourceRequest):
+def schedule(svc: spec.ServiceSpec, demand: ResourceRequest | None, gangs=()):
     """Ray's autoscaler v2 on the service's rendered cluster, before any slice runs."""
     rayservice = render.rayservice(svc)
     cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "svc", "namespace": "ml"},
@@ -67,7 +68,8 @@ def schedule(svc: spec.ServiceSpec, demand: ResourceRequest):
     return ResourceDemandScheduler().schedule(SchedulingRequest(
         disable_launch_config_check=True, node_type_configs=config.get_node_type_configs(),
         max_num_nodes=config.get_max_num_nodes(),
-        resource_requests=[ResourceRequestByCount(request=demand, count=1)]))
+        resource_requests=[ResourceRequestByCount(request=demand, count=1)] if demand is not None else [],
+        gang_resource_requests=list(gangs)))
 
 
 def launched(reply) -> dict[str, int]:
@@ -107,16 +109,152 @@ def test_the_scale_to_zero_ingress_is_a_replica_serve_accepts_and_asks_only_for_
     assert dict(demand.resources_bundle) == {"node:__internal_head__": 0.001}  # no CPU: the head has none
 
 
-def test_a_multi_host_replica_pinned_to_worker_0_is_infeasible_for_the_autoscaler():
-    """Why scale to zero is refused on a multi-host slice (and why multi-host slice autoscaling is
-    not ready): the replica's worker-0 label selector names a label that only a running host has,
-    and no node type lists it."""
-    svc = service("4x4", 1, 2)
-    options = deployment_options(svc, "LLMServer")
-    assert options["label_selector"] == {TPU_WORKER_ID_LABEL: "0"}
-    reply = schedule(svc, replica_demand(options))
-    assert len(reply.infeasible_resource_requests) == 1
-    assert launched(reply) == {TPU_GROUP: 4}  # only the min count (one 4-host slice), nothing for the demand
+def llm_config(svc: spec.ServiceSpec) -> dict:
+    """The rendered llm_config, its request router left out (Serve imports it; it imports vLLM)."""
+    import yaml
+
+    (app,) = yaml.safe_load(render.rayservice(svc)["spec"]["serveConfigV2"])["applications"]
+    (cfg,) = app["args"]["llm_configs"]
+    cfg["deployment_config"].pop("request_router_config", None)
+    return cfg
+
+
+def gang_demand(bundles: list[dict], label_selectors: list[dict] | None = None) -> GangResourceRequest:
+    """A pending placement group as GCS hands it to the autoscaler (GcsAutoscalerStateManager::
+    GetPendingGangResourceRequests: one request per unplaced bundle, its label selector; a
+    constraint only for STRICT_PACK / STRICT_SPREAD, so none for SPREAD). Zero quantities are left
+    out: Ray's resource sets hold none."""
+    gang = GangResourceRequest()
+    selector = gang.bundle_selectors.add()
+    for i, bundle in enumerate(bundles):
+        request = selector.resource_requests.add(resources_bundle={k: v for k, v in bundle.items() if v})
+        for key, value in ((label_selectors or [{}] * len(bundles))[i]).items():
+            request.label_selectors.add().label_constraints.add(
+                label_key=key, operator=LabelSelectorOperator.LABEL_OPERATOR_IN, label_values=[value])
+    return gang
+
+
+def one_busy_slice(svc: spec.ServiceSpec, node_types: dict) -> list:
+    """The head and one running slice of the service whose every chip the first replica holds
+    (and its worker 0's head resource): Ray's own view of the running hosts, labels and all."""
+    from ray.autoscaler.v2.schema import AutoscalerInstance
+    from ray.core.generated.autoscaler_pb2 import NodeState, NodeStatus
+    from ray.core.generated.instance_manager_pb2 import Instance, NodeKind
+
+    def instance(name: str, node_type: str, kind, labels: dict, held: tuple[str, ...]) -> AutoscalerInstance:
+        total = dict(node_types[node_type].resources)
+        if kind == NodeKind.WORKER and labels["ray.io/tpu-worker-id"] != "0":
+            total.pop(slice_head_resource(svc), None)  # only worker 0 has it at run time
+        available = {k: v for k, v in total.items() if k not in held}
+        return AutoscalerInstance(
+            im_instance=Instance(instance_id=name, instance_type=node_type, status=Instance.RAY_RUNNING,
+                                 node_kind=kind, node_id=name.encode().hex()),
+            ray_node=NodeState(node_id=name.encode(), ray_node_type_name=node_type, status=NodeStatus.RUNNING,
+                               total_resources=total, available_resources=available, labels=labels))
+
+    head = instance("head", "headgroup", NodeKind.HEAD, {}, ())
+    slice_labels = {"ray.io/tpu-slice-name": "slice-a", "ray.io/tpu-pod-type": svc.slice.ray_pod_type,
+                    "ray.io/accelerator-type": svc.slice.generation.ray_accelerator_type}
+    hosts = [instance(f"slice-a-{i}", TPU_GROUP, NodeKind.WORKER, {**slice_labels, "ray.io/tpu-worker-id": str(i)},
+                      ("TPU", slice_head_resource(svc))) for i in range(svc.slice.hosts)]
+    return [head, *hosts]
+
+
+def schedule_on_running(svc: spec.ServiceSpec, requests=(), gangs=()):
+    """Ray's autoscaler v2 on the service's rendered cluster with one busy slice running."""
+    rayservice = render.rayservice(svc)
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "svc", "namespace": "ml"},
+               "spec": rayservice["spec"]["rayClusterConfig"]}
+    config = AutoscalingConfig(_derive_autoscaling_config_from_ray_cr(cluster))
+    node_types = config.get_node_type_configs()
+    return ResourceDemandScheduler().schedule(SchedulingRequest(
+        disable_launch_config_check=True, node_type_configs=node_types, max_num_nodes=config.get_max_num_nodes(),
+        current_instances=one_busy_slice(svc, node_types),
+        resource_requests=[ResourceRequestByCount(request=r, count=1) for r in requests],
+        gang_resource_requests=list(gangs)))
+
+
+def slices_added(svc: spec.ServiceSpec, hosts: int) -> int:
+    """What Ray 2.60's KubeRay provider (the autoscaler's cloud provider in the head pod) writes
+    into the RayCluster for ``hosts`` new hosts of the group, with one slice running: the slices
+    it adds (KubeRayProvider.launch: replicas = (running + new hosts) // numOfHosts)."""
+    from ray.autoscaler.v2.instance_manager.cloud_providers.kuberay.cloud_provider import KubeRayProvider
+
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "svc", "namespace": "ml"},
+               "spec": render.rayservice(svc)["spec"]["rayClusterConfig"]}
+    running = {"containerStatuses": [{"state": {"running": {}}}]}
+
+    def pod(name: str, kind: str, group: str) -> dict:
+        return {"metadata": {"name": name, "labels": {"ray.io/node-type": kind, "ray.io/group": group}},
+                "status": running}
+
+    pods = [pod("svc-head", "head", "headgroup")] + [
+        pod(f"svc-{TPU_GROUP}-a-{i}", "worker", TPU_GROUP) for i in range(svc.slice.hosts)]
+    patches: list = []
+
+    class ApiServer:  # the Kubernetes API as the provider reads and patches it
+        def get(self, path):
+            return cluster if path.startswith("rayclusters/") else {"metadata": {"resourceVersion": "1"}, "items": pods}
+
+        def patch(self, path, payload):
+            patches.extend(payload)
+            return cluster
+
+    provider = KubeRayProvider("svc", {"namespace": "ml"}, gcs_client=None, k8s_api_client=ApiServer())
+    provider.launch({TPU_GROUP: hosts}, "launch-1")
+    assert not provider.poll_errors()
+    replicas = [op["value"] for op in patches if op["path"].endswith("/replicas")]
+    return (replicas[-1] if replicas else cluster["spec"]["workerGroupSpecs"][0]["replicas"]) - 1
+
+
+def test_a_new_multi_host_replica_brings_a_whole_slice():
+    """Issue 56: the reference shape (v6e 4x4, 4 hosts) with one busy slice and a second replica
+    wanted. Its placement group as Serve creates it from the rendered serve config (Ray's own
+    get_deployment_options: 4 bundles of 4 TPU, the replica merged into bundle 0 with the slice's
+    head resource, SPREAD) is pending as one gang: the autoscaler plans 4 hosts in one pass and
+    the KubeRay provider makes them one more slice."""
+    svc = service("4x4", 1, 3)
+    options = raysource.deployment_options(llm_config(svc))
+    bundles = options["placement_group_bundles"]
+    assert options["placement_group_strategy"] == "SPREAD"
+    assert [b["TPU"] for b in bundles] == [4, 4, 4, 4] and bundles[0]["TPU-v6e-16-head"] == 1
+    # Serve accepts it: the replica's own resources fit in bundle 0, where Serve starts it.
+    ReplicaConfig.create(lambda: None, ray_actor_options=dict(options["ray_actor_options"]),
+                         placement_group_bundles=bundles, placement_group_strategy="SPREAD")
+    reply = schedule_on_running(svc, gangs=[gang_demand(bundles)])
+    assert not reply.infeasible_gang_resource_requests
+    assert launched(reply) == {TPU_GROUP: 4}
+    assert slices_added(svc, 4) == 1
+
+
+def test_a_multi_host_slice_comes_back_from_zero():
+    """Scale to zero on the multi-host shape: with no slice, the first request's replica brings one."""
+    svc = service("4x4", 0, 2)
+    bundles = raysource.deployment_options(llm_config(svc))["placement_group_bundles"]
+    reply = schedule(svc, None, gangs=[gang_demand(bundles)])
+    assert not reply.infeasible_gang_resource_requests
+    assert launched(reply) == {TPU_GROUP: 4}
+
+
+def test_what_the_operator_rendered_before_never_adds_a_slice():
+    """Before issue 56: the replica pinned by ray.io/tpu-worker-id (a label only a running host
+    has) and Serve LLM's topology path, whose replica reserves a slice through
+    reserve_tpu_slice (ray/_private/accelerators/tpu.py: one bundle of TPU-<pod type>-head with a
+    worker-0 and pod-type label selector). The replica itself fits on the running worker 0; its
+    reservation matches no node type (no planned host has those labels): 0 hosts, 0 slices, and
+    Serve's replica waits for ever. Even a plain one-host demand adds no slice of 4 hosts."""
+    from ray._private.accelerators.tpu import infer_tpu_pod_type_from_topology
+
+    svc = service("4x4", 1, 3)
+    pod_type = infer_tpu_pod_type_from_topology(svc.slice.topology, svc.slice.generation.ray_accelerator_type)
+    pinned = replica_demand({"resources": {accelerator_resource(svc): 0.001},
+                             "label_selector": {"ray.io/tpu-worker-id": "0"}})
+    reservation = gang_demand([{f"TPU-{pod_type}-head": 1}],
+                              [{"ray.io/tpu-worker-id": "0", "ray.io/tpu-pod-type": pod_type}])
+    reply = schedule_on_running(svc, requests=[pinned], gangs=[reservation])
+    assert launched(reply) == {}
+    assert len(reply.infeasible_gang_resource_requests) == 1
+    assert slices_added(svc, 1) == 0 and slices_added(svc, 3) == 0
 
 
 def test_the_real_chains_autoscaler_is_told_which_pod_each_ray_node_stands_for():

@@ -19,6 +19,7 @@ from ray import serve
 from ray.serve.schema import ServeDeploySchema
 from ray.util.tpu import get_tpu_version_from_type
 
+import raysource
 from tputorch import render
 from tputorch.render.serveconfig import REQUEST_ROUTERS
 from tputorch.api import service as service_api, spec, topology
@@ -56,20 +57,20 @@ def llm_configs(rayservice: dict, with_router: bool = False) -> list[dict]:
 def rays_deployment_name(llm: LLMConfig) -> str:
     """Ray Serve LLM's own _get_deployment_name (core/server/builder.py), the function alone: the
     module imports vLLM, which this environment does not have."""
-    import ast
-    from ray.llm._internal.serve.core import server
-
-    source = (pathlib.Path(server.__file__).parent / "builder.py").read_text()
-    (fn,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "_get_deployment_name"]
-    scope: dict = {"LLMConfig": LLMConfig}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), "builder.py", "exec"), scope)  # noqa: S102 (Ray's code)
-    return scope["_get_deployment_name"](llm)
+    return raysource.function("llm/_internal/serve/core/server/builder.py", "_get_deployment_name",
+                              {"LLMConfig": LLMConfig})(llm)
 
 
 def bundles(cfg: dict) -> tuple[LLMConfig, list[dict]]:
-    """The placement bundles of one replica, as Ray computes them for the config."""
+    """The placement bundles of one replica, as Ray computes them for the config: the placement
+    group Serve creates before the replica (a multi-host slice: the rendered placement_group_config),
+    or the one the replica reserves once started (Serve LLM's TPU topology path)."""
     llm = LLMConfig(**cfg)
     assert isinstance(llm.accelerator_config, TPUConfig)
+    options = raysource.deployment_options(cfg)
+    if "placement_group_bundles" in options:
+        assert not llm.accelerator_config.topology  # else Serve LLM defers the group to the replica
+        return llm, options["placement_group_bundles"]
     # Ray's VLLMEngineConfig.num_devices (importing it needs vLLM): tp x pp of the engine kwargs.
     devices = llm.engine_kwargs.get("tensor_parallel_size", 1) * llm.engine_kwargs.get("pipeline_parallel_size", 1)
     return llm, TPUAccelerator(llm.accelerator_config).default_bundles(num_devices=devices, accelerator_type_str=llm.accelerator_type)
@@ -98,7 +99,10 @@ def test_golden_serve_config_validates_with_rays_own_schemas(path):
     assert set(llm.deployment_config) | ({"request_router_config"} if router else set()) <= known, sorted(
         set(llm.deployment_config) - known)
     assert llm.accelerator_type == cfg["accelerator_type"]
-    assert llm.accelerator_config.topology == rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"][topology.GKE_TOPOLOGY_LABEL]
+    group = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    # Serve LLM's topology path on a single host; on a multi-host slice the replica's own placement group.
+    assert llm.accelerator_config.topology == (
+        group["template"]["spec"]["nodeSelector"][topology.GKE_TOPOLOGY_LABEL] if group["numOfHosts"] == 1 else None)
     # The replica count is the app's deployments override (a lightweight update when edited), and
     # it names the LLMServer deployment Ray Serve LLM builds from this llm_config (Serve refuses an
     # override of a deployment the application does not have).
@@ -106,7 +110,6 @@ def test_golden_serve_config_validates_with_rays_own_schemas(path):
     overrides = {d.name: d for d in app.deployments}
     assert set(overrides) - {"OpenAiIngress"} == {"LLMServer:" + rays_deployment_name(llm)}, sorted(overrides)
     scaling = overrides["LLMServer:" + rays_deployment_name(llm)].autoscaling_config
-    group = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     assert (scaling["min_replicas"], scaling["max_replicas"]) == (group["minReplicas"], group["maxReplicas"])
 
 
@@ -141,6 +144,8 @@ def test_every_slice_a_service_accepts_is_reserved_host_for_host(s):
     assert sum(b["TPU"] for b in reserved) == s.chips
     # The slice placement group Ray creates at replica start checks the topology against its table.
     assert TPUAcceleratorManager.is_valid_tpu_accelerator_topology(get_tpu_version_from_type(llm.accelerator_type), s.topology)
+    if s.hosts > 1:  # one bundle per host, the replica on worker 0 (its slice's head resource)
+        assert reserved[0][f"TPU-{s.ray_pod_type}-head"] == 1 and not any("-head" in k for b in reserved[1:] for k in b)
 
 
 def test_pipeline_parallel_still_reserves_the_whole_slice():

@@ -343,19 +343,15 @@ def parse_lora(r: Reader, spec: Mapping, model_name: str | None) -> Lora | None:
     return Lora(path=path.rstrip("/"), max_adapters=max_adapters, max_rank=max_rank)
 
 
-def check_scale_to_zero(r, slice_, max_replicas: int | None, queue_name: str | None) -> None:
-    """spec.replicas.min 0: what Ray's autoscaler can bring back from no slice at all."""
+def check_scale_to_zero(r, max_replicas: int | None, queue_name: str | None) -> None:
+    """spec.replicas.min 0: what Ray's autoscaler can bring back from no slice at all (any slice: a
+    multi-host replica's placement group asks for every host at once, render.replica_placement)."""
     if max_replicas is None and not any(e.path == "spec.replicas.max" for e in r.errors):
         r.error("spec.replicas.max", None, "is required when spec.replicas.min is 0 (scale to zero): the most slices "
                 "the first requests may bring back, at least 1")
     if queue_name:
         r.error("spec.replicas.min", 0, "must be at least 1 when spec.queueName is set: scale to zero needs Ray's "
                 "autoscaler, which Kueue's RayService webhook refuses (a queued service holds a fixed number of slices)")
-    if slice_ is not None and slice_.hosts > 1:
-        r.error("spec.replicas.min", 0, f"must be at least 1 on a multi-host slice ({slice_.generation.name} "
-                f"{slice_.topology}: {slice_.hosts} hosts): Ray's autoscaler v2 turns the first request's demand "
-                "for one host into 0 slices of a multi-host group, and the replica's worker-0 label exists only on "
-                "a running host. Scale to zero works on single-host slices")
 
 
 def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
@@ -474,7 +470,7 @@ def _parse_replicas(r: Reader, spec: Mapping, tpu: TPU, queue_name: str | None, 
     min_replicas = r.value(replicas, "min", "spec.replicas.min", int, default=SERVICE_DEFAULTS["replicas.min"], check=between(0, MAX_REPLICAS))
     max_replicas = r.value(replicas, "max", "spec.replicas.max", int, default=min_replicas or None, check=between(1, MAX_REPLICAS))
     if min_replicas == 0:
-        check_scale_to_zero(r, tpu.slice, max_replicas, queue_name)
+        check_scale_to_zero(r, max_replicas, queue_name)
     if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
         r.error("spec.replicas.max", max_replicas, f"must be at least spec.replicas.min ({min_replicas})")
     elif queue_name and min_replicas and max_replicas != min_replicas:  # Kueue's RayService webhook refuses it

@@ -160,7 +160,7 @@ def service_spec_schema() -> dict:
                 type="object",
                 default={},
                 properties={
-                    "min": int_field("Fewest replicas; 0 scales to zero (no slice while idle, single-host slices only).",
+                    "min": int_field("Fewest replicas; 0 scales to zero (no slice while idle).",
                                 minimum=0, maximum=reader.MAX_REPLICAS, default=spec.SERVICE_DEFAULTS["replicas.min"]),
                     "max": int_field("Most replicas; default: min (required when min is 0).", minimum=1, maximum=reader.MAX_REPLICAS),
                 },

@@ -73,6 +73,22 @@ SLICE_IDLE_TIMEOUT_S = 1800
 # SLICE_IDLE_TIMEOUT_S more. Long enough that a lull in a burst does not cancel a slice about to come.
 PENDING_SLICE_IDLE_TIMEOUT_ENV = "RAY_AUTOSCALER_PENDING_NODE_IDLE_TIMEOUT_S"
 PENDING_SLICE_IDLE_TIMEOUT_S = 600
+# Every host of a new slice must be launched in one pass: Ray's KubeRay provider adds
+# (hosts asked for) // numOfHosts slices per launch, so a slice split over passes is never added.
+# "Default" lets a pass launch as many hosts as the demand needs (Ray's upscaling speed 1000;
+# "Conservative" allows one host while none runs), and Ray caps a pass at
+# AUTOSCALER_MAX_CONCURRENT_LAUNCHES hosts (10): raised to numOfHosts for larger slices.
+UPSCALING_MODE = "Default"
+MAX_CONCURRENT_LAUNCHES_ENV = "AUTOSCALER_MAX_CONCURRENT_LAUNCHES"
+RAY_MAX_CONCURRENT_LAUNCHES = 10
+
+
+def autoscaler_env(hosts: int) -> list[dict]:
+    """The autoscaler container's environment (autoscalerOptions.env)."""
+    env = [{"name": PENDING_SLICE_IDLE_TIMEOUT_ENV, "value": str(PENDING_SLICE_IDLE_TIMEOUT_S)}]
+    if hosts > RAY_MAX_CONCURRENT_LAUNCHES:
+        env.append({"name": MAX_CONCURRENT_LAUNCHES_ENV, "value": str(hosts)})
+    return env
 
 
 def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1,
@@ -93,8 +109,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "head_automount": spec.automount_service_account_token,
         "autoscaler_options": {"securityContext": spec.security_context,
                                **({"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": SLICE_IDLE_TIMEOUT_S,
-                                   "env": [{"name": PENDING_SLICE_IDLE_TIMEOUT_ENV,
-                                            "value": str(PENDING_SLICE_IDLE_TIMEOUT_S)}]}
+                                   "upscalingMode": UPSCALING_MODE, "env": autoscaler_env(spec.slice.hosts)}
                                   if autoscaling else {}),
                                **({"volumeMounts": [AUTOSCALER_TOKEN_MOUNT]} if token_in_autoscaler else {})},
         "head_volumes": head_storage["volumes"] + ([autoscaler_token_volume()] if token_in_autoscaler else []),

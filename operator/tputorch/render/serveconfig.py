@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from ..api import topology
 from ..api.spec import SERVICE_DEFAULTS, ServiceSpec
 from . import output
 from .names import SERVE_APP
@@ -47,7 +48,6 @@ def serve_config(svc: ServiceSpec) -> dict:
         "model_source": svc.model_source,
         # Ray's TPU-V6E form: Ray Serve LLM refuses v6e and TPU-V6E-16.
         "accelerator_type": svc.slice.generation.ray_accelerator_type,
-        "topology": svc.slice.topology,
         "engine_kwargs": engine_kwargs(svc),
         "runtime_env": svc.runtime_env,
         "lora_config": {"dynamic_lora_loading_path": svc.lora.path,
@@ -66,10 +66,7 @@ def serve_config(svc: ServiceSpec) -> dict:
         "health_check_timeout_s": svc.health_check_timeout_s,
         "graceful_shutdown_timeout_s": svc.graceful_shutdown_timeout_s,
         "request_router_class": REQUEST_ROUTERS.get(svc.routing),
-        # Google's vLLM TorchTPU sample pins the LLMServer replica to a TPU host with a sliver of
-        # the resource Ray gives every TPU host; without it the replica may land on the head.
-        "replica_resources": {accelerator_resource(svc): 0.001},
-        "replica_label_selector": replica_label_selector(svc),
+        **replica_placement(svc),
     }))
 
 
@@ -131,17 +128,33 @@ def llm_deployment_name(model_id: str) -> str:
     return "LLMServer:" + model_id.replace("/", "--").replace(".", "_")
 
 
-# Ray's node label of a TPU host's index in its slice (from the GKE webhook's TPU_WORKER_ID).
-TPU_WORKER_ID_LABEL = "ray.io/tpu-worker-id"
+def replica_placement(svc: ServiceSpec) -> dict:
+    """Where Ray Serve LLM puts an LLMServer replica and its slice: the serve config's
+    accelerator topology, placement_group_config and the replica actor's own resources.
+
+    Single host: Serve LLM's TPU topology path (the replica reserves its host's slice at start),
+    the replica pinned to a TPU host with a sliver of the resource Ray gives every TPU host (as
+    Google's vLLM TorchTPU sample), which the autoscaler turns into one host, a whole slice.
+
+    Multi-host (issue 56): the replica's own placement group of one bundle per host, SPREAD,
+    created by Serve before the replica starts, with the replica actor merged into bundle 0 (Ray
+    2.60 LLMServer.get_deployment_options) and pinned there by TPU-<pod type>-head, which only
+    worker 0 of a slice has. Ray's autoscaler v2 sees the pending group's bundles in one pass and
+    plans one host for each, and its KubeRay provider turns numOfHosts new hosts into one more
+    slice (replicas = hosts // numOfHosts). Neither Serve LLM's topology path (reserve_tpu_slice:
+    one head bundle with worker-0 labels no planned host has) nor a label of a running host
+    (ray.io/tpu-worker-id) can ever add a slice (tests/raysim/test_autoscaler_demand.py)."""
+    s = svc.slice
+    if not s.multi_host:
+        return {"topology": s.topology, "placement_group_config": None,
+                "replica_resources": {accelerator_resource(svc): 0.001}}
+    per_host = s.chips_per_host * (topology.ray_tpu_resource_per_chip(s.generation, serving=True) or 1)
+    return {"topology": None,
+            "placement_group_config": {"bundles": [{"TPU": per_host} for _ in range(s.hosts)], "strategy": "SPREAD"},
+            "replica_resources": {slice_head_resource(svc): 1}}
 
 
-def replica_label_selector(svc: ServiceSpec) -> dict[str, str]:
-    """Where the LLMServer replica may start. On a multi-host slice Ray 2.60 Serve LLM defers the
-    slice's placement group to the replica, which first reserves the slice through its worker 0
-    (ray.util.tpu.reserve_tpu_slice: a placement group on TPU-<pod type>-head, a resource only
-    worker 0 has) and gives up after DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S (100 s), failing the
-    replica's start. A replica free to start on whichever host joins first may wait out those
-    100 s for a slow worker 0, and Serve fails the deployment after three such starts. On worker 0
-    itself the replica starts only once the head resource it reserves is there. The rest of the
-    slice is then waited for by vLLM's engine start (RAYLLM_ENGINE_START_TIMEOUT_S, 1 h)."""
-    return {TPU_WORKER_ID_LABEL: "0"} if svc.slice.hosts > 1 else {}
+def slice_head_resource(svc: ServiceSpec) -> str:
+    """Ray's resource of a slice's worker 0 alone (TPU-v6e-16-head); the autoscaler's node types
+    list it for every planned host of the group (Ray's KubeRay config reader)."""
+    return f"TPU-{svc.slice.ray_pod_type}-head"

@@ -38,6 +38,12 @@ def test_scale_to_zero_on_a_single_host_slice():
     assert (svc.min_replicas, svc.max_replicas, svc.autoscaling) == (0, 2, True)
 
 
+def test_scale_to_zero_on_a_multi_host_slice():
+    """Issue 56: a multi-host replica's placement group brings a whole slice (tests/raysim/test_autoscaler_demand.py)."""
+    svc = spec.parse_service(service_body(replicas={"min": 0, "max": 2}))
+    assert (svc.slice.hosts, svc.min_replicas, svc.max_replicas, svc.autoscaling) == (4, 0, 2, True)
+
+
 def test_the_reference_service():
     svc = spec.parse_service(service_body(
         model={"name": "qwen3-30b-a3b", "hfTokenSecret": {"name": "hf-token", "key": "token"}},
@@ -93,7 +99,6 @@ def test_both_kinds_expose_the_same_reconcile_attributes():
         ({"model": {"source": "q", "hfTokenSecret": {"name": "hf", "key": "a b"}}}, "spec.model.hfTokenSecret.key", "must be a Secret key"),
         ({"model": {"source": "q", "format": "gguf"}}, "spec.model.format", "is not a known field"),
         ({"replicas": {"min": -1}}, "spec.replicas.min", "must be between 0 and 64"),
-        ({"replicas": {"min": 0, "max": 2}}, "spec.replicas.min", "must be at least 1 on a multi-host slice (v6e 4x4: 4 hosts)"),
         ({"tpu": {"accelerator": "v6e", "topology": "2x2"}, "replicas": {"min": 0}}, "spec.replicas.max",
          "is required when spec.replicas.min is 0 (scale to zero)"),
         ({"tpu": {"accelerator": "v6e", "topology": "2x2"}, "replicas": {"min": 0, "max": 0}}, "spec.replicas.max",

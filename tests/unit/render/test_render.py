@@ -226,7 +226,7 @@ SERVICE_CASES = {
                    "args": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}},
     },
     "service-v6e-2x2-single-host": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"}},
-    # scale to zero: no slice while idle, the ingress on the head (single-host slices only)
+    # scale to zero: no slice while idle, the ingress on the head
     "service-v6e-2x2-scale-to-zero": {"tpu": {"topology": "2x2"}, "model": {"source": "Qwen/Qwen3-0.6B"},
                                       "replicas": {"min": 0, "max": 2}, "serve": {"scaleToZeroDelaySeconds": 300}},
     "service-v5p-2x2x2": {"tpu": {"accelerator": "v5p", "topology": "2x2x2"}, "engine": {"pipelineParallelSize": 2}},
@@ -305,7 +305,10 @@ def test_reference_service_serve_config():
     cfg = llm_config(rs)
     assert cfg["model_loading_config"] == {"model_id": "qwen3-30b-a3b", "model_source": "Qwen/Qwen3-30B-A3B"}
     assert cfg["accelerator_type"] == "TPU-V6E"
-    assert cfg["accelerator_config"] == {"kind": "tpu", "topology": "4x4"}
+    # Multi-host (issue 56): no Serve LLM topology (its slice reservation can never bring a slice);
+    # the replica's own placement group, one bundle per host, which the autoscaler turns into a slice.
+    assert cfg["accelerator_config"] == {"kind": "tpu"}
+    assert cfg["placement_group_config"] == {"bundles": [{"TPU": 4}] * 4, "strategy": "SPREAD"}
     assert cfg["engine_kwargs"] == {"tensor_parallel_size": 16, "pipeline_parallel_size": 1, "enable_expert_parallel": True, "max_model_len": 8192,
                                     "enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
     # Ray Serve LLM's defaults for the two request limits are 1e9: never left to them. The replica
@@ -315,10 +318,9 @@ def test_reference_service_serve_config():
         "max_ongoing_requests": 128,
         # Google's vLLM TorchTPU Ray Serve sample: minutes of weight loading and XLA compile.
         "health_check_period_s": 30, "health_check_timeout_s": 900,
-        # ... and the replica pinned to a TPU host (Ray gives every TPU host accelerator_type:TPU-V6E),
-        # on a multi-host slice to its worker 0 (issue 35: the slice reservation's 100 s).
-        "ray_actor_options": {"resources": {"accelerator_type:TPU-V6E": 0.001},
-                              "label_selector": {"ray.io/tpu-worker-id": "0"}},
+        # ... and the replica (merged into bundle 0) on the slice's worker 0, the one host with
+        # TPU-v6e-16-head: never a label that only a running host has (issue 56).
+        "ray_actor_options": {"resources": {"TPU-v6e-16-head": 1}},
     }
     assert "runtime_env" not in cfg
 
@@ -350,12 +352,18 @@ def test_every_service_slice_is_one_worker_replica_that_passes_the_gke_webhook_r
     # another (v5p 4x4x16 and 4x8x8) does not get the other's mesh.
     mesh = env["TORCH_TPU_TOPOLOGY"].replace("x", ",")
     assert mesh == f"{s.topology.replace('x', ',')},{s.generation.cores_per_chip}"
-    # Issue 35: on a multi-host slice the replica starts on worker 0, the only host whose
-    # TPU-<pod type>-head resource Ray 2.60's reserve_tpu_slice waits 100 s for; a single host
-    # reserves no head (SlicePlacementGroup._reserve_slice: is_single_host).
-    assert llm_config(rs)["deployment_config"]["ray_actor_options"] == {
-        "resources": {f"accelerator_type:{s.generation.ray_accelerator_type}": 0.001},
-        **({"label_selector": {"ray.io/tpu-worker-id": "0"}} if s.hosts > 1 else {})}
+    # Issue 56: on a multi-host slice the replica's placement group holds every host (one bundle
+    # each) and the replica starts on worker 0, the only host with TPU-<pod type>-head; a single
+    # host keeps Serve LLM's topology path (its reservation asks for the one host, a whole slice).
+    cfg = llm_config(rs)
+    if s.hosts > 1:
+        assert cfg["deployment_config"]["ray_actor_options"] == {"resources": {f"TPU-{s.ray_pod_type}-head": 1}}
+        assert cfg["placement_group_config"] == {"bundles": [{"TPU": s.chips_per_host}] * s.hosts, "strategy": "SPREAD"}
+        assert cfg["accelerator_config"] == {"kind": "tpu"}
+    else:
+        assert cfg["deployment_config"]["ray_actor_options"] == {
+            "resources": {f"accelerator_type:{s.generation.ray_accelerator_type}": 0.001}}
+        assert cfg["accelerator_config"] == {"kind": "tpu", "topology": s.topology} and "placement_group_config" not in cfg
     assert not any(k.startswith("TPUTORCH_") for k in env)  # the training env is the job's
 
 

@@ -110,7 +110,7 @@ def train_func(config: dict, inspect: Callable | None = None) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from tputorch.train import report
+    from tputorch.train import checkpoint as resume_point, report
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -122,8 +122,9 @@ def train_func(config: dict, inspect: Callable | None = None) -> None:
         torch.nn.Linear(config["hidden"], CLASSES),
     )
     state = None
-    # Set when Ray restarts the run after a failure, or on a new run with the same name and storage.
-    checkpoint = ray.train.get_checkpoint()
+    # Set when Ray restarts the run after a failure, or on a new run with the same name and storage:
+    # ray.train.get_checkpoint(), never one an earlier attempt wrote after this one started.
+    checkpoint = resume_point()
     if checkpoint:
         with checkpoint.as_directory() as d:
             state = torch.load(os.path.join(d, "state.pt"), map_location="cpu")

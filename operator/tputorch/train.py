@@ -37,6 +37,13 @@ TRAIN_RESOURCE = "tputorch-train-slice"
 ENV_RUN_NAME = "TPUTORCH_RUN_NAME"
 ENV_STORAGE_PATH = "TPUTORCH_STORAGE_PATH"
 ENV_WORKER_RETRIES = "TPUTORCH_WORKER_RETRIES"
+# The attempt: its number (1, 2, ...: status.attempts) and when the operator created its RayJob
+# (RFC 3339, set from attempt 2 on), which is after every pod of the earlier attempts was gone.
+ENV_ATTEMPT = "TPUTORCH_ATTEMPT"
+ENV_ATTEMPT_STARTED = "TPUTORCH_ATTEMPT_STARTED"
+# What report() stamps on each checkpoint it is given (Ray Train's checkpoint metadata).
+STAMP_ATTEMPT = "tputorch.attempt"
+STAMP_WRITTEN = "tputorch.written"  # UNIX seconds
 
 
 class MissingSliceEnvironment(RuntimeError):
@@ -220,6 +227,75 @@ def run_config(environ: Mapping[str, str] | None = None, *, max_preemption_failu
     return RunConfig(**kwargs)
 
 
+# --- attempts and the checkpoint to resume from ---------------------------------------------------
+# Every attempt of a job shares one Ray Train run (run_config()), so ray.train.get_checkpoint()
+# returns the latest checkpoint any attempt persisted. The operator starts attempt N only once every
+# pod of the earlier attempts is gone from the API; a pod's object goes once its kubelet stopped its
+# containers, so an earlier attempt writes nothing after attempt N started unless its pod was removed
+# behind the kubelet's back (a force deletion, a Node object deleted while its VM runs on). Such a
+# late checkpoint is never resumed from: report() stamps each checkpoint with the attempt that wrote
+# it and when, and checkpoint() skips one written by an earlier attempt after this attempt started
+# (ENV_ATTEMPT_STARTED, the operator's clock at its RayJob's creation; a checkpoint written before it
+# came from a pod still shutting down, which the operator waited for, and is resumed from as usual).
+# The rule reads only the stamp and one time, decided once by the operator: no storage listing, no
+# lock, no run per attempt (which would end Ray Train's own resume of ray.train.get_checkpoint()).
+
+
+class StaleCheckpoint(RuntimeError):
+    """Every checkpoint of the run was written by an earlier attempt after this one started."""
+
+
+def attempt(environ: Mapping[str, str] | None = None) -> int:
+    """This attempt's number (1 for the first, and outside a TPUTorchJob)."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_ATTEMPT, "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+def checkpoint_stamp(environ: Mapping[str, str] | None = None, now: float | None = None) -> dict[str, Any]:
+    """The metadata report() puts on a checkpoint: the attempt that writes it and when."""
+    import time
+
+    return {STAMP_ATTEMPT: attempt(environ), STAMP_WRITTEN: time.time() if now is None else now}
+
+
+def stale(metadata: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a checkpoint with this metadata was written by an earlier attempt after this one
+    started (see above). One without a stamp (not reported through report()) cannot be told: not stale."""
+    from . import timestamps
+
+    env = os.environ if environ is None else environ
+    started = timestamps.parse(env.get(ENV_ATTEMPT_STARTED))
+    by, written = metadata.get(STAMP_ATTEMPT), metadata.get(STAMP_WRITTEN)
+    if started is None or not isinstance(by, int) or not isinstance(written, (int, float)):
+        return False
+    return by < attempt(env) and written >= started.timestamp()
+
+
+def newest_fresh(checkpoints: list[tuple[Any, Mapping[str, Any]]], environ: Mapping[str, str] | None = None) -> Any:
+    """Of (checkpoint, metadata) pairs, newest first, the first not stale; StaleCheckpoint when all are."""
+    for found, metadata in checkpoints:
+        if not stale(metadata, environ):
+            return found
+    raise StaleCheckpoint(
+        f"every checkpoint of the run was written by an earlier attempt after attempt {attempt(environ)} started "
+        f"(a pod of it was removed while it still ran: force-deleted, or its Node deleted); none is resumed from")
+
+
+def checkpoint(environ: Mapping[str, str] | None = None):
+    """The checkpoint to resume from, in the training function: ``ray.train.get_checkpoint()``
+    unless an earlier attempt wrote it after this attempt started, then the newest reported
+    checkpoint that was not (by its stamp's time); None when the run has none."""
+    import ray.train  # lazy: only training scripts have Ray
+
+    latest = ray.train.get_checkpoint()
+    if latest is None or not stale(latest.get_metadata(), environ):
+        return latest
+    reported = [(r.checkpoint, r.checkpoint.get_metadata()) for r in ray.train.get_all_reported_checkpoints()]
+    reported.sort(key=lambda pair: pair[1].get(STAMP_WRITTEN) or 0, reverse=True)
+    return newest_fresh(reported, environ)
+
+
 @dataclass(frozen=True)
 class Preemption:
     """A preemption Ray Train saw coming (Ray 2.60's ``ray.train.PreemptionInfo``), as a training
@@ -327,9 +403,12 @@ def report(metrics: dict[str, Any], checkpoint=None, *, step: int | None = None,
     """``ray.train.report(metrics, checkpoint, **kwargs)``, and on world rank 0 one progress line
     for the operator (status.progress, status.lastCheckpoint). Call it on every worker, as
     ray.train.report. ``step``/``epoch`` default to ``metrics["step"]``/``metrics["epoch"]``;
-    the checkpoint's path is the one Ray Train persisted it to (when rank 0 reports one)."""
+    the checkpoint's path is the one Ray Train persisted it to (when rank 0 reports one). A
+    checkpoint is stamped with the attempt that writes it (checkpoint() reads the stamp)."""
     import ray.train  # lazy: only training scripts have Ray
 
+    if checkpoint is not None and os.environ.get(ENV_ATTEMPT):
+        checkpoint.update_metadata(checkpoint_stamp())  # which attempt wrote it, and when (checkpoint())
     before = ray.train.get_checkpoint() if checkpoint is not None else None
     ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
     if ray.train.get_context().get_world_rank() != 0:

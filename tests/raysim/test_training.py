@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ray.train import Checkpoint
 
 import examplerun
 import slicesim
@@ -81,6 +82,8 @@ def test_ddp_trains_checkpoints_and_resumes_on_v6e_2x2(slice_hosts, tmp_path, mo
     assert_every_rank_trained(first, workers)
     checkpoint = assert_learns_and_checkpoints(first, tmp_path / "storage", "run", epochs=2)
     assert (checkpoint / "state.pt").is_file()
+    # tputorch.train.report() stamped it with the attempt that wrote it (train.checkpoint() reads it)
+    assert Checkpoint(str(checkpoint)).get_metadata()[train.STAMP_ATTEMPT] == 1
     # DDP keeps the replicas identical: every rank ends with the same weights.
     for name, entry in first.records[0]["params"].items():
         assert {r["params"][name]["local_sum"] for r in first.records} == {entry["local_sum"]}, name

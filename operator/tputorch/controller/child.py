@@ -148,10 +148,12 @@ class ChildStep:
                 return "waiting", None
 
             def desired() -> dict:
-                rayjob = render.rayjob(spec)
+                number = attempt(self.writes.previous(parent))
+                # from attempt 2 on, when it starts: what tells an earlier attempt's late checkpoint (train.py)
+                rayjob = render.rayjob(spec, number, self.clock() if number > 1 else None)
                 # a name of this child's alone: never one a deleted child still holds
                 with_ray_token_secret(rayjob, new_ray_token_secret_name(key[2], secrets.token_hex(3)))
-                rayjob["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(attempt(self.writes.previous(parent)))
+                rayjob["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(number)
                 return rayjob
             result, child = await self._create(kind, key, parent, spec, desired, beside, "; its Ray token Secret next")
             if result in ("created", "exists") and not await self._token(kind, key, child, result == "created"):

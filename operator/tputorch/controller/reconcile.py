@@ -35,10 +35,12 @@ from typing import Callable
 
 from .. import render, status as statuses
 from ..render.names import RAYSERVICE_ANNOTATIONS, SPEC_HASH_ANNOTATION
+from ..render.env import started_of
 from ..render.raytoken import ray_token_secret_name, with_ray_token_secret
 from ..api.spec import InvalidSpec
 from ..render import stamp as stamps
 from ..status import applied as service_status, kueue, progress as training, rendering
+from ..status.job import attempt_of_child
 from .admission import KueueAdmission
 from .attempts import Attempts
 from .child import ChildStep
@@ -319,7 +321,7 @@ class Controller:
         found = stamps.read(rayjob) if rayjob is not None else None
         if found is None or found.version == stamps.OPERATOR_VERSION or found.rendering is None:
             return None
-        fresh = render.rayjob(spec)
+        fresh = render.rayjob(spec, attempt_of_child(rayjob), started_of(found.rendering))  # the attempt it runs
         if ray_token_secret_name(rayjob):  # named at its creation, not rendered
             with_ray_token_secret(fresh, ray_token_secret_name(rayjob))
         return rendering.rendering_condition(kind.resource.kind, kind.child.kind, key[2], key[1], found,

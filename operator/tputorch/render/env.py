@@ -9,8 +9,26 @@ from ..api.service import cache_env
 from ..api.spec import HF_TOKEN_ENV, JobSpec, ServiceSpec
 from . import groups as _groups
 
-def slice_env(job: JobSpec) -> list[dict]:
-    """The environment that hands the Ray Train shape to the user's script (read by train.py)."""
+def attempt_env(attempt: int, started: str | None) -> list[dict]:
+    """Which attempt the script runs in, and (from attempt 2 on) when its RayJob was created: what
+    train.checkpoint() tells an earlier attempt's late checkpoint by."""
+    return [{"name": train.ENV_ATTEMPT, "value": str(attempt)}] + \
+        ([{"name": train.ENV_ATTEMPT_STARTED, "value": started}] if started else [])
+
+
+def started_of(rayjob: dict) -> str | None:
+    """The attempt's start a rendered RayJob carries (attempt_env), from its head container."""
+    head = (((rayjob.get("spec") or {}).get("rayClusterSpec") or {}).get("headGroupSpec") or {}).get("template") or {}
+    for container in (head.get("spec") or {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == train.ENV_ATTEMPT_STARTED:
+                return env.get("value")
+    return None
+
+
+def slice_env(job: JobSpec, attempt: int = 1, started: str | None = None) -> list[dict]:
+    """The environment that hands the Ray Train shape to the user's script (read by train.py), and
+    the attempt it runs in (attempt_env)."""
     s = job.slice
     return [
         {"name": train.ENV_JOB_NAME, "value": job.name},
@@ -22,6 +40,7 @@ def slice_env(job: JobSpec) -> list[dict]:
         {"name": train.ENV_CHIPS_PER_HOST, "value": str(s.chips_per_host)},
         {"name": train.ENV_RUN_NAME, "value": job.run_name},
         {"name": train.ENV_WORKER_RETRIES, "value": str(job.worker_retries)},
+        *attempt_env(attempt, started),
     ] + ([{"name": train.ENV_STORAGE_PATH, "value": job.storage_path}] if job.storage_path else []) + _groups.groups_env(job)
 
 

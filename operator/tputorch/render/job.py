@@ -11,9 +11,9 @@ from .cluster import HEAD_PORTS, cluster_context
 from .env import slice_env
 from .names import JOB_LABEL, object_labels
 
-def job_cluster_context(job: JobSpec) -> dict:
+def job_cluster_context(job: JobSpec, attempt: int = 1, started: str | None = None) -> dict:
     """A job's RayCluster: the training slice, then its spec.groups."""
-    cluster = cluster_context(job, slice_env(job), HEAD_PORTS)
+    cluster = cluster_context(job, slice_env(job, attempt, started), HEAD_PORTS)
     if job.groups:
         cluster.update(_groups.train_slice_extras(job))
         cluster["groups"] = _groups.group_contexts(job, cluster)
@@ -26,7 +26,7 @@ SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits":
 SUBMITTER_CONTAINER = "ray-job-submitter"
 
 
-def context(job: JobSpec) -> dict:
+def context(job: JobSpec, attempt: int = 1, started: str | None = None) -> dict:
     return {
         "name": job.name,
         # Not the managed-by label: the submitter is no Ray node (the pods informer lists those).
@@ -42,13 +42,16 @@ def context(job: JobSpec) -> dict:
         "active_deadline_seconds": job.active_deadline_seconds,
         "backoff_limit": job.backoff_limit,
         "suspend": job.suspend,
-        "cluster": job_cluster_context(job),
+        "cluster": job_cluster_context(job, attempt, started),
     }
 
 
-def rayjob(job: JobSpec) -> dict:
-    """The RayJob the operator creates for ``job`` (without ownerReferences, added on create).
+def rayjob(job: JobSpec, attempt: int = 1, started: str | None = None) -> dict:
+    """The RayJob the operator creates for ``job``'s attempt number ``attempt`` (without
+    ownerReferences, added on create); ``started``: when the operator creates it (render/env.py
+    attempt_env). An attempt's RayJob is never patched but for suspend: its number reaches the
+    next attempt only.
 
     No spec hash: a RayJob only ever gets suspend patched, and hashing the spec would slow the
     render of every job in a burst."""
-    return output.loaded(output.template("rayjob.json.j2").render(context(job)), "RayJob")
+    return output.loaded(output.template("rayjob.json.j2").render(context(job, attempt, started)), "RayJob")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tputorch import train
 from tputorch.controller import stores
 from tputorch.status.job import ATTEMPT_LABEL
 
@@ -80,8 +81,13 @@ def test_a_deleted_host_pod_ends_the_attempt_and_the_next_rayjob_is_attempt_two(
     ctl.child.seen(KEY, "DELETED", ctl.children[KIND]._pop(("ml", "demo")))  # its DELETED event
     gone_all(ctl)
     assert run(ctl.reconcile(KEY)) == "created"
-    assert kube.objects[("rayjobs", "ml", "demo")]["metadata"]["labels"][ATTEMPT_LABEL] == "2"
+    second = kube.objects[("rayjobs", "ml", "demo")]
+    assert second["metadata"]["labels"][ATTEMPT_LABEL] == "2"
     assert last_status(kube)["phase"] == "Retrying"
+    # the script learns its attempt and when it started (tputorch.train.attempt(), checkpoint())
+    head = second["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in head["env"]}
+    assert (env[train.ENV_ATTEMPT], env[train.ENV_ATTEMPT_STARTED]) == ("2", "2026-11-30T00:00:00Z")
 
 
 def gone_all(ctl) -> None:

@@ -49,7 +49,8 @@ def check_pods(r: "Reader", path: str, pods: int, max_pods: int, what: str) -> N
 
 # Environment variables a user may not set: they would undo chip isolation or the slice shape.
 FORBIDDEN_ENV = {
-    "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS": "it switches Ray's per-worker chip isolation off",
+    "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS": "it switches Ray's per-worker chip isolation off, never on the "
+    "training slice (a rollout group whose engines manage their own chips may set it in spec.groups[].env)",
     "TPU_VISIBLE_CHIPS": "Ray sets it per worker to the chips that worker was given",
     # KubeRay sets these from the cluster's authOptions only where absent: a user's value would turn
     # the cluster's token auth off or make its token one others may know.
@@ -141,8 +142,10 @@ def ray_version_check(minimum: tuple[int, int, int], why: str) -> Callable[[str]
     return check
 
 
-def env_name_problem(name: str, operator_env: Mapping[str, str]) -> str | None:
-    if name in FORBIDDEN_ENV:
+def env_name_problem(name: str, operator_env: Mapping[str, str], allowed: frozenset[str] = frozenset()) -> str | None:
+    """Why a user may not set ``name`` (None: they may); ``allowed``: names of FORBIDDEN_ENV that
+    this place admits (a rollout group's, api/groups.py)."""
+    if name in FORBIDDEN_ENV and name not in allowed:
         return f"must not be set: {FORBIDDEN_ENV[name]}"
     if name.startswith(RESERVED_ENV_PREFIX):
         return f"must not start with {RESERVED_ENV_PREFIX}: the operator sets those from spec.tpu"
@@ -296,12 +299,15 @@ def _parse_env_source(r: Reader, source: Mapping, path: str) -> None:
                 check=None if key == "optional" else string(253))
 
 
-def parse_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str]) -> tuple:
-    env = r.value(spec, "env", "spec.env", list, default=[],
+def parse_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str], where: str = "spec.env",
+              allowed: frozenset[str] = frozenset()) -> tuple:
+    """The ``env`` list of ``spec`` (at ``where``): Kubernetes EnvVars with neither a name the
+    operator sets nor one of FORBIDDEN_ENV but those ``allowed`` here."""
+    env = r.value(spec, "env", where, list, default=[],
                   check=lambda v: None if len(v) <= MAX_ENV else f"must have at most {MAX_ENV} entries")
     seen: set[str] = set()
     for i, item in enumerate(env):
-        path = f"spec.env[{i}]"
+        path = f"{where}[{i}]"
         if not isinstance(item, Mapping):
             r.error(path, item, "must be an object with name and value (or valueFrom)")
             continue
@@ -317,11 +323,11 @@ def parse_env(r: Reader, spec: Mapping, operator_env: Mapping[str, str]) -> tupl
                 r.error(f"{path}.value", value, "must not be set together with valueFrom")
         if name is None:
             continue
-        problem = env_name_problem(name, operator_env)
+        problem = env_name_problem(name, operator_env, allowed)
         if problem:
             r.error(f"{path}.name", name, problem)
         if name in seen:
-            r.error(f"{path}.name", name, "must be unique within spec.env")
+            r.error(f"{path}.name", name, f"must be unique within {where}")
         seen.add(name)
     return tuple(dict(item) for item in env if isinstance(item, Mapping))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import topology
-from .common import DEFAULTS, DNS1035, IMAGE, LABEL_VALUE, RESOURCE_RULES, image_reference, label_key_ok, resource_schema
+from .common import DEFAULTS, DNS1035, IMAGE, LABEL_VALUE, RESOURCE_RULES, image_reference, label_key_ok, parse_env, resource_schema
 from .reader import MAX_STRING, FieldError, Reader, between, string, string_map
 from .topology import Slice, TopologyError
 
@@ -85,7 +85,13 @@ GPU_TYPES: dict[str, tuple[int, ...]] = {
 GPU_RESOURCE = "nvidia.com/gpu"
 GKE_GPU_LABEL = "cloud.google.com/gke-accelerator"
 
-GROUP_FIELDS = {"name", "tpu", "gpu", "replicas", "image", "cpu", "memory", "nodeSelector"}
+GROUP_FIELDS = {"name", "tpu", "gpu", "replicas", "image", "cpu", "memory", "nodeSelector", "env"}
+# Ray sets TPU_VISIBLE_CHIPS per worker to the chips it was given; with this set it does not, and
+# every process of the host sees all its chips. verl's TPU recipe sets it for the rollout engines
+# (vLLM places itself on the host's chips, one engine per host). A group's env may set it, never
+# spec.env (the training slice's workers would share chips): the status warns of it (status/job.py).
+NOSET_VISIBLE_CHIPS = "RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS"
+GROUP_ENV_ALLOWED = frozenset({NOSET_VISIBLE_CHIPS})
 GROUP_TPU_FIELDS = {"accelerator", "topology", "chipsPerHost", "spot", "reservation"}
 GPU_FIELDS = {"type", "count"}
 
@@ -104,6 +110,12 @@ class Group:
     reservation: str | None = None
     gpu_type: str | None = None  # GPU
     gpus: int = 0
+    env: tuple[dict, ...] = ()  # the group's own, after spec.env in its containers
+
+    @property
+    def manages_own_chips(self) -> bool:
+        """Its env switches Ray's per-worker chip isolation off (NOSET_VISIBLE_CHIPS)."""
+        return any(e.get("name") == NOSET_VISIBLE_CHIPS for e in self.env)
 
     @property
     def hosts(self) -> int:
@@ -137,7 +149,7 @@ def _parse_gpu(r: Reader, block: Mapping, path: str) -> tuple[str | None, int]:
     return gpu_type, count or 0
 
 
-def _parse_group(r: Reader, item: Any, path: str, job_image: str | None) -> Group | None:
+def _parse_group(r: Reader, item: Any, path: str, job_image: str | None, operator_env: Mapping[str, str]) -> Group | None:
     if not isinstance(item, Mapping):
         r.error(path, item, "must be an object with name and, for an accelerator group, tpu or gpu")
         return None
@@ -176,10 +188,12 @@ def _parse_group(r: Reader, item: Any, path: str, job_image: str | None) -> Grou
     for label in (*topology.SLICE_LABELS, GKE_GPU_LABEL):
         if label in selector:
             r.error(f"{path}.nodeSelector.{label}", selector[label], f"must not be set: the operator derives it from {path}.tpu / {path}.gpu")
+    env = parse_env(r, item, operator_env, f"{path}.env", GROUP_ENV_ALLOWED)
     if name is None or replicas is None or (kind == "tpu" and tpu_slice is None) or (kind == "gpu" and gpu_type is None):
         return None
     return Group(name=name, kind=kind, replicas=replicas, image=image or "", cpu=str(cpu), memory=str(memory),
-                 node_selector=selector, slice=tpu_slice, spot=spot, reservation=reservation, gpu_type=gpu_type, gpus=gpus)
+                 node_selector=selector, slice=tpu_slice, spot=spot, reservation=reservation, gpu_type=gpu_type, gpus=gpus,
+                 env=env)
 
 
 def describe(group: Group) -> str:
@@ -195,8 +209,8 @@ def describe(group: Group) -> str:
     return f"{group.name} ({what})"
 
 
-def parse_groups(r: Reader, spec: Mapping, job_image: str | None) -> tuple[Group, ...]:
-    """spec.groups; every error goes to ``r``."""
+def parse_groups(r: Reader, spec: Mapping, job_image: str | None, operator_env: Mapping[str, str]) -> tuple[Group, ...]:
+    """spec.groups; every error goes to ``r``. ``operator_env``: the names the operator sets (refused in a group's env)."""
     items = r.value(spec, "groups", "spec.groups", list, default=[])
     if len(items) > MAX_GROUPS:
         r.error("spec.groups", f"{len(items)} groups",
@@ -204,7 +218,7 @@ def parse_groups(r: Reader, spec: Mapping, job_image: str | None) -> tuple[Group
                 f"sets per Workload minus {PODSETS_BESIDE_GROUPS}: 5 on Kueue 0.17, 15 on 0.19)")
     groups, seen = [], set()
     for i, item in enumerate(items):
-        group = _parse_group(r, item, f"spec.groups[{i}]", job_image)
+        group = _parse_group(r, item, f"spec.groups[{i}]", job_image, operator_env)
         name = item.get("name") if isinstance(item, Mapping) else None
         if isinstance(name, str) and name in seen:
             r.error(f"spec.groups[{i}].name", name, "must be unique within spec.groups")
@@ -216,9 +230,10 @@ def parse_groups(r: Reader, spec: Mapping, job_image: str | None) -> tuple[Group
 
 # -- the CRD's subset ----------------------------------------------------------------------------
 
-def schema(tpu_topology_rule: dict) -> dict:
+def schema(tpu_topology_rule: dict, env_schema: dict) -> dict:
     """spec.groups in the TPUTorchJob CRD. ``tpu_topology_rule`` is the job's own topology rule
-    (schema.topology_rule), reused for a group's tpu block."""
+    (schema.topology_rule), reused for a group's tpu block; ``env_schema`` spec.env's
+    (schema.env_schema), for a group's env."""
     gpu_counts = json.dumps({t: list(c) for t, c in GPU_TYPES.items()}, separators=(",", ":"))
     allowed_counts = json.dumps({t: ", ".join(map(str, c)) for t, c in GPU_TYPES.items()}, separators=(",", ":"))
     accelerators = sorted(topology.ACCELERATOR_ALIASES)
@@ -282,6 +297,10 @@ def schema(tpu_topology_rule: dict) -> dict:
                 "memory": resource_schema("memory", "Memory of each pod of the group.", DEFAULTS["worker.memory"]),
                 "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"},
                                  "description": "Extra node selector; the accelerator labels come from tpu / gpu."},
+                "env": {**env_schema, "description": (
+                    "Environment variables of the group's pods, after spec.env (a name in both: the group's value). "
+                    f"Unlike spec.env it may set {NOSET_VISIBLE_CHIPS} (engines that manage their own chips, "
+                    "verl's TPU recipe), which the status warns of.")},
             },
             "x-kubernetes-validations": [
                 {"rule": "!(has(self.tpu) && has(self.gpu))",

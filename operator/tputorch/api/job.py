@@ -81,8 +81,9 @@ def parse(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> JobSpec:
     r = Reader()
     if not isinstance(body, Mapping):
         raise InvalidSpec([FieldError("", body, "must be a TPUTorchJob object")])
-    fields, spec, tpu = parse_common(r, body, JOB, {topology.RAY_TPU_RESOURCE_PER_CHIP: topology.JOB_RESOURCE_PER_CHIP_REASON})
-    groups = parse_groups(r, spec, fields.get("image"))
+    operator_env = {topology.RAY_TPU_RESOURCE_PER_CHIP: topology.JOB_RESOURCE_PER_CHIP_REASON}
+    fields, spec, tpu = parse_common(r, body, JOB, operator_env)
+    groups = parse_groups(r, spec, fields.get("image"), operator_env)
     entrypoint = r.value(spec, "entrypoint", "spec.entrypoint", str, required=True, check=_entrypoint)
     # KubeRay writes runtimeEnv into the submitter's `bash -c` line inside double quotes: $ and `
     # would expand there (a value changed, or a command run) instead of reaching Ray as written.

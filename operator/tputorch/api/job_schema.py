@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from . import groups, job as job_spec, spec
 from .job import JOB_KIND
-from .schema import common_properties, described, int_field, string_field, topology_rule
+from .schema import common_properties, described, env_schema, int_field, string_field, topology_rule
 
 
 def _immutable(field: str, kind: str) -> dict:
@@ -27,7 +27,7 @@ JOB_MUTABLE = {"suspend"}
 def job_spec_schema() -> dict:
     properties = {
         **common_properties(JOB_KIND),
-        "groups": groups.schema(topology_rule()),
+        "groups": groups.schema(topology_rule(), env_schema("", "spec.groups[].env")),
         "entrypoint": string_field(
             "Command the Ray job runs on the head, e.g. `python train.py`.",
             minLength=1,

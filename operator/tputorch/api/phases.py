@@ -21,8 +21,10 @@ RAY_AUTH = "RayAuth"  # the child, as stored, still asks KubeRay for Ray token a
 # Present only when the child runs another rendering than this operator would make of its spec (an
 # earlier operator's, kept: render/stamp.py), or a spec this operator refuses (status/rendering.py).
 RENDERING_CURRENT = "RenderingCurrent"
+# Present only when a group of the job switches Ray's per-worker chip isolation off (api/groups.py).
+CHIP_ISOLATION = "ChipIsolation"
 CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, SUCCEEDED, FAILED,
-                   RENDERING_CURRENT)
+                   RENDERING_CURRENT, CHIP_ISOLATION)
 RAYSERVICE_CREATED = "RayServiceCreated"
 READY = "Ready"
 SPEC_APPLIED = "SpecApplied"  # the serving RayCluster runs the service's current spec (status/applied.py)

@@ -281,24 +281,7 @@ def common_properties(kind: str) -> dict:
             },
             **{"x-kubernetes-preserve-unknown-fields": True},
         ),
-        "env": described(
-            "Environment variables for the Ray head and every TPU worker.",
-            type="array",
-            maxItems=reader.MAX_ENV,
-            items={
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": {"type": "string", "minLength": 1, "maxLength": 256},
-                    "value": {"type": "string", "maxLength": reader.MAX_ENV_VALUE},
-                    "valueFrom": _env_source_schema(),
-                },
-                "x-kubernetes-validations": [{
-                    "rule": "!(has(self.value) && has(self.valueFrom))",
-                    "message": "spec.env[].value must not be set together with valueFrom",
-                }],
-            },
-        ),
+        "env": env_schema("Environment variables for the Ray head and every TPU worker."),
         "head": resources_schema(
             "head",
             {"nodeSelector": string_map_field("Extra node selector for the (CPU-only) Ray head pod.")},
@@ -362,6 +345,28 @@ def common_properties(kind: str) -> dict:
         "volumes": _volumes_schema(),
         "gcsFuseSidecar": _sidecar_schema(),
     }
+
+
+def env_schema(description: str, where: str = "spec.env") -> dict:
+    """A list of Kubernetes EnvVars (spec.env, spec.groups[].env)."""
+    return described(
+        description,
+        type="array",
+        maxItems=reader.MAX_ENV,
+        items={
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 256},
+                "value": {"type": "string", "maxLength": reader.MAX_ENV_VALUE},
+                "valueFrom": _env_source_schema(),
+            },
+            "x-kubernetes-validations": [{
+                "rule": "!(has(self.value) && has(self.valueFrom))",
+                "message": f"{where}[].value must not be set together with valueFrom",
+            }],
+        },
+    )
 
 
 def _env_source_schema() -> dict:

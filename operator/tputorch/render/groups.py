@@ -96,7 +96,7 @@ def group_context(job, group: Group, cluster: dict) -> dict:
         "node_selector": selector,
         "tolerations": tolerations,
         "image": group.image,
-        "env": cluster["env"],
+        "env": cluster["env"] + list(group.env),  # the group's own last: its value wins
         "resources": resources,
         # the workers' volumes, mounts and GKE's gcsfuse annotations, for a Ray container without a disk limit
         "storage": volumes.pod_storage(job.volumes, job.gcs_fuse_sidecar, "worker", job.security_context, None),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..api.phases import (
-    ADMITTED, FAILED, MAX_CONDITION_MESSAGE, PREEMPTED, QUEUE_PHASES, RAYJOB_CREATED, RAYSERVICE_CREATED,
+    ADMITTED, CHIP_ISOLATION, FAILED, MAX_CONDITION_MESSAGE, PREEMPTED, QUEUE_PHASES, RAYJOB_CREATED, RAYSERVICE_CREATED,
     SERVICE_STATUS_FIELDS, STATUS_FIELDS, TERMINAL_PHASES, VALIDATED,
 )
 from ..api.spec import FieldError
@@ -30,6 +30,7 @@ _WARNING_STATES = {
     (FAILED, "True"),
     (RAYJOB_CREATED, "False"),
     (RAYSERVICE_CREATED, "False"),
+    (CHIP_ISOLATION, "False"),
 }
 _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", "PodsForbidden", "ApplicationUnhealthy", "ZeroServeEndpoints", "ErrImagePull", "ImagePullBackOff",
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..render.cluster import worker_node_selector
-from ..api.phases import FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES
+from ..api.groups import NOSET_VISIBLE_CHIPS
+from ..api.phases import CHIP_ISOLATION, FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
@@ -229,6 +230,20 @@ def end_condition(job: JobSpec, seen: JobObserved, phase: str, decided: AttemptD
                      generation)
 
 
+def chip_isolation_condition(job: JobSpec, generation: int) -> dict | None:
+    """ChipIsolation=False when a group's env switches Ray's per-worker chip isolation off: its
+    processes see every chip of their host and must place themselves (verl's TPU recipe); the
+    training slice keeps its isolation. None when no group does."""
+    groups = [g.name for g in job.groups if g.manages_own_chips]
+    if not groups:
+        return None
+    return condition(CHIP_ISOLATION, False, "GroupManagesOwnChips",
+                     f"group(s) {', '.join(groups)} set {NOSET_VISIBLE_CHIPS}: Ray leaves TPU_VISIBLE_CHIPS unset on their "
+                     f"hosts, so each process there sees every chip of its host and must keep to its own (two engines "
+                     f"on one host's chips fail or share them); the training slice keeps Ray's per-worker isolation",
+                     generation)
+
+
 # --- the message ----------------------------------------------------------------------------------
 
 
@@ -303,7 +318,8 @@ def derive(
                                     generation)
     slice_ready = slice_ready_condition(job, seen, phase, rayjob is not None, pods_problem, generation)
     ended = end_condition(job, seen, phase, decided, generation)
-    conditions += [slice_ready] + ([ended] if ended is not None else [])
+    chips = chip_isolation_condition(job, generation)
+    conditions += [slice_ready] + ([ended] if ended is not None else []) + ([chips] if chips is not None else [])
 
     message = job_message(job, phase, seen, decided, previous, conditions[1], slice_ready, ended, rayjob is not None, queue)
     return _job_status(job, seen, phase, message, stamp(conditions, previous, now), decided, previous, now, generation, queue)

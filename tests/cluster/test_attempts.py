@@ -1,8 +1,10 @@
 """Attempts and Pending reasons on the local cluster (stand-in Ray dashboard): a TPU host evicted
 through the Eviction API (a node drain, GKE maintenance) or its node deleted (a preempted Spot VM)
 ends the attempt as the infrastructure's failure, the job goes Retrying and a new RayJob (attempt
-2) runs on a fresh slice, succeeding with attempts: 2; a script failure on a healthy slice fails
-after one attempt; an image that cannot be pulled is named in the status and a Warning event."""
+2) runs on a fresh slice, succeeding with attempts: 2; attempt 2 is created only once every pod
+of attempt 1 is gone (a head pod held by a finalizer is named in the status meanwhile); a script
+failure on a healthy slice fails after one attempt; an image that cannot be pulled is named in the
+status and a Warning event."""
 
 from __future__ import annotations
 
@@ -55,6 +57,51 @@ def test_an_evicted_host_restarts_the_slice_as_attempt_two(kube, namespace, oper
     assert [(a["attempt"], a["result"]) for a in st["attemptHistory"]] == [(1, "Infrastructure"), (2, "Succeeded")]
     wait_events(kube, namespace, "evicted", ("Normal", "Running"), ("Normal", "JobSucceeded"))
     assert any(reason == "Retrying" for _, reason in events_for(kube, namespace, "evicted"))
+
+
+HOLD_ANNOTATION = "tputorch.local/hold-deletion"  # KWOK leaves such a pod Terminating (hack/kwok-pod-stages.yaml)
+HOLD_FINALIZER = "tputorch.local/hold"
+
+
+def test_attempt_two_waits_until_every_pod_of_attempt_one_is_gone(kube, namespace, operator, dashboard):
+    """Attempts never overlap: attempt 1's head pod, held by a finalizer while a worker's eviction
+    ends the attempt, keeps attempt 2's RayJob from being made; the status says why and names the
+    pod; once the finalizer goes, attempt 2 is created."""
+    apply(kube, namespace, job_body("held", topo="2x2"))
+    wait_phase(kube, namespace, "held", "Running", 180)
+    pods = pods_of(kube, namespace, "held")
+    (head,) = [p for p in pods if p.metadata.labels.get("ray.io/node-type") == "head"]
+    (worker,) = [p for p in pods if p.metadata.labels.get("ray.io/node-type") == "worker"]
+    hold = {"metadata": {"annotations": {HOLD_ANNOTATION: "true"}, "finalizers": [HOLD_FINALIZER]}}
+    kube.core.patch_namespaced_pod(head.metadata.name, namespace, hold)
+    try:
+        kube.core.create_namespaced_pod_eviction(worker.metadata.name, namespace, client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=worker.metadata.name, namespace=namespace)))
+        st = kube.wait(lambda: (lambda s: s if condition(s, "RayJobCreated").get("reason") == "PreviousAttemptTerminating"
+                                else None)(job_status(kube, namespace, "held")), 90, "the wait for attempt 1's pods")
+        assert (st["phase"], st["attempts"]) == ("Retrying", 2)
+        assert head.metadata.name in condition(st, "RayJobCreated")["message"] and head.metadata.name in st["message"]
+        held = kube.core.read_namespaced_pod(head.metadata.name, namespace)
+        assert held.metadata.deletion_timestamp is not None  # attempt 1's RayJob is gone, its head is not
+        rayjobs = kube.custom.list_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs")["items"]
+        assert [rj["metadata"]["name"] for rj in rayjobs] == []  # and no attempt 2 beside it
+    finally:
+        kube.core.patch_namespaced_pod(head.metadata.name, namespace,
+                                       {"metadata": {"annotations": {HOLD_ANNOTATION: None}, "finalizers": None}})
+    second = kube.wait(lambda: (lambda rj: rj if rj and rj["metadata"]["labels"].get(ATTEMPT_LABEL) == "2" else None)(
+        _rayjob_or_none(kube, namespace, "held")), 90, "the RayJob of attempt 2")
+    head_env = second["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "TPUTORCH_ATTEMPT", "value": "2"} in head_env
+    assert all(p.metadata.name != head.metadata.name for p in pods_of(kube, namespace, "held"))
+
+
+def _rayjob_or_none(kube, ns, name):
+    try:
+        return get_rayjob(kube, ns, name)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
 
 
 def test_a_failing_script_on_a_healthy_slice_is_not_retried(kube, namespace, operator, dashboard):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import storage, topology
+from . import identity, storage, topology
 from .reader import (
     INT32_MAX, MAX_ENV, MAX_ENV_VALUE, MAX_PROPERTIES, MAX_STRING, MAX_TOLERATIONS, Reader, between, freeform, string,
     string_map,
@@ -108,6 +108,8 @@ class CommonSpec:
     gcs_fuse_sidecar: dict = field(default_factory=dict)  # {annotation: quantity} (storage.SIDECAR_ANNOTATIONS)
     security_context: dict = field(default_factory=lambda: dict(DEFAULT_SECURITY_CONTEXT))
     automount_service_account_token: bool = False
+    # Reaches Cloud Storage as the namespace's default ServiceAccount (api/identity.py): said, not refused.
+    identity_warning: str | None = None
 
 
 image_reference = string(MAX_STRING, IMAGE, "an image reference such as us-docker.pkg.dev/p/r/ray:2.60.0 or "
@@ -487,6 +489,7 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
         tolerations=tolerations, service_account_name=service_account, node_selector=node_selector,
         queue_name=queue_name, priority_class_name=priority, volumes=volumes, gcs_fuse_sidecar=sidecar,
         security_context=security_context, automount_service_account_token=automount,
+        identity_warning=identity.missing_identity(spec) if isinstance(spec, dict) else None,
     )
     return fields, spec, tpu
 

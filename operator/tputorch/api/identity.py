@@ -18,30 +18,37 @@ import re
 GCS_URL = re.compile(r"gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](?:/[^\s'\"]*)?")
 
 
+def _field(obj: object, key: str) -> object:
+    """obj[key] when obj is a mapping, else None: a spec the parser refuses must not crash this."""
+    return obj.get(key) if isinstance(obj, dict) else None
+
+
 def gcs_references(spec: dict) -> list[tuple[str, str]]:
     """(field, gs:// value) for every place of ``spec`` that reaches a bucket with the pods' identity,
     in the spec's order: the entrypoint, env values, the checkpoint path, runtimeEnv's working_dir and
-    py_modules, the model source, the LoRA path, and gcs volumes."""
+    py_modules, the model source, the LoRA path, and gcs volumes. Values of the wrong type are skipped
+    (the parser names them)."""
     found: list[tuple[str, str]] = []
 
     def urls(field: str, value: object) -> None:
         if isinstance(value, str):
             found.extend((field, url) for url in GCS_URL.findall(value))
 
-    urls("spec.entrypoint", spec.get("entrypoint"))
-    for i, item in enumerate(spec.get("env") or []):
-        if isinstance(item, dict):
-            urls(f"spec.env[{i}] ({item.get('name')})", item.get("value"))
-    urls("spec.checkpoint.storagePath", (spec.get("checkpoint") or {}).get("storagePath"))
-    runtime_env = spec.get("runtimeEnv") or {}
-    if isinstance(runtime_env, dict):
-        urls("spec.runtimeEnv.working_dir", runtime_env.get("working_dir"))
-        for i, module in enumerate(runtime_env.get("py_modules") or []):
-            urls(f"spec.runtimeEnv.py_modules[{i}]", module)
-    urls("spec.model.source", (spec.get("model") or {}).get("source"))
-    urls("spec.lora.path", (spec.get("lora") or {}).get("path"))
-    for i, volume in enumerate(spec.get("volumes") or []):
-        bucket = ((volume or {}).get("gcs") or {}).get("bucket") if isinstance(volume, dict) else None
+    def items(value: object) -> list:
+        return value if isinstance(value, list) else []
+
+    urls("spec.entrypoint", _field(spec, "entrypoint"))
+    for i, item in enumerate(items(_field(spec, "env"))):
+        urls(f"spec.env[{i}] ({_field(item, 'name')})", _field(item, "value"))
+    urls("spec.checkpoint.storagePath", _field(_field(spec, "checkpoint"), "storagePath"))
+    runtime_env = _field(spec, "runtimeEnv")
+    urls("spec.runtimeEnv.working_dir", _field(runtime_env, "working_dir"))
+    for i, module in enumerate(items(_field(runtime_env, "py_modules"))):
+        urls(f"spec.runtimeEnv.py_modules[{i}]", module)
+    urls("spec.model.source", _field(_field(spec, "model"), "source"))
+    urls("spec.lora.path", _field(_field(spec, "lora"), "path"))
+    for i, volume in enumerate(items(_field(spec, "volumes"))):
+        bucket = _field(_field(volume, "gcs"), "bucket")
         if isinstance(bucket, str) and bucket:
             found.append((f"spec.volumes[{i}].gcs.bucket", f"gs://{bucket}"))
     return found
@@ -49,7 +56,7 @@ def gcs_references(spec: dict) -> list[tuple[str, str]]:
 
 def missing_identity(spec: dict) -> str | None:
     """The warning for a spec that reaches Cloud Storage without naming its ServiceAccount, or None."""
-    if spec.get("serviceAccountName"):
+    if _field(spec, "serviceAccountName"):
         return None
     refs = gcs_references(spec)
     if not refs:

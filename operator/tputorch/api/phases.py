@@ -23,13 +23,15 @@ RAY_AUTH = "RayAuth"  # the child, as stored, still asks KubeRay for Ray token a
 RENDERING_CURRENT = "RenderingCurrent"
 # Present only when a group of the job switches Ray's per-worker chip isolation off (api/groups.py).
 CHIP_ISOLATION = "ChipIsolation"
-CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, SUCCEEDED, FAILED,
-                   RENDERING_CURRENT, CHIP_ISOLATION)
+# False when the spec reaches Cloud Storage as the namespace's default ServiceAccount (api/identity.py)
+STORAGE_IDENTITY = "StorageIdentity"
+CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, STORAGE_IDENTITY, SLICE_READY, SUCCEEDED,
+                   FAILED, RENDERING_CURRENT, CHIP_ISOLATION)
 RAYSERVICE_CREATED = "RayServiceCreated"
 READY = "Ready"
 SPEC_APPLIED = "SpecApplied"  # the serving RayCluster runs the service's current spec (status/applied.py)
-SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, SLICE_READY, READY, SPEC_APPLIED, FAILED,
-                           RENDERING_CURRENT)
+SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, STORAGE_IDENTITY, SLICE_READY, READY,
+                           SPEC_APPLIED, FAILED, RENDERING_CURRENT)
 
 QUEUED, PREEMPTED = "Queued", "Preempted"  # phases while Kueue holds the child back (status/kueue.py)
 QUEUE_PHASES = (QUEUED, PREEMPTED)

@@ -23,6 +23,7 @@ TOKEN_AUTH, AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED = "TokenAuth", "AuthO
 # The RenderingCurrent condition's reasons (status/rendering.py).
 OLDER_RENDERING = "OlderRendering"
 REFUSED_BY_THIS_VERSION = "RefusedByThisVersion"
+DEFAULT_SERVICE_ACCOUNT = "DefaultServiceAccount"  # StorageIdentity=False: reaches gs:// as the default account
 
 # Condition states that are bad news: their events are Warnings.
 _WARNING_STATES = {
@@ -36,7 +37,8 @@ _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", 
                     "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
                     "QuotaExceeded", "PodCreationFailed", AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED,
-                    "UpgradeStrategyNone", "TolerationsNotApplied", REFUSED_BY_THIS_VERSION}
+                    "UpgradeStrategyNone", "TolerationsNotApplied", REFUSED_BY_THIS_VERSION,
+                    DEFAULT_SERVICE_ACCOUNT}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.

@@ -315,7 +315,7 @@ def derive(
     phase = job_phase(decided, seen)
 
     conditions = leading_conditions(_shape(job), RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, True, queue, network,
-                                    generation)
+                                    generation, job.identity_warning)
     slice_ready = slice_ready_condition(job, seen, phase, rayjob is not None, pods_problem, generation)
     ended = end_condition(job, seen, phase, decided, generation)
     chips = chip_isolation_condition(job, generation)

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from . import auth
 from . import network as net
-from ..api.phases import VALIDATED
-from .conditions import admitted_condition, child_created, condition
+from ..api.phases import STORAGE_IDENTITY, VALIDATED
+from .conditions import DEFAULT_SERVICE_ACCOUNT, admitted_condition, child_created, condition
 from .kueue import Admission
 
 
 def leading_conditions(shape: str, created_type: str, child_kind: str, name: str, child: dict | None,
                        problem: tuple[str, str] | None, own_ray_token: bool, queue: Admission | None,
-                       network: net.NetworkPolicyState | None, generation: int) -> list[dict]:
+                       network: net.NetworkPolicyState | None, generation: int,
+                       identity_warning: str | None = None) -> list[dict]:
     """Validated (``shape``: what the spec asks for), <Child>Created, RayAuth (when the stored child
-    lost it), Admitted (with spec.queueName) and NetworkPolicyReady (when the operator makes one)."""
+    lost it), Admitted (with spec.queueName), NetworkPolicyReady (when the operator makes one) and
+    StorageIdentity=False (when the spec reaches Cloud Storage as the namespace's default account:
+    on GKE a 403 after the slice is provisioned, unless that account is bound on purpose)."""
     conditions = [condition(VALIDATED, True, "Valid", shape, generation),
                   child_created(created_type, child_kind, name, child, problem, generation)]
     ray_auth = auth.ray_auth_condition(child_kind, child, own_ray_token, generation)
@@ -27,4 +30,6 @@ def leading_conditions(shape: str, created_type: str, child_kind: str, name: str
         conditions.append(admitted_condition(queue, generation))
     if network is not None:
         conditions.append(net.ready_condition(network, generation))
+    if identity_warning is not None:
+        conditions.append(condition(STORAGE_IDENTITY, False, DEFAULT_SERVICE_ACCOUNT, identity_warning, generation))
     return conditions

@@ -463,7 +463,7 @@ def derive_service(
     seen = observe_service(svc, rayservice, pods, pods_problem is None, desired_hash)
 
     conditions = leading_conditions(_shape(svc), RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem,
-                                    False, queue, network, generation)
+                                    False, queue, network, generation, svc.identity_warning)
     slice_ = slice_state(svc, seen, pods_problem, generation)
     unreached = dashboard_unreached(seen, slice_, network)
     ready = ready_condition(seen, previous, unreached, generation)

@@ -73,3 +73,13 @@ def test_an_example_that_reaches_a_bucket_names_the_bound_account(name, doc):
         assert doc["spec"].get("serviceAccountName") == RUNBOOK_ACCOUNT, (
             f"{name}: reaches {identity.gcs_references(doc['spec'])[0]} as the namespace's default account")
         assert identity.missing_identity(doc["spec"]) is None
+
+
+@pytest.mark.parametrize("spec", [
+    {"env": "x", "checkpoint": [], "runtimeEnv": "gs://b/x", "model": "gs://b/m", "lora": 3, "volumes": {"gcs": 1}},
+    {"env": [None, 3, {"value": 4}], "runtimeEnv": {"py_modules": "gs://b/m"}, "volumes": [None, {"gcs": "b"}]},
+    {"entrypoint": 5, "serviceAccountName": ["x"]},
+])
+def test_a_spec_of_the_wrong_shape_is_read_without_a_crash(spec):
+    """The parser refuses these with the field named; the identity check must only not crash on them."""
+    assert identity.gcs_references(spec) == []

@@ -373,3 +373,17 @@ def test_a_rayjob_without_the_auth_options_it_was_created_with_says_the_cluster_
     kept = cond(derive("running"), "RayAuth")
     assert (kept["status"], kept["reason"]) == ("True", "TokenAuth") and "demo-ray-token-0a1b2c" in kept["message"]
     assert cond(derive(None), "RayAuth") is None  # no RayJob yet: nothing to say
+
+
+def test_a_job_that_reaches_a_bucket_as_the_default_account_says_so_before_the_slice():
+    """Issue 55: StorageIdentity=False (a Warning event) names the field, the value and the fix while the
+    job is still Pending; with spec.serviceAccountName, or without any gs://, there is no such condition."""
+    unbound = spec.parse(body(entrypoint="python train.py --storage-path gs://team-ckpt/run"))
+    st = status.derive(unbound, 1, None, [], {}, T0)
+    found = cond(st, "StorageIdentity")
+    assert found["status"] == "False" and found["reason"] == "DefaultServiceAccount"
+    assert found["message"].startswith("spec.entrypoint is gs://team-ckpt/run but spec.serviceAccountName is unset")
+    assert [e.type for e in status.events({}, st) if e.reason == "DefaultServiceAccount"] == ["Warning"]
+    bound = spec.parse(body(entrypoint="python train.py --storage-path gs://team-ckpt/run", serviceAccountName="ray-tpu"))
+    assert cond(status.derive(bound, 1, None, [], {}, T0), "StorageIdentity") is None
+    assert cond(derive(None), "StorageIdentity") is None  # python train.py: no bucket

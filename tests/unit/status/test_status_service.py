@@ -652,3 +652,14 @@ def test_a_scale_to_zero_service_says_when_the_slice_is_being_given_back_and_an_
     st = derive_service(edited, 2, rs, [head], before, T1)
     assert st["phase"] == "Ready" and st["message"].startswith("scaled to zero")
     assert "the last edit is not applied" in st["message"], st["message"]
+
+
+def test_a_service_whose_model_is_in_a_bucket_names_its_account_or_is_told():
+    """Issue 55: a gs:// model source without spec.serviceAccountName gets StorageIdentity=False."""
+    unbound = spec.parse_service(service_body(model={"source": "gs://team-models/qwen3"}))
+    found = cond(derive(None, svc=unbound), "StorageIdentity")
+    assert (found["status"], found["reason"]) == ("False", "DefaultServiceAccount")
+    assert found["message"].startswith("spec.model.source is gs://team-models/qwen3 but")
+    bound = spec.parse_service(service_body(model={"source": "gs://team-models/qwen3"}, serviceAccountName="ray-tpu"))
+    assert cond(derive(None, svc=bound), "StorageIdentity") is None
+    assert cond(derive(None), "StorageIdentity") is None  # a Hub repo id

@@ -14,7 +14,8 @@ Not listed because it is not in the config: Serve's HTTP proxy listens on 127.0.
 One difference comes from the pods rather than the TPU: on GKE the LLM replica is a process of a
 TPU host's pod and inherits the pod's environment, here it is a process of the local head, which
 no pod's env reaches. A backend registered with `"serve_env"` (5.) gives the replica what the pods
-carry that the model's loading reads: the model cache's HF_HOME and VLLM_CACHE_ROOT, taken from
+carry that the model's loading reads: the model cache's HF_HOME and VLLM_CACHE_ROOT (and torch_tpu's Tier-3 cache root, unread
+by vLLM's CPU build), taken from
 the RayService's worker pod template by `pod_cache_env` with the cache volume's mountPath replaced
 by the local directory standing for its PVC, and HF_ENDPOINT, the hub the model comes from (a fake
 one here, tests/serving/fakehub.py; the real Hub on GKE, where it is not set)."""
@@ -32,7 +33,7 @@ CPU_ENV = {
 }
 # What the operator sets on the pods from spec.model.cacheVolume (tputorch.api.service.CACHE_ENV;
 # not imported: the stand-in runs without the operator's package).
-POD_CACHE_ENV = ("HF_HOME", "VLLM_CACHE_ROOT")
+POD_CACHE_ENV = ("HF_HOME", "VLLM_CACHE_ROOT", "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT")
 
 
 def slice_bundles(accelerator_type: str, topology: str) -> list[dict]:

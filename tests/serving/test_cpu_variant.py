@@ -59,8 +59,8 @@ def cached_service(claim: str = "tiny-models"):
 
 
 def test_the_replicas_cache_env_is_the_pods_with_the_pvc_made_a_local_directory():
-    """cpu_serving 5.: the model cache env of the TPU host pods the operator renders (HF_HOME and
-    VLLM_CACHE_ROOT under spec.model.cacheVolume's mountPath), the PVC's mountPath replaced by the
+    """cpu_serving 5.: the model cache env of the TPU host pods the operator renders (HF_HOME,
+    VLLM_CACHE_ROOT and TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT under spec.model.cacheVolume's mountPath), the PVC's mountPath replaced by the
     local directory that stands for it."""
     import pytest
 
@@ -68,7 +68,8 @@ def test_the_replicas_cache_env_is_the_pods_with_the_pvc_made_a_local_directory(
 
     rayservice = render.rayservice(cached_service())
     env = cpu_serving.pod_cache_env(rayservice, {"tiny-models": "/tmp/pvc/"})
-    assert env == {"HF_HOME": "/tmp/pvc/huggingface", "VLLM_CACHE_ROOT": "/tmp/pvc/vllm/v6e-2x2"}
+    assert env == {"HF_HOME": "/tmp/pvc/huggingface", "VLLM_CACHE_ROOT": "/tmp/pvc/vllm/v6e-2x2",
+                   "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": "/tmp/pvc/torch-tpu/v6e-2x2"}
     # The pods do carry them (under /models), and a path on no listed PVC is refused, not guessed.
     (group,) = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     pod_env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}

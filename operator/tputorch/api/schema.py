@@ -206,7 +206,9 @@ def _volumes_schema() -> dict:
                         "fileCache": described(
                             "Cloud Storage FUSE's file cache on the node: a file read once (e.g. a model's weights) is read "
                             "from the node afterwards (fileCacheCapacity, fileCacheForRangeRead), in the pod's "
-                            f"{storage.CACHE_VOLUME} emptyDir the operator adds, sized to the capacity.",
+                            f"{storage.CACHE_VOLUME} emptyDir the operator adds, sized above the capacity (the capacities' sum plus "
+                            f"{storage.FILE_CACHE_MARGIN_PERCENT}%, at least {storage.FILE_CACHE_MARGIN_MIN}: an emptyDir over its sizeLimit "
+                            "evicts the pod).",
                             type="object", required=["capacity"],
                             properties={
                                 "capacity": quantity_field("Most the cache holds for this bucket, e.g. 200Gi."),

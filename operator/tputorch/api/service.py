@@ -37,8 +37,11 @@ MODEL_FIELDS = {"source", "name", "hfTokenSecret", "cacheVolume"}
 # Hugging Face download cache and vLLM's compile cache, so that a restart, an upgrade or a new
 # replica reads the weights and compiled graphs instead of downloading and compiling again.
 # vllm-torchtpu 0.29 keeps its compile artefacts under VLLM_CACHE_ROOT (VLLM_XLA_CACHE_PATH is the
-# JAX tpu-inference variable: nothing in vllm-torchtpu reads it).
-CACHE_ENV = ("HF_HOME", "VLLM_CACHE_ROOT")
+# JAX tpu-inference variable: nothing in vllm-torchtpu reads it). torch_tpu's on-disk Tier-3 PJRT
+# cache (the helper executables it compiles beside vLLM's graphs) is on only when
+# TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT names a directory: without it they compile on every start.
+TIER3_CACHE_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+CACHE_ENV = ("HF_HOME", "VLLM_CACHE_ROOT", TIER3_CACHE_ENV)
 # spec.model.source is one of three forms (source_kind): a Hugging Face repo id, downloaded by Ray
 # Serve LLM / vLLM; a path on the hosts (a mounted volume); or gs://<bucket>[/<folder>] on Cloud
 # Storage, read with the pods' Workload Identity. Other object stores (s3://, abfss://) need
@@ -83,9 +86,12 @@ def _check_source(v: str) -> str | None:
 def cache_env(cache_path: str, s: topology.Slice) -> dict[str, str]:
     """CACHE_ENV under spec.model.cacheVolume's mountPath. The weights are the same on every slice;
     compiled graphs belong to one mesh, so each generation and topology has its own compile
-    directory: two services of different shapes on one volume never read each other's graphs."""
+    directory (vLLM's and torch_tpu's alike): two services of different shapes on one volume never
+    read each other's graphs or executables."""
+    shape = f"{s.generation.name}-{s.topology}"
     return {"HF_HOME": f"{cache_path}/huggingface",
-            "VLLM_CACHE_ROOT": f"{cache_path}/vllm/{s.generation.name}-{s.topology}"}
+            "VLLM_CACHE_ROOT": f"{cache_path}/vllm/{shape}",
+            TIER3_CACHE_ENV: f"{cache_path}/torch-tpu/{shape}"}
 
 # spec.lora: LoRA adapters loaded on demand (Ray Serve LLM's lora_config, Serve's model multiplexing).
 # Each folder under spec.lora.path is one adapter, asked for as model "<spec.model.name>:<folder>";

@@ -111,7 +111,8 @@ def service_spec_schema() -> dict:
                     "cacheVolume": string_field(
                         "Name of a spec.volumes entry (gcs or pvc, writable, mounted on the workers) for the Hugging Face "
                         "cache (HF_HOME, <mountPath>/huggingface) and vLLM's compile cache (VLLM_CACHE_ROOT, "
-                        "<mountPath>/vllm/<generation>-<topology>: one directory per slice shape). A streamed gs:// "
+                        "<mountPath>/vllm/<generation>-<topology>: one directory per slice shape) and torch_tpu's Tier-3 PJRT "
+                        "cache (TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT, <mountPath>/torch-tpu/<generation>-<topology>). A streamed gs:// "
                         "model writes no weights there: the compile cache is what it keeps.",
                         minLength=1, maxLength=63),
                     "hfTokenSecret": described(

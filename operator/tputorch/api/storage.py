@@ -10,6 +10,7 @@ builds its schema from the constants here; render/volumes.py puts them into the 
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ GCS_FIELDS = {"bucket", "mountOptions", "fileCache"}
 # weights, at every replica start, retry and upgrade on the node) is read from the node afterwards
 # and, with parallel downloads, fetched at many streams at once on its first read. The cache lives in
 # the pod's volume named CACHE_VOLUME, which GKE's sidecar uses when the pod has one: an emptyDir the
-# operator adds, sized to the capacities of the pod's cached volumes ("" the node's boot disk,
+# operator adds, sized above the capacities of the pod's cached volumes ("" the node's boot disk,
 # Memory the host's RAM; either counts against the pod's memory or ephemeral storage).
 FILE_CACHE_FIELDS = {"capacity", "medium", "parallelDownloads"}
 CACHE_VOLUME = "gke-gcsfuse-cache"
@@ -257,6 +258,26 @@ class NodeDisk:
         return ", ".join(f"{what} {q}" for what, q in self.parts)
 
 
+# The file cache's volume (CACHE_VOLUME) is sized above the caches' fileCacheCapacity: gcsfuse keeps
+# the files it caches within the capacity by their sizes, while the kubelet measures the emptyDir by
+# the space it takes (each file rounded up to whole blocks, the directories, a file still being
+# downloaded in parallel chunks), and an emptyDir over its sizeLimit evicts the pod, i.e. the whole
+# slice of a multi-host replica; the CSI driver asks for the volume to be larger than the capacity.
+# The margin: 5% of the capacity (rounded up to a whole Mi), at least 1Gi. The 5% scales with the
+# number of cached files a large cache holds; the 1Gi floor covers a small cache of many files.
+FILE_CACHE_MARGIN_PERCENT = 5
+FILE_CACHE_MARGIN_MIN = "1Gi"
+
+
+def file_cache_volume_size(capacities: tuple[str, ...]) -> Decimal:
+    """The sizeLimit of the pod's CACHE_VOLUME for the fileCacheCapacity of each of its cached gcs
+    volumes: their sum plus the margin above (FILE_CACHE_MARGIN_PERCENT, FILE_CACHE_MARGIN_MIN)."""
+    total = sum((quantity_value(c) for c in capacities), Decimal(0))
+    mi = 2**20
+    margin = math.ceil(total * FILE_CACHE_MARGIN_PERCENT / (100 * mi)) * mi
+    return total + max(margin, quantity_value(FILE_CACHE_MARGIN_MIN))
+
+
 def has_sidecar(volumes: tuple[Volume, ...], role: str) -> bool:
     """Whether ``role``'s pod mounts a gcs volume, and so gets GKE's Cloud Storage FUSE sidecar."""
     return any(v.source == "gcs" and role in v.mount_on for v in volumes)
@@ -265,11 +286,15 @@ def has_sidecar(volumes: tuple[Volume, ...], role: str) -> bool:
 def node_disk(volumes: tuple[Volume, ...], role: str) -> NodeDisk:
     """What of ``role``'s pod lands on the node's disk, in spec.volumes order."""
     parts = []
+    cached = [v for v in volumes if role in v.mount_on and v.file_cache and v.file_cache.medium == ""]
     for v in volumes:
         if role not in v.mount_on:
             continue
-        if v.file_cache and v.file_cache.medium == "":
-            parts.append((f"{v.name} gcs.fileCache.capacity ({CACHE_VOLUME})", v.file_cache.capacity))
+        if cached and v is cached[0]:
+            capacities = tuple(c.file_cache.capacity for c in cached)
+            parts.append((f"{CACHE_VOLUME} ({', '.join(f'{c.name} gcs.fileCache.capacity {c.file_cache.capacity}' for c in cached)}"
+                           f" + {FILE_CACHE_MARGIN_PERCENT}%, at least {FILE_CACHE_MARGIN_MIN})",
+                           bytes_quantity(file_cache_volume_size(capacities))))
         elif v.source == "emptyDir" and v.size_limit and v.medium == "":
             parts.append((f"{v.name} emptyDir.sizeLimit", v.size_limit))
     return NodeDisk(tuple(parts))

@@ -7,8 +7,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from ..api.quantity import bytes_quantity, quantity_value
-from ..api.storage import CACHE_VOLUME, SIDECAR_DISK_LIMIT, NodeDisk, Volume, has_sidecar, needed_disk
+from ..api.quantity import bytes_quantity
+from ..api.storage import (
+    CACHE_VOLUME, SIDECAR_DISK_LIMIT, NodeDisk, Volume, file_cache_volume_size, has_sidecar, needed_disk,
+)
 
 # GKE's Cloud Storage FUSE CSI driver, and the pod annotation that makes its webhook inject the
 # gke-gcsfuse-sidecar container.
@@ -71,11 +73,12 @@ def fuse_owner_options(security_context: Mapping[str, Any], given: tuple[str, ..
 
 
 def cache_volume(volumes: list[Volume]) -> dict | None:
-    """The pod's CACHE_VOLUME for the cached gcs volumes among ``volumes`` (one pod's), if any."""
+    """The pod's CACHE_VOLUME for the cached gcs volumes among ``volumes`` (one pod's), if any: larger
+    than their capacities (storage.file_cache_volume_size says by how much and why)."""
     caches = [v.file_cache for v in volumes if v.file_cache]
     if not caches:
         return None
-    size = caches[0].capacity if len(caches) == 1 else str(int(sum(quantity_value(c.capacity) for c in caches)))
+    size = bytes_quantity(file_cache_volume_size(tuple(c.capacity for c in caches)))
     empty_dir = {"sizeLimit": size, **({"medium": caches[0].medium} if caches[0].medium else {})}
     return {"name": CACHE_VOLUME, "emptyDir": empty_dir}
 

@@ -195,8 +195,9 @@ def test_a_file_cache_is_the_csi_drivers_attributes_and_the_pods_cache_volume():
     csi = worker["spec"]["volumes"][0]["csi"]["volumeAttributes"]
     assert csi == {"bucketName": "my-models", "fileCacheCapacity": "200Gi", "fileCacheForRangeRead": "true",
                    "mountOptions": "uid=1000,gid=100,file-mode=664,dir-mode=775,file-cache:enable-parallel-downloads:true"}
-    # One cache volume per pod, sized to what its cached buckets may hold; none where nothing is cached.
-    assert worker["spec"]["volumes"][-1] == {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": "200Gi"}}
+    # One cache volume per pod, larger than what its cached buckets may hold (issue 56: the driver
+    # wants it larger; 200Gi + 5%); none where nothing is cached.
+    assert worker["spec"]["volumes"][-1] == {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": "210Gi"}}
     assert "gke-gcsfuse-cache" not in [v["name"] for v in head["spec"]["volumes"]]
     assert [m["name"] for m in worker["spec"]["containers"][0]["volumeMounts"]] == ["weights", "ckpt"]  # the sidecar's, not Ray's
 
@@ -208,7 +209,8 @@ def test_file_caches_share_the_pods_cache_volume_and_the_users_options_win():
     c = {"name": "c", "mountPath": "/c", "gcs": {"bucket": "b-c", "fileCache": {"capacity": "1Gi", "medium": "Memory",
                                                                               "parallelDownloads": False}}}
     head, _ = pods(render.rayjob(spec.parse(body(volumes=[a, b, c]))))
-    assert head["spec"]["volumes"][-1] == {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": str(2 * 2**30 + 2**29), "medium": "Memory"}}
+    # 2.5Gi of capacities; 5% of it (128Mi) is below the 1Gi floor of the margin
+    assert head["spec"]["volumes"][-1] == {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": "3584Mi", "medium": "Memory"}}
     options = [v["csi"]["volumeAttributes"]["mountOptions"].split(",") for v in head["spec"]["volumes"][:3]]
     assert options[0][-1] == "file-cache:enable-parallel-downloads:true"
     assert options[1][-1] == "file-cache:enable-parallel-downloads:false" and len(options[1]) == 5
@@ -217,7 +219,8 @@ def test_file_caches_share_the_pods_cache_volume_and_the_users_options_win():
 
 # Ephemeral storage for what lands on the node's disk. The expected values below are worked out by
 # hand from the rule (storage.DISK_HEADROOM = 1Gi): the volumes of known size on the disk, plus 1Gi,
-# requested without a limit when spec.<role>.ephemeralStorage is unset.
+# requested without a limit when spec.<role>.ephemeralStorage is unset. The file cache's volume is its
+# capacity plus 5% (at least 1Gi): 200Gi of cache is a 210Gi volume.
 WEIGHTS = {"name": "weights", "mountPath": "/models", "readOnly": True, "mountOn": ["worker"],
            "gcs": {"bucket": "my-models", "fileCache": {"capacity": "200Gi"}}}
 
@@ -227,12 +230,12 @@ def ray_resources(pod):
 
 
 def test_a_workers_cache_and_scratch_on_the_disk_are_requested_with_headroom_and_not_limited():
-    volumes = [WEIGHTS, SCRATCH,  # 200Gi cache + 100Gi scratch on the workers' disk
+    volumes = [WEIGHTS, SCRATCH,  # 200Gi cache (210Gi volume) + 100Gi scratch on the workers' disk
                {"name": "shm2", "mountPath": "/shm2", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},  # RAM
                {"name": "open", "mountPath": "/open", "emptyDir": {}},  # no size to reserve
                PVC]  # not on the node's disk
     head, worker = pods(render.rayjob(spec.parse(body(volumes=volumes))))
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "301Gi"
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "311Gi"
     assert "ephemeral-storage" not in ray_resources(worker)["limits"]
     # cpu, memory and the chips stay requests = limits
     assert {k: v for k, v in ray_resources(worker)["requests"].items() if k != "ephemeral-storage"} == ray_resources(worker)["limits"]
@@ -247,7 +250,8 @@ def test_units_mix_into_whole_bytes():
                {**SCRATCH, "emptyDir": {"sizeLimit": "50Gi"}}]
     _, worker = pods(render.rayjob(spec.parse(body(volumes=volumes))))
     asked = ray_resources(worker)["requests"]["ephemeral-storage"]
-    assert parse_quantity(asked) == 100 * 10**9 + 50 * 2**30 + 2**30
+    # 100G of cache + 5% (5e9 bytes, rounded up to 4769Mi) + 50Gi + 1Gi
+    assert parse_quantity(asked) == 100 * 10**9 + 4769 * 2**20 + 50 * 2**30 + 2**30
 
 
 def test_a_cache_in_memory_asks_no_ephemeral_storage():
@@ -260,13 +264,13 @@ def test_the_head_gets_its_own_volumes_sum():
     tmp = {"name": "tmp", "mountPath": "/tmp/x", "mountOn": ["head"], "emptyDir": {"sizeLimit": "10Gi"}}
     head, worker = pods(render.rayjob(spec.parse(body(volumes=[tmp, WEIGHTS]))))
     assert ray_resources(head)["requests"]["ephemeral-storage"] == "11Gi"
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "201Gi"
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "211Gi"
 
 
 def test_a_service_sizes_its_hosts_the_same_way():
     svc = spec.parse_service(service_body(volumes=[WEIGHTS]))
     _, worker = pods(render.rayservice(svc))
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "201Gi"
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "211Gi"
     assert "ephemeral-storage" not in ray_resources(worker)["limits"]
 
 
@@ -275,15 +279,15 @@ def test_a_groups_pods_mount_the_workers_volumes_and_ask_for_their_disk():
     cluster = render.rayjob(job)["spec"]["rayClusterSpec"]
     verifier = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "verifier")
     resources = ray_resources(verifier["template"])
-    assert resources["requests"] == {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "201Gi"}
+    assert resources["requests"] == {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "211Gi"}
     assert resources["limits"] == {"cpu": "4", "memory": "16Gi"}
 
 
 def test_a_given_ephemeral_storage_that_holds_the_volumes_is_kept_as_request_and_limit():
-    # 200Gi of cache + 100Gi of scratch + 1Gi for the container's own writes
-    _, worker = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "301Gi"}))))
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "301Gi"
-    assert ray_resources(worker)["limits"]["ephemeral-storage"] == "301Gi"
+    # 210Gi of cache volume + 100Gi of scratch + 1Gi for the container's own writes
+    _, worker = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "311Gi"}))))
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "311Gi"
+    assert ray_resources(worker)["limits"]["ephemeral-storage"] == "311Gi"
     # the Ray container has a limit: the sidecar keeps GKE's default one (the pod's is then the sum)
     assert "gke-gcsfuse/ephemeral-storage-limit" not in worker["metadata"]["annotations"]
 
@@ -292,11 +296,11 @@ def test_a_given_ephemeral_storage_that_holds_the_volumes_is_kept_as_request_and
 def test_a_given_ephemeral_storage_smaller_than_the_volumes_is_refused(parser, make):
     with pytest.raises(spec.InvalidSpec) as err:
         # exactly the volumes: once they are full, the first log line passes the pod's limit
-        parser(make(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "300Gi"}))
+        parser(make(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "310Gi"}))
     (e,) = [e for e in err.value.errors if e.path == "spec.worker.ephemeralStorage"]
-    assert e.value == "300Gi"
-    assert e.message.startswith("must be at least 301Gi: the worker pod's volumes on the node's disk")
-    assert "weights gcs.fileCache.capacity (gke-gcsfuse-cache) 200Gi" in e.message
+    assert e.value == "310Gi"
+    assert e.message.startswith("must be at least 311Gi: the worker pod's volumes on the node's disk")
+    assert "gke-gcsfuse-cache (weights gcs.fileCache.capacity 200Gi + 5%, at least 1Gi) 210Gi" in e.message
     assert "scratch emptyDir.sizeLimit 100Gi" in e.message
 
 
@@ -314,10 +318,10 @@ def test_bytes_read_back_as_the_same_quantity(count, text):
     assert quantity.bytes_quantity(count) == text
 
 
-@pytest.mark.parametrize("sidecar_limit,ok", [("0", True), ("301Gi", True), ("400Gi", True), ("300Gi", False), ("5Gi", False)])
+@pytest.mark.parametrize("sidecar_limit,ok", [("0", True), ("311Gi", True), ("400Gi", True), ("310Gi", False), ("5Gi", False)])
 def test_a_sidecar_disk_limit_that_would_limit_the_whole_pod_is_refused(sidecar_limit, ok):
     """With spec.worker.ephemeralStorage unset the Ray container has no limit, so the kubelet's pod
-    limit is the sidecar's alone, and the 300Gi of volumes (+1Gi) count against it."""
+    limit is the sidecar's alone, and the 310Gi of volumes (+1Gi) count against it."""
     def sidecar_errors(obj):
         try:
             spec.parse(obj)
@@ -328,7 +332,7 @@ def test_a_sidecar_disk_limit_that_would_limit_the_whole_pod_is_refused(sidecar_
     errors = sidecar_errors(body(volumes=[WEIGHTS, SCRATCH], gcsFuseSidecar={"ephemeralStorageLimit": sidecar_limit}))
     assert (not errors) == ok, errors
     if not ok:
-        assert errors[0][1].startswith('must be "0" (none) or at least 301Gi while spec.worker.ephemeralStorage is unset')
+        assert errors[0][1].startswith('must be "0" (none) or at least 311Gi while spec.worker.ephemeralStorage is unset')
     # a Ray container with a limit of its own makes the pod's limit the sum: any sidecar limit is fine
     assert not sidecar_errors(body(volumes=[WEIGHTS, SCRATCH], gcsFuseSidecar={"ephemeralStorageLimit": "5Gi"},
-                                   worker={"ephemeralStorage": "301Gi"}))
+                                   worker={"ephemeralStorage": "311Gi"}))

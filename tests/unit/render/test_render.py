@@ -854,10 +854,11 @@ def test_a_job_and_a_service_of_one_name_never_share_a_network_policy_name():
 
 def test_the_cache_volume_holds_the_weights_and_a_compile_cache_per_slice_shape_on_every_node():
     """Issue 35: vllm-torchtpu 0.29 compiles into VLLM_CACHE_ROOT (nothing reads VLLM_XLA_CACHE_PATH);
-    the weights are shared, the compiled graphs are one slice shape's."""
+    the weights are shared, the compiled graphs (and torch_tpu's Tier-3 executables) are one slice
+    shape's."""
     cache = {"model": {"source": "Qwen/Qwen3-0.6B", "cacheVolume": "models"},
              "volumes": [{"name": "models", "mountPath": "/models/", "pvc": {"claimName": "weights"}}]}
-    roots = set()
+    roots, tier3 = set(), set()
     for tpu in ({"accelerator": "v6e", "topology": "4x4"}, {"accelerator": "v6e", "topology": "2x4"},
                 {"accelerator": "v5p", "topology": "2x2x2"}):
         cluster = rendered_service({**cache, "tpu": tpu})["spec"]["rayClusterConfig"]
@@ -865,7 +866,10 @@ def test_the_cache_volume_holds_the_weights_and_a_compile_cache_per_slice_shape_
             env = env_of(container(template))
             assert env["HF_HOME"] == "/models/huggingface" and "VLLM_XLA_CACHE_PATH" not in env
             roots.add(env["VLLM_CACHE_ROOT"])
+            tier3.add(env["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"])
     assert roots == {"/models/vllm/v6e-4x4", "/models/vllm/v6e-2x4", "/models/vllm/v5p-2x2x2"}
+    # Issue 56: torch_tpu's Tier-3 PJRT cache is on only with its root set; one per shape too.
+    assert tier3 == {"/models/torch-tpu/v6e-4x4", "/models/torch-tpu/v6e-2x4", "/models/torch-tpu/v5p-2x2x2"}
     assert "HF_HOME" not in env_of(container(rendered_service({})["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]))
 
 

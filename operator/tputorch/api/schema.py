@@ -155,9 +155,8 @@ def resources_schema(role: str, extra: dict | None = None) -> dict:
             "ephemeralStorage": described(
                 f"Local ephemeral storage of each {role} pod (requests = limits): its writable layer, logs "
                 "and the emptyDir volumes it mounts on the node's disk (gcs.fileCache capacities and "
-                "emptyDir sizeLimits without medium Memory); must be at least their sum plus "
+                "the file cache's volume and emptyDir sizeLimits without medium Memory); must be at least their sum plus "
                 f"{storage.DISK_HEADROOM}. Not set: a request of that sum plus {storage.DISK_HEADROOM} and no limit "
-                "(nor on the pod's Cloud Storage FUSE sidecar, unless gcsFuseSidecar.ephemeralStorageLimit is set), "
                 "or nothing when the pod has none.",
                 **{"x-kubernetes-int-or-string": True}, pattern=QUANTITY.pattern,
             ),
@@ -244,8 +243,9 @@ def _sidecar_schema() -> dict:
     return described(
         "Resources of GKE's Cloud Storage FUSE sidecar in each pod that mounts a gcs volume, as the pod annotations "
         "gke-gcsfuse/cpu-request, cpu-limit, memory-request, memory-limit, ephemeral-storage-request and "
-        "ephemeral-storage-limit (\"0\" for a limit: none). Without ephemeralStorage on the pod's role its "
-        "ephemeral-storage-limit is \"0\" unless set here, and one set here must hold the role's disk volumes.",
+        "ephemeral-storage-limit (\"0\" for a limit: none). The three limits are \"0\" unless set here (what Google's "
+        "RayService TPU sample sets); without ephemeralStorage on the pod's role an ephemeralStorageLimit set here "
+        "must hold the role's disk volumes. GKE's webhook makes a request not set equal to its limit set here.",
         type="object",
         properties={k: quantity_field(f"The {a} annotation.") for k, a in storage.SIDECAR_ANNOTATIONS.items()},
     )

@@ -319,24 +319,37 @@ def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> s
             f"or leave it out for a request of the volumes plus {DISK_HEADROOM} and no limit")
 
 
-# GKE's Cloud Storage FUSE sidecar has an ephemeral-storage limit of its own (the CSI driver webhook's
-# default, its --sidecar-ephemeral-storage-limit flag: 5Gi), and the kubelet makes the sum of the
-# limits the pod's containers have (sidecars included) the pod's limit, against which it counts the
-# pod's emptyDirs and every container's writes. With no limit on the Ray container, the sidecar's
-# 5Gi alone would be the whole pod's: a file cache, a scratch emptyDir or a model downloaded into
-# the container's layer would have the pod evicted at 5Gi. Such a pod's sidecar therefore gets no
-# limit ("0", GKE's value for none) unless spec.gcsFuseSidecar.ephemeralStorageLimit says otherwise.
+# GKE's Cloud Storage FUSE sidecar is sized by pod annotations; the CSI driver's webhook fills in what
+# they leave out from its flags. The driver's own webhook deployment has passed 0 (no limit) for the
+# sidecar's CPU, memory and ephemeral-storage limits since 2024, and Google's RayService TPU sample
+# sets gke-gcsfuse/cpu-limit, memory-limit and ephemeral-storage-limit to "0": the operator sets what
+# the sample sets, those three at "0" on every pod that mounts a gcs volume unless spec.gcsFuseSidecar
+# gives one, so that a GKE whose webhook still has the older defaults (a 5Gi disk limit) sizes the
+# sidecar the same. Why no limit: the kubelet makes the sum of the limits the pod's containers have
+# the pod's limit, against which it counts the pod's emptyDirs and every container's writes, so with
+# no limit on the Ray container a sidecar's 5Gi would be the whole pod's (a file cache or scratch
+# past 5Gi would evict the slice); and a CPU or memory limit throttles or kills gcsfuse while it reads
+# a model at many streams, failing the replica that waits on it.
 SIDECAR_DISK_LIMIT = SIDECAR_ANNOTATIONS["ephemeralStorageLimit"]
-# The sidecar's own ephemeral-storage request when spec.gcsFuseSidecar sets none (the webhook's
+SIDECAR_NO_LIMITS = {SIDECAR_ANNOTATIONS[k]: "0" for k in ("cpuLimit", "memoryLimit", "ephemeralStorageLimit")}
+# The sidecar's own ephemeral-storage request when no annotation gives it one (the webhook's
 # --sidecar-ephemeral-storage-request default): the scheduler adds it to the pod's.
 SIDECAR_DISK_REQUEST_DEFAULT = "5Gi"
 
 
 def sidecar_disk_request(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str) -> str | None:
-    """The ephemeral-storage the role's GCS FUSE sidecar requests, None when the pod has no sidecar."""
+    """The ephemeral-storage the role's GCS FUSE sidecar requests as the driver's webhook sets it from
+    the pod's annotations (SIDECAR_NO_LIMITS under spec.gcsFuseSidecar): the request annotation when
+    given; else a non-zero limit annotation (the webhook makes the request equal to it); else, a limit
+    of "0" or none, the webhook's default request. None when the pod has no sidecar or requests nothing."""
     if not has_sidecar(volumes, role):
         return None
-    return sidecar.get(SIDECAR_ANNOTATIONS["ephemeralStorageRequest"], SIDECAR_DISK_REQUEST_DEFAULT)
+    annotations = {**SIDECAR_NO_LIMITS, **sidecar}
+    request = annotations.get(SIDECAR_ANNOTATIONS["ephemeralStorageRequest"])
+    if request is None:
+        limit = annotations[SIDECAR_DISK_LIMIT]
+        request = limit if quantity_value(limit) != 0 else SIDECAR_DISK_REQUEST_DEFAULT
+    return None if quantity_value(request) == 0 else request
 
 
 def sidecar_limit_problem(sidecar: Mapping[str, str], given: str | None, disk: NodeDisk, role: str) -> str | None:

@@ -96,8 +96,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
     """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
     autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
     token_in_autoscaler = autoscaling and not spec.automount_service_account_token  # else pod-wide, or none
-    head_storage = volumes.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "head", spec.security_context,
-                                       spec.head.ephemeral_storage)
+    head_storage = volumes.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "head", spec.security_context)
     return {
         "ray_version": spec.ray_version,
         "auth_options": RAY_AUTH,
@@ -124,8 +123,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "head_ports": head_ports,
         "head_resources": _resources(spec, "head"),
         "head_storage": head_storage,
-        "worker_storage": volumes.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "worker", spec.security_context,
-                                              spec.worker.ephemeral_storage),
+        "worker_storage": volumes.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "worker", spec.security_context),
         "group_name": WORKER_GROUP,
         "min_replicas": min_replicas,
         "max_replicas": max_replicas,

@@ -99,7 +99,7 @@ def group_context(job, group: Group, cluster: dict) -> dict:
         "env": cluster["env"] + list(group.env),  # the group's own last: its value wins
         "resources": resources,
         # the workers' volumes, mounts and GKE's gcsfuse annotations, for a Ray container without a disk limit
-        "storage": volumes.pod_storage(job.volumes, job.gcs_fuse_sidecar, "worker", job.security_context, None),
+        "storage": volumes.pod_storage(job.volumes, job.gcs_fuse_sidecar, "worker", job.security_context),
         "security_context": cluster["security_context"],
         "automount": cluster["worker_automount"],
     }

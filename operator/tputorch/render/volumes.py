@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from ..api.quantity import bytes_quantity
 from ..api.storage import (
-    CACHE_VOLUME, SIDECAR_DISK_LIMIT, NodeDisk, Volume, file_cache_volume_size, has_sidecar, needed_disk,
+    CACHE_VOLUME, SIDECAR_NO_LIMITS, NodeDisk, Volume, file_cache_volume_size, has_sidecar, needed_disk,
 )
 
 # GKE's Cloud Storage FUSE CSI driver, and the pod annotation that makes its webhook inject the
@@ -94,21 +94,19 @@ def ephemeral_storage(given: str | None, disk: NodeDisk) -> tuple[dict[str, str]
     return {"ephemeral-storage": bytes_quantity(needed_disk(disk))}, {}
 
 
-def sidecar_annotations(sidecar: Mapping[str, str], ray_limit: str | None) -> dict[str, str]:
-    """The sidecar's annotations for a pod whose Ray container's ephemeral-storage limit is ``ray_limit``."""
-    if ray_limit is None and SIDECAR_DISK_LIMIT not in sidecar:
-        return {**sidecar, SIDECAR_DISK_LIMIT: "0"}
-    return dict(sidecar)
+def sidecar_annotations(sidecar: Mapping[str, str]) -> dict[str, str]:
+    """The sidecar's annotations: no CPU, memory or disk limit unless spec.gcsFuseSidecar sets one
+    (storage.SIDECAR_NO_LIMITS says why), and what else spec.gcsFuseSidecar sets."""
+    return {**SIDECAR_NO_LIMITS, **sidecar}
 
 
 def pod_storage(volumes: tuple[Volume, ...], sidecar: Mapping[str, str], role: str,
-                security_context: Mapping[str, Any], ray_limit: str | None) -> dict:
-    """What one role's pod template gets: volumes, its container's mounts, pod annotations.
-    ``ray_limit``: the Ray container's ephemeral-storage limit (sidecar_annotations)."""
+                security_context: Mapping[str, Any]) -> dict:
+    """What one role's pod template gets: volumes, its container's mounts, pod annotations."""
     mine = [v for v in volumes if role in v.mount_on]
     annotations: dict[str, str] = {}
     if has_sidecar(volumes, role):
-        annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar_annotations(sidecar, ray_limit)}
+        annotations = {GCS_FUSE_ANNOTATION: "true", **sidecar_annotations(sidecar)}
     pod_volumes = [pod_volume(v, security_context) for v in mine]
     if (cache := cache_volume(mine)) is not None:
         pod_volumes.append(cache)

@@ -130,9 +130,9 @@ def test_a_service_takes_the_same_block():
     svc = spec.parse_service(service_body(volumes=[{**GCS, "readOnly": True}], gcsFuseSidecar={"memoryLimit": "4Gi"}))
     head, worker = pods(render.rayservice(svc))
     for pod in (head, worker):
-        # no ephemeral-storage limit on the Ray container, so none on the sidecar either (its 5Gi would be the pod's)
+        # issue 56: no sidecar limits (Google's RayService TPU sample's "0"s) but the one the spec sets
         assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/memory-limit": "4Gi",
-                                                  "gke-gcsfuse/ephemeral-storage-limit": "0"}
+                                                  "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0"}
         assert pod["spec"]["volumes"][0]["csi"]["readOnly"] is True
     assert errors_of(service_body(volumes=[{"name": "x"}]), spec.parse_service)
 
@@ -288,8 +288,11 @@ def test_a_given_ephemeral_storage_that_holds_the_volumes_is_kept_as_request_and
     _, worker = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "311Gi"}))))
     assert ray_resources(worker)["requests"]["ephemeral-storage"] == "311Gi"
     assert ray_resources(worker)["limits"]["ephemeral-storage"] == "311Gi"
-    # the Ray container has a limit: the sidecar keeps GKE's default one (the pod's is then the sum)
-    assert "gke-gcsfuse/ephemeral-storage-limit" not in worker["metadata"]["annotations"]
+    # the sidecar has no limits whatever the Ray container's (issue 56: what Google's RayService TPU
+    # sample sets); the pod's disk limit is then the Ray container's alone
+    assert {k: worker["metadata"]["annotations"][k] for k in
+            ("gke-gcsfuse/cpu-limit", "gke-gcsfuse/memory-limit", "gke-gcsfuse/ephemeral-storage-limit")} == \
+        {"gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0"}
 
 
 @pytest.mark.parametrize("parser,make", [(spec.parse, body), (spec.parse_service, service_body)])
@@ -336,3 +339,18 @@ def test_a_sidecar_disk_limit_that_would_limit_the_whole_pod_is_refused(sidecar_
     # a Ray container with a limit of its own makes the pod's limit the sum: any sidecar limit is fine
     assert not sidecar_errors(body(volumes=[WEIGHTS, SCRATCH], gcsFuseSidecar={"ephemeralStorageLimit": "5Gi"},
                                    worker={"ephemeralStorage": "311Gi"}))
+
+
+@pytest.mark.parametrize("sidecar,asked", [
+    ({}, "5Gi"),  # limit "0" (ours) and no request: the webhook's default request
+    ({"ephemeralStorageLimit": "0"}, "5Gi"),
+    ({"ephemeralStorageLimit": "400Gi"}, "400Gi"),  # a limit without a request: the webhook sets request := limit
+    ({"ephemeralStorageLimit": "400Gi", "ephemeralStorageRequest": "2Gi"}, "2Gi"),
+    ({"ephemeralStorageRequest": "0"}, None),  # "0": no request at all
+])
+def test_the_sidecars_disk_request_is_what_the_drivers_webhook_sets(sidecar, asked):
+    """Issue 56: GKE's webhook makes a sidecar's request its limit annotation when only that is
+    given, and takes its default request when the limit is "0" (no limit) and no request is given."""
+    job = spec.parse(body(volumes=[WEIGHTS], gcsFuseSidecar=sidecar))
+    assert storage.sidecar_disk_request(job.volumes, job.gcs_fuse_sidecar, "worker") == asked
+    assert storage.sidecar_disk_request(job.volumes, job.gcs_fuse_sidecar, "head") is None  # mounted on the workers

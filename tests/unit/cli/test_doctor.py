@@ -449,6 +449,9 @@ def test_for_a_host_whose_disk_volumes_fit_no_nodes_disk():
     # the sidecar's request as spec.gcsFuseSidecar sets it
     (fail,) = check_placement([job(volumes=CACHED_WEIGHTS, gcsFuseSidecar={"ephemeralStorageRequest": "2Gi"})], small, {}, {})
     assert "each host asks for 108Gi ephemeral-storage (106Gi for Ray + 2Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message
+    # a sidecar limit without a request: GKE's webhook makes the request equal to it (issue 56)
+    (fail,) = check_placement([job(volumes=CACHED_WEIGHTS, gcsFuseSidecar={"ephemeralStorageLimit": "120Gi"})], small, {}, {})
+    assert "each host asks for 226Gi ephemeral-storage (106Gi for Ray + 120Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message
     # a sidecar alone can be too much for a node too: 40Gi + 5Gi on a node allocating 43.8Gi
     scratch = [{"name": "s", "mountPath": "/s", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "39Gi"}},
                {"name": "b", "mountPath": "/b", "mountOn": ["worker"], "gcs": {"bucket": "data"}}]

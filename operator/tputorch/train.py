@@ -9,7 +9,10 @@ Ray is imported lazily: the operator process imports this package but never Ray.
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -109,8 +112,6 @@ class GroupShape:
 
 def groups(environ: Mapping[str, str] | None = None) -> dict[str, GroupShape]:
     """spec.groups by name (empty for a job without groups)."""
-    import json
-
     env = os.environ if environ is None else environ
     raw = env.get(ENV_GROUPS)
     if not raw:
@@ -313,8 +314,6 @@ def preemption(now: float | None = None) -> Preemption | None:
     reporting a checkpoint at once and training on: Ray Train restarts from it once the node is gone.
     Ray's call is a barrier: every worker must call this the same number of times (once per step,
     say), never on rank 0 alone. ``now``: the current UNIX time in seconds (default: the clock)."""
-    import time
-
     import ray.train  # lazy: only training scripts have Ray
 
     info = ray.train.get_preemption_info()
@@ -351,9 +350,6 @@ def progress_line(metrics: Mapping[str, Any], step: int | None = None, epoch: in
     """The line report() prints: step and epoch (from the arguments, else from ``metrics``), at
     most MAX_PROGRESS_METRICS finite numeric metrics whose names are short, and the checkpoint's
     persisted path. What does not fit the operator's limits is left out, never truncated."""
-    import json
-    import math
-
     def count(value: Any) -> int | None:
         return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
 

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from . import timestamps
+
 # The environment contract between render/env.py (writer) and this module (reader).
 ENV_NUM_WORKERS = "TPUTORCH_NUM_WORKERS"
 ENV_TOPOLOGY = "TPUTORCH_TOPOLOGY"
@@ -255,16 +257,12 @@ def attempt(environ: Mapping[str, str] | None = None) -> int:
 
 def checkpoint_stamp(environ: Mapping[str, str] | None = None, now: float | None = None) -> dict[str, Any]:
     """The metadata report() puts on a checkpoint: the attempt that writes it and when."""
-    import time
-
     return {STAMP_ATTEMPT: attempt(environ), STAMP_WRITTEN: time.time() if now is None else now}
 
 
 def stale(metadata: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
     """Whether a checkpoint with this metadata was written by an earlier attempt after this one
     started (see above). One without a stamp (not reported through report()) cannot be told: not stale."""
-    from . import timestamps
-
     env = os.environ if environ is None else environ
     started = timestamps.parse(env.get(ENV_ATTEMPT_STARTED))
     by, written = metadata.get(STAMP_ATTEMPT), metadata.get(STAMP_WRITTEN)

@@ -132,7 +132,9 @@ def raycluster_bounds_patch(svc: ServiceSpec, cluster: dict) -> list | None:
     for, or None when it has them. KubeRay's cluster hash leaves out replicas and min/max
     (kuberay#2331, #4568), so a spec.replicas edit reaches the RayService but never its RayCluster,
     whose bounds the Ray autoscaler reads. Each changed group is tested by name and the cluster by
-    uid: a patch never lands on a group list or a cluster other than the one read."""
+    uid: a patch never lands on a group list or a cluster other than the one read; and by the
+    replicas read (when it has them), so that a patch never overwrites a count the autoscaler wrote
+    after the read (the API server refuses the patch, and the controller reads again)."""
     ops = []
     for i, group in enumerate((cluster.get("spec") or {}).get("workerGroupSpecs") or []):
         replicas = group.get("replicas")
@@ -142,6 +144,8 @@ def raycluster_bounds_patch(svc: ServiceSpec, cluster: dict) -> list | None:
         if all(group.get(k) == v for k, v in want.items()):
             continue
         ops.append({"op": "test", "path": f"/spec/workerGroupSpecs/{i}/groupName", "value": group.get("groupName")})
+        if "replicas" in group:
+            ops.append({"op": "test", "path": f"/spec/workerGroupSpecs/{i}/replicas", "value": replicas})
         ops += [{"op": "add", "path": f"/spec/workerGroupSpecs/{i}/{k}", "value": v} for k, v in want.items()]
     if not ops:
         return None

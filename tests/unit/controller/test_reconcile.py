@@ -1077,7 +1077,30 @@ def test_a_replicas_edit_reaches_the_running_rayclusters_bounds_of_its_rayservic
     ops = patched[4]
     assert ops[0] == {"op": "test", "path": "/metadata/uid", "value": "qwen-a-uid"}
     assert ops[1] == {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": group["groupName"]}
-    assert {o["path"].rsplit("/", 1)[1]: o["value"] for o in ops[2:]} == {"minReplicas": 2, "maxReplicas": 3, "replicas": 2}
+    assert ops[2] == {"op": "test", "path": "/spec/workerGroupSpecs/0/replicas", "value": 1}
+    assert {o["path"].rsplit("/", 1)[1]: o["value"] for o in ops[3:]} == {"minReplicas": 2, "maxReplicas": 3, "replicas": 2}
+
+    # Issue 56: the autoscaler writes replicas between our read and our patch. The patch's test of
+    # the replicas read fails (the API server's bare 422) and the cluster is read again: the next
+    # patch tests and keeps the autoscaler's 3, never putting back the 2 read before.
+    ctl.kube.objects[("rayclusters", "ml", "qwen-a")]["spec"]["workerGroupSpecs"][0].update(replicas=1, minReplicas=1, maxReplicas=1)
+    sent = []
+    real_patch = ctl.kube.patch
+
+    async def racing_patch(res, namespace, name, patch):
+        if res.plural != "rayclusters":
+            return await real_patch(res, namespace, name, patch)
+        sent.append(patch)
+        group_now = ctl.kube.objects[("rayclusters", "ml", name)]["spec"]["workerGroupSpecs"][0]
+        if len(sent) == 1:
+            group_now["replicas"] = 3  # the autoscaler's write, after our read
+        if any(o["op"] == "test" and o["path"].endswith("/replicas") and o["value"] != group_now["replicas"] for o in patch):
+            raise api_error(422, "Unprocessable Entity", '{"kind": "Status", "message": "test operation failed"}')
+    ctl.kube.patch = racing_patch
+    ctl.parents["TPUTorchService"]._put(service(rv="12", generation=3, replicas={"min": 2, "max": 4}))
+    run(ctl.reconcile(SVC_KEY))
+    assert len(sent) == 2
+    assert {o["path"].rsplit("/", 1)[1]: o["value"] for o in sent[1] if o["op"] == "add"} == {"minReplicas": 2, "maxReplicas": 4, "replicas": 3}
 
 
 # --- a KubeRay whose CRD drops authOptions ------------------------------------------------------------

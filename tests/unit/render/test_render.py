@@ -926,15 +926,20 @@ def test_the_raycluster_bounds_patch_tests_uid_and_group_and_clamps_replicas():
     rc = {"metadata": {"uid": "rc-uid"}, "spec": {"workerGroupSpecs": [
         {"groupName": "tpu-slice", "replicas": 5, "minReplicas": 1, "maxReplicas": 5}]}}
     ops = raycluster_bounds_patch(svc, rc)
-    assert ops[:2] == [{"op": "test", "path": "/metadata/uid", "value": "rc-uid"},
-                       {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": "tpu-slice"}]
-    assert {o["path"]: o["value"] for o in ops[2:]} == {
+    assert ops[:3] == [{"op": "test", "path": "/metadata/uid", "value": "rc-uid"},
+                       {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": "tpu-slice"},
+                       # issue 56: the replicas read, so that an autoscaler's write after it is not overwritten
+                       {"op": "test", "path": "/spec/workerGroupSpecs/0/replicas", "value": 5}]
+    assert {o["path"]: o["value"] for o in ops[3:]} == {
         "/spec/workerGroupSpecs/0/minReplicas": 2, "/spec/workerGroupSpecs/0/maxReplicas": 3, "/spec/workerGroupSpecs/0/replicas": 3}
     # what the autoscaler reached within the bounds stays; nothing to do when the bounds hold
     rc["spec"]["workerGroupSpecs"][0].update(replicas=2, minReplicas=2, maxReplicas=3)
     assert raycluster_bounds_patch(svc, rc) is None
     rc["spec"]["workerGroupSpecs"][0].update(replicas=3, maxReplicas=4)
-    assert [o["value"] for o in raycluster_bounds_patch(svc, rc)[2:]] == [2, 3, 3]
+    assert [o["value"] for o in raycluster_bounds_patch(svc, rc)[2:]] == [3, 2, 3, 3]
+    # a group without replicas has none to test
+    del rc["spec"]["workerGroupSpecs"][0]["replicas"]
+    assert [o["op"] for o in raycluster_bounds_patch(svc, rc)] == ["test", "test", "add", "add", "add"]
 
 
 def test_an_autoscaled_service_runs_autoscaler_v2_with_idle_timeouts_above_slice_provisioning():

@@ -11,6 +11,19 @@ def make_namespace(kube, name: str, labels: dict | None = None) -> str:
     return name
 
 
+# The account the examples that reach gs:// name (docs/install-gke.md step 6 creates it and binds it to
+# the bucket): without it the API server refuses their pods (ServiceAccount admission), as on GKE.
+BUCKET_ACCOUNT = "ray-tpu"
+
+
+def make_bucket_account(kube, namespace: str) -> str:
+    from kubernetes import client
+
+    kube.core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
+        metadata=client.V1ObjectMeta(name=BUCKET_ACCOUNT)))
+    return BUCKET_ACCOUNT
+
+
 # What a deleted namespace's leftovers can still hold that a later test feels: chips and node
 # capacity (pods), Kueue quota (Workloads), KubeRay's and the operator's attention and the operator's
 # per-phase gauges (the custom objects). Kinds whose CRD is not installed count as empty.

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from doccmds import helm_args
-from namespaces import delete_namespace, make_namespace
+from namespaces import delete_namespace, make_bucket_account, make_namespace
 from operator_process import OperatorProcess, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "image"))
@@ -142,9 +142,7 @@ def run_example_as(kube, kubeconfig: str, namespaces: list[str], job_ns: str, lo
     try:
         body = yaml.safe_load(EXAMPLE.read_text())
         name = body["metadata"]["name"]
-        # the example runs as the runbook's bucket-bound account (install-gke.md step 6): without it
-        # the API server refuses the pods, as on GKE
-        kubectl(kube.kubeconfig, "create", "serviceaccount", "ray-tpu", "-n", job_ns)
+        make_bucket_account(kube, job_ns)  # the example runs as it (namespaces.BUCKET_ACCOUNT)
         kubectl(kube.kubeconfig, "apply", "-n", job_ns, "-f", str(EXAMPLE))
         rayjob = kube.wait(lambda: kube.custom.get_namespaced_custom_object("ray.io", "v1", job_ns, "rayjobs", name),
                            60, "RayJob created by the operator")

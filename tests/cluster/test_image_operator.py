@@ -30,6 +30,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "image"))
 from imagetools import (OCI_ARCHIVE, Bundle, image_bundle, image_info, popen_in_image,  # noqa: E402,F401 (fixtures)
                         read_oci_archive, stop)
+from namespaces import make_bucket_account  # noqa: E402
 from operator_process import free_port, kubectl, tputorch_crd  # noqa: E402,F401 (fixture)
 from doccmds import helm_args  # noqa: E402
 
@@ -135,9 +136,7 @@ def test_operator_from_the_image_runs_a_job(kube, namespace, tputorch_crd, image
     try:
         wait_healthy(proc, f"http://127.0.0.1:{health}/healthz", log)
         name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
-        # the example runs as the runbook's bucket-bound account (install-gke.md step 6): without it
-        # the API server refuses the pods, as on GKE
-        kubectl(kube.kubeconfig, "create", "serviceaccount", "ray-tpu", "-n", namespace)
+        make_bucket_account(kube, namespace)  # the example runs as it (namespaces.BUCKET_ACCOUNT)
         kubectl(kube.kubeconfig, "apply", "-n", namespace, "-f", str(EXAMPLE))
 
         def running():

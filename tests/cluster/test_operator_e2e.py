@@ -18,6 +18,7 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
+from namespaces import make_bucket_account
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 from test_network import enforce, verdicts
 
@@ -94,6 +95,7 @@ def test_v6e_4x4_runs_on_its_slice_and_succeeds(kube, kube_env, namespace, enfor
     path, every progress read passes, and from another namespace Ray's ports stay closed."""
     body = example("v6e-4x4.yaml")
     name = body["metadata"]["name"]
+    make_bucket_account(kube, namespace)  # the example's spec.serviceAccountName, as the runbook makes it
     apply(kube, namespace, body)
 
     rayjob = kube.wait(lambda: get_rayjob(kube, namespace, name), 30, "RayJob")

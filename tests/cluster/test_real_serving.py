@@ -48,6 +48,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from namespaces import make_bucket_account
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 import serving_chain
 from ray_backend import REPORTED, RealRay, http_json, wait
@@ -1050,6 +1051,7 @@ def test_an_rl_job_trains_on_its_slice_and_pushes_every_step_to_vllm_rollouts(ku
     op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [ns], dashboard_url=kube_env["dashboard_url"],
                          extra_args=["--progress-interval", "2"]).start()
     try:
+        make_bucket_account(kube, ns)  # the example's spec.serviceAccountName (namespaces.BUCKET_ACCOUNT)
         kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
         # The progress of a step while the job runs, as `tputorch describe` shows it.
         running = kube.wait(lambda: (lambda st: st if (st.get("progress") or {}).get("step", 0) >= 1 else None)(

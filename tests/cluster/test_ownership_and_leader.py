@@ -121,7 +121,7 @@ def test_deletions_missed_while_paused_leak_nothing(kube, namespace, operator):
     kube.wait(lambda: sum(_metric(operator, "tputorch_jobs").values()) == 2, 30, "gauge counts 2 jobs")
     jobs = _metric(operator, "tputorch_jobs")
     assert {k: v for k, v in jobs.items() if v} == {'phase="Suspended"': 2}
-    assert len(jobs) == 5  # every phase is a series, 0 included
+    assert len(jobs) == 8  # every phase of JOB_PHASES is a series, 0 included
 
 
 # --- two replicas, one leader --------------------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import replace
 from functools import partial
 
 from ..api import spec as specs
-from ..api.phases import SERVICE_PHASES
+from ..api.phases import JOB_PHASES, SERVICE_PHASES
 from .. import status as statuses
 from ..render.names import JOB_LABEL, SERVICE_LABEL
 from ..render.network import NetworkPolicyConfig, network_policy, network_policy_name
@@ -36,7 +36,7 @@ def _never_finished(_status: dict) -> bool:
 JOB = Kind(
     resource=TPUTORCHJOB, child=RAYJOB, label=JOB_LABEL, parse=specs.parse,
     cluster_names=_rayjob_clusters, finished=statuses.finished, slim_child=slim_rayjob,
-    phase_metric="tputorch_jobs", phases=("Pending", "Suspended", "Running", "Succeeded", "Failed"),
+    phase_metric="tputorch_jobs", phases=JOB_PHASES,
 )
 SERVICE = Kind(
     resource=TPUTORCHSERVICE, child=RAYSERVICE, label=SERVICE_LABEL, parse=specs.parse_service,

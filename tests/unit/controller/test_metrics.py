@@ -29,7 +29,8 @@ def test_every_phase_of_each_kind_is_a_series_zero_included():
     m.sources.phases = ctl.phases
     got = samples(m)
     jobs = {dict(k[1])["phase"]: v for k, v in got.items() if k[0] == "tputorch_jobs"}
-    assert jobs == {"Pending": 0, "Suspended": 0, "Running": 1, "Succeeded": 0, "Failed": 0}
+    assert jobs == {"Pending": 0, "Queued": 0, "Preempted": 0, "Running": 1, "Retrying": 0, "Succeeded": 0,
+                    "Failed": 0, "Suspended": 0}  # Queued/Preempted/Retrying were missing until 0.3.0
     services = {dict(k[1])["phase"]: v for k, v in got.items() if k[0] == "tputorch_services"}
     assert set(services) == set(SERVICE_PHASES) and not any(services.values())
 

@@ -437,3 +437,188 @@ def test_doctor_sees_the_ray_integrations_and_the_local_queue_and_a_kueue_withou
     assert code == 1 and set(failed(report)) - set(failed(healthy)) == {"kueue-integrations"}, failed(report)
     assert "ray.io/rayservice" in fail["message"] and "ray.io/rayjob" not in fail["message"]
     assert "integrations.frameworks" in fail["fix"]
+
+
+# -- an operator upgrade, from the previous release to this checkout (issue 59) ------------------
+# Here because it needs Kueue (a queued service and a queued job) and this module starts it.
+RELEASES = REPO / "hack" / "release.py"
+KUBERAY_HASH = "ray.io/hash-without-replicas-and-workers-to-delete"  # KubeRay 1.6.2, utils/constant.go
+CHILDREN = ("rayclusters", "rayservices", "rayjobs")
+
+
+def previous_release() -> str:
+    """The commit to upgrade from: $TPUTORCH_UPGRADE_FROM, else hack/releases.tsv's newest release
+    older than this checkout's version (0.2.0's commit for 0.3.0)."""
+    import importlib.util
+
+    import tputorch
+
+    if os.environ.get("TPUTORCH_UPGRADE_FROM"):
+        return os.environ["TPUTORCH_UPGRADE_FROM"]
+    spec = importlib.util.spec_from_file_location("release", RELEASES)
+    release = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(release)
+    key = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
+    older = [r for r in release.releases(REPO) if key(r["version"]) < key(tputorch.__version__)]
+    assert older, f"hack/releases.tsv lists no release before {tputorch.__version__}"
+    return older[-1]["commit"]
+
+
+@pytest.fixture
+def previous_checkout(tmp_path):
+    """The previous release's sources, checked out in a git worktree of its own (a CI clone has the history)."""
+    commit = previous_release()
+    where = tmp_path / "previous"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), commit], check=True,
+                   capture_output=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], check=False)
+
+
+def children(kube, ns) -> dict:
+    """(plural, name) -> what an upgrade must not change of each RayCluster, RayService and RayJob."""
+    out = {}
+    for plural in CHILDREN:
+        for obj in kube.custom.list_namespaced_custom_object("ray.io", "v1", ns, plural)["items"]:
+            meta = obj["metadata"]
+            out[(plural, meta["name"])] = {"uid": meta["uid"], "generation": meta["generation"], "spec": obj["spec"],
+                                           "hash": (meta.get("annotations") or {}).get(KUBERAY_HASH)}
+    return out
+
+
+def parents(kube, ns) -> dict:
+    """(plural, name) -> the status fields no upgrade may move back (phase, attempt, cluster)."""
+    out = {}
+    for plural in ("tputorchjobs", "tputorchservices"):
+        for obj in kube.custom.list_namespaced_custom_object(GROUP, VERSION, ns, plural)["items"]:
+            st = obj.get("status") or {}
+            out[(plural, obj["metadata"]["name"])] = {k: st.get(k) for k in (
+                "phase", "attempts", "observedGeneration", "rayClusterName", "readyReplicas")}
+    return out
+
+
+def reconciles(op, kind_part: str) -> float:
+    """The operator's reconciles so far of the kinds whose label holds ``kind_part``."""
+    total = 0.0
+    for line in op.metrics().splitlines():
+        if line.startswith("tputorch_reconciles_total{") and kind_part in line.split("}")[0].lower():
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def reconciled_by(kube, op, ns, services: list[str], jobs: int):
+    """Once ``op`` has reconciled every object: each RayService carries its rendering's stamp (a
+    RayService made before the rule is adopted as it is), and the jobs were reconciled. Then 6 s
+    more: three of KubeRay's 2 s requeues, in which it would start a new RayCluster for a changed hash."""
+    from tputorch.render import stamp as stamps
+
+    def stamped():
+        return all(stamps.VERSION_ANNOTATION in (rayservice_of(kube, ns, n)["metadata"].get("annotations") or {})
+                   for n in services)
+    kube.wait(stamped, 60, "every RayService stamped by the new operator")
+    kube.wait(lambda: reconciles(op, "job") >= jobs, 60, f"{jobs} job reconciles")
+    time.sleep(6)
+
+
+def test_an_operator_upgrade_from_the_previous_release_changes_nothing_running(kueue, queue_ns, dashboard, kube_env,
+                                                                               previous_checkout, tmp_path):
+    """Issue 59. The previous release's operator (from its commit, hack/releases.tsv) makes: the
+    reference service Ready, an autoscaled service, a service queued through Kueue (admitted, Ready),
+    a job running its first attempt (admitted by Kueue), a job Queued behind the service's quota and
+    a job Succeeded. Then the new CRDs and this checkout's operator in its place, as `helm upgrade`
+    rolls the Deployment: no RayCluster, RayService or RayJob changes (generation, spec, KubeRay's
+    cluster hash), no RayCluster is added, no attempt starts again, no status moves back, and no
+    status write is refused by the new CRDs. A user's edit of one service then applies the new
+    rendering to that service alone."""
+    from operator_process import OperatorProcess, install_crd
+    from tputorch.render import stamp as stamps
+
+    kube, ns, old = kueue, queue_ns, previous_checkout
+    for crd in sorted((old / "crds").glob("tputorch.io_*.yaml")):
+        kubectl(kube.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    ops = []
+
+    def operator_from(source: Path, log: str) -> OperatorProcess:
+        ops.append(OperatorProcess(kube.kubeconfig, tmp_path / log, [ns], dashboard_url=kube_env["dashboard_url"],
+                                   source=source).start())
+        return ops[-1]
+    try:
+        previous = operator_from(old / "operator", "previous.log")
+        dashboard.set_serve_ready_after(1)
+        reference = yaml.safe_load((old / "examples" / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
+        hf = reference["spec"]["model"]["hfTokenSecret"]
+        kubectl(kube.kubeconfig, "create", "secret", "generic", hf["name"], "-n", ns, f"--from-literal={hf['key']}=hf_x")
+        ref = reference["metadata"]["name"]
+
+        def service(name, topo, **extra):
+            return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": name},
+                    "spec": {"tpu": {"accelerator": "v6e", "topology": topo}, "image": "example.com/ray-vllm-torchtpu:2.60.0",
+                             "model": {"source": "Qwen/Qwen3-0.6B"}, "head": {"cpu": "1", "memory": "2Gi"},
+                             "worker": {"cpu": "4", "memory": "16Gi"}, **extra}}
+        unqueued = job_body("done", priority=None, tpu={"accelerator": "v6e", "topology": "2x4"})
+        del unqueued["spec"]["queueName"]
+        for body in (reference, service("auto", "2x2", replicas={"min": 1, "max": 2}),
+                     service("queued", "2x2", queueName="tpu"), unqueued,
+                     job_body("train", priority=None, tpu={"accelerator": "v5p", "topology": "2x2x2"})):
+            apply(kube, ns, body)
+        # the queued service holds the v6e-2x2 flavor's quota: a 2x2 job queued after it waits
+        wait_phase(kube, ns, "queued", "Ready", plural="tputorchservices", timeout=120)
+        apply(kube, ns, job_body("waits", priority=None, tpu={"accelerator": "v6e", "topology": "2x2"}))
+        finish(kube, dashboard, ns, "done")
+        wait_phase(kube, ns, "done", "Succeeded")
+        # mid-attempt: its Ray job submitted to attempt 1's cluster and running there
+        cluster = wait_phase(kube, ns, "train", "Running")["rayClusterName"]
+        kube.wait(lambda: (dashboard.get_job(ns, "train") or {}).get("cluster") == cluster, 90, "train's Ray job submitted")
+        kube.wait(lambda: workload_of(kube, ns, "waits"), 60, "the queued job's Workload")
+        wait_phase(kube, ns, "waits", "Queued")
+        for name in (ref, "auto"):
+            wait_phase(kube, ns, name, "Ready", plural="tputorchservices", timeout=180)
+        before, statuses_before = children(kube, ns), parents(kube, ns)
+        services = [ref, "auto", "queued"]
+        assert {n for p, n in before if p == "rayservices"} == set(services)
+        assert {n for p, n in before if p == "rayjobs"} >= {"train", "waits"}
+        assert all(before[("rayservices", n)]["hash"] is None for n in services)  # KubeRay's hash is on the clusters
+        active = {n: rayservice_of(kube, ns, n)["status"]["activeServiceStatus"]["rayClusterName"] for n in services}
+        assert all(before[("rayclusters", c)]["hash"] for c in active.values()), before
+
+        # helm upgrade: the new CRDs (by hand: helm never upgrades crds/), the Deployment rolled
+        install_crd(kube.kubeconfig)
+        previous.stop()
+        new = operator_from(REPO / "operator", "new.log")
+        reconciled_by(kube, new, ns, services, jobs=3)
+        after = children(kube, ns)
+        assert set(after) <= set(before), f"new Ray objects: {set(after) - set(before)}"
+        gone = set(before) - set(after)
+        assert gone <= {("rayclusters", c) for p, c in before if p == "rayclusters" and c.startswith("done")}, gone
+        changed = {k: (before[k], after[k]) for k in after if after[k] != before[k]}
+        assert not changed, changed
+        for name in services:
+            rs = rayservice_of(kube, ns, name)["status"]
+            assert rs["activeServiceStatus"]["rayClusterName"] == active[name]
+            assert not (rs.get("pendingServiceStatus") or {}).get("rayClusterName"), (name, rs)
+        assert parents(kube, ns) == statuses_before
+        assert status(kube, ns, "train")["attempts"] == 1 and not status(kube, ns, "train").get("attemptHistory")
+        # every status write the new operator made passed the new CRDs' schema and rules
+        assert 'code="422"' not in new.metrics() and "Unprocessable" not in new.log(), new.log()[-3000:]
+
+        # The user edits one service: the new operator's rendering, for it alone.
+        edited = service("auto", "2x2", replicas={"min": 1, "max": 2}, engine={"maxModelLen": 4096})
+        apply(kube, ns, edited)
+        rs = kube.wait(lambda: (lambda r: r if "max_model_len: 4096" in r["spec"]["serveConfigV2"] else None)(
+            rayservice_of(kube, ns, "auto")), 60, "the edit on auto's RayService")
+        assert rs["metadata"]["generation"] > before[("rayservices", "auto")]["generation"]
+        stamp = stamps.read(rs)
+        assert (stamp.version, stamp.generation) == (stamps.OPERATOR_VERSION, 2), stamp
+        wait_phase(kube, ns, "auto", "Ready", plural="tputorchservices")
+        time.sleep(4)
+        final = children(kube, ns)
+        moved = {k for k in final if k in before and final[k]["generation"] != before[k]["generation"]}
+        assert moved == {("rayservices", "auto")}, moved
+        assert set(final) <= set(before)  # the edit's new rendering changes no field of KubeRay's cluster hash either
+        assert "Traceback" not in previous.log() + new.log(), (previous.log() + new.log())[-5000:]
+    finally:
+        for op in ops:
+            op.stop()
+        install_crd(kube.kubeconfig)

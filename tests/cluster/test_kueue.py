@@ -508,17 +508,11 @@ def reconciles(op, kind_part: str) -> float:
     return total
 
 
-def reconciled_by(kube, op, ns, services: list[str], jobs: int):
-    """Once ``op`` has reconciled every object: each RayService carries its rendering's stamp (a
-    RayService made before the rule is adopted as it is), and the jobs were reconciled. Then 6 s
-    more: three of KubeRay's 2 s requeues, in which it would start a new RayCluster for a changed hash."""
-    from tputorch.render import stamp as stamps
-
-    def stamped():
-        return all(stamps.VERSION_ANNOTATION in (rayservice_of(kube, ns, n)["metadata"].get("annotations") or {})
-                   for n in services)
-    kube.wait(stamped, 60, "every RayService stamped by the new operator")
-    kube.wait(lambda: reconciles(op, "job") >= jobs, 60, f"{jobs} job reconciles")
+def reconciled_by(kube, op, services: int, jobs: int) -> None:
+    """Once ``op`` has reconciled every object (its first reconciles: one per object), and 6 s more:
+    three of KubeRay's 2 s requeues, in which it would start a new RayCluster for a changed hash."""
+    kube.wait(lambda: reconciles(op, "service") >= services and reconciles(op, "job") >= jobs, 60,
+              f"{services} service and {jobs} job reconciles")
     time.sleep(6)
 
 
@@ -531,7 +525,8 @@ def test_an_operator_upgrade_from_the_previous_release_changes_nothing_running(k
     rolls the Deployment: no RayCluster, RayService or RayJob changes (generation, spec, KubeRay's
     cluster hash), no RayCluster is added, no attempt starts again, no status moves back, and no
     status write is refused by the new CRDs. A user's edit of one service then applies the new
-    rendering to that service alone."""
+    rendering to that service alone, and a downgrade to the previous operator changes nothing.
+    TPUTORCH_UPGRADE_FROM=<commit> upgrades from another commit."""
     from operator_process import OperatorProcess, install_crd
     from tputorch.render import stamp as stamps
 
@@ -587,7 +582,7 @@ def test_an_operator_upgrade_from_the_previous_release_changes_nothing_running(k
         install_crd(kube.kubeconfig)
         previous.stop()
         new = operator_from(REPO / "operator", "new.log")
-        reconciled_by(kube, new, ns, services, jobs=3)
+        reconciled_by(kube, new, services=3, jobs=3)
         after = children(kube, ns)
         assert set(after) <= set(before), f"new Ray objects: {set(after) - set(before)}"
         gone = set(before) - set(after)
@@ -599,11 +594,31 @@ def test_an_operator_upgrade_from_the_previous_release_changes_nothing_running(k
             assert rs["activeServiceStatus"]["rayClusterName"] == active[name]
             assert not (rs.get("pendingServiceStatus") or {}).get("rayClusterName"), (name, rs)
         assert parents(kube, ns) == statuses_before
+        # each RayService made before the rule adopted as it is: its stamp records what it runs
+        for name in services:
+            rs = rayservice_of(kube, ns, name)
+            stamp = stamps.read(rs)
+            assert stamp is not None and stamp.version == stamps.UNKNOWN_VERSION, (name, rs["metadata"])
+            assert stamp.rendering["spec"] == rs["spec"], name
         assert status(kube, ns, "train")["attempts"] == 1 and not status(kube, ns, "train").get("attemptHistory")
         # every status write the new operator made passed the new CRDs' schema and rules
         assert 'code="422"' not in new.metrics() and "Unprocessable" not in new.log(), new.log()[-3000:]
 
-        # The user edits one service: the new operator's rendering, for it alone.
+        # A downgrade (helm rollback: the previous operator again, the new CRDs kept) touches nothing either.
+        new.stop()
+        back = operator_from(old / "operator", "downgraded.log")
+        reconciled_by(kube, back, services=3, jobs=3)
+        rolled_back = children(kube, ns)
+        assert set(rolled_back) <= set(after), f"new Ray objects: {set(rolled_back) - set(after)}"
+        changed = {k: (after[k], rolled_back[k]) for k in rolled_back if rolled_back[k] != after[k]}
+        assert not changed, changed
+        assert parents(kube, ns) == statuses_before
+        assert 'code="422"' not in back.metrics(), back.log()[-3000:]
+
+        # Upgraded again, the user edits one service: the new operator's rendering, for it alone
+        # (a new RayCluster of its own where this release changes a field inside KubeRay's hash).
+        back.stop()
+        again = operator_from(REPO / "operator", "new-again.log")
         edited = service("auto", "2x2", replicas={"min": 1, "max": 2}, engine={"maxModelLen": 4096})
         apply(kube, ns, edited)
         rs = kube.wait(lambda: (lambda r: r if "max_model_len: 4096" in r["spec"]["serveConfigV2"] else None)(
@@ -611,13 +626,16 @@ def test_an_operator_upgrade_from_the_previous_release_changes_nothing_running(k
         assert rs["metadata"]["generation"] > before[("rayservices", "auto")]["generation"]
         stamp = stamps.read(rs)
         assert (stamp.version, stamp.generation) == (stamps.OPERATOR_VERSION, 2), stamp
-        wait_phase(kube, ns, "auto", "Ready", plural="tputorchservices")
-        time.sleep(4)
+        kube.wait(lambda: status(kube, ns, "auto", "tputorchservices").get("observedGeneration") == 2, 60,
+                  "auto's status of generation 2")
+        time.sleep(4)  # two of KubeRay's requeues
         final = children(kube, ns)
         moved = {k for k in final if k in before and final[k]["generation"] != before[k]["generation"]}
         assert moved == {("rayservices", "auto")}, moved
-        assert set(final) <= set(before)  # the edit's new rendering changes no field of KubeRay's cluster hash either
-        assert "Traceback" not in previous.log() + new.log(), (previous.log() + new.log())[-5000:]
+        added = {name for plural, name in set(final) - set(before)}
+        assert all(name.startswith("auto-") for name in added), f"the edit of auto made {added}"
+        logs = previous.log() + new.log() + back.log() + again.log()
+        assert "Traceback" not in logs and 'code="422"' not in again.metrics(), logs[-5000:]
     finally:
         for op in ops:
             op.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from namespaces import make_bucket_account
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 from test_operator_e2e import apply, example, job_status, pods_of, wait_phase
 
@@ -25,6 +26,7 @@ PLACEMENT = {
 def test_rl_example_schedules_every_group_on_its_pool(kube, namespace, operator, dashboard, path):
     body = example(path)
     name = body["metadata"]["name"]
+    make_bucket_account(kube, namespace)  # the example's spec.serviceAccountName, as the runbook makes it
     apply(kube, namespace, body)
     st = wait_phase(kube, namespace, name, "Running", 180)
     st = kube.wait(lambda: (lambda s: s if s.get("hostsReady") == "1/1" else None)(job_status(kube, namespace, name)),

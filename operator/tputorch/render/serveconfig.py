@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ..api import topology
-from ..api.spec import ServiceSpec
+from ..api.spec import SERVICE_DEFAULTS, ServiceSpec
 from . import output
 from .names import SERVE_APP
 
@@ -53,8 +53,9 @@ def serve_config(svc: ServiceSpec) -> dict:
         "lora_config": {"dynamic_lora_loading_path": svc.lora.path,
                         "max_num_adapters_per_replica": svc.lora.max_adapters} if svc.lora else None,
         "llm_deployment_name": llm_deployment_name(svc.model_name),
-        # JSON in the override's own key order (tojson would sort it).
-        "ingress_override": json.dumps(ingress_override(svc)),
+        # JSON in the override's own key order (tojson would sort it): the serveConfigV2 text of a
+        # service that sets ingressReplicas stays the one it had.
+        "ingress_override": json.dumps(ingress) if (ingress := ingress_override(svc)) else None,
         "min_replicas": svc.min_replicas,
         "max_replicas": svc.max_replicas,
         "target_ongoing_requests": svc.target_ongoing_requests,
@@ -65,7 +66,6 @@ def serve_config(svc: ServiceSpec) -> dict:
         "health_check_timeout_s": svc.health_check_timeout_s,
         "graceful_shutdown_timeout_s": svc.graceful_shutdown_timeout_s,
         "request_router_class": REQUEST_ROUTERS.get(svc.routing),
-        "request_router_kwargs": request_router_kwargs(svc),
         **replica_placement(svc),
     }))
 
@@ -93,13 +93,11 @@ def accelerator_resource(svc: ServiceSpec) -> str:
 INGRESS_DEPLOYMENT_NAME = "OpenAiIngress"
 
 
-# The ingress (Serve LLM's OpenAiIngress, 1 CPU by default) on the head in every mode (issue 56):
-# the head's num-cpus is 0 (or 1, kept for the prefix tree, head_num_cpus), so with Ray's default it
-# runs on a TPU host, which then never idles: a slice held for ever under scale to zero, and with
-# autoscaling, every slice an ingress replica sits on is stranded. On the head with no CPU, beside
-# the Serve proxy Serve always runs there (0 CPU), it outlives the slices, takes the first request
-# and holds it while Serve's LLMServer scales up from zero. node:__internal_head__ is Ray's resource
-# of the head node (the one Serve pins its own controller with).
+# Scale to zero (spec.replicas.min 0): the ingress (1 CPU by default) would run on a TPU host, the
+# head having num-cpus 0, and hold that slice for ever. On the head with no CPU, beside the Serve
+# proxy Serve always runs there (0 CPU), it outlives the slices, takes the first request and holds
+# it while Serve's LLMServer scales up from zero. node:__internal_head__ is Ray's resource of the
+# head node (the one Serve pins its own controller with).
 INGRESS_ON_HEAD = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
 # Serve LLM's ingress answers 408 once a request has waited RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT (600 s
 # in Ray 2.60); a request that wakes a service waits for a slice to be provisioned, the image, the
@@ -108,45 +106,19 @@ ROUTER_TIMEOUT_ENV = "RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT"
 SCALE_FROM_ZERO_TIMEOUT_S = 1800
 
 
-def ingress_override(svc: ServiceSpec) -> dict:
-    """The OpenAiIngress deployments override: spec.serve.ingressReplicas replicas, on the head
-    (INGRESS_ON_HEAD), and under scale to zero the longer router timeout."""
-    count = svc.ingress_replicas
-    override = {"name": INGRESS_DEPLOYMENT_NAME, "autoscaling_config": {"min_replicas": count, "max_replicas": count},
-                "ray_actor_options": dict(INGRESS_ON_HEAD)}
-    if svc.min_replicas == 0:
-        override["ray_actor_options"]["runtime_env"] = {"env_vars": {ROUTER_TIMEOUT_ENV: str(SCALE_FROM_ZERO_TIMEOUT_S)}}
-    return override
-
-
-# PrefixAware routing (Ray 2.60's PrefixCacheAffinityRouter) keeps its prefix tree in one detached
-# LlmPrefixTreeActor, never restarted, that asks for 1 CPU to be placed (Ray's actor default) and
-# is created by the router in the ingress replica. With the head at num-cpus 0 it can only land on
-# a TPU host: a slice that never idles (a node with a detached actor is never idle for the
-# autoscaler), and every routed request hangs once that host is lost. So the head keeps one CPU for
-# it: the ingress runs on the head (INGRESS_ON_HEAD, 0 CPU), and Ray places an actor on its
-# creator's node first when that node has the resources (the raylet's hybrid policy), so the tree
-# lands on the head, which outlives every slice. Nothing else asks for the head's CPU: the ingress
-# and Serve's proxy and controller take none, the LLMServer replica asks for a TPU host's resource.
-PREFIX_TREE_HEAD_CPUS = 1
-
-
-def head_num_cpus(svc: ServiceSpec) -> int:
-    """The head's Ray num-cpus: 0 (as Google's sample: no Serve replica or vLLM worker there), one
-    for the prefix tree with PrefixAware routing."""
-    return PREFIX_TREE_HEAD_CPUS if svc.routing in REQUEST_ROUTERS else 0
-
-
-def request_router_kwargs(svc: ServiceSpec) -> dict | None:
-    """The PrefixCacheAffinityRouter's initialize_state kwargs. Ray's defaults ignore load
-    (imbalanced_threshold inf: a hot prefix piles onto one replica) and never evict (the tree grows
-    without bound in the actor). Imbalanced: a replica more than target_ongoing_requests (what
-    Serve's autoscaler aims at per replica) behind another, then Serve's power of two choices
-    routes instead. Eviction with Ray's own sizes (400,000 characters per replica, down to
-    360,000, checked every 10 s)."""
-    if svc.routing not in REQUEST_ROUTERS:
+def ingress_override(svc: ServiceSpec) -> dict | None:
+    """The OpenAiIngress deployments override: its replica count when spec.serve.ingressReplicas
+    is not Ray's own 1, and its place on the head under scale to zero; None when neither applies,
+    so a service that sets neither keeps the Serve config it had."""
+    scales_to_zero = svc.min_replicas == 0
+    if not scales_to_zero and svc.ingress_replicas == SERVICE_DEFAULTS["serve.ingressReplicas"]:
         return None
-    return {"imbalanced_threshold": svc.target_ongoing_requests, "do_eviction": True}
+    count = svc.ingress_replicas
+    override = {"name": INGRESS_DEPLOYMENT_NAME, "autoscaling_config": {"min_replicas": count, "max_replicas": count}}
+    if scales_to_zero:
+        override["ray_actor_options"] = {**INGRESS_ON_HEAD, "runtime_env": {
+            "env_vars": {ROUTER_TIMEOUT_ENV: str(SCALE_FROM_ZERO_TIMEOUT_S)}}}
+    return override
 
 
 def llm_deployment_name(model_id: str) -> str:

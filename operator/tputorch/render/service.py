@@ -15,7 +15,7 @@ from . import output
 from .cluster import SERVICE_HEAD_PORTS, cluster_context
 from .env import serving_env
 from .names import INITIALIZING_TIMEOUT_ANNOTATION, SPEC_HASH_ANNOTATION, object_labels, pod_labels
-from .serveconfig import autoscaler_visible_resources, head_num_cpus, serve_config
+from .serveconfig import autoscaler_visible_resources, serve_config
 
 def rayservice_annotations(svc: ServiceSpec) -> dict[str, str]:
     """The RayService's annotations other than our spec hash. A queued service is created without
@@ -98,9 +98,9 @@ def rayservice(svc: ServiceSpec) -> dict:
         # whole second cluster (a second slice) under the NewCluster upgrade.
         # Except under Kueue: its RayService webhook refuses Ray's autoscaler (a queued service has a
         # fixed number of slices, spec rule).
-        # The head's num-cpus: serveconfig.head_num_cpus.
+        # num-cpus 0 on the head (as Google's sample): no Serve replica or vLLM worker is placed on it.
         "cluster": {**cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
-                                      autoscaling=not svc.queue_name, head_start_params={"num-cpus": str(head_num_cpus(svc))}),
+                                      autoscaling=not svc.queue_name, head_start_params={"num-cpus": "0"}),
                     "worker_ray_resources": autoscaler_visible_resources(svc)},
     }), "RayService")
     obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)

@@ -282,9 +282,8 @@ def llm_config(rayservice):
 
 def autoscaling(rayservice):
     (app,) = serve_config(rayservice)["applications"]
-    override, ingress = app["deployments"]
+    (override,) = app["deployments"]
     assert override["name"] == f"LLMServer:{llm_config(rayservice)['model_loading_config']['model_id']}"
-    assert ingress["name"] == "OpenAiIngress"
     return override["autoscaling_config"]
 
 
@@ -589,41 +588,16 @@ def test_stream_knobs_render_only_when_set():
 def test_prefix_aware_routing_is_ray_serve_llms_router_and_powers_of_two_writes_nothing():
     assert "request_router_config" not in _llm_deployment_config(rendered_service({}))
     assert "request_router_config" not in _llm_deployment_config(rendered_service({"serve": {"routing": "PowerOfTwo"}}))
-    # Issue 56: a finite imbalance (a replica a whole target behind another: power of two choices
-    # instead) and eviction on; Ray's defaults (inf, no eviction) ignore load and grow the tree.
-    routed = rendered_service({"serve": {"routing": "PrefixAware", "targetOngoingRequests": 8}})
-    assert _llm_deployment_config(routed)["request_router_config"] == {
-        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
-        "request_router_kwargs": {"imbalanced_threshold": 8, "do_eviction": True}}
-
-
-def head_start_params(rayservice):
-    return rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
-
-
-def test_prefix_aware_routing_keeps_a_head_cpu_for_the_prefix_tree():
-    """Issue 56: Ray's LlmPrefixTreeActor (detached, never restarted, 1 CPU to be placed) lands on
-    the head, beside the ingress that creates it, only if the head has a CPU: at num-cpus 0 it took
-    a TPU host, which then never idled and took every routed request down with it."""
-    for case in ({"serve": {"routing": "PrefixAware"}},
-                 {"tpu": {"topology": "2x2"}, "replicas": {"min": 0, "max": 2}, "serve": {"routing": "PrefixAware"}}):
-        rs = rendered_service(case)
-        assert head_start_params(rs)["num-cpus"] == "1"
-        (app,) = serve_config(rs)["applications"]
-        assert app["deployments"][1]["ray_actor_options"]["resources"] == {"node:__internal_head__": 0.001}
-    assert head_start_params(rendered_service({}))["num-cpus"] == "0"  # no tree: no CPU for anything on the head
+    assert _llm_deployment_config(rendered_service({"serve": {"routing": "PrefixAware"}}))["request_router_config"] == {
+        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"}
 
 
 def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress():
-    on_head = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
-    # Issue 56: on the head in every mode (on a TPU host, the head having no CPU, it held a slice).
     (app,) = serve_config(rendered_service({}))["applications"]
-    assert app["deployments"][1] == {"name": "OpenAiIngress", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
-                                     "ray_actor_options": on_head}
-    (app,) = serve_config(rendered_service({"serve": {"ingressReplicas": 3}, "replicas": {"min": 1, "max": 3}}))["applications"]
+    assert [d["name"] for d in app["deployments"]] == ["LLMServer:svc"]  # Ray's own single ingress replica
+    (app,) = serve_config(rendered_service({"serve": {"ingressReplicas": 3}}))["applications"]
     llm, ingress = app["deployments"]
-    assert ingress == {"name": "OpenAiIngress", "autoscaling_config": {"min_replicas": 3, "max_replicas": 3},
-                       "ray_actor_options": on_head}
+    assert ingress == {"name": "OpenAiIngress", "autoscaling_config": {"min_replicas": 3, "max_replicas": 3}}
     # The names are those Ray 2.60 Serve LLM gave the deployments on the real chain (recorded there).
     recorded = json.loads((REPO / "hack" / "fakedash" / "recorded" / "serve-deploy.json").read_text())
     assert {"OpenAiIngress", llm_deployment_name("tiny")} <= set(
@@ -645,12 +619,12 @@ def test_scale_to_zero_puts_the_ingress_on_the_head_and_lets_a_request_wait_for_
     options = ingress["ray_actor_options"]
     assert (options["num_cpus"], options["resources"]) == (0, {"node:__internal_head__": 0.001})
     assert options["runtime_env"]["env_vars"] == {"RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT": "1800"}
-    # ingressReplicas still sets the count; above zero the ingress is on the head too, with Ray's router timeout
+    # ingressReplicas still sets the count; above zero the ingress stays where Serve puts it
     (app,) = serve_config(rendered_service({**SERVICE_CASES["service-v6e-2x2-scale-to-zero"],
                                             "serve": {"ingressReplicas": 2}}))["applications"]
     assert app["deployments"][1]["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 2}
     (app,) = serve_config(rendered_service({"replicas": {"min": 1, "max": 2}, "serve": {"ingressReplicas": 2}}))["applications"]
-    assert app["deployments"][1]["ray_actor_options"] == {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
+    assert "ray_actor_options" not in app["deployments"][1]
 
 
 def test_dropping_the_cluster_deletion_delay_removes_it_from_the_rayservice():

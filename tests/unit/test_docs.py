@@ -212,7 +212,8 @@ def test_the_example_images_pin_what_the_project_runs():
     # the Run:ai streamer a gs:// model is streamed with on TPU: below 0.17, as vllm-torchtpu-core
     # 0.29.0 pins it (its EP weight filter's FileChunks call; issue 56); the CPU chain keeps the
     # 0.17 that vLLM's CPU build takes, which the serving image therefore does not share
-    assert '"runai-model-streamer[gcs]<0.17"' in serve and "runai-model-streamer[gcs]==" not in serve
+    # (pinned exactly, as every skipped download is: tests/image/test_example_images.py)
+    assert '"runai-model-streamer[gcs]==0.16.1"' in serve
     (streamer,) = re.findall(r"^runai-model-streamer\[gcs\]==([\d.]+)$", (ROOT / "hack" / "vllm-cpu" / "requirements.txt").read_text(), re.M)
     assert streamer.startswith("0.17."), streamer
     # the CUDA rollout image (examples/rl/Dockerfile): the training image's Ray and Python (Ray

@@ -29,8 +29,11 @@ def main() -> None:
     model = resolved_model(llm_config)
     from vllm import LLM, SamplingParams
 
+    # float32, the tiny model's own dtype (as weight_sync.py runs it): vLLM's CPU default, bfloat16,
+    # takes oneDNN's AMX kernels, which a VM may advertise and still kill with SIGILL (exit -4; seen
+    # on the 2026-12-07 CI machine). What is tested is the load path, not the arithmetic.
     llm = LLM(model=model, load_format=llm_config["engine_kwargs"]["load_format"], enforce_eager=True,
-              max_model_len=256, kv_cache_memory_bytes=64 * 2**20)
+              max_model_len=256, kv_cache_memory_bytes=64 * 2**20, dtype="float32")
     init_s = time.monotonic() - t0
     out = llm.generate(["A TPU slice is"], SamplingParams(max_tokens=4, temperature=0))
     print("RUNAI-STREAMER " + json.dumps({"model": model, "init_s": round(init_s, 1),

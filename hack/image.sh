@@ -255,7 +255,15 @@ EOF
     log "cached: $hit"
   fi
   cp --reflink=auto "$hit/$name.oci.tar" "$DIST/$name.oci.tar.tmp" && mv "$DIST/$name.oci.tar.tmp" "$DIST/$name.oci.tar"
-  cp "$hit/image.json" "$DIST/$name.json"
+  # The record's Dockerfile facts (its bases, the downloads the stand-in skips) are this Dockerfile's,
+  # not the cached build's: Dockerfiles that differ only in skipped steps share one stand-in build.
+  python3 - "$hit/image.json" "$summary" "$dockerfile" "$DIST/$name.json" <<'EOF'
+import json, sys
+cached, summary, dockerfile, out = sys.argv[1:]
+record, s = json.load(open(cached)), json.loads(summary)
+record.update(dockerfile=dockerfile, bases=s["bases"], skipped=s["skipped"])
+json.dump(record, open(out, "w"), indent=1)
+EOF
 }
 
 case ${1:-build} in

@@ -154,8 +154,7 @@ def test_make_release_writes_the_five_artifacts(tmp_path, monkeypatch, capsys, b
     chart, the image, the CRD bundle, the wheel and the sdist, each named by the version, and a note
     that says plainly when the image stands on the stand-in base."""
     helm = doccmds.find_helm()
-    if helm is None:
-        pytest.skip("no helm binary (hack/build.sh helm, or set $HELM)")
+    assert helm, "no helm binary: make test builds it (hack/build.sh helm), or set $HELM"
     monkeypatch.setenv("HELM", helm)
     root = tmp_path / "src"
     for name in ("pyproject.toml", "README.md", *VERSION_FILES, "hack/release.py"):

@@ -5,10 +5,8 @@ rights in the namespace (SelfSubjectAccessReviews).
 from __future__ import annotations
 
 from ...api import crd
+from ...render.volumes import GCS_FUSE_DRIVER
 from .result import DOC_GCSFUSE, DOC_RIGHTS, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown
-
-
-GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 
 
 def check_gcsfuse(driver: dict | None | Unread) -> list[Result]:

@@ -139,6 +139,16 @@ def helm_binary(root: Path) -> str:
     return str(Path(bin_dir) / "helm")
 
 
+def package_chart(root: Path, dist: Path, helm: str | None = None) -> Path:
+    """`helm package` of the chart into ``dist``: the release's chart, as the cluster test installs it."""
+    version = package_version(root)
+    run([helm or helm_binary(root), "package", root / CHART, "--destination", dist], stdout=subprocess.DEVNULL)
+    packaged = dist / f"{NAME}-{version}.tgz"
+    if not packaged.is_file():
+        raise Refused(f"helm package wrote no {packaged.name}: the chart's version is not {version}")
+    return packaged
+
+
 def crd_bundle(root: Path, out: Path) -> None:
     """crds/*.yaml as one multi-document file, in the order `tputorch crd` prints them."""
     docs = [p.read_text() for p in sorted((root / "crds").glob("*.yaml"))]
@@ -222,8 +232,7 @@ def build(root: Path) -> int:
         old.unlink()
     artifacts = []
     say(f"{NAME} {version}: the chart")
-    run([helm_binary(root), "package", root / CHART, "--destination", dist], stdout=subprocess.DEVNULL)
-    artifacts.append(dist / f"{NAME}-{version}.tgz")
+    artifacts.append(package_chart(root, dist))
     crds = dist / f"tputorch-crds-{version}.yaml"
     crd_bundle(root, crds)
     artifacts.append(crds)

@@ -3,7 +3,8 @@
 1. `helm template` (default, namespaced, metrics) | `kubectl apply --dry-run=server`: the API server
    validates every object against its real OpenAPI schemas; the pod template also passes the
    PodSecurity admission plugin at `restricted` level.
-2. `helm install` into the local cluster. The Deployment's pod does not run the operator there (KWOK
+2. `helm install` of the packaged chart (`make release`'s `helm package`, hack/release.py) into the
+   local cluster; the release's chart and app versions are the package's (tputorch.__version__). The Deployment's pod does not run the operator there (KWOK
    fakes kubelets: a pod is only a status), so the operator runs as a local process instead,
    authenticated with a token of the chart's ServiceAccount (`kubectl create token`).
 3. `kubectl auth can-i --as=system:serviceaccount:<ns>:<sa>`: may create RayJobs and patch
@@ -19,6 +20,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import tempfile
 import shutil
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tputorch import __version__
 
 from doccmds import helm_args
 from namespaces import delete_namespace, make_bucket_account, make_namespace
@@ -79,19 +83,31 @@ def extra_namespaces(kube):
         delete_namespace(kube, ns, wait=False)
 
 
+@pytest.fixture(scope="module")
+def packaged_chart(tmp_path_factory) -> Path:
+    """The chart as `make release` packages it (hack/release.py package_chart)."""
+    spec = importlib.util.spec_from_file_location("release", REPO / "hack" / "release.py")
+    release_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(release_py)
+    return release_py.package_chart(REPO, tmp_path_factory.mktemp("dist"), HELM)
+
+
 @pytest.fixture
-def release(kube, namespace, tputorch_crd, image_info):
-    """helm install/uninstall of the chart into the test namespace, with the image `make image`
-    built; yields a function taking --set values."""
+def release(kube, namespace, tputorch_crd, image_info, packaged_chart):
+    """helm install/uninstall of the packaged chart into the test namespace, with the image `make
+    image` built; yields a function taking --set values."""
     installed: list[str] = []
 
     def install(*sets: str) -> dict:
         name = f"tto-{uuid.uuid4().hex[:6]}"
-        args = ["install", name, str(CHART), "--namespace", namespace]
+        args = ["install", name, str(packaged_chart), "--namespace", namespace]
         for s in (f"image.repository={image_info['repository']}", f"image.tag={image_info['tag']}", *sets):
             args += ["--set", s]
         out = helm(kube.kubeconfig, *args)
         installed.append(name)
+        listed = json.loads(helm(kube.kubeconfig, "list", "--namespace", namespace, "--filter", f"^{name}$",
+                                 "--output", "json").stdout)
+        assert [(r["chart"], r["app_version"]) for r in listed] == [(f"tputorch-operator-{__version__}", __version__)], listed
         return {"name": name, "namespace": namespace, "sa": f"{name}-tputorch-operator", "stdout": out.stdout}
 
     yield install

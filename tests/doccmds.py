@@ -1,4 +1,4 @@
-"""Every shell command in README.md and docs/*.md, found and sorted into what a test runs and how.
+"""Every shell command in README.md and docs/ (the generated docs/reference/ aside), found and sorted into what a test runs and how.
 
 A fenced block tagged `sh` (or bash/shell/console) holds commands a reader copies. Each command is
 one of:
@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "reference" not in p.relative_to(ROOT / "docs").parts)]
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 MARKER = re.compile(r"#\s*not run here:\s*(.*\S)?\s*$")
 TESTED = re.compile(r"#\s*tested by\s+(\S+)")
@@ -101,7 +101,7 @@ def blocks(path: Path) -> list[Block]:
         m = FENCE.match(line)
         if current is None and m:
             fence = m.group(2)
-            current = Block(path.name if path.parent == ROOT else f"docs/{path.name}", n, m.group(3).lower(), [])
+            current = Block(path.relative_to(ROOT).as_posix(), n, m.group(3).lower(), [])
         elif current is not None and line.strip().startswith(fence) and line.strip().strip(fence[0]) == "":
             out.append(current)
             current = None

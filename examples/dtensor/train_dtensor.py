@@ -14,7 +14,7 @@ the slice has); the lines that differ are in one block below. A run with the sam
 ``--storage-path`` resumes from the last checkpoint, as does a restart after a failure.
 
 Not verified on TPU hardware by this project: DTensor collectives over ``tpu_dist`` depend on
-TorchTPU's support for DeviceMesh and DTensor (see docs/cuda-to-tpu.md).
+TorchTPU's support for DeviceMesh and DTensor (see docs/tasks/cuda-to-tpu.md).
 """
 
 from __future__ import annotations

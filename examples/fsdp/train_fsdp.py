@@ -12,7 +12,7 @@ the slice has); the lines that differ are in one block below. A run with the sam
 ``--storage-path`` resumes from the last checkpoint, as does a restart after a failure.
 
 Not verified on TPU hardware by this project: FSDP v2 over ``tpu_dist`` depends on TorchTPU's
-support for DeviceMesh and DTensor collectives (see docs/cuda-to-tpu.md).
+support for DeviceMesh and DTensor collectives (see docs/tasks/cuda-to-tpu.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""docs/kueue.md's two teams on real Kueue v0.19.1 and the real KubeRay operator: the doc's own
+"""docs/tasks/kueue.md's two teams on real Kueue v0.19.1 and the real KubeRay operator: the doc's own
 commands (taken from the docs: doccmds.tested_by) make the namespaces, the two ClusterQueues in a
 cohort, their LocalQueues and the priority policy; then team A borrows team B's idle slice, team
 B's job takes it back, and a priority class team A's namespace may not use is refused.

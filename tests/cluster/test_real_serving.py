@@ -442,7 +442,7 @@ class ScrapesWhileServing:
     because Ray exports a gauge only in the report interval after its process set it and its agent
     drops it two intervals (20 s) later, and the gauges the queue-depth and KV-cache panels read are
     set only while requests are in flight: vLLM's at each engine step, Serve's proxy and router
-    ones at each request (docs/serving.md, "Metrics, dashboard and alerts")."""
+    ones at each request (docs/tasks/serving.md, "Metrics, dashboard and alerts")."""
 
     def __init__(self, ray: RealRay):
         self.ray, self.seen, self.last, self.scrapes = ray, set(), 0.0, 0

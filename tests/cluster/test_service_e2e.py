@@ -109,10 +109,10 @@ def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace,
     dashboard.set_serve_ready_after(3)
     body = yaml.safe_load((EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
     name = body["metadata"]["name"]
-    # the Hugging Face token Secret it names, made first as docs/serving.md says (its pods wait for it)
+    # the Hugging Face token Secret it names, made first as docs/tasks/serving.md says (its pods wait for it)
     hf = body["spec"]["model"]["hfTokenSecret"]
     kubectl(kube.kubeconfig, "create", "secret", "generic", hf["name"], "-n", namespace, f"--from-literal={hf['key']}=hf_x")
-    # Exposed as docs/serving.md's internal load balancer: KubeRay makes <name>-serve-svc from it.
+    # Exposed as docs/tasks/serving.md's internal load balancer: KubeRay makes <name>-serve-svc from it.
     internal = {"networking.gke.io/load-balancer-type": "Internal"}
     body["spec"]["exposure"] = {"serveService": {"type": "LoadBalancer", "annotations": internal,
                                                  "loadBalancerSourceRanges": ["10.0.0.0/8"]}}

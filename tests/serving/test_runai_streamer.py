@@ -38,7 +38,7 @@ WEIGHTS = f"{BUCKET}/{FOLDER}/model.safetensors"  # as FakeGcs.media_bytes() key
 
 def rendered_llm_config(source: str) -> dict:
     """The llm_config the operator writes for a service of this source streamed with the Run:ai
-    streamer (engine.args.load_format, as docs/serving.md says to set it), as much of it as a CPU
+    streamer (engine.args.load_format, as docs/tasks/serving.md says to set it), as much of it as a CPU
     engine takes: the model's loading config and the load_format (the rest is the TPU slice's)."""
     body = {"apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService",
             "metadata": {"name": "tiny", "namespace": "ml", "uid": "u", "generation": 1},

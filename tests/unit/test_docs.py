@@ -1,4 +1,4 @@
-"""The docs' commands, offline: every shell command in README.md and docs/*.md runs in a test or
+"""The docs' commands, offline: every shell command in README.md and docs/ (docs/reference/ aside) runs in a test or
 says in the docs why it does not (tests/doccmds.py has the rules); the offline ones run here, as
 one script per document in the order a reader runs them. The cluster ones run in
 tests/cluster/test_docs_commands.py.

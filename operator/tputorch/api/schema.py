@@ -260,7 +260,7 @@ def common_properties(kind: str) -> dict:
             "Container image for the Ray head and workers: Ray (rayVersion) with PyTorch and "
             "torch_tpu installed." if job else
             "Container image for the Ray head and workers: Ray (rayVersion) with vLLM and its "
-            "TPU platform plugin (see docs/serving.md).",
+            "TPU platform plugin (see docs/tasks/serving.md).",
             minLength=1,
             maxLength=spec.MAX_STRING,
             pattern=common.IMAGE.pattern,

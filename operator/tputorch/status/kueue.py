@@ -5,7 +5,7 @@ kueue.x-k8s.io/queue-name label, owned by it (controller ownerReference), and re
 the Workload's conditions: QuotaReserved (False while pending, with the reason and message of its
 scheduler: "couldn't assign flavors to pod set tpu-slice: insufficient unused quota for
 google.com/tpu in flavor v6e-4x4, 16 more needed"; v0.19 may set none on a Workload it skipped as
-equivalent to one that did not fit: docs/kueue.md), Admitted, Evicted (reason Preempted,
+equivalent to one that did not fit: docs/tasks/kueue.md), Admitted, Evicted (reason Preempted,
 Deactivated, ...), Requeued and Finished. This module turns that into the operator's `Admitted`
 condition and, while the child may not run, the phase `Queued` or `Preempted`.
 """

@@ -108,7 +108,7 @@ def check_kueue_version(crd_installed: bool | Unread, deployment: dict | None | 
     if version not in tested_versions.KUEUE:
         return [Result("kueue-version", WARN, f"Kueue {version}: not a version this release was tested with "
                        f"(tested: {tested_versions.shown(tested_versions.KUEUE)})",
-                       "docs/kueue.md says what the operator needs of Kueue; or run a tested version", DOC_COMPAT_KUEUE)]
+                       "docs/tasks/kueue.md says what the operator needs of Kueue; or run a tested version", DOC_COMPAT_KUEUE)]
     return [Result("kueue-version", OK, f"Kueue {version} (tested)")]
 
 

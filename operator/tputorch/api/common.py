@@ -110,6 +110,7 @@ class CommonSpec:
     automount_service_account_token: bool = False
     # Reaches Cloud Storage as the namespace's default ServiceAccount (api/identity.py): said, not refused.
     identity_warning: str | None = None
+    gcs_buckets: tuple[str, ...] = ()  # the buckets the spec reaches (api/identity.py), each once
 
 
 image_reference = string(MAX_STRING, IMAGE, "an image reference such as us-docker.pkg.dev/p/r/ray:2.60.0 or "
@@ -490,6 +491,7 @@ def parse_common(r: Reader, body: Any, kind: KindRules, operator_env: Mapping[st
         queue_name=queue_name, priority_class_name=priority, volumes=volumes, gcs_fuse_sidecar=sidecar,
         security_context=security_context, automount_service_account_token=automount,
         identity_warning=identity.missing_identity(spec) if isinstance(spec, dict) else None,
+        gcs_buckets=identity.buckets(spec) if isinstance(spec, dict) else (),
     )
     return fields, spec, tpu
 

@@ -17,6 +17,29 @@ import re
 
 GCS_URL = re.compile(r"gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](?:/[^\s'\"]*)?")
 
+# The runbook's Workload Identity step (docs/install-gke.md step 6): the account it creates, the
+# principal GKE names a pod of it by, and the roles it grants that principal on the bucket.
+RUNBOOK_ACCOUNT = "ray-tpu"
+RUNBOOK_STEP = "docs/install-gke.md#6-a-bucket-and-workload-identity-for-the-ray-pods"
+PRINCIPAL = ("principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
+             "{project}.svc.id.goog/subject/ns/{namespace}/sa/{account}")
+OBJECT_ROLE = "roles/storage.objectUser"  # read, write and delete objects: checkpoints, working_dir
+BUCKET_ROLE = "roles/storage.legacyBucketReader"  # storage.buckets.get: pyarrow's and the streamer's bucket read
+READ_ROLE = "roles/storage.objectViewer"  # a bucket the pods only read (LoRA adapters, a model)
+
+
+def principal(namespace: str, account: str, project_number: str = "PROJECT_NUMBER", project: str = "PROJECT_ID") -> str:
+    """The principal GKE's Workload Identity Federation gives a pod of ServiceAccount ``account`` in
+    ``namespace`` (the project's number and id left as placeholders unless known)."""
+    return PRINCIPAL.format(project_number=project_number, project=project, namespace=namespace, account=account)
+
+
+def bind_commands(namespace: str, account: str, bucket: str = "BUCKET", roles: tuple[str, ...] = (OBJECT_ROLE, BUCKET_ROLE)) -> str:
+    """The runbook's commands that bind ``account`` to ``bucket`` (its name, without gs://)."""
+    member = principal(namespace, account)
+    return "; ".join(f"gcloud storage buckets add-iam-policy-binding gs://{bucket} --member={member} --role={role}"
+                     for role in roles)
+
 
 def _field(obj: object, key: str) -> object:
     """obj[key] when obj is a mapping, else None: a spec the parser refuses must not crash this."""
@@ -52,6 +75,11 @@ def gcs_references(spec: dict) -> list[tuple[str, str]]:
         if isinstance(bucket, str) and bucket:
             found.append((f"spec.volumes[{i}].gcs.bucket", f"gs://{bucket}"))
     return found
+
+
+def buckets(spec: dict) -> tuple[str, ...]:
+    """The buckets ``spec`` reaches (names without gs://), each once, in the spec's order."""
+    return tuple(dict.fromkeys(url[len("gs://"):].split("/", 1)[0] for _, url in gcs_references(spec)))
 
 
 def missing_identity(spec: dict) -> str | None:

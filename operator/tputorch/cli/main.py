@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "ok, failed (with the fix and a doc link), warning (!) or unknown (?). "
                                      "Exit code: 0 when nothing failed, 1 otherwise, 2 bad usage.")
     doc.add_argument("--for", dest="for_file", metavar="FILE",
-                     help="also say which TPU node pool each job and service of FILE would land on, or why none fits")
+                     help="also say which TPU node pool each job and service of FILE would land on, or why none fits, "
+                          "and whether the ServiceAccount each names exists in its namespace")
     doc.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                      help="how long each check may wait for the API server (default 10)")
     doc.add_argument("--smoke", action="store_true",

@@ -768,3 +768,62 @@ def test_run_checks_reads_kueue_config_for_the_queued_specs():
     assert statuses(doctor.run_checks(facts, NOW))["for/team-a/j"] == FAIL
     facts["kueue_config"]["data"]["controller_manager_config.yaml"] += "resources:\n  excludeResourcePrefixes: [ephemeral-storage]\n"
     assert statuses(doctor.run_checks(facts, NOW))["for/team-a/j"] == OK
+
+
+# ---------------------------------------------------------------- --for FILE: the ServiceAccount (issue 55)
+
+def test_for_a_spec_whose_service_account_is_missing_fails_naming_it_and_the_runbooks_commands():
+    from tputorch.api import identity
+    from tputorch.cli.doctor.identity import check_service_accounts
+
+    bound = job(serviceAccountName="ray-tpu", checkpoint={"storagePath": "gs://team-ckpt/runs"})
+    (missing,) = check_service_accounts([bound], {("team-a", "ray-tpu"): None})
+    assert missing.status == FAIL and missing.check == "service-account/team-a/j"
+    assert "ServiceAccount ray-tpu, which namespace team-a does not have" in missing.message
+    assert "`kubectl -n team-a create serviceaccount ray-tpu`" in missing.fix
+    member = ("principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
+              "PROJECT_ID.svc.id.goog/subject/ns/team-a/sa/ray-tpu")
+    assert (f"gcloud storage buckets add-iam-policy-binding gs://team-ckpt --member={member} "
+            "--role=roles/storage.objectUser") in missing.fix
+    assert missing.doc == identity.RUNBOOK_STEP == "docs/install-gke.md#6-a-bucket-and-workload-identity-for-the-ray-pods"
+    (there,) = check_service_accounts([bound], {("team-a", "ray-tpu"): {"metadata": {"name": "ray-tpu"}}})
+    assert there.status == OK and "gs://team-ckpt" in there.message
+    (unread,) = check_service_accounts([bound], {("team-a", "ray-tpu"): Unread("forbidden")})
+    assert unread.status == UNKNOWN and "forbidden" in unread.message
+
+
+def test_for_a_spec_that_reaches_a_bucket_as_the_default_account_is_a_warning():
+    from tputorch.cli.doctor.identity import check_service_accounts
+
+    (warned,) = check_service_accounts([job(checkpoint={"storagePath": "gs://team-ckpt/runs"})], {})
+    assert warned.status == WARN and "reaches gs://team-ckpt as namespace team-a's default ServiceAccount" in warned.message
+    assert "serviceAccountName: ray-tpu" in warned.fix
+    assert check_service_accounts([job()], {}) == []  # no bucket, no account: nothing to say
+
+
+def test_the_runbook_binds_the_principal_and_roles_the_fix_names():
+    """The doctor's and the status's fix is the runbook's own step: its member and its roles."""
+    from tputorch.api import identity
+
+    text = (ROOT / "docs" / "install-gke.md").read_text()
+    step = text[text.index("### 6. A bucket, and Workload Identity"):text.index("### 7. The operator")]
+    member = identity.principal("$NS", identity.RUNBOOK_ACCOUNT, "$PROJECT_NUMBER", "$PROJECT")
+    assert f"kubectl create serviceaccount {identity.RUNBOOK_ACCOUNT}" in step
+    assert f"MEMBER={member}" in step
+    for role in (identity.OBJECT_ROLE, identity.BUCKET_ROLE):
+        assert f"--member=$MEMBER --role={role}" in step
+    assert identity.READ_ROLE in step
+
+
+def test_for_reads_each_named_service_account_through_the_api():
+    from tputorch.cli.doctor import read as doctor_read
+
+    api = FakeApiClient({"/version": healthy_facts()["version"], "/api/v1/nodes": {"items": healthy_facts()["nodes"]},
+                         "/api/v1/namespaces/team-a/serviceaccounts/ray-tpu": {"metadata": {"name": "ray-tpu"}}})
+    specs = [job(serviceAccountName="ray-tpu"), job(serviceAccountName="other")]
+    facts = doctor_read.read_facts(api, "team-a", specs, timeout=5)
+    assert facts["service_accounts"] == {("team-a", "ray-tpu"): {"metadata": {"name": "ray-tpu"}}, ("team-a", "other"): None}
+    got = [r for r in doctor.run_checks(facts) if r.check == "service-account/team-a/j"]
+    assert [r.status for r in got] == [OK, FAIL] and "ServiceAccount other" in got[1].message
+    doctor_read.read_facts(quiet := FakeApiClient(api.objects), "team-a", [job()], timeout=5)
+    assert not [p for p in quiet.paths if "/serviceaccounts/" in p]  # read only when a spec names one

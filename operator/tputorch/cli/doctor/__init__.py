@@ -9,6 +9,7 @@ The checks, one module per area:
   cluster.py   the API server's version, this operator's CRDs, its Deployment and leader Lease
   kuberay.py   KubeRay: its CRDs serve what the operator writes, its version, the Ray TPU webhook
   pools.py     the TPU node pools, and (--for FILE) whether a job or service can ever be placed
+  identity.py  (--for FILE) the ServiceAccount each job or service names exists in its namespace
   kueue.py     Kueue's Ray integrations, LocalQueues and pod-set cap; whether a queue can ever admit
   network.py   NetworkPolicy enforcement and the operator's policy mode
   rights.py    the GCS FUSE CSI driver and the caller's own rights in the namespace
@@ -28,6 +29,7 @@ from ...status.kueue import WORKLOAD_CRD
 from .cluster import check_kubernetes, check_operator, check_tputorch_crds
 from .kuberay import check_kuberay, check_tpu_webhook
 from .kueue import check_kueue, check_kueue_version, kueue_frameworks, kueue_quota_check, kueue_rayservice_enabled
+from .identity import check_service_accounts
 from .network import check_network
 from .pools import check_placement, check_pools, pools_table
 from .result import FAIL, OK, SYMBOLS, UNKNOWN, WARN, Result
@@ -58,6 +60,7 @@ def run_checks(facts: dict, now: datetime | None = None) -> list[Result]:
         results += check_placement(facts["specs"], facts["nodes"], facts["quotas"], facts["local_queues"],
                                    facts.get("cluster_queues"), facts.get("resource_flavors"),
                                    kueue_quota_check(facts.get("kueue_config")))
+        results += check_service_accounts(facts["specs"], facts.get("service_accounts") or {})
     return results
 
 

@@ -16,6 +16,7 @@ from .. import client
 from ...api import crd, topology
 from ...status.kueue import WORKLOAD_CRD
 from .cluster import LEASE_NAME, lease_names
+from .identity import accounts_named
 from .kuberay import KUBERAY_CRDS
 from .kueue import KUEUE_DEPLOYMENT, KUEUE_LOCALQUEUE_CRD
 from .result import Unread
@@ -83,6 +84,9 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
     }
     for name in crd_names:
         reads[f"crd:{name}"] = lambda name=name: r.call(CRD_PATH + name)
+    accounts = accounts_named(specs or [])
+    for ns, name in accounts:
+        reads[f"sa:{ns}/{name}"] = lambda ns=ns, name=name: r.call(f"/api/v1/namespaces/{ns}/serviceaccounts/{name}")
     for ns in namespaces:
         reads[f"quota:{ns}"] = lambda ns=ns: r.items(f"/api/v1/namespaces/{ns}/resourcequotas")
     for right in RIGHTS:
@@ -106,6 +110,7 @@ def read_facts(api_client, namespace: str, specs: list | None, timeout: float = 
     facts["quotas"] = {ns: got[f"quota:{ns}"] for ns in namespaces}
     facts["rights"] = {right: got[f"right:{right}"] for right in RIGHTS}
     facts["specs"] = specs
+    facts["service_accounts"] = {(ns, name): got[f"sa:{ns}/{name}"] for ns, name in accounts}
     facts["local_queues"] = _local_queues(r, lq_crd, namespaces, timeout)
     facts["cluster_queues"], facts["resource_flavors"] = _kueue_quota(r, lq_crd, specs, timeout)
     return facts

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ...api.identity import RUNBOOK_STEP
 from ...api.quantity import quantity_value
 
 
@@ -26,6 +27,7 @@ DOC_KUEUE = DOCS + "tasks/kueue.md#gke-specifics"
 DOC_NETWORK = DOCS + "operations.md#policies"
 DOC_GCSFUSE = DOCS + "install-gke.md#1-the-cluster-ray-operator-add-on-gcs-fuse-workload-identity"
 DOC_RIGHTS = DOCS + "install-gke.md#who-may-submit-jobs"
+DOC_IDENTITY = RUNBOOK_STEP  # the runbook's Workload Identity step
 
 
 @dataclass(frozen=True)

@@ -355,9 +355,9 @@ def check_scale_to_zero(r, max_replicas: int | None, queue_name: str | None) -> 
     if max_replicas is None and not any(e.path == "spec.replicas.max" for e in r.errors):
         r.error("spec.replicas.max", None, "is required when spec.replicas.min is 0 (scale to zero): the most slices "
                 "the first requests may bring back, at least 1")
-    if queue_name:
-        r.error("spec.replicas.min", 0, "must be at least 1 when spec.queueName is set: scale to zero needs Ray's "
-                "autoscaler, which Kueue's RayService webhook refuses (a queued service holds a fixed number of slices)")
+    if queue_name:  # not shown on the chain's Kueue: a Workload admitted with no slice, then grown by a slice
+        r.error("spec.replicas.min", 0, "must be at least 1 when spec.queueName is set: a queued service may "
+                "autoscale (Kueue's elastic jobs) but not to zero slices, which this operator does not support under Kueue")
 
 
 def parse_service(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> ServiceSpec:
@@ -479,9 +479,6 @@ def _parse_replicas(r: Reader, spec: Mapping, tpu: TPU, queue_name: str | None, 
         check_scale_to_zero(r, max_replicas, queue_name)
     if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
         r.error("spec.replicas.max", max_replicas, f"must be at least spec.replicas.min ({min_replicas})")
-    elif queue_name and min_replicas and max_replicas != min_replicas:  # Kueue's RayService webhook refuses it
-        r.error("spec.replicas.max", max_replicas, f"must equal spec.replicas.min ({min_replicas}) when "
-                "spec.queueName is set: Kueue admits a fixed number of slices, not an autoscaling range")
 
     if tpu.slice is not None and max_replicas is not None:
         check_pods(r, "spec.replicas.max", 1 + max_replicas * tpu.slice.hosts, max_pods,

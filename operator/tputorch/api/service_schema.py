@@ -258,8 +258,27 @@ def service_spec_schema() -> dict:
         },
         # One rule per chip count, so that each message names the product its slices need (a
         # messageExpression computing it is refused by the API server's CEL cost estimate).
-        **{"x-kubernetes-validations": [_parallel_rule(n, ts, pp) for n, ts in sorted(_topologies_by_chips().items())]},
+        **{"x-kubernetes-validations": [*(_parallel_rule(n, ts, pp) for n, ts in sorted(_topologies_by_chips().items())),
+                                        _queued_autoscaling_rule()]},
     )
+
+
+def _autoscaled(obj: str) -> str:
+    """CEL: the spec ``obj`` (self or oldSelf) asks for a replica range (max above min, min's default 1)."""
+    return (f"(has({obj}.replicas) && has({obj}.replicas.max) && {obj}.replicas.max > "
+            f"(has({obj}.replicas.min) ? {obj}.replicas.min : {spec.SERVICE_DEFAULTS['replicas.min']}))")
+
+
+def _queued_autoscaling_rule() -> dict:
+    """A queued service's RayService is Kueue's elastic job exactly when it autoscales (render:
+    kueue.x-k8s.io/elastic-job), and Kueue 0.19.1 refuses a change of that annotation on update
+    (jobframework validatedUpdateForEnabledWorkloadSlice): the edit is refused here, with the way out."""
+    return {
+        "rule": f"!has(self.queueName) || !has(oldSelf.queueName) || {_autoscaled('self')} == {_autoscaled('oldSelf')}",
+        "message": (f"with spec.queueName, spec.replicas may not change between a fixed count (max == min) and a range "
+                    f"(max > min): the range makes the RayService Kueue's elastic job, which Kueue does not change on a "
+                    f"live RayService; delete the {SERVICE_KIND} and create it again"),
+    }
 
 
 def _topologies_by_chips() -> dict[int, list[str]]:

@@ -16,6 +16,10 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
 QUEUE_LABEL = KUEUE_LABEL_PREFIX + "queue-name"
 PRIORITY_CLASS_LABEL = KUEUE_LABEL_PREFIX + "priority-class"
+# On a queued autoscaled RayService (Kueue >= 0.18, its ElasticJobsViaWorkloadSlices gate): Kueue admits
+# Ray's autoscaler on it and admits each scale-up as a new workload slice. Kueue reads it from the
+# RayService's own metadata (workloadslicing.Enabled) and refuses a change of it on update.
+KUEUE_ELASTIC_JOB_ANNOTATION = KUEUE_LABEL_PREFIX + "elastic-job"
 # The labels of metadata.labels that pass on to the child: the user's own (no prefix) and these.
 # A prefixed label is some controller's interface (Kueue's queue and priority class, ...): set on
 # the child it would act for the user beyond what the spec allows, so it stays on the object.

@@ -78,7 +78,7 @@ def autoscaler_visible_resources(svc: ServiceSpec) -> dict[str, str] | None:
     pin in serve_config, and Serve LLM's slice bundles), which Ray gives a TPU host only once it
     runs. So an autoscaled service lists it (Ray sets the same value on the host). A service with a
     fixed count (min == max) writes nothing: its cluster is as before."""
-    if not svc.autoscaling or svc.queue_name:
+    if not svc.autoscaling:  # queued or not: Kueue's elastic jobs autoscale too
         return None
     return {accelerator_resource(svc): "1"}
 

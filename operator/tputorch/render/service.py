@@ -14,13 +14,19 @@ from ..api.spec import ServiceSpec
 from . import output
 from .cluster import SERVICE_HEAD_PORTS, cluster_context
 from .env import serving_env
-from .names import INITIALIZING_TIMEOUT_ANNOTATION, SPEC_HASH_ANNOTATION, object_labels, pod_labels
+from .names import (INITIALIZING_TIMEOUT_ANNOTATION, KUEUE_ELASTIC_JOB_ANNOTATION, SPEC_HASH_ANNOTATION, object_labels,
+                    pod_labels)
 from .serveconfig import autoscaler_visible_resources, serve_config
 
 def rayservice_annotations(svc: ServiceSpec) -> dict[str, str]:
     """The RayService's annotations other than our spec hash. A queued service is created without
-    the initializing timeout: admitted_timeout_patch gives it one once Kueue admits it."""
-    if not svc.initializing_timeout_s or svc.queue_name:
+    the initializing timeout: admitted_timeout_patch gives it one once Kueue admits it. A queued
+    autoscaled one is Kueue's elastic job (Kueue 0.19.1's RayService webhook refuses Ray's
+    autoscaler on a queued RayService without it); a queued fixed-count one is not (its rendering
+    stays as it was)."""
+    if svc.queue_name:
+        return {KUEUE_ELASTIC_JOB_ANNOTATION: "true"} if svc.autoscaling else {}
+    if not svc.initializing_timeout_s:
         return {}
     return {INITIALIZING_TIMEOUT_ANNOTATION: f"{svc.initializing_timeout_s}s"}
 
@@ -96,11 +102,12 @@ def rayservice(svc: ServiceSpec) -> dict:
         # Autoscaling always on: KubeRay's cluster hash leaves out replicas/min/max but not
         # enableInTreeAutoscaling, so a replicas edit from {1,1} to {1,3} would otherwise start a
         # whole second cluster (a second slice) under the NewCluster upgrade.
-        # Except under Kueue: its RayService webhook refuses Ray's autoscaler (a queued service has a
-        # fixed number of slices, spec rule).
+        # Under Kueue only when autoscaled: a queued fixed-count service renders as before Kueue's
+        # elastic jobs (its RayService webhook refuses the autoscaler without the elastic-job
+        # annotation, and the spec refuses a change between the two, which Kueue would refuse).
         # num-cpus 0 on the head (as Google's sample): no Serve replica or vLLM worker is placed on it.
         "cluster": {**cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
-                                      autoscaling=not svc.queue_name, head_start_params={"num-cpus": "0"}),
+                                      autoscaling=svc.autoscaling or not svc.queue_name, head_start_params={"num-cpus": "0"}),
                     "worker_ray_resources": autoscaler_visible_resources(svc)},
     }), "RayService")
     obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)

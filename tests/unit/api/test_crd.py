@@ -141,10 +141,35 @@ def test_service_only_tpu_and_the_serve_service_are_immutable():
                 yield from walk(v, path)
 
     rules = list(walk(spec_schema, "spec"))
-    assert [p for p, _ in rules] == ["spec.properties.tpu", "spec.properties.exposure"]
+    assert [p for p, _ in rules] == ["spec", "spec.properties.tpu", "spec.properties.exposure"]
+    # the spec's: a queued service stays fixed or autoscaled (Kueue's elastic-job annotation is immutable)
+    assert rules[0][1]["rule"].startswith("!has(self.queueName) || !has(oldSelf.queueName) || ")
+    assert "(max == min) and a range (max > min)" in rules[0][1]["message"]
     # exposure's: only its serveService (KubeRay never carries an edit of it to the Service)
-    assert "self.serveService == oldSelf.serveService" in rules[1][1]["rule"]
-    assert "spec.exposure.serveService is immutable" in rules[1][1]["message"]
+    assert "self.serveService == oldSelf.serveService" in rules[2][1]["rule"]
+    assert "spec.exposure.serveService is immutable" in rules[2][1]["message"]
+
+
+def _cel_autoscaled(spec: dict) -> bool:
+    """The queued-autoscaling rule's notion of a range, evaluated in Python on a spec as the API
+    server has it (CRD defaults applied or not)."""
+    replicas = spec.get("replicas")
+    return replicas is not None and "max" in replicas and replicas["max"] > replicas.get("min", 1)
+
+
+@pytest.mark.parametrize("replicas,autoscaled", [({}, False), ({"min": 2}, False), ({"min": 2, "max": 2}, False),
+                                                 ({"max": 2}, True), ({"min": 1, "max": 3}, True)])
+def test_the_queued_autoscaling_rule_agrees_with_the_parser(replicas, autoscaled):
+    """The CEL rule's range is the parser's ServiceSpec.autoscaling (what renders the annotation)."""
+    from tputorch.api import spec as api_spec
+    from ..services import service_body
+
+    svc = api_spec.parse_service(service_body(replicas=replicas))
+    assert svc.autoscaling is autoscaled is _cel_autoscaled({"replicas": replicas})
+    (rule,) = [r for r in rules(schema(crd.SERVICE_KIND)["properties"]["spec"]) if "oldSelf.queueName" in r["rule"]]
+    expected = ("(has(self.replicas) && has(self.replicas.max) && self.replicas.max > "
+                "(has(self.replicas.min) ? self.replicas.min : 1))")
+    assert expected in rule["rule"] and expected.replace("self.", "oldSelf.") in rule["rule"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

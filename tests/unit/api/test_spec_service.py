@@ -44,6 +44,16 @@ def test_scale_to_zero_on_a_multi_host_slice():
     assert (svc.slice.hosts, svc.min_replicas, svc.max_replicas, svc.autoscaling) == (4, 0, 2, True)
 
 
+def test_a_queued_service_may_autoscale_from_one_slice_kueues_elastic_jobs():
+    """Kueue 0.19.1 admits Ray's autoscaler on a queued RayService that is its elastic job
+    (render: kueue.x-k8s.io/elastic-job); scale to zero under Kueue stays refused."""
+    svc = spec.parse_service(service_body(queueName="q", replicas={"min": 1, "max": 3}))
+    assert (svc.queue_name, svc.min_replicas, svc.max_replicas, svc.autoscaling) == ("q", 1, 3, True)
+    with pytest.raises(spec.InvalidSpec) as err:
+        spec.parse_service(service_body(queueName="q", replicas={"min": 0, "max": 3}))
+    assert [e.path for e in err.value.errors] == ["spec.replicas.min"]
+
+
 def test_the_reference_service():
     svc = spec.parse_service(service_body(
         model={"name": "qwen3-30b-a3b", "hfTokenSecret": {"name": "hf-token", "key": "token"}},

@@ -14,7 +14,7 @@ from tputorch import render
 from tputorch.api.network import Peer
 from tputorch.render.cluster import AUTOSCALER_TOKEN_VOLUME
 from tputorch.render.names import (
-    INITIALIZING_TIMEOUT_ANNOTATION, JOB_LABEL, MANAGED_BY_LABEL, QUEUE_LABEL, SERVICE_LABEL, SPEC_HASH_ANNOTATION,
+    INITIALIZING_TIMEOUT_ANNOTATION, JOB_LABEL, KUEUE_ELASTIC_JOB_ANNOTATION, MANAGED_BY_LABEL, QUEUE_LABEL, SERVICE_LABEL, SPEC_HASH_ANNOTATION,
 )
 from tputorch.render.network import NetworkPolicyConfig, network_policy, network_policy_name
 from tputorch.render.output import spec_hash, to_yaml
@@ -263,6 +263,9 @@ SERVICE_CASES = {
         "serviceAccountName": "serving",
         "queueName": "serving-queue",
     },
+    # queued and autoscaled: Kueue's elastic job (its workload slices admit each added slice)
+    "service-v6e-4x4-queued-replicas-1-2": {"replicas": {"min": 1, "max": 2}, "queueName": "serving-queue",
+                                            "priorityClassName": "tpu-low"},
 }
 
 
@@ -460,6 +463,33 @@ def test_service_labels_and_queue():
         "app.kubernetes.io/managed-by": "tputorch-operator", "tputorch.io/service": "my-svc",
         "kueue.x-k8s.io/queue-name": "serving-queue"}
     assert SERVICE_LABEL == "tputorch.io/service" and JOB_LABEL == "tputorch.io/job"
+
+
+def test_a_queued_autoscaled_service_is_kueues_elastic_job_and_a_queued_fixed_one_renders_as_before():
+    """Kueue 0.19.1's RayService webhook (raycluster.ValidateCreate) refuses enableInTreeAutoscaling on a
+    queued RayService unless the RayService's own metadata carries kueue.x-k8s.io/elastic-job: "true"
+    (ElasticJobsViaWorkloadSlices, on by default since 0.18). A queued fixed-count service stays
+    without autoscaler or annotation: its rendering (and KubeRay's cluster hash) does not change."""
+    elastic = rendered_service({"queueName": "q", "replicas": {"min": 1, "max": 3}})
+    assert elastic["metadata"]["annotations"][KUEUE_ELASTIC_JOB_ANNOTATION] == "true"
+    assert KUEUE_ELASTIC_JOB_ANNOTATION == "kueue.x-k8s.io/elastic-job"
+    cluster = elastic["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True and "autoscalerOptions" in cluster
+    (group,) = cluster["workerGroupSpecs"]
+    assert (group["minReplicas"], group["maxReplicas"], group["replicas"]) == (1, 3, 1)
+    # queued: no initializing timeout at creation (admitted_timeout_patch's), autoscaled or not
+    assert INITIALIZING_TIMEOUT_ANNOTATION not in elastic["metadata"]["annotations"]
+    # the same service unqueued: the same cluster, no Kueue annotation
+    unqueued = rendered_service({"replicas": {"min": 1, "max": 3}})
+    assert KUEUE_ELASTIC_JOB_ANNOTATION not in unqueued["metadata"]["annotations"]
+    assert unqueued["spec"]["rayClusterConfig"] == cluster
+    for fixed in (rendered_service({"queueName": "q"}), rendered_service({"queueName": "q", "replicas": {"min": 2, "max": 2}})):
+        assert KUEUE_ELASTIC_JOB_ANNOTATION not in fixed["metadata"]["annotations"]
+        assert fixed["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is False
+    # an edit's patch carries the annotation (Kueue refuses its change on update: the CRD refuses the edit first)
+    svc = spec.parse_service(service_body(queueName="q", replicas={"min": 1, "max": 3}))
+    patch = rayservice_patch(svc, {"metadata": {"annotations": {}}})
+    assert patch["metadata"]["annotations"][KUEUE_ELASTIC_JOB_ANNOTATION] == "true"
 
 
 def test_spec_hash_annotation_follows_the_spec():

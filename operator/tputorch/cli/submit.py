@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from . import client, display
 from ..api import crd, identity, spec
+from ..api.common import DEFAULTS
 from .. import render
 from ..render.output import to_yaml
 from .display import FAILED, INTERRUPTED, INVALID, OK
@@ -164,7 +165,27 @@ def job_from_file(path: str, name: str | None, namespace: str | None) -> dict:
 
 
 SERVICE_FLAG_FIELDS = {"--tpu": "spec.tpu", "--image": "spec.image", "--model": "spec.model",
-                       "--hf-token-secret": "spec.model.hfTokenSecret"}
+                       "--hf-token-secret": "spec.model.hfTokenSecret", "--engine-arg": "spec.engine.args"}
+
+
+def _engine_args(pairs: list[str] | None, errors: list) -> dict:
+    """--engine-arg KEY=VALUE, each VALUE read as a YAML value (true, 8192, hermes, {"level": 3}),
+    as it would be written under spec.engine.args; the operator's parser checks the names."""
+    args: dict = {}
+    for pair in pairs or []:
+        key, eq, text = pair.partition("=")
+        if not eq or not key:
+            errors.append(FlagError("--engine-arg", pair, "must be KEY=VALUE, a vLLM engine argument in snake_case, "
+                                                          "e.g. tool_call_parser=hermes"))
+            continue
+        if key in args:
+            errors.append(FlagError("--engine-arg", pair, f"gives {key} a second time"))
+            continue
+        try:
+            args[key] = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError as err:
+            errors.append(FlagError("--engine-arg", pair, f"has a VALUE that is not a YAML value: {err}"))
+    return args
 
 
 def service_from_flags(a: argparse.Namespace, namespace: str) -> tuple[dict, list[FlagError]]:
@@ -177,6 +198,8 @@ def service_from_flags(a: argparse.Namespace, namespace: str) -> tuple[dict, lis
     except InvalidFlags as err:
         errors.extend(err.errors)
     body_spec["image"] = a.image
+    if a.service_account:
+        body_spec["serviceAccountName"] = a.service_account
     model: dict = {"source": a.model}
     if a.served_model_name:
         model["name"] = a.served_model_name
@@ -187,13 +210,20 @@ def service_from_flags(a: argparse.Namespace, namespace: str) -> tuple[dict, lis
         else:
             model["hfTokenSecret"] = {"name": secret, "key": key}
     body_spec["model"] = model
-    if a.tp is not None:
-        body_spec["engine"] = {"tensorParallelSize": a.tp}
+    engine = {k: v for k, v in (("tensorParallelSize", a.tp), ("enableExpertParallel", a.expert_parallel or None),
+                                ("maxModelLen", a.max_model_len), ("args", _engine_args(a.engine_arg, errors)))
+              if v is not None and v != {}}
+    if engine:
+        body_spec["engine"] = engine
     if a.lora_path:
         body_spec["lora"] = {"path": a.lora_path}
     replicas = {k: v for k, v in (("min", a.min_replicas), ("max", a.max_replicas)) if v is not None}
     if replicas:
         body_spec["replicas"] = replicas
+    worker = {k: v for k, v in (("cpu", a.worker_cpu), ("memory", a.worker_memory),
+                                ("ephemeralStorage", a.worker_ephemeral_storage)) if v is not None}
+    if worker:
+        body_spec["worker"] = worker
     body = {"apiVersion": crd.API_VERSION, "kind": crd.SERVICE_KIND,
             "metadata": {"name": a.name or default_name("serve"), "namespace": namespace}, "spec": body_spec}
     return body, errors
@@ -474,7 +504,17 @@ def register(sub) -> None:
     v.add_argument("--model", required=True, metavar="SOURCE", help="model source, e.g. a Hugging Face id or gs:// path")
     v.add_argument("--served-model-name", help="the name clients ask for (default: the service's name)")
     v.add_argument("--hf-token-secret", metavar="SECRET:KEY", help="the Secret (and its key) holding a Hugging Face token")
-    v.add_argument("--tp", type=int, metavar="N", help="tensor parallel size")
+    v.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (default: the slice's chips)")
+    v.add_argument("--expert-parallel", action="store_true", help="expert parallelism for a mixture-of-experts model")
+    v.add_argument("--max-model-len", type=int, metavar="TOKENS", help="the context length (default: the model's)")
+    v.add_argument("--engine-arg", action="append", metavar="KEY=VALUE",
+                   help="another vLLM engine argument (spec.engine.args; repeatable), VALUE read as YAML, "
+                        "e.g. tool_call_parser=hermes")
+    v.add_argument("--service-account", help="service account of the Ray pods (Workload Identity for buckets)")
+    v.add_argument("--worker-cpu", metavar="CPU", help=f"CPU of each TPU host pod (requests = limits; default {DEFAULTS['worker.cpu']})")
+    v.add_argument("--worker-memory", metavar="QUANTITY", help=f"memory of each TPU host pod, e.g. 400Gi (default {DEFAULTS['worker.memory']})")
+    v.add_argument("--worker-ephemeral-storage", metavar="QUANTITY",
+                   help="ephemeral storage of each TPU host pod (request = limit; default: derived from its volumes)")
     v.add_argument("--lora-path", metavar="GS_URI", help="gs://bucket/folder of LoRA adapters, one subfolder each "
                    "(asked for as model <name>:<subfolder>)")
     v.add_argument("--min-replicas", type=int)

@@ -187,6 +187,54 @@ def test_serve_with_lora_adapters(capsys):
     assert "dynamic_lora_loading_path: gs://my-adapters/qwen3" in rayservice["spec"]["serveConfigV2"]
 
 
+# The command the docs give for the reference service (examples/serve/qwen3-moe-v6e-4x4.yaml).
+REFERENCE_SERVE = ["serve", "--name", "qwen3-moe", "--tpu", "v6e-4x4",
+                   "--image", "us-docker.pkg.dev/my-project/serving/ray-vllm-torchtpu:2.60.0",
+                   "--model", "Qwen/Qwen3-30B-A3B", "--served-model-name", "qwen3-30b-a3b",
+                   "--hf-token-secret", "hf-token:token", "--tp", "16", "--expert-parallel", "--max-model-len", "8192",
+                   "--engine-arg", "enable_auto_tool_choice=true", "--engine-arg", "tool_call_parser=hermes",
+                   "--min-replicas", "1", "--max-replicas", "1", "--worker-cpu", "100", "--worker-memory", "400Gi"]
+
+
+def test_serve_flags_express_the_reference_service():
+    a = cli.build_parser().parse_args([*REFERENCE_SERVE, "-n", "default"])
+    body, errors = submit.service_from_flags(a, "default")
+    assert errors == []
+    example = yaml.safe_load((EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
+    example["metadata"]["namespace"] = "default"
+    assert body["spec"] == example["spec"]
+    assert spec.parse_service(body) == spec.parse_service(example)
+
+
+def test_serve_service_account_worker_disk_and_engine_args(capsys):
+    code, out, err = run(capsys, "serve", "--tpu", "v6e-2x4", "--image", "i", "--model", "/models/m", "--name", "m",
+                         "--service-account", "ray-tpu", "--worker-ephemeral-storage", "200Gi",
+                         "--engine-arg", 'compilation_config={"level": 3}', "--engine-arg", "max_num_seqs=64",
+                         "--engine-arg", "tokenizer_mode=", "--dry-run")
+    assert code == 0, err
+    service, rayservice = yaml.safe_load_all(out)
+    assert service["spec"]["serviceAccountName"] == "ray-tpu"
+    assert service["spec"]["worker"] == {"ephemeralStorage": "200Gi"}
+    assert service["spec"]["engine"] == {"args": {"compilation_config": {"level": 3}, "max_num_seqs": 64, "tokenizer_mode": ""}}
+    worker = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["serviceAccountName"] == "ray-tpu"
+    assert worker["containers"][0]["resources"]["limits"]["ephemeral-storage"] == "200Gi"
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--engine-arg", "max_num_seqs"], "--engine-arg: 'max_num_seqs' must be KEY=VALUE"),
+    (["--engine-arg", "=3"], "--engine-arg: '=3' must be KEY=VALUE"),
+    (["--engine-arg", "max_num_seqs=1", "--engine-arg", "max_num_seqs=2"], "--engine-arg: 'max_num_seqs=2' gives max_num_seqs a second time"),
+    (["--engine-arg", "compilation_config={level: 3"], "--engine-arg: 'compilation_config={level: 3' has a VALUE that is not a YAML value"),
+    (["--engine-arg", "no_such_arg=1"], "spec.engine.args.no_such_arg"),
+    (["--engine-arg", "max_model_len=8192"], "spec.engine.args.max_model_len"),
+    (["--worker-memory", "lots"], "spec.worker.memory: 'lots'"),
+])
+def test_serve_flags_that_cannot_be_read_are_refused(capsys, argv, line):
+    code, _, err = run(capsys, "serve", "--tpu", "v6e-2x4", "--image", "i", "--model", "m", *argv)
+    assert code == 2 and err.startswith(line), err
+
+
 def test_the_operator_never_imports_rich():
     """The operator image installs the package without the `cli` extra: `run` must not need rich."""
     code = ("import sys, tputorch.cli.main, tputorch.controller.handlers; "

@@ -9,6 +9,7 @@ Ray is imported lazily: the operator process imports this package but never Ray.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -343,16 +344,85 @@ REWARD_METRIC = "reward_mean"
 WEIGHT_VERSION_METRIC = "weight_version"
 
 
-def progress_line(metrics: Mapping[str, Any], step: int | None = None, epoch: int | None = None,
-                  checkpoint: str | None = None) -> str:
-    """The line report() prints: step and epoch (from the arguments, else from ``metrics``), at
-    most MAX_PROGRESS_METRICS finite numeric metrics whose names are short, and the checkpoint's
-    persisted path. What does not fit the operator's limits is left out, never truncated."""
-    def count(value: Any) -> int | None:
-        return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
+def count_of(value: Any) -> int | None:
+    """A step or epoch as the operator keeps it (a JSON-exact count), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
 
-    step = count(metrics.get("step") if step is None else step)
-    epoch = count(metrics.get("epoch") if epoch is None else epoch)
+
+# --- the goodput ledger's clock -------------------------------------------------------------------
+# report() also keeps, per process, where its time went from its first report on (status/goodput.py
+# reads it back from the progress line's "timing"): the time between reports is step time
+# (compute_s), the time ray.train.report spent persisting a checkpoint is checkpoint_s, and the
+# time in restoring() is restore_s. compute_s + checkpoint_s is the time from the first report's
+# entry to the last one's return, exactly: nothing of it is left uncounted. Times are this host's
+# clock, in UNIX seconds. A line without "timing" (an older tputorch.train) still reads.
+TIMING_KEYS = ("attempt", "at", "first", "compute_s", "checkpoint_s", "restore_s", "step_s", "checkpoint_step")
+
+
+@dataclass
+class StepClock:
+    first: float | None = None  # when the first report() was entered: the end of the first step(s)
+    last: float | None = None  # when the last report() returned
+    compute_s: float = 0.0
+    checkpoint_s: float = 0.0
+    restore_s: float = 0.0
+    step_s: float | None = None  # seconds per step over the steps between the last two reports
+    last_step: int | None = None  # the last report's step
+    checkpoint_step: int | None = None  # the step of the last checkpoint this process persisted
+
+    def reported(self, entered: float, returned: float, step: int | None, saved: bool) -> None:
+        """One report(): entered before ray.train.report, returned after it; ``saved``: it
+        persisted a checkpoint, so its time in ray.train.report was the checkpoint's."""
+        inside = max(0.0, returned - entered)
+        between = 0.0 if self.last is None else max(0.0, entered - self.last)
+        if self.first is None:
+            self.first = entered
+        self.compute_s += between + (0.0 if saved else inside)
+        self.checkpoint_s += inside if saved else 0.0
+        if step is not None and self.last_step is not None and step > self.last_step and between > 0:
+            self.step_s = between / (step - self.last_step)
+        if step is not None:
+            self.last_step = step
+            if saved:
+                self.checkpoint_step = step
+        self.last = returned
+
+    def timing(self, attempt_number: int) -> dict[str, Any]:
+        """The progress line's "timing" (empty before the first report)."""
+        if self.first is None or self.last is None:
+            return {}
+        out = {"attempt": attempt_number, "at": round(self.last, 3), "first": round(self.first, 3),
+               "compute_s": round(self.compute_s, 3), "checkpoint_s": round(self.checkpoint_s, 3),
+               "restore_s": round(self.restore_s, 3)}
+        if self.step_s is not None:
+            out["step_s"] = round(self.step_s, 6)
+        if self.checkpoint_step is not None:
+            out["checkpoint_step"] = self.checkpoint_step
+        return out
+
+
+CLOCK = StepClock()  # this process's: report() and restoring() add to it
+
+
+@contextlib.contextmanager
+def restoring(environ: Mapping[str, str] | None = None):
+    """``with restoring() as ckpt:`` in the training function, around loading the state from
+    ``ckpt`` (checkpoint(): None on a first run): its time is the ledger's ``restore``."""
+    started = time.time()
+    try:
+        yield checkpoint(environ)
+    finally:
+        CLOCK.restore_s += max(0.0, time.time() - started)
+
+
+def progress_line(metrics: Mapping[str, Any], step: int | None = None, epoch: int | None = None,
+                  checkpoint: str | None = None, timing: Mapping[str, Any] | None = None) -> str:
+    """The line report() prints: step and epoch (from the arguments, else from ``metrics``), at
+    most MAX_PROGRESS_METRICS finite numeric metrics whose names are short, the checkpoint's
+    persisted path, and the process's timing (StepClock.timing). What does not fit the operator's
+    limits is left out, never truncated."""
+    step = count_of(metrics.get("step") if step is None else step)
+    epoch = count_of(metrics.get("epoch") if epoch is None else epoch)
     numbers: dict[str, float | int] = {}
     for name, value in metrics.items():
         if len(numbers) >= MAX_PROGRESS_METRICS:
@@ -374,6 +444,8 @@ def progress_line(metrics: Mapping[str, Any], step: int | None = None, epoch: in
     record: dict[str, Any] = {"step": step, "epoch": epoch, "metrics": numbers}
     if checkpoint and len(checkpoint) <= MAX_CHECKPOINT_PATH:
         record["checkpoint"] = checkpoint
+    if timing:
+        record["timing"] = {k: timing[k] for k in TIMING_KEYS if k in timing}
     text = json.dumps(record, separators=(",", ":"), sort_keys=True)
     if len(text) > MAX_PROGRESS_LINE:  # long metric names: keep step, epoch, checkpoint
         record["metrics"] = {}
@@ -404,7 +476,9 @@ def report(metrics: dict[str, Any], checkpoint=None, *, step: int | None = None,
     if checkpoint is not None and os.environ.get(ENV_ATTEMPT):
         checkpoint.update_metadata(checkpoint_stamp())  # which attempt wrote it, and when (checkpoint())
     before = ray.train.get_checkpoint() if checkpoint is not None else None
+    entered = time.time()
     ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
+    CLOCK.reported(entered, time.time(), count_of(metrics.get("step") if step is None else step), checkpoint is not None)
     if ray.train.get_context().get_world_rank() != 0:
         return
     persisted = None
@@ -412,4 +486,4 @@ def report(metrics: dict[str, Any], checkpoint=None, *, step: int | None = None,
         after = ray.train.get_checkpoint()  # Ray Train's persisted copy, once uploaded
         if after is not None and after is not before and after is not checkpoint:
             persisted = checkpoint_uri(after)
-    print(progress_line(metrics, step, epoch, persisted), flush=True)
+    print(progress_line(metrics, step, epoch, persisted, CLOCK.timing(attempt())), flush=True)

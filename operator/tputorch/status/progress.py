@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..train import (
-    MAX_CHECKPOINT_PATH, MAX_METRIC_NAME, MAX_PROGRESS_LINE, MAX_PROGRESS_METRICS, PROGRESS_MARKER,
+    MAX_CHECKPOINT_PATH, MAX_METRIC_NAME, MAX_PROGRESS_LINE, MAX_PROGRESS_METRICS, PROGRESS_MARKER, TIMING_KEYS,
 )
 
 READ_INTERVAL = 30.0  # seconds between two reads of one job's driver log (`tputorch run --progress-interval`)
@@ -34,6 +34,7 @@ class Report:
     epoch: int | None
     metrics: tuple[tuple[str, float | int], ...]  # in the order reported
     checkpoint: str | None
+    timing: tuple[tuple[str, float | int], ...] = ()  # the line's "timing" (train.StepClock); () on an older line
 
     def progress(self) -> dict:
         """status.progress without reportedAt."""
@@ -42,7 +43,17 @@ class Report:
             out["step"] = self.step
         if self.epoch is not None:
             out["epoch"] = self.epoch
+        if self.timing:
+            out["timing"] = {STATUS_TIMING[k]: v for k, v in self.timing}
         return out
+
+
+# The line's timing keys -> status.progress.timing's (api/status_schema.py).
+STATUS_TIMING = {"attempt": "attempt", "at": "time", "first": "firstReportTime", "compute_s": "stepSeconds",
+                 "checkpoint_s": "checkpointSaveSeconds", "restore_s": "restoreSeconds", "step_s": "secondsPerStep",
+                 "checkpoint_step": "checkpointStep"}
+_TIMING_COUNTS = {"attempt", "checkpoint_step"}
+_TIMING_REQUIRED = {"attempt", "at", "first", "compute_s", "checkpoint_s", "restore_s"}
 
 
 def _count(value: Any) -> tuple[bool, int | None]:
@@ -70,7 +81,7 @@ def parse_line(line: str) -> Report | None:
         record, _ = json.JSONDecoder().raw_decode(rest.lstrip())
     except (ValueError, RecursionError):  # deeper than Python's decoder goes (a line of "[[[..."): no report
         return None
-    if not isinstance(record, dict) or set(record) - {"step", "epoch", "metrics", "checkpoint"}:
+    if not isinstance(record, dict) or set(record) - {"step", "epoch", "metrics", "checkpoint", "timing"}:
         return None
     (step_ok, step), (epoch_ok, epoch) = _count(record.get("step")), _count(record.get("epoch"))
     metrics = record.get("metrics", {})
@@ -83,7 +94,24 @@ def parse_line(line: str) -> Report | None:
     if checkpoint is not None and not (isinstance(checkpoint, str) and 0 < len(checkpoint) <= MAX_CHECKPOINT_PATH
                                        and not _CONTROL.search(checkpoint)):
         return None
-    return Report(step, epoch, tuple(metrics.items()), checkpoint)
+    timing = _timing(record.get("timing"))
+    if timing is None:
+        return None
+    return Report(step, epoch, tuple(metrics.items()), checkpoint, timing)
+
+
+def _timing(value: Any) -> tuple[tuple[str, float | int], ...] | None:
+    """A line's "timing" in TIMING_KEYS' order (() when the line has none), or None when it is malformed:
+    the times and durations finite and not negative, the attempt and the checkpoint's step counts."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or set(value) - set(TIMING_KEYS) or _TIMING_REQUIRED - set(value):
+        return None
+    for key, v in value.items():
+        ok = _count(v)[0] and v is not None if key in _TIMING_COUNTS else _number(v) and v >= 0
+        if not ok:
+            return None
+    return tuple((k, value[k]) for k in TIMING_KEYS if k in value)
 
 
 def parse(log: str) -> Report | None:
@@ -101,7 +129,7 @@ def parse(log: str) -> Report | None:
             break
     if latest is None:
         return None
-    return Report(latest.step, latest.epoch, latest.metrics, checkpoint)
+    return Report(latest.step, latest.epoch, latest.metrics, checkpoint, latest.timing)
 
 
 def source(status: Mapping) -> tuple[str, str] | None:

@@ -2,6 +2,7 @@
 read back from a driver log the operator does not trust; when a job's log is read; what the
 status keeps of it."""
 
+import dataclasses
 import json
 import sys
 import types
@@ -191,6 +192,7 @@ def test_report_reports_to_ray_train_and_prints_one_line_on_rank_zero(rank, monk
     ray.train = fake.module()
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setitem(sys.modules, "ray.train", ray.train)
+    monkeypatch.setattr(train, "CLOCK", train.StepClock())  # this process's clock: this test's alone
     local = types.SimpleNamespace(path="/tmp/local-ckpt", filesystem=None)
     train.report({"loss": 0.75, "step": 30}, checkpoint=local, checkpoint_dir_name="c3")
     assert fake.reported == [({"loss": 0.75, "step": 30}, local, {"checkpoint_dir_name": "c3"})]
@@ -198,8 +200,13 @@ def test_report_reports_to_ray_train_and_prints_one_line_on_rank_zero(rank, monk
     if rank:
         assert printed == []
     else:
-        assert progress.parse("\n".join(printed)) == progress.Report(30, None, (("loss", 0.75),),
-                                                                    "gs://bucket/run/checkpoint_000003")
+        read = progress.parse("\n".join(printed))
+        assert dataclasses.replace(read, timing=()) == progress.Report(30, None, (("loss", 0.75),),
+                                                                      "gs://bucket/run/checkpoint_000003")
+        # the first report: the clock starts; its time in ray.train.report was the checkpoint's save
+        timing = dict(read.timing)
+        assert (timing["attempt"], timing["checkpoint_step"], timing["compute_s"]) == (1, 30, 0.0)
+        assert timing["at"] - timing["first"] == pytest.approx(timing["checkpoint_s"], abs=2e-3)
 
 
 def test_the_driver_log_tail_a_real_ray_head_served_reads_as_the_run_reported():

@@ -71,10 +71,11 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from loopback import LoopbackService
+from tputorch.api import identity as runbook
 
 PROJECT = "my-project"
 PROJECT_NUMBER = "123456789012"
-POOL = f"{PROJECT}.svc.id.goog"  # GKE's workload pool of the project (--workload-pool)
+POOL = f"{PROJECT}.svc.id.goog"  # GKE's workload pool of the project (--workload-pool), in the principal too
 SERVICE_ACCOUNT = f"serving@{PROJECT}.iam.gserviceaccount.com"
 TOKEN = "ya29.fake-workload-identity-token"
 UPDATED = "2026-01-01T00:00:00.000Z"
@@ -95,13 +96,12 @@ ROLES: dict[str, frozenset[str]] = {
                                                    "storage.objects.create", "storage.objects.delete"}),
     "roles/storage.admin": frozenset(_OBJECTS_ALL | {"storage.buckets.get", "storage.buckets.update"}),
 }
-RUNBOOK_WRITER_ROLES = ("roles/storage.objectUser", "roles/storage.legacyBucketReader")  # docs/install-gke.md, step 6
+RUNBOOK_WRITER_ROLES = (runbook.OBJECT_ROLE, runbook.BUCKET_ROLE)  # docs/install-gke.md, step 6
 
 
 def principal(namespace: str, ksa: str) -> str:
-    """The IAM principal of a Kubernetes ServiceAccount under Workload Identity Federation for GKE."""
-    return (f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/"
-            f"workloadIdentityPools/{POOL}/subject/ns/{namespace}/sa/{ksa}")
+    """The IAM principal of a Kubernetes ServiceAccount of this project under Workload Identity."""
+    return runbook.principal(namespace, ksa, project_number=PROJECT_NUMBER, project=PROJECT)
 
 
 def pod_service_account(template: dict) -> str:

@@ -38,10 +38,10 @@ sys.path.insert(0, str(HERE))
 
 import fakegcs  # noqa: E402
 from tputorch import render  # noqa: E402
-from tputorch.api import spec  # noqa: E402
+from tputorch.api import identity, spec  # noqa: E402
 from tputorch.cli.doctor import smoke, storage_probe  # noqa: E402
 
-NS, BOUND = "ml", "ray-tpu"
+NS, BOUND = "ml", identity.RUNBOOK_ACCOUNT
 RUNBOOK_POLICY = {role: [fakegcs.principal(NS, BOUND)] for role in fakegcs.RUNBOOK_WRITER_ROLES}
 
 # Ray Train's storage layer as a TorchTrainer run uses it (Ray 2.60, Train v2), then the doctor's probe.

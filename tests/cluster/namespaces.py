@@ -11,7 +11,7 @@ def make_namespace(kube, name: str, labels: dict | None = None) -> str:
     return name
 
 
-# The account the examples that reach gs:// name (docs/install-gke.md step 6 creates it and binds it to
+# The account the examples that reach gs:// name (docs/tasks/bucket-access.md creates it and binds it to
 # the bucket): without it the API server refuses their pods (ServiceAccount admission), as on GKE.
 BUCKET_ACCOUNT = "ray-tpu"
 

@@ -1,4 +1,4 @@
-"""docs/install-gke.md's example ValidatingAdmissionPolicy at the real API server: every way around
+"""docs/concepts/tenancy-and-auth.md's example ValidatingAdmissionPolicy at the real API server: every way around
 it the issue found (a group's own image, added capabilities, root, an unconfined seccomp profile, a
 service's Hugging Face token Secret) is refused in a namespace it binds, and the examples and their
 allowed neighbours are admitted (server-side dry runs: nothing is created)."""
@@ -15,7 +15,7 @@ import yaml
 from namespaces import delete_namespace, make_namespace
 from operator_process import REPO, kubectl, tputorch_crd  # noqa: F401 (fixture)
 
-DOC = REPO / "docs" / "install-gke.md"
+DOC = REPO / "docs" / "concepts" / "tenancy-and-auth.md"
 START = "  apiVersion: admissionregistration.k8s.io/v1\n  kind: ValidatingAdmissionPolicy\n"
 
 

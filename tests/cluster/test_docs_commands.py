@@ -103,7 +103,7 @@ def metrics_in_the_docs() -> set:
 def test_the_docs_commands_run_on_the_local_cluster(kube, tputorch_crd, dashboard, tmp_path):  # noqa: F811
     cmds = [c for c in COMMANDS if c.marker is None]
     docs = sorted({c.doc for c in cmds if c.kind == "cluster"})
-    assert "README.md" in docs and "docs/install-gke.md" in docs
+    assert "README.md" in docs and "docs/getting-started.md" in docs
     spaces = {doc: make_namespace(kube, f"docs-{re.sub(r'[^a-z0-9]+', '-', doc.lower())[:30]}-{uuid.uuid4().hex[:5]}")
               for doc in docs}
     # `kubectl create namespace X` runs for real: X must not exist yet (an interrupted run's)

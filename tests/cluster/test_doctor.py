@@ -221,7 +221,7 @@ def test_service_account_without_rights(kube, leader, doctor_ns, capsys, tmp_pat
 
 
 def test_the_docs_doctor_commands_pass_on_the_healthy_cluster(kube, leader, doctor_ns, capsys, monkeypatch):
-    """install-gke.md's and troubleshooting.md's `tputorch doctor` lines, as written, from the
+    """tasks/install.md's and troubleshooting.md's `tputorch doctor` lines, as written, from the
     repository's root (the examples' paths are relative to it), in the test's namespace."""
     cmds = {c.text for c in doccmds.tested_by("tests/cluster/test_doctor.py")}
     assert "tputorch doctor" in cmds and "tputorch doctor --for examples/v6e-4x4.yaml" in cmds, cmds

@@ -217,7 +217,7 @@ def test_deleted_rayjob_of_a_finished_job_is_left_alone(kube, namespace, operato
 
 
 def test_edited_rayjob_suspend_is_put_back(kube, namespace, operator):
-    """Policy (docs/operations.md): the TPUTorchJob owns spec.suspend of its RayJob. The operator
+    """Policy (docs/concepts/reconcile-and-ownership.md): the TPUTorchJob owns spec.suspend of its RayJob. The operator
     reconciles on every change of the RayJob too, so an edit made on the RayJob is put back at once,
     and also by a restarted operator."""
     create_jobs(kube, namespace, ["edited"])

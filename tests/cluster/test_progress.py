@@ -93,7 +93,7 @@ def test_a_running_jobs_reports_reach_its_status_get_and_describe(kube, namespac
 
 
 def test_a_key_rotation_keeps_the_progress_reads_of_jobs_made_before_it(kube, namespace, dashboard, tputorch_crd, tmp_path):
-    """Key A, then A kept as the previous key beside a new B, then B alone (docs/install-gke.md's
+    """Key A, then A kept as the previous key beside a new B, then B alone (docs/tasks/rotate-token-key.md's
     rotation): the job made under A keeps its reads while A is the previous key, the job made after
     gets a token of B, and removing A breaks nothing made under B. The stand-in dashboard checks
     every call's token as a real head (401/403)."""

@@ -97,7 +97,7 @@ CLUSTER_READS = [WORKLOAD_CRD, {"apiGroups": ["kueue.x-k8s.io"], "resources": ["
                                 "verbs": ["get", "list", "watch"]}]
 
 
-# What would let a thief of the operator's token change the cluster (docs/install-gke.md's table).
+# What would let a thief of the operator's token change the cluster (docs/concepts/tenancy-and-auth.md's table).
 WRITE_GRANTS = [("", "secrets", "create"), ("networking.k8s.io", "networkpolicies", "create"),
                 ("networking.k8s.io", "networkpolicies", "patch"), ("kueue.x-k8s.io", "workloads", "patch"),
                 ("ray.io", "rayjobs", "create"), ("ray.io", "rayservices", "patch"), ("ray.io", "rayjobs", "delete"),

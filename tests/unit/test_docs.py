@@ -46,7 +46,7 @@ def run_script(text: str, env: dict, timeout: float = 300) -> subprocess.Complet
 def test_the_docs_have_shell_commands():
     # the harness finds what it should: the README's quick start is among them
     assert any(c.doc == "README.md" and c.text.startswith("tputorch submit") for c in COMMANDS)
-    assert {"README.md", "docs/install-gke.md"} <= set(DOC_NAMES)
+    assert {"README.md", "docs/getting-started.md"} <= set(DOC_NAMES)
 
 
 def test_every_fenced_block_says_what_it_holds():
@@ -165,7 +165,7 @@ def rbac_table(doc: str) -> set:
 
 @pytest.mark.skipif(doccmds.find_helm() is None, reason="no helm binary (hack/build.sh helm, or set $HELM)")
 def test_the_rbac_table_is_what_the_chart_grants(tmp_path):
-    """install-gke.md's table of the operator's permissions against the chart's rendered Roles and
+    """tenancy-and-auth.md's table of the operator's permissions against the chart's rendered Roles and
     ClusterRoles (cluster-wide and namespaced; the users' aggregated roles are another table)."""
     granted = set()
     env = {**os.environ, "HELM_CACHE_HOME": str(tmp_path), "HELM_CONFIG_HOME": str(tmp_path), "HELM_DATA_HOME": str(tmp_path)}
@@ -177,7 +177,7 @@ def test_the_rbac_table_is_what_the_chart_grants(tmp_path):
             if d and d["kind"] in ("Role", "ClusterRole") and not d["metadata"]["name"].endswith(("-user-view", "-user-edit")):
                 for rule in d["rules"]:
                     granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    documented = rbac_table("docs/install-gke.md")
+    documented = rbac_table("docs/concepts/tenancy-and-auth.md")
     assert documented == granted, (f"in the doc, not granted: {sorted(documented - granted)}; "
                                    f"granted, not in the doc: {sorted(granted - documented)}")
 

@@ -17,10 +17,10 @@ import re
 
 GCS_URL = re.compile(r"gs://[a-z0-9][-a-z0-9_.]*[a-z0-9](?:/[^\s'\"]*)?")
 
-# The runbook's Workload Identity step (docs/install-gke.md step 6): the account it creates, the
+# The Workload Identity task (docs/tasks/bucket-access.md; getting-started step 4): the account it creates, the
 # principal GKE names a pod of it by, and the roles it grants that principal on the bucket.
 RUNBOOK_ACCOUNT = "ray-tpu"
-RUNBOOK_STEP = "docs/install-gke.md#6-a-bucket-and-workload-identity-for-the-ray-pods"
+RUNBOOK_STEP = "docs/tasks/bucket-access.md#a-bucket-and-workload-identity-for-the-ray-pods"
 PRINCIPAL = ("principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
              "{project}.svc.id.goog/subject/ns/{namespace}/sa/{account}")
 OBJECT_ROLE = "roles/storage.objectUser"  # read, write and delete objects: checkpoints, working_dir
@@ -94,4 +94,4 @@ def missing_identity(spec: dict) -> str | None:
     return (f"{field} is {value}{more} but spec.serviceAccountName is unset: on GKE the pods reach Cloud "
             "Storage as the namespace's default ServiceAccount, which the bucket's IAM policy must then "
             "grant (else a 403 after the slice is provisioned); set spec.serviceAccountName to the account "
-            "bound through Workload Identity (docs/install-gke.md step 6: ray-tpu)")
+            "bound through Workload Identity (docs/tasks/bucket-access.md: ray-tpu)")

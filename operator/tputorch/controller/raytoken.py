@@ -6,7 +6,7 @@ progress reads). Deriving it (HMAC-SHA256 of the Secret's namespace and name und
 means the operator never reads a Secret: RBAC grants it ``create`` on secrets and nothing else, and
 every replica and restart computes the same token from the key the chart mounts.
 
-Rotation (docs/install-gke.md): a current key, which makes every new token, and optionally the
+Rotation (docs/tasks/rotate-token-key.md): a current key, which makes every new token, and optionally the
 previous one, whose tokens are still tried where a cluster refuses the current key's (a cluster
 made before the rotation holds a token of the old key until it ends).
 """

@@ -10,7 +10,7 @@ from tputorch.api import identity
 
 ROOT = Path(__file__).resolve().parents[3]
 KINDS = {"TPUTorchJob", "TPUTorchService"}
-RUNBOOK_ACCOUNT = "ray-tpu"  # docs/install-gke.md step 6 creates and binds it
+RUNBOOK_ACCOUNT = "ray-tpu"  # docs/tasks/bucket-access.md creates and binds it
 
 
 def example_objects() -> list[tuple[str, dict]]:

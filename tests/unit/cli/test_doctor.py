@@ -785,7 +785,7 @@ def test_for_a_spec_whose_service_account_is_missing_fails_naming_it_and_the_run
               "PROJECT_ID.svc.id.goog/subject/ns/team-a/sa/ray-tpu")
     assert (f"gcloud storage buckets add-iam-policy-binding gs://team-ckpt --member={member} "
             "--role=roles/storage.objectUser") in missing.fix
-    assert missing.doc == identity.RUNBOOK_STEP == "docs/install-gke.md#6-a-bucket-and-workload-identity-for-the-ray-pods"
+    assert missing.doc == identity.RUNBOOK_STEP == "docs/tasks/bucket-access.md#a-bucket-and-workload-identity-for-the-ray-pods"
     (there,) = check_service_accounts([bound], {("team-a", "ray-tpu"): {"metadata": {"name": "ray-tpu"}}})
     assert there.status == OK and "gs://team-ckpt" in there.message
     (unread,) = check_service_accounts([bound], {("team-a", "ray-tpu"): Unread("forbidden")})
@@ -805,8 +805,7 @@ def test_the_runbook_binds_the_principal_and_roles_the_fix_names():
     """The doctor's and the status's fix is the runbook's own step: its member and its roles."""
     from tputorch.api import identity
 
-    text = (ROOT / "docs" / "install-gke.md").read_text()
-    step = text[text.index("### 6. A bucket, and Workload Identity"):text.index("### 7. The operator")]
+    step = (ROOT / "docs" / "tasks" / "bucket-access.md").read_text()
     member = identity.principal("$NS", identity.RUNBOOK_ACCOUNT, "$PROJECT_NUMBER", "$PROJECT")
     assert f"kubectl create serviceaccount {identity.RUNBOOK_ACCOUNT}" in step
     assert f"MEMBER={member}" in step

@@ -29,7 +29,7 @@ def check_service_accounts(specs: list, accounts: dict[tuple[str, str], dict | N
                 results.append(Result(check, WARN, f"{kind} {s.namespace}/{s.name} reaches {buckets} as namespace "
                                       f"{s.namespace}'s default ServiceAccount, which the runbook never binds",
                                       f"set spec.serviceAccountName: {identity.RUNBOOK_ACCOUNT} (created and bound "
-                                      f"as the runbook's step 6 does), or bind `default` on purpose", DOC_IDENTITY))
+                                      f"as docs/tasks/bucket-access.md does), or bind `default` on purpose", DOC_IDENTITY))
             continue
         name = s.service_account_name
         found = accounts.get((s.namespace, name))

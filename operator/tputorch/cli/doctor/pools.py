@@ -150,7 +150,7 @@ def check_pools(nodes: list[dict] | Unread) -> list[Result]:
     summary = ", ".join(f"{p.name} ({p.slice.generation.name} {p.topology}: {p.slices} slice(s), {p.capacity})"
                         for p in usable) or "none"
     results = [Result("tpu-pools", OK if usable else FAIL, f"TPU slices that can run now: {summary}",
-                      "" if usable else "create a TPU node pool per slice (install-gke.md step 3)",
+                      "" if usable else "create a TPU node pool per slice (docs/tasks/tpu-capacity.md)",
                       "" if usable else DOC_POOLS, rows)]
     for p in pools:
         check = f"tpu-pool/{p.name}"

@@ -19,15 +19,15 @@ DOC_COMPAT_K8S = DOCS + "compatibility.md#kubernetes-and-gke"
 DOC_COMPAT_KUBERAY = DOCS + "compatibility.md#kuberay"
 DOC_COMPAT_KUEUE = DOCS + "compatibility.md#kueue"
 DOC_WEBHOOK = DOCS + "compatibility.md#the-ray-tpu-webhook"
-DOC_OPERATOR = DOCS + "install-gke.md#7-the-operator"
+DOC_OPERATOR = DOCS + "tasks/install.md#the-operator"
 DOC_OPERATOR_TROUBLE = DOCS + "troubleshooting.md#the-operator"
-DOC_POOLS = DOCS + "install-gke.md#3-tpu-node-pools-one-per-slice-that-runs-at-the-same-time"
+DOC_POOLS = DOCS + "tasks/tpu-capacity.md#one-node-pool-per-slice"
 DOC_QUOTA = DOCS + "troubleshooting.md#quota-and-capacity"
 DOC_KUEUE = DOCS + "tasks/kueue.md#gke-specifics"
-DOC_NETWORK = DOCS + "operations.md#policies"
-DOC_GCSFUSE = DOCS + "install-gke.md#1-the-cluster-ray-operator-add-on-gcs-fuse-workload-identity"
-DOC_RIGHTS = DOCS + "install-gke.md#who-may-submit-jobs"
-DOC_IDENTITY = RUNBOOK_STEP  # the runbook's Workload Identity step
+DOC_NETWORK = DOCS + "concepts/reconcile-and-ownership.md#policies"
+DOC_GCSFUSE = DOCS + "tasks/install.md#the-cluster"
+DOC_RIGHTS = DOCS + "concepts/tenancy-and-auth.md#who-may-submit-jobs"
+DOC_IDENTITY = RUNBOOK_STEP  # the Workload Identity task page
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from . import storage_probe
 RAY_PROBE = "import ray; ray.init(); print('tputorch doctor smoke: ok')"
 DEFAULT_IMAGE = f"rayproject/ray:{DEFAULTS['rayVersion']}"  # Ray's own CPU image, of the Ray the operator writes
 DOC_SMOKE = DOCS + "troubleshooting.md#troubleshooting"
-DOC_STORAGE = DOCS + "install-gke.md#6-a-bucket-and-workload-identity-for-the-ray-pods"
+DOC_STORAGE = DOCS + "tasks/bucket-access.md#a-bucket-and-workload-identity-for-the-ray-pods"
 # KubeRay's words when it cannot read the job from the dashboard (1.6's grace period for a job
 # whose status it cannot get), and the transport errors of its dashboard client.
 UNREACHABLE_MARKS = ("JobDeploymentStatusTransitionGracePeriodExceeded", "dial tcp", "connection refused",

@@ -10,31 +10,48 @@ from ..render.names import SPEC_HASH_ANNOTATION
 from ..api.phases import RENDERING_CURRENT, VALIDATED
 from .conditions import OLDER_RENDERING, REFUSED_BY_THIS_VERSION, condition, stamp
 
-# The fields of a RayService's rayClusterConfig that KubeRay leaves out of its cluster hash (issue
-# 59, KubeRay 1.6): a change elsewhere makes it start a whole second RayCluster.
-_GROUP_FIELDS_UNHASHED = ("replicas", "minReplicas", "maxReplicas", "scaleStrategy")
-_POD_FIELDS_UNHASHED = ("tolerations", "schedulingGates")
+# What KubeRay leaves out of the cluster hash it compares a RayService's rayClusterConfig by, per
+# KubeRay version (issue 59): a change anywhere else makes it start a whole second RayCluster, on
+# TPU a second set of slices. Read from each version's source: utils/util.go
+# GenerateHashWithoutReplicasAndWorkersToDelete (the same in 1.6.2 and 1.7.0), and from 1.7.0
+# rayservice_controller.go's rayClusterSpecForHashing, which leaves out `suspend` too (Kueue's).
+# Every version tested_versions.KUBERAY names is here (tests/unit/render/test_upgrade_diff.py).
+_UNHASHED_1_6 = {
+    "cluster": ("upgradeStrategy",),
+    "group": ("replicas", "minReplicas", "maxReplicas"),
+    "scaleStrategy": ("workersToDelete",),
+    "pod": ("tolerations", "schedulingGates"),  # the head's and every worker group's
+}
+KUBERAY_UNHASHED = {
+    "1.6.2": _UNHASHED_1_6,
+    "1.7.0": {**_UNHASHED_1_6, "cluster": ("upgradeStrategy", "suspend")},
+}
 
 
-def _hashed(cluster: object) -> object:
-    """A rayClusterConfig without the fields KubeRay's hash leaves out."""
+def kuberay_hashed(cluster: object, kuberay: str) -> object:
+    """A rayClusterConfig without the fields KubeRay ``kuberay``'s hash leaves out (KUBERAY_UNHASHED)."""
     if not isinstance(cluster, dict):
         return cluster
-    out = {k: v for k, v in cluster.items() if k != "suspend"}
+    muted = KUBERAY_UNHASHED[kuberay]
+    out = {k: v for k, v in cluster.items() if k not in muted["cluster"]}
 
     def group(g: object, fields: tuple[str, ...]) -> object:
         if not isinstance(g, dict):
             return g
         g = {k: v for k, v in g.items() if k not in fields}
+        if isinstance(g.get("scaleStrategy"), dict):  # a Go struct: empty hashes as absent
+            g["scaleStrategy"] = {k: v for k, v in g["scaleStrategy"].items() if k not in muted["scaleStrategy"]}
+            if not g["scaleStrategy"]:
+                del g["scaleStrategy"]
         template = g.get("template")
         if isinstance(template, dict) and isinstance(template.get("spec"), dict):
             g["template"] = {**template, "spec": {k: v for k, v in template["spec"].items()
-                                                  if k not in _POD_FIELDS_UNHASHED}}
+                                                  if k not in muted["pod"]}}
         return g
     if "headGroupSpec" in out:
         out["headGroupSpec"] = group(out["headGroupSpec"], ())
     if isinstance(out.get("workerGroupSpecs"), list):
-        out["workerGroupSpecs"] = [group(g, _GROUP_FIELDS_UNHASHED) for g in out["workerGroupSpecs"]]
+        out["workerGroupSpecs"] = [group(g, muted["group"]) for g in out["workerGroupSpecs"]]
     return out
 
 
@@ -65,10 +82,18 @@ def changed_fields(found: stamps.Stamp | None, running: dict, fresh: dict) -> li
     return differences(unhashed(running), unhashed(fresh), exact=exact)
 
 
+def hashed_changes(old_cluster: object, new_cluster: object, kuberay: str) -> list[str]:
+    """The paths of rayClusterConfig where ``new_cluster`` differs from ``old_cluster`` inside
+    KubeRay ``kuberay``'s cluster hash."""
+    return differences(kuberay_hashed(old_cluster, kuberay), kuberay_hashed(new_cluster, kuberay))
+
+
 def new_cluster(old_spec: dict, new_spec: dict) -> bool:
-    """Whether moving a RayService from ``old_spec`` to ``new_spec`` changes a field inside
-    KubeRay's cluster hash (KubeRay then starts a new RayCluster, on TPU a second set of slices)."""
-    return _hashed(old_spec.get("rayClusterConfig")) != _hashed(new_spec.get("rayClusterConfig"))
+    """Whether moving a RayService from ``old_spec`` to ``new_spec`` changes a field inside the
+    cluster hash of any KubeRay version known here (KubeRay then starts a new RayCluster, on TPU a
+    second set of slices)."""
+    return any(hashed_changes(old_spec.get("rayClusterConfig"), new_spec.get("rayClusterConfig"), kuberay)
+               for kuberay in KUBERAY_UNHASHED)
 
 
 def _made_by(found: stamps.Stamp | None) -> str:

@@ -72,6 +72,40 @@ def releases(root: Path) -> list[dict]:
     return [dict(zip(header, row)) for row in rows]
 
 
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def previous_release(root: Path, version: str) -> dict:
+    """hack/releases.tsv's newest release older than ``version`` (what an upgrade to it starts from)."""
+    older = [r for r in releases(root) if version_key(r["version"]) < version_key(version)]
+    if not older:
+        raise Refused(f"hack/releases.tsv lists no release before {version}")
+    return older[-1]
+
+
+# In an entry's "### Upgrade": a child's field, in backquotes, whose rendering the release changes
+# from the previous one's, e.g. `RayService rayClusterConfig.workerGroupSpecs[].template.spec.volumes`
+# (list items as [], a path covering every field under it). tests/unit/render/test_upgrade_diff.py
+# holds the list to what the two releases render: every field of KubeRay's cluster hash (a
+# RayService's rayClusterConfig, a RayJob's rayClusterSpec) and of a RayService's serveConfigV2
+# that changes is listed, and each listed path changes.
+UPGRADE_FIELD = re.compile(r"`((?:RayService|RayJob) [A-Za-z][^`\s]*)`")
+
+
+def upgrade_fields(root: Path, version: str) -> list[str]:
+    """The child fields CHANGELOG.md's entry for ``version`` lists under "### Upgrade"."""
+    text = (root / "CHANGELOG.md").read_text()
+    heading = next((m for m in HEADING.finditer(text) if m["version"] == version), None)
+    if heading is None:
+        raise Refused(f"CHANGELOG.md has no entry for {version}")
+    entry = text[heading.end():]
+    following = HEADING.search(entry)
+    entry = entry[:following.start()] if following else entry
+    upgrade = re.search(r"^### Upgrade\s*$(?P<body>.*?)(?=^### |\Z)", entry, re.M | re.S)
+    return UPGRADE_FIELD.findall(upgrade["body"]) if upgrade else []
+
+
 def versions(root: Path) -> dict[str, str | None]:
     """Where the release's version is written -> what it says there."""
     chart = yaml.safe_load((root / CHART / "Chart.yaml").read_text())

@@ -458,10 +458,7 @@ def previous_release() -> str:
     spec = importlib.util.spec_from_file_location("release", RELEASES)
     release = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(release)
-    key = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
-    older = [r for r in release.releases(REPO) if key(r["version"]) < key(tputorch.__version__)]
-    assert older, f"hack/releases.tsv lists no release before {tputorch.__version__}"
-    return older[-1]["commit"]
+    return release.previous_release(REPO, tputorch.__version__)["commit"]
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ ROLES: dict[str, frozenset[str]] = {
                                                    "storage.objects.create", "storage.objects.delete"}),
     "roles/storage.admin": frozenset(_OBJECTS_ALL | {"storage.buckets.get", "storage.buckets.update"}),
 }
-RUNBOOK_WRITER_ROLES = (runbook.OBJECT_ROLE, runbook.BUCKET_ROLE)  # docs/install-gke.md, step 6
+RUNBOOK_WRITER_ROLES = (runbook.OBJECT_ROLE, runbook.BUCKET_ROLE)  # docs/tasks/bucket-access.md
 
 
 def principal(namespace: str, ksa: str) -> str:

@@ -1,6 +1,6 @@
 """Issue 55: Workload Identity where the local chain touches Cloud Storage. Each simulated pod gets a
 token for its own Kubernetes ServiceAccount from a metadata server of its own (fakegcs.py), and the
-stand-in GCS enforces the bucket policy docs/install-gke.md step 6 writes (roles/storage.objectUser
+stand-in GCS enforces the bucket policy docs/tasks/bucket-access.md writes (roles/storage.objectUser
 and roles/storage.legacyBucketReader on the principal of ServiceAccount ray-tpu): the namespace's
 `default` account is refused with GCS's 403 and ray-tpu is served, on every path that is cheap here:
 

@@ -18,7 +18,8 @@ a port of its own (`pod_env`, or `template_env` from a rendered pod template's s
 since processes on one host have one IP. GCE_METADATA_ROOT points google-cloud-cpp's metadata
 client there and CLOUD_STORAGE_EMULATOR_ENDPOINT its storage client; the Python clients (google-auth
 under google-cloud-storage, which vLLM's Run:ai streamer lists and pulls a model's small files with)
-read GCE_METADATA_IP (its ping), GCE_METADATA_HOST and STORAGE_EMULATOR_HOST.
+read GCE_METADATA_IP (its ping), GCE_METADATA_HOST and API_ENDPOINT_OVERRIDE (STORAGE_EMULATOR_HOST
+in client_env: it makes google-cloud-storage's default client anonymous).
 
 Without a `policy` (the serving tests' use), the main port's metadata server hands out one token,
 TOKEN, of the Google service account SERVICE_ACCOUNT, which holds roles/storage.objectUser and
@@ -222,16 +223,20 @@ class FakeGcs(LoopbackService):
         169.254.169.254) and the storage endpoint, in google-cloud-cpp's spellings and in the Python
         clients' (google-auth pings GCE_METADATA_IP before it asks GCE_METADATA_HOST, else
         GCE_METADATA_ROOT; google-cloud-storage reads STORAGE_EMULATOR_HOST)."""
-        return self._env(self.url.removeprefix("http://"))
+        host = self.url.removeprefix("http://")
+        return {**self._metadata_env(host), "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.url, "STORAGE_EMULATOR_HOST": self.url}
 
-    def _env(self, metadata: str) -> dict[str, str]:
-        return {"GCE_METADATA_ROOT": metadata, "GCE_METADATA_HOST": metadata, "GCE_METADATA_IP": metadata,
-                "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.url, "STORAGE_EMULATOR_HOST": self.url}
+    @staticmethod
+    def _metadata_env(host: str) -> dict[str, str]:
+        return {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, "GCE_METADATA_IP": host}
 
     def pod_env(self, namespace: str, ksa: str) -> dict[str, str]:
         """What a process needs to act as a pod running as ServiceAccount `namespace/ksa` under
         Workload Identity: the metadata server of that identity (started on first use, on a port of
-        its own) and the storage endpoint."""
+        its own) and the storage endpoint. For google-cloud-storage that is API_ENDPOINT_OVERRIDE,
+        not STORAGE_EMULATOR_HOST: under the latter its Client() without credentials (smart_open's,
+        which Ray's runtime_env downloads with) is anonymous, under the former it authenticates as
+        on GKE (google-auth's default: the metadata server's token)."""
         key = (namespace, ksa)
         with self._lock:
             server = self._pods.get(key)
@@ -239,7 +244,8 @@ class FakeGcs(LoopbackService):
                 identity = Identity(principal(namespace, ksa), f"ya29.wi-{next(self._ids)}-{namespace}-{ksa}", POOL)
                 self._tokens[identity.token] = identity
                 server = self._pods[key] = MetadataServer(self, identity).start()
-        return self._env(server.url.removeprefix("http://"))
+        return {**self._metadata_env(server.url.removeprefix("http://")), "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.url,
+                "API_ENDPOINT_OVERRIDE": self.url}
 
     def template_env(self, namespace: str, template: dict) -> dict[str, str]:
         """pod_env for a pod of this (rendered) pod template in `namespace`."""

@@ -10,14 +10,16 @@ and roles/storage.legacyBucketReader on the principal of ServiceAccount ray-tpu)
   GcsFileSystem (google-cloud-cpp), and `tputorch doctor --smoke --storage-path`'s probe
   (storage_probe.py, as its Ray job runs it, and the verdict the CLI makes of its line);
 - google-cloud-storage, as the Run:ai streamer's Python half builds its client (its own
-  files._create_client, glob and pull_files) and as a writer uploads (resumable, in chunks);
+  files._create_client, glob and pull_files), as a writer uploads (resumable, in chunks), and as
+  Ray's runtime_env fetches a gs:// runtimeEnv.working_dir on each node (its own
+  download_and_unpack_package, through smart_open);
 - a pod template rendered from an example: its serviceAccountName is the identity.
 
 The pyarrow and google-cloud-storage clients run in subprocesses (they read their endpoints from the
-environment); google-cloud-storage is in the serving venv only (hack/vllm-cpu/install.sh).
-Not here: the streamer's C++ reader (anonymous under an emulator endpoint: docs/storage.md), a
-runtimeEnv.working_dir download and the weights download Job (GCS FUSE), which need a Ray head or
-GKE's driver."""
+environment); google-cloud-storage and smart_open are in the serving venv only
+(hack/vllm-cpu/install.sh). Not here: the streamer's C++ reader (anonymous under an emulator
+endpoint: docs/tasks/storage.md), the weights download Job (GCS FUSE: GKE's driver), and a whole
+TorchTrainer run or RayJob with these identities (a Ray head per identity)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -85,10 +88,12 @@ import storage_probe
 storage_probe.main()  # prints its own line, as in the doctor's Ray job
 """
 
-# The Run:ai streamer's Python half (its own client and calls), and a resumable upload with that client.
-STREAMER = STEPS + r"""
-import os, tempfile
+# The Run:ai streamer's Python half (its own client and calls), a resumable upload with that client,
+# and a runtimeEnv.working_dir on gs:// fetched as Ray's runtime_env agent fetches it on every node.
+PYTHON_CLIENTS = STEPS + r"""
+import asyncio, os, tempfile
 from runai_model_streamer_gcs.files import files
+from ray._private.runtime_env.packaging import download_and_unpack_package
 client = files._create_client()
 bucket = client.bucket("models")
 def upload():
@@ -102,6 +107,10 @@ step("upload", upload)
 step("glob", lambda: files.glob("gs://models/tiny"))
 dst = tempfile.mkdtemp()
 step("pull", lambda: (files.pull_files("gs://models/tiny", dst, allow_pattern=["*.json"]), sorted(os.listdir(dst)))[1])
+def working_dir():
+    unpacked = asyncio.run(download_and_unpack_package("gs://models/tputorch/tputorch.zip", tempfile.mkdtemp()))
+    return sorted(str(p.relative_to(unpacked)) for p in __import__("pathlib").Path(unpacked).rglob("*.py"))
+step("working_dir", working_dir)
 print("RESULT " + json.dumps(out))
 """
 
@@ -110,7 +119,7 @@ def run_as(gcs: fakegcs.FakeGcs, ksa: str, python: str, code: str, *args: str, *
     """Runs `code` as a pod of ServiceAccount NS/ksa would: no key file, no gcloud config, Google's
     clients pointed at that identity's metadata server and at the stand-in storage."""
     base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("GOOGLE_", "GCE_", "CLOUD_STORAGE", "STORAGE_EMULATOR", "CLOUDSDK_"))}
+            if not k.startswith(("GOOGLE_", "GCE_", "CLOUD_STORAGE", "STORAGE_EMULATOR", "API_ENDPOINT", "CLOUDSDK_"))}
     out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, timeout=180,
                          env={**base, "HOME": "/nonexistent", **gcs.pod_env(NS, ksa), **env})
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
@@ -166,7 +175,9 @@ def test_ray_train_checkpoints_and_the_doctors_probe_need_the_bound_account(tmp_
     assert refused == {403}, refused
 
 
-def test_the_streamers_python_half_and_a_resumable_upload_need_the_bound_account(tmp_path):
+def test_the_python_clients_need_the_bound_account(tmp_path):
+    """google-cloud-storage as the streamer builds it (google-auth's default credentials) and as
+    smart_open under Ray's working_dir download builds it (a bare Client()): both carry the pod's token."""
     sys.path.insert(0, str(HERE.parent / "cluster"))
     import serving_chain
 
@@ -174,14 +185,17 @@ def test_the_streamers_python_half_and_a_resumable_upload_need_the_bound_account
         python = serving_chain.serving_python()
     except serving_chain.ChainError as exc:
         pytest.fail(str(exc))
+    (tmp_path / "tputorch").mkdir()
+    with zipfile.ZipFile(tmp_path / "tputorch" / "tputorch.zip", "w") as archive:  # as the ddp example says to make it
+        archive.writestr("tputorch/examples/ddp/train_ddp.py", "print('ddp')\n")
     with fakegcs.FakeGcs({"models": tmp_path}, policy={"models": RUNBOOK_POLICY}) as gcs:
-        served, _ = run_as(gcs, BOUND, python, STREAMER)
-        refused, _ = run_as(gcs, "default", python, STREAMER)
+        served, _ = run_as(gcs, BOUND, python, PYTHON_CLIENTS)
+        refused, _ = run_as(gcs, "default", python, PYTHON_CLIENTS)
         data = gcs.buckets["models"]["tiny/model.safetensors"].data
         log = gcs.log()
     assert served == {"upload": ["tiny/config.json", "tiny/model.safetensors"],
                       "glob": ["gs://models/tiny/config.json", "gs://models/tiny/model.safetensors"],
-                      "pull": ["config.json"]}, served
+                      "pull": ["config.json"], "working_dir": ["examples/ddp/train_ddp.py"]}, served
     assert data == b"w" * 700_000
     session = [r for r in log if r["method"] == "PUT" and "uploadType=resumable" in r["query"]]
     assert [r["status"] for r in session] == [308, 308, 200] and [r["sent"] for r in session] == [262144, 262144, 175712], session
@@ -189,6 +203,9 @@ def test_the_streamers_python_half_and_a_resumable_upload_need_the_bound_account
     assert refused["upload"]["status"] == 403 and denied(default, "storage.objects.create", "object") in refused["upload"]["message"], refused
     for step in ("glob", "pull"):  # the streamer asks for the bucket first
         assert refused[step]["status"] == 403 and denied(default, "storage.buckets.get", "bucket") in refused[step]["message"], refused
+    assert refused["working_dir"]["status"] == 403 and denied(default, "storage.objects.get", "object") in refused["working_dir"]["message"], refused
+    assert {r["caller"] for r in log if r["path"].startswith(("/storage/", "/download/", "/upload/"))} == {
+        fakegcs.principal(NS, BOUND), default}, "a call went without the pod's token"
 
 
 def call(url: str, method: str = "GET", headers: dict | None = None, data: bytes | None = None) -> tuple[int, bytes, dict]:

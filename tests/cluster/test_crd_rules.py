@@ -150,6 +150,8 @@ def test_service_defaults_and_the_reference_example(crds, namespace):
     ({"replicas": {"min": 3, "max": 2}}, ["spec.replicas.max must be at least spec.replicas.min"]),
     ({"replicas": {"min": -1}}, ["spec.replicas.min"]),
     ({"replicas": {"min": 0}}, ["spec.replicas.max is required when spec.replicas.min is 0"]),
+    ({"replicas": {"min": 2, "max": 2, "idleTimeoutSeconds": 600}}, ["spec.replicas.idleTimeoutSeconds is set only with"]),
+    ({"replicas": {"min": 1, "max": 2, "idleTimeoutSeconds": 59}}, ["spec.replicas.idleTimeoutSeconds"]),
     ({"tpu": {"accelerator": "v6e", "topology": "4x4", "slices": 2}}, ["each model replica of a TPUTorchService is one whole slice"]),
     ({"tpu": {"accelerator": "v6e", "topology": "4x5"}}, ["topology 4x5 is not a v6e slice on GKE"]),
     ({"model": {"source": ""}}, ["spec.model.source"]),

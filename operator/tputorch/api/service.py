@@ -118,7 +118,7 @@ class Lora:
 
 SECRET_REF_FIELDS = {"name", "key"}
 ENGINE_FIELDS = {"tensorParallelSize", "pipelineParallelSize", "enableExpertParallel", "maxModelLen", "args"}
-REPLICA_FIELDS = {"min", "max"}
+REPLICA_FIELDS = {"min", "max", "idleTimeoutSeconds"}
 SERVE_FIELDS = {"targetOngoingRequests", "maxOngoingRequests", "healthCheckPeriodSeconds", "healthCheckTimeoutSeconds",
                 "initializingTimeoutSeconds", "clusterDeletionDelaySeconds", "gracefulShutdownTimeoutSeconds", "routing",
                 "ingressReplicas", "scaleToZeroDelaySeconds", "downscaleDelaySeconds"}
@@ -134,6 +134,12 @@ MAX_SCALE_TO_ZERO_DELAY_S = 86400
 # replicas.min (its downscale_delay_s, unset 600 s); the slice under it is then idle, and Ray's
 # autoscaler gives it back after the cluster's idle timeout (render/cluster.py SLICE_IDLE_TIMEOUT_S).
 MAX_DOWNSCALE_DELAY_S = 86400
+# spec.replicas.idleTimeoutSeconds: how long a slice runs idle before Ray's autoscaler gives it back
+# (autoscalerOptions.idleTimeoutSeconds; unset, the operator's 1800 s, render/cluster.py
+# SLICE_IDLE_TIMEOUT_S). At least a minute (Ray's own default): a slice given back within seconds of
+# a lull costs minutes of provisioning and a cold start when the load returns; at most a day.
+MIN_IDLE_TIMEOUT_S = 60
+MAX_IDLE_TIMEOUT_S = 86400
 # KubeRay 1.5's RayService upgrade strategies (spec.upgradeStrategy.type) that run without a feature
 # gate. NewCluster (KubeRay's default): a cluster-spec edit starts a whole second RayCluster, i.e. a
 # second set of slices, and switches over when it serves. None: cluster-spec edits are not rolled
@@ -239,6 +245,7 @@ class ServiceSpec(CommonSpec):
     ingress_replicas: int = SERVICE_DEFAULTS["serve.ingressReplicas"]
     scale_to_zero_delay_s: int | None = None  # Serve's downscale_to_zero_delay_s; None: its downscale_delay_s
     downscale_delay_s: int | None = None  # Serve's downscale_delay_s; None: its own (600 s)
+    idle_timeout_s: int | None = None  # autoscalerOptions.idleTimeoutSeconds; None: the operator's (render/cluster.py)
     cache_path: str | None = None  # spec.model.cacheVolume's mountPath
     upgrade_strategy: str = SERVICE_DEFAULTS["upgradeStrategy"]
     exposure: Exposure = Exposure()  # who may call the Serve port (its NetworkPolicy)
@@ -483,7 +490,12 @@ def _parse_replicas(r: Reader, spec: Mapping, tpu: TPU, queue_name: str | None, 
     if tpu.slice is not None and max_replicas is not None:
         check_pods(r, "spec.replicas.max", 1 + max_replicas * tpu.slice.hosts, max_pods,
                    "the head and every host of spec.replicas.max slices")
-    return {"min_replicas": min_replicas, "max_replicas": max_replicas}
+    idle_timeout = r.value(replicas, "idleTimeoutSeconds", "spec.replicas.idleTimeoutSeconds", int,
+                           check=between(MIN_IDLE_TIMEOUT_S, MAX_IDLE_TIMEOUT_S))
+    if idle_timeout is not None and min_replicas is not None and min_replicas == max_replicas:
+        r.error("spec.replicas.idleTimeoutSeconds", idle_timeout, "is set only with spec.replicas.max above "
+                f"spec.replicas.min (autoscaled): both are {min_replicas}, so Ray's autoscaler never gives a slice back")
+    return {"min_replicas": min_replicas, "max_replicas": max_replicas, "idle_timeout_s": idle_timeout}
 
 
 def _parse_serve(r: Reader, spec: Mapping, min_replicas: int | None, max_replicas: int | None) -> dict:

@@ -9,6 +9,7 @@ import json
 
 from . import network, reader, spec, topology
 from .schema import common_properties, described, int_field, string_field, string_map_field
+from . import service
 from .service import SERVICE_KIND
 
 
@@ -164,6 +165,10 @@ def service_spec_schema() -> dict:
                     "min": int_field("Fewest replicas; 0 scales to zero (no slice while idle).",
                                 minimum=0, maximum=reader.MAX_REPLICAS, default=spec.SERVICE_DEFAULTS["replicas.min"]),
                     "max": int_field("Most replicas; default: min (required when min is 0).", minimum=1, maximum=reader.MAX_REPLICAS),
+                    "idleTimeoutSeconds": int_field(
+                        "Seconds a slice runs idle before Ray's autoscaler gives it back (autoscalerOptions."
+                        "idleTimeoutSeconds; default 1800, above a multi-host slice's provisioning time); only with max above min.",
+                        minimum=service.MIN_IDLE_TIMEOUT_S, maximum=service.MAX_IDLE_TIMEOUT_S),
                 },
                 **{"x-kubernetes-validations": [{
                     "rule": "!has(self.max) || self.min <= self.max",
@@ -171,6 +176,9 @@ def service_spec_schema() -> dict:
                 }, {
                     "rule": "!has(self.min) || self.min > 0 || has(self.max)",
                     "message": "spec.replicas.max is required when spec.replicas.min is 0 (scale to zero)",
+                }, {
+                    "rule": "!has(self.idleTimeoutSeconds) || (has(self.max) && self.max > self.min)",
+                    "message": "spec.replicas.idleTimeoutSeconds is set only with spec.replicas.max above spec.replicas.min",
                 }]},
             ),
             "serve": described(

@@ -92,8 +92,10 @@ def autoscaler_env(hosts: int) -> list[dict]:
 
 
 def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1,
-                    autoscaling: bool | None = None, head_start_params: dict | None = None) -> dict:
-    """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica."""
+                    autoscaling: bool | None = None, head_start_params: dict | None = None,
+                    idle_timeout_s: int | None = None) -> dict:
+    """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica;
+    ``idle_timeout_s``: a service's spec.replicas.idleTimeoutSeconds (None: SLICE_IDLE_TIMEOUT_S)."""
     autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
     token_in_autoscaler = autoscaling and not spec.automount_service_account_token  # else pod-wide, or none
     head_storage = volumes.pod_storage(spec.volumes, spec.gcs_fuse_sidecar, "head", spec.security_context)
@@ -107,7 +109,7 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         # alone gets the API token (autoscaler_token), not the Ray container beside it.
         "head_automount": spec.automount_service_account_token,
         "autoscaler_options": {"securityContext": spec.security_context,
-                               **({"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": SLICE_IDLE_TIMEOUT_S,
+                               **({"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": SLICE_IDLE_TIMEOUT_S if idle_timeout_s is None else idle_timeout_s,
                                    "upscalingMode": UPSCALING_MODE, "env": autoscaler_env(spec.slice.hosts)}
                                   if autoscaling else {}),
                                **({"volumeMounts": [AUTOSCALER_TOKEN_MOUNT]} if token_in_autoscaler else {})},

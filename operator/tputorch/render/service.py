@@ -107,7 +107,8 @@ def rayservice(svc: ServiceSpec) -> dict:
         # annotation, and the spec refuses a change between the two, which Kueue would refuse).
         # num-cpus 0 on the head (as Google's sample): no Serve replica or vLLM worker is placed on it.
         "cluster": {**cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
-                                      autoscaling=svc.autoscaling or not svc.queue_name, head_start_params={"num-cpus": "0"}),
+                                      autoscaling=svc.autoscaling or not svc.queue_name, head_start_params={"num-cpus": "0"},
+                                      idle_timeout_s=svc.idle_timeout_s),
                     "worker_ray_resources": autoscaler_visible_resources(svc)},
     }), "RayService")
     obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)

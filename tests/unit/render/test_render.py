@@ -963,6 +963,22 @@ def test_an_autoscaled_service_runs_autoscaler_v2_with_idle_timeouts_above_slice
     assert "version" not in rendered({})["spec"]["rayClusterSpec"].get("autoscalerOptions", {})  # a job: no autoscaler
 
 
+def test_a_services_idle_timeout_is_its_replicas_idle_timeout_seconds():
+    """Issue 56: the slice idle timeout has a setting; unset, the operator's (the goldens hold it)."""
+    from tputorch.render.cluster import SLICE_IDLE_TIMEOUT_S
+    from tputorch.api.service_schema import service_spec_schema
+
+    def options(replicas):
+        return rendered_service({"replicas": replicas})["spec"]["rayClusterConfig"]["autoscalerOptions"]
+    assert options({"min": 1, "max": 3, "idleTimeoutSeconds": 300})["idleTimeoutSeconds"] == 300
+    assert options({"min": 0, "max": 2, "idleTimeoutSeconds": 7200})["idleTimeoutSeconds"] == 7200
+    assert options({"min": 1, "max": 3})["idleTimeoutSeconds"] == SLICE_IDLE_TIMEOUT_S
+    with_field = rendered_service({"replicas": {"min": 1, "max": 3, "idleTimeoutSeconds": SLICE_IDLE_TIMEOUT_S}})
+    assert with_field == rendered_service({"replicas": {"min": 1, "max": 3}})  # the default, set, renders the same
+    described = service_spec_schema()["properties"]["replicas"]["properties"]["idleTimeoutSeconds"]["description"]
+    assert f"default {SLICE_IDLE_TIMEOUT_S}" in described
+
+
 def test_lora_renders_rays_lora_config_and_vllms_matching_slots():
     cfg = llm_config(rendered_service(SERVICE_CASES["service-v6e-4x4-lora"]))
     assert cfg["lora_config"] == {"dynamic_lora_loading_path": "gs://my-adapters/qwen3", "max_num_adapters_per_replica": 8}

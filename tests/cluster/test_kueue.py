@@ -24,7 +24,7 @@ import audit
 from operator_process import kubectl, operator, tputorch_crd  # noqa: F401 (fixtures)
 
 from tputorch import render, timestamps
-from tputorch.render.names import INITIALIZING_TIMEOUT_ANNOTATION, JOB_LABEL
+from tputorch.render.names import INITIALIZING_TIMEOUT_ANNOTATION, JOB_LABEL, SERVICE_LABEL
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "kueue"
@@ -309,6 +309,54 @@ def test_a_service_queued_longer_than_its_initializing_timeout_is_admitted_and_r
     waited = (admitted_at_of(w) - since(initializing)).total_seconds()
     assert waited >= 2 * INITIALIZING_TIMEOUT, waited
     assert waited + INITIALIZING_TIMEOUT <= timeout <= waited + INITIALIZING_TIMEOUT + 2, (timeout, waited)
+
+
+def test_a_queued_autoscaled_service_is_admitted_as_kueues_elastic_job(kueue, queue_ns, operator):
+    """Issue 56 item 7. A queued service with replicas.min < max renders its RayService with
+    kueue.x-k8s.io/elastic-job: "true" and Ray's autoscaler on; the real Kueue 0.19.1
+    (ElasticJobsViaWorkloadSlices on by default) admits it: its webhook lets the RayService in, its
+    Workload is admitted (and marked elastic by Kueue itself), KubeRay makes the RayCluster with
+    in-tree autoscaling and the service's range, and Kueue lifts its elastic-job scheduling gate
+    from the pods it admitted. The CRD then refuses an edit to a fixed count, which Kueue would refuse
+    on the RayService. Admission only: no Serve, no scale-up (a v6e 2x2, one host a slice)."""
+    kube, ns = kueue, queue_ns
+    gate = "kueue.x-k8s.io/elastic-job"  # Kueue's annotation and its pods' scheduling gate share the name
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTorchService", "metadata": {"name": "elastic"},
+            "spec": {"tpu": {"accelerator": "v6e", "topology": "2x2"}, "image": "example.com/ray-vllm-tpu:2.60.0",
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, "queueName": "tpu", "replicas": {"min": 1, "max": 2},
+                     "head": {"cpu": "1", "memory": "2Gi"}, "worker": {"cpu": "4", "memory": "16Gi"}}}
+    apply(kube, ns, body)
+    rs = kube.wait(lambda: rayservice_of(kube, ns, "elastic"), 60, "the RayService")
+    assert rs["metadata"]["annotations"][gate] == "true", rs["metadata"]
+    assert rs["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+    w = kube.wait(lambda: next((w for w in kube.custom.list_namespaced_custom_object(*KUEUE, ns, "workloads")["items"]
+                                if any(r["kind"] == "RayService" and r["name"] == "elastic"
+                                       for r in w["metadata"].get("ownerReferences") or [])
+                                and any(c["type"] == "Admitted" and c["status"] == "True"
+                                        for c in (w.get("status") or {}).get("conditions") or [])), None),
+                  90, "the RayService's Workload admitted")
+    assert (w["metadata"].get("annotations") or {}).get(gate) == "true", w["metadata"]  # Kueue's own mark: elastic
+    cluster = kube.wait(lambda: next(iter(kube.custom.list_namespaced_custom_object(
+        "ray.io", "v1", ns, "rayclusters", label_selector="ray.io/originated-from-cr-name=elastic")["items"]), None),
+                        90, "KubeRay's RayCluster of the admitted RayService")
+    assert cluster["spec"]["enableInTreeAutoscaling"] is True, cluster["spec"]
+    (group,) = cluster["spec"]["workerGroupSpecs"]
+    assert (group["minReplicas"], group["maxReplicas"]) == (1, 2), group
+    assert (cluster["metadata"].get("annotations") or {}).get(gate) == "true"  # KubeRay copies it: elastic too
+
+    def ungated_pods():
+        pods = kube.core.list_namespaced_pod(ns, label_selector=f"{SERVICE_LABEL}=elastic").items
+        roles = sorted((p.metadata.labels or {}).get("ray.io/node-type", "") for p in pods)
+        gated = [p.metadata.name for p in pods if any(g.name == gate for g in p.spec.scheduling_gates or [])]
+        return roles if roles == ["head", "worker"] and not gated else None
+    kube.wait(ungated_pods, 90, "the head and the slice's host, ungated by Kueue")
+    st = wait_phase(kube, ns, "elastic", "Pending", "Deploying", "Ready", plural="tputorchservices")
+    assert condition(st, "Admitted")["status"] == "True" and st["clusterQueue"] == "tpu", st
+
+    # Fixed from a range: Kueue refuses the elastic-job annotation's change, so the API server refuses the edit.
+    fixed = {**body, "spec": {**body["spec"], "replicas": {"min": 2, "max": 2}}}
+    refused = kubectl(kube.kubeconfig, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(fixed), check=False)
+    assert refused.returncode != 0 and "between a fixed count (max == min) and a range" in refused.stderr, refused.stderr
 
 
 def admitted_at_of(workload: dict) -> datetime.datetime:

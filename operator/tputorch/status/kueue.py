@@ -57,14 +57,34 @@ def owner_of(workload: dict) -> tuple[str, str] | None:
     return None
 
 
+# Kueue's elastic jobs (a queued autoscaled service): a scale-up is a new Workload, a slice naming
+# (namespace/name) the admitted one it replaces once admitted itself (Kueue 0.19.1 workloadslicing).
+SLICE_REPLACEMENT_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
+
+
 def workload_for(workloads: list[dict], child: dict) -> dict | None:
-    """The Workload owned by this very child (its uid), the newest if Kueue made several."""
+    """The Workload owned by this very child (its uid), the newest if Kueue made several; but while
+    the newest is an elastic job's scale-up slice not yet admitted, the slice it replaces, which the
+    child still runs on (it waits for quota to grow, not to run)."""
     uid = (child.get("metadata") or {}).get("uid")
     owned = [w for w in workloads
              if any(r.get("controller") and r.get("uid") == uid
                     for r in (w.get("metadata") or {}).get("ownerReferences") or [])]
     owned.sort(key=lambda w: (w.get("metadata") or {}).get("creationTimestamp") or "")
-    return owned[-1] if owned else None
+    if not owned:
+        return None
+    newest = owned[-1]
+    replaces = ((newest.get("metadata") or {}).get("annotations") or {}).get(SLICE_REPLACEMENT_ANNOTATION)
+    if replaces and not _true(_conditions(newest).get("Admitted")):
+        replaced = next((w for w in owned if _key(w) == replaces), None)
+        if replaced is not None and not _true(_conditions(replaced).get("Finished")):
+            return replaced
+    return newest
+
+
+def _key(workload: dict) -> str:
+    meta = workload.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 def _conditions(workload: dict) -> dict[str, dict]:

@@ -333,6 +333,33 @@ def test_a_tested_kueue_is_ok_and_an_unknown_one_not_ruled_out():
     assert result.status == UNKNOWN and "timed out" in result.message
 
 
+def elastic_results(config_text: str | None, image: str = "registry.k8s.io/kueue/kueue:v0.19.1") -> list:
+    facts = healthy_facts()
+    facts["kueue_installed"] = True
+    facts["kueue_deployment"] = kueue_deployment(image)
+    facts["kueue_config"] = None if config_text is None else kueue_config(config_text)
+    return [r for r in doctor.run_checks(facts, NOW) if r.check == "kueue-elastic"]
+
+
+def test_a_kueue_that_refuses_queued_autoscaled_services_is_a_warning_naming_its_gate():
+    """Kueue admits Ray's autoscaler on a queued RayService only as an elastic job, behind
+    ElasticJobsViaWorkloadSlices (beta, on by default from 0.18; Kueue 0.19.1 pkg/features)."""
+    off = "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\nfeatureGates:\n  ElasticJobsViaWorkloadSlices: false\n"
+    (result,) = elastic_results(off)
+    assert result.status == WARN and "ElasticJobsViaWorkloadSlices is off in its config" in result.message
+    assert "replicas.min < replicas.max" in result.message and result.doc.endswith("kueue.md#autoscaled-queued-services")
+    assert "featureGates.ElasticJobsViaWorkloadSlices: true" in result.fix
+    (result,) = elastic_results("apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n",
+                                "registry.k8s.io/kueue/kueue:v0.17.0")  # before 0.18: off by default
+    assert result.status == WARN and "Kueue 0.17.0 leaves ElasticJobsViaWorkloadSlices off" in result.message
+    assert doctor.exit_code([result]) == 0
+    # on: by default from 0.18, or set on an older one; no config map: Kueue's defaults
+    on_017 = "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\nfeatureGates:\n  ElasticJobsViaWorkloadSlices: true\n"
+    assert elastic_results("apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n") == []
+    assert elastic_results(on_017, "registry.k8s.io/kueue/kueue:v0.17.0") == []
+    assert elastic_results(None) == []
+
+
 def test_no_kueue_version_without_kueue():
     facts = healthy_facts()
     facts["kueue_deployment"] = kueue_deployment("registry.k8s.io/kueue/kueue:v0.20.1")

@@ -86,6 +86,25 @@ def test_the_workload_is_the_one_this_child_owns_by_uid():
     assert kueue.owner_of(mine) == ("RayJob", "demo")
 
 
+def test_an_elastic_jobs_scale_up_slice_waiting_for_quota_leaves_the_child_on_the_slice_it_replaces():
+    """Kueue 0.19.1 (workloadslicing): a queued autoscaled service's scale-up is a new Workload
+    naming the admitted one it replaces; until it is admitted the service runs on the old one, so
+    it is Admitted (not Queued). Once admitted, Kueue finishes the old one: the new one counts."""
+    old = workload("admitted", name="rayservice-llm-1", created="2026-12-01T10:00:00Z")
+    grow = workload("pending", name="rayservice-llm-2", created="2026-12-01T10:05:00Z")
+    grow["metadata"]["annotations"] = {kueue.SLICE_REPLACEMENT_ANNOTATION: "ml/rayservice-llm-1"}
+    child = {"metadata": {"uid": RAYJOB_UID}}
+    assert kueue.SLICE_REPLACEMENT_ANNOTATION == "kueue.x-k8s.io/workload-slice-replacement-for"
+    assert kueue.workload_for([grow, old], child)["metadata"]["name"] == "rayservice-llm-1"
+    assert kueue.admission("tpu", "RayService", "llm", kueue.workload_for([grow, old], child)).phase is None
+    grown = {**grow, "status": WORKLOADS["admitted"]}
+    replaced = {**old, "status": WORKLOADS["finished"]}
+    assert kueue.workload_for([grown, replaced], child)["metadata"]["name"] == "rayservice-llm-2"
+    # a pending Workload that replaces none (a first admission) is the one, Queued
+    first = workload("pending", name="rayservice-llm-1", created="2026-12-01T10:00:00Z")
+    assert kueue.admission("tpu", "RayService", "llm", kueue.workload_for([first], child)).phase == "Queued"
+
+
 # --- through the job's derive ----------------------------------------------------------------------
 
 JOB = spec.parse(body(queueName="tpu", priorityClassName="tpu-low"))

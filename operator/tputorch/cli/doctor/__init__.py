@@ -28,7 +28,7 @@ from typing import Iterable
 from ...status.kueue import WORKLOAD_CRD
 from .cluster import check_kubernetes, check_operator, check_tputorch_crds
 from .kuberay import check_kuberay, check_tpu_webhook
-from .kueue import check_kueue, check_kueue_version, kueue_frameworks, kueue_quota_check, kueue_rayservice_enabled
+from .kueue import check_kueue, check_kueue_elastic, check_kueue_version, kueue_frameworks, kueue_quota_check, kueue_rayservice_enabled
 from .identity import check_service_accounts
 from .network import check_network
 from .pools import check_placement, check_pools, pools_table
@@ -51,6 +51,7 @@ def run_checks(facts: dict, now: datetime | None = None) -> list[Result]:
     results += check_pools(facts["nodes"])
     results += check_network(facts["kube_system_pods"], facts["operator_deployments"], facts["kuberay_deployments"])
     results += check_kueue_version(facts["kueue_installed"], facts["kueue_deployment"])
+    results += check_kueue_elastic(facts["kueue_installed"], facts["kueue_config"], facts["kueue_deployment"])
     results += check_kueue(facts["kueue_installed"], kueue_frameworks(facts["kueue_config"]),
                            facts["local_queues"].get(facts["namespace"], []), facts["namespace"],
                            facts["crds"].get(WORKLOAD_CRD))

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from ... import tested_versions
 from ...api import groups
 from ...status import kueue
-from .result import (DOC_COMPAT_KUEUE, DOC_KUEUE, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown, image_version,
-                     parse_version, quantity)
+from .result import (DOC_COMPAT_KUEUE, DOC_KUEUE, DOC_KUEUE_ELASTIC, FAIL, OK, UNKNOWN, WARN, Result, Unread, _unknown,
+                     image_version, parse_version, quantity)
 
 
 KUEUE_INTEGRATIONS = ("ray.io/rayjob", "ray.io/rayservice")
@@ -110,6 +110,34 @@ def check_kueue_version(crd_installed: bool | Unread, deployment: dict | None | 
                        f"(tested: {tested_versions.shown(tested_versions.KUEUE)})",
                        "docs/tasks/kueue.md says what the operator needs of Kueue; or run a tested version", DOC_COMPAT_KUEUE)]
     return [Result("kueue-version", OK, f"Kueue {version} (tested)")]
+
+
+ELASTIC_GATE = "ElasticJobsViaWorkloadSlices"
+ELASTIC_DEFAULT_ON = (0, 18)  # the gate's beta, on by default (Kueue pkg/features: alpha, off, from 0.13)
+
+
+def check_kueue_elastic(crd_installed: bool | Unread, config_map: dict | None | Unread,
+                        deployment: dict | None | Unread) -> list[Result]:
+    """Whether Kueue admits a queued autoscaled service (Kueue's elastic job, kueue.x-k8s.io/elastic-job
+    on the RayService): only with its ElasticJobsViaWorkloadSlices gate on, else its RayService
+    webhook refuses the RayService. Said only when the gate is off in the manager config's
+    featureGates, or left at its default on a Kueue before 0.18; a gate set by
+    kueue-controller-manager's --feature-gates flag is not seen here."""
+    if crd_installed is not True or isinstance(config_map, Unread):
+        return []
+    doc = _manager_config(config_map) if config_map is not None else None
+    gate = ((doc or {}).get("featureGates") or {}).get(ELASTIC_GATE)
+    version = image_version([deployment]) if isinstance(deployment, dict) else None
+    old = version is not None and parse_version(version)[:2] < ELASTIC_DEFAULT_ON
+    if gate is False or (gate is None and old):
+        why = f"{ELASTIC_GATE} is off in its config" if gate is False else f"Kueue {version} leaves {ELASTIC_GATE} off"
+        return [Result("kueue-elastic", WARN, f"Kueue: {why}: it refuses a queued TPUTorchService with "
+                       "replicas.min < replicas.max (its RayService webhook admits Ray's autoscaler only on an elastic job); "
+                       "queued services with a fixed count are unaffected",
+                       f"set featureGates.{ELASTIC_GATE}: true in kueue-system/kueue-manager-config (Kueue 0.13 or "
+                       "later) and restart kueue-controller-manager, or give queued services replicas.min == replicas.max",
+                       DOC_KUEUE_ELASTIC)]
+    return []
 
 
 def _dotted(version: tuple[int, ...]) -> str:

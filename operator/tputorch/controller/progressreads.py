@@ -1,7 +1,8 @@
 """Step: training progress, read from the Ray dashboard (dashboard.py) off the reconcile workers:
 the newest report read goes into the status, and while the job runs its driver log is read again
-once per interval. Its state: when each object's log was last read, the newest report read, the
-read in flight and the last failure logged, per uid."""
+once per interval. The same tail tells a Cloud Storage 403 (status/storage_access.py), kept for the
+attempt it was read in. Its state: when each object's log was last read, the newest report read,
+the last 403 read, the read in flight and the last failure logged, per uid."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextvars
 import logging
 from typing import Callable
 
-from ..status import progress as training
+from ..status import progress as training, storage_access
 from .dashboard import DashboardError
 from .kind import Key, describe
 from .raytoken import RayTokens
@@ -29,6 +30,7 @@ class ProgressReads:
         self.requeue, self.enqueue, self.uid_of = requeue, enqueue, uid_of
         self.read_at: dict[str, float] = {}  # uid -> when its driver log was last read (monotonic)
         self.reports: dict[str, training.Report] = {}  # uid -> the newest report read, until it is written
+        self.denials: dict[str, tuple[object, storage_access.Denial]] = {}  # uid -> (attempt, the last 403 read)
         self.reading: dict[str, asyncio.Task] = {}  # uid -> its read in flight (one per object)
         self.failures: dict[str, str] = {}  # uid -> the last failure logged (logged again when it changes)
 
@@ -36,11 +38,16 @@ class ProgressReads:
         return set()  # kept by uid: dropped through forget
 
     def forget(self, key: Key, uid: str | None) -> None:
-        for state in (self.read_at, self.reports, self.failures):
+        for state in (self.read_at, self.reports, self.denials, self.failures):
             state.pop(uid, None)
         reading = self.reading.pop(uid, None)
         if reading is not None:
             reading.cancel()
+
+    def denial(self, uid: str | None, attempt: object) -> storage_access.Denial | None:
+        """The last Cloud Storage 403 the driver's log showed in this attempt (a later one starts clean)."""
+        seen = self.denials.get(uid)
+        return seen[1] if seen is not None and seen[0] == attempt else None
 
     def apply(self, key: Key, uid: str, current: dict, secret_name: str | None) -> dict:
         """The status with the newest report read in it; and, while the job runs, its driver log
@@ -59,7 +66,7 @@ class ProgressReads:
             self.read_at[uid] = self.monotonic()
             # A fresh context: the read is no call of this reconcile (reconcile_fenced's CALLS).
             self.reading[uid] = asyncio.get_running_loop().create_task(
-                self._read(key, uid, *where, secret_name), context=contextvars.Context())
+                self._read(key, uid, *where, secret_name, current.get("attempts")), context=contextvars.Context())
             delay = self.interval
         self.requeue(key, delay)  # level-based: the next read needs no event
         return current
@@ -77,7 +84,8 @@ class ProgressReads:
                     raise
         return await self.dashboard.driver_log(namespace, cluster, submission_id, last)
 
-    async def _read(self, key: Key, uid: str, cluster: str, submission_id: str, secret_name: str | None) -> None:
+    async def _read(self, key: Key, uid: str, cluster: str, submission_id: str, secret_name: str | None,
+                    attempt: object = None) -> None:
         try:
             log_tail = await self._driver_log(key[1], cluster, submission_id, secret_name)
         except asyncio.CancelledError:
@@ -94,11 +102,17 @@ class ProgressReads:
                 del self.reading[uid]
         self.failures.pop(uid, None)
         try:
-            report = training.parse(log_tail)
+            report, denial = training.parse(log_tail), storage_access.find(log_tail)
         except Exception as err:  # a bug here must not end the read task unlogged
             log.error("%s %s/%s: the progress read from RayCluster %s could not be parsed: %s", key[0], key[1],
                       key[2], cluster, describe(err))
             return
-        if report is not None and report != self.reports.get(uid) and self.uid_of(key) == uid:
-            self.reports[uid] = report
+        if self.uid_of(key) != uid:
+            return
+        news = False
+        if report is not None and report != self.reports.get(uid):
+            self.reports[uid], news = report, True
+        if denial is not None and (attempt, denial) != self.denials.get(uid):
+            self.denials[uid], news = (attempt, denial), True
+        if news:
             self.enqueue(key)

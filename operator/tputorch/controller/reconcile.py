@@ -265,7 +265,7 @@ class Controller:
         derive = lambda rayjob: statuses.derive(  # noqa: E731
             spec, meta.get("generation", 0), rayjob, pods, previous, now, self.child.problems.get(key),
             queue=admission, deleted=deleted, pods_problem=self._pods_problem(key[1]),
-            network=self.extras.network(key, spec))
+            network=self.extras.network(key, spec), log_denial=self.progress.denial(meta.get("uid"), previous.get("attempts")))
         current = derive(ours)
         if self.attempts.must_end(current, ours):  # maybe on pod events alone: read the RayJob again
             fresh = await self.attempts.read_again(kind, key, ours)

@@ -24,6 +24,7 @@ TOKEN_AUTH, AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED = "TokenAuth", "AuthO
 OLDER_RENDERING = "OlderRendering"
 REFUSED_BY_THIS_VERSION = "RefusedByThisVersion"
 DEFAULT_SERVICE_ACCOUNT = "DefaultServiceAccount"  # StorageIdentity=False: reaches gs:// as the default account
+STORAGE_ACCESS_DENIED = "StorageAccessDenied"  # StorageIdentity=False: Cloud Storage answered 403 (status/storage_access.py)
 
 # Condition states that are bad news: their events are Warnings.
 _WARNING_STATES = {
@@ -38,7 +39,7 @@ _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", 
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
                     "QuotaExceeded", "PodCreationFailed", AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED,
                     "UpgradeStrategyNone", "TolerationsNotApplied", REFUSED_BY_THIS_VERSION,
-                    DEFAULT_SERVICE_ACCOUNT}
+                    DEFAULT_SERVICE_ACCOUNT, STORAGE_ACCESS_DENIED}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.

@@ -23,7 +23,7 @@ from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
 from . import network as net
-from . import progress as training
+from . import progress as training, storage_access
 from .conditions import condition, queue_fields, queue_message, queue_phase, stamp
 from .kueue import Admission
 from .leading import leading_conditions
@@ -292,6 +292,7 @@ def derive(
     deleted: Iterable[dict] = (),
     pods_problem: tuple[str, str] | None = None,
     network: net.NetworkPolicyState | None = None,
+    log_denial: storage_access.Denial | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 
@@ -300,7 +301,8 @@ def derive(
     deletionTimestamp, status.phase/reason/conditions as the API returns them), ``deleted`` those of
     its pods seen deleted while it ran; ``queue`` is where Kueue has the RayJob (spec.queueName set
     and the RayJob exists); ``pods_problem`` is (reason, message) while the operator may not read
-    the namespace's pods; ``network`` its NetworkPolicy (None: the operator makes none).
+    the namespace's pods; ``network`` its NetworkPolicy (None: the operator makes none);
+    ``log_denial`` a Cloud Storage 403 the driver's log showed in this attempt (the controller reads it).
 
     ``rayjob`` is the current attempt's when its attempt label says so; one of an ended attempt
     is going (the reconcile deletes it) and shows the job Retrying.
@@ -314,8 +316,10 @@ def derive(
     decided = decide_attempt(job, previous, number, rayjob, seen, kuberay_phase, deleted, network, now)
     phase = job_phase(decided, seen)
 
+    denied = storage_access.said(job, (("the Ray job's message", storage_access.find(seen.kuberay_message)),
+                                       ("the driver's log", log_denial)))
     conditions = leading_conditions(_shape(job), RAYJOB_CREATED, "RayJob", job.name, rayjob, problem, True, queue, network,
-                                    generation, job.identity_warning)
+                                    generation, job.identity_warning, denied)
     slice_ready = slice_ready_condition(job, seen, phase, rayjob is not None, pods_problem, generation)
     ended = end_condition(job, seen, phase, decided, generation)
     chips = chip_isolation_condition(job, generation)

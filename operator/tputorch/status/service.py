@@ -21,7 +21,7 @@ from ..api.phases import FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_
 from ..api.spec import ServiceSpec
 from .conditions import condition, queue_fields, queue_message, queue_phase, stamp
 from . import applied as appl
-from . import network as net
+from . import network as net, storage_access
 from .kueue import Admission
 from .leading import leading_conditions
 from .pods import (
@@ -462,8 +462,9 @@ def derive_service(
     once): the live one is up to date only when it carries that hash."""
     seen = observe_service(svc, rayservice, pods, pods_problem is None, desired_hash)
 
+    denied = storage_access.said(svc, [("the Serve application's message", storage_access.find(seen.app_message))])
     conditions = leading_conditions(_shape(svc), RAYSERVICE_CREATED, "RayService", svc.name, rayservice, problem,
-                                    False, queue, network, generation, svc.identity_warning)
+                                    False, queue, network, generation, svc.identity_warning, denied)
     slice_ = slice_state(svc, seen, pods_problem, generation)
     unreached = dashboard_unreached(seen, slice_, network)
     ready = ready_condition(seen, previous, unreached, generation)

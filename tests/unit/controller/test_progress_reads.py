@@ -240,3 +240,28 @@ def test_the_previous_key_file_is_optional_and_checked_like_the_key(tmp_path):
     previous.write_bytes(b"short")
     with pytest.raises(ValueError, match="the previous Ray token key must hold at least 32 bytes, it holds 5"):
         RayTokens.from_file(str(key), str(previous))
+
+
+def test_a_cloud_storage_403_in_the_driver_log_reaches_the_status_for_its_attempt(life):
+    """Issue 55: the same read of the driver's log tells a 403 from Cloud Storage; the job's status says
+    who was refused, on which bucket, and the role; a later attempt starts without it."""
+    from tputorch.status import storage_access
+
+    job = life()
+    job.reconcile()
+    start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)
+    job.dashboard.report(5, 2.0)
+    job.dashboard.log += ("(RayTrainWorker pid=7, ip=10.0.0.2) OSError: google::cloud::Status(PERMISSION_DENIED: Permanent "
+                          "error, with a last message of principal://iam.googleapis.com/projects/1/locations/global/"
+                          "workloadIdentityPools/p.svc.id.goog/subject/ns/ml/sa/default does not have "
+                          "storage.objects.create access to the Google Cloud Storage object. Permission "
+                          "'storage.objects.create' denied on resource '//storage.googleapis.com/projects/_/buckets/"
+                          "team-ckpt/objects/run/checkpoint_000000/model.pt' (or it may not exist).)\n")
+    job.at(31.6)
+    written = job.ctl.parents[KIND].get(("ml", "demo"))["status"]
+    found = next(c for c in written["conditions"] if c["type"] == "StorageIdentity")
+    assert found["reason"] == "StorageAccessDenied" and "storage.objects.create on gs://team-ckpt" in found["message"]
+    assert written["progress"]["step"] == 5  # the report of the same tail is there too
+    uid = job.ctl.parents[KIND].get(("ml", "demo"))["metadata"]["uid"]
+    assert job.ctl.progress.denial(uid, written["attempts"]) == storage_access.find(job.dashboard.log)
+    assert job.ctl.progress.denial(uid, written["attempts"] + 1) is None  # a later attempt starts clean

@@ -112,7 +112,7 @@ def test_the_reference_service_deploys_and_reports_its_endpoint(kube, namespace,
     # the Hugging Face token Secret it names, made first as docs/tasks/serving.md says (its pods wait for it)
     hf = body["spec"]["model"]["hfTokenSecret"]
     kubectl(kube.kubeconfig, "create", "secret", "generic", hf["name"], "-n", namespace, f"--from-literal={hf['key']}=hf_x")
-    # Exposed as docs/tasks/serving.md's internal load balancer: KubeRay makes <name>-serve-svc from it.
+    # Exposed as docs/tasks/expose-a-service.md's internal load balancer: KubeRay makes <name>-serve-svc from it.
     internal = {"networking.gke.io/load-balancer-type": "Internal"}
     body["spec"]["exposure"] = {"serveService": {"type": "LoadBalancer", "annotations": internal,
                                                  "loadBalancerSourceRanges": ["10.0.0.0/8"]}}

@@ -170,8 +170,8 @@ ENGINE_OWNED_ARGS = {
 # key or TLS would seem to protect a service that is open; so each is refused with the reason.
 _SERVE_ANSWERS_HTTP = ("Ray Serve's proxy answers HTTP on the head's serve port 8000 (the <name>-serve-svc Service); "
                        "vLLM's own HTTP server, which this configures, does not run under Ray Serve")
-_AUTH_AT_THE_EDGE = ("put a Gateway with IAP or an API gateway in front of <name>-serve-svc (docs/tasks/serving.md, "
-                     "Exposing the endpoint)")
+_AUTH_AT_THE_EDGE = ("put a Gateway with IAP or an API gateway in front of <name>-serve-svc "
+                     "(docs/tasks/expose-a-service.md)")
 _SERVER_ARG_REASONS = {
     "host": _SERVE_ANSWERS_HTTP, "port": _SERVE_ANSWERS_HTTP, "uds": _SERVE_ANSWERS_HTTP,
     "api_key": f"{_SERVE_ANSWERS_HTTP}, so no key would be checked: {_AUTH_AT_THE_EDGE}",

@@ -9,6 +9,22 @@ from .. import train
 from .schema import described, int_field, string_field
 
 PHASES = list(phases.JOB_PHASES)
+# status.goodput's parts and moments (status/goodput.py writes them: api/ cannot import status/)
+GOODPUT_PARTS = {
+    "teardown": "The attempt's start (the job's creation, the previous attempt's end) to its RayJob's creation.",
+    "queued": "The RayJob's creation to Kueue's admission (0 without a queue).",
+    "provisioning": "Admission to the last pod scheduled.",
+    "start": "The last pod scheduled to the last pod Ready (image pull, Ray up).",
+    "firstStep": "Ray up to the first progress report (the driver's start, the compile), less the restore.",
+    "restore": "Time in tputorch.train.restoring() before the first report.",
+    "productive": "Step time between the first and the last report read, less the lost work.",
+    "checkpointSave": "Time tputorch.train.report spent persisting checkpoints.",
+    "lostWork": "A failed attempt's steps after its last checkpoint, by its step time.",
+    "hang": "A hung attempt's time from its hang to its end.",
+    "unaccounted": "Time between observed moments around a moment that was not observed.",
+}
+GOODPUT_MOMENTS = ("start", "created", "admitted", "scheduled", "rayUp")
+MAX_HISTORY = 20  # attempt records kept in the status (attemptHistory, goodput.attempts): the first and the latest
 SERVICE_PHASES = list(phases.SERVICE_PHASES)
 MAX_CONDITIONS = 16
 
@@ -49,6 +65,72 @@ def _common_status() -> dict:
         "clusterQueue": string_field("Kueue ClusterQueue that admitted the workload."),
         "workload": string_field("Name of the Kueue Workload made for the child."),
     }
+
+
+def _number(description: str) -> dict:
+    return described(description, type="number", minimum=0)
+
+
+def _timing_schema() -> dict:
+    return described(
+        "The script's own clock in that report (tputorch.train.report; absent from an older one's): where "
+        "its time went from its first report on. Times are UNIX seconds of the training host's clock.",
+        type="object",
+        properties={
+            "attempt": int_field("The attempt that reported (TPUTORCH_ATTEMPT)."),
+            "time": _number("When this report returned."),
+            "firstReportTime": _number("When the process's first report began: the end of its first step(s)."),
+            "stepSeconds": _number("Seconds spent in steps (between reports) since the first report."),
+            "checkpointSaveSeconds": _number("Seconds spent persisting checkpoints since the first report."),
+            "restoreSeconds": _number("Seconds spent in tputorch.train.restoring()."),
+            "secondsPerStep": _number("Seconds per step over the steps between the last two reports."),
+            "checkpointStep": described("The step of the last checkpoint this process persisted.", type="integer",
+                                        format="int64", minimum=0),
+        },
+    )
+
+
+def _parts_schema(description: str) -> dict:
+    return described(description, type="object",
+                     properties={p: described(what + " Seconds.", type="number") for p, what in GOODPUT_PARTS.items()})
+
+
+def _goodput_schema() -> dict:
+    attempt = {
+        "type": "object",
+        "properties": {
+            "attempt": described("The attempt's number.", type="integer", format="int32"),
+            "result": string_field("How it ended (attemptHistory); absent while it runs."),
+            "startTime": string_field("When it started.", format="date-time"),
+            "wallClockSeconds": _number("Its start to its end, or to asOf while it runs."),
+            "seconds": _parts_schema("The attempt's wall-clock by part."),
+        },
+    }
+    return described(
+        "The goodput ledger (docs/goodput.md): the job's wall-clock split into " + ", ".join(GOODPUT_PARTS) +
+        ", each measured from observed timestamps, up to the last moment observed (asOf).",
+        type="object",
+        properties={
+            "productiveFraction": _number("productive / wallClockSeconds, for the whole job."),
+            "wallClockSeconds": _number("From the job's creation to asOf (or its end)."),
+            "asOf": string_field("The last moment the figures reach.", format="date-time"),
+            "seconds": _parts_schema("The job's wall-clock by part; the parts sum to wallClockSeconds."),
+            "attempts": described("Each attempt's figures: the first and the latest ones.", type="array",
+                                  maxItems=MAX_HISTORY, items=attempt),
+            "ended": described("The sums over every ended attempt (those no longer listed included).",
+                               type="object", properties={"wallClockSeconds": _number("Their wall-clock."),
+                                                          "seconds": _parts_schema("Their wall-clock by part.")}),
+            "marks": described(
+                "The current attempt's moments as first observed, kept for the next reconcile.", type="object",
+                properties={
+                    "attempt": {"type": "integer", "format": "int32"},
+                    **{m: {"type": "string", "format": "date-time"} for m in GOODPUT_MOMENTS},
+                    "restoreSeconds": {"type": "number"},
+                    "ended": {"type": "boolean"},
+                },
+            ),
+        },
+    )
 
 
 def job_status_schema() -> dict:
@@ -94,8 +176,10 @@ def job_status_schema() -> dict:
                                   maxProperties=train.MAX_PROGRESS_METRICS,
                                   additionalProperties={"type": "number"}),
                     "reportedAt": string_field("When the operator first read this report.", format="date-time"),
+                    "timing": _timing_schema(),
                 },
             ),
+            "goodput": _goodput_schema(),
             "lastCheckpoint": string_field("Where Ray Train persisted the latest checkpoint the script reported.",
                                       maxLength=train.MAX_CHECKPOINT_PATH),
         },

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from ..api.status_schema import GOODPUT_PARTS
 from ..status.applied import NEVER_APPLIED
 
 # Exit codes of the user commands.
@@ -89,6 +90,46 @@ def progress_text(status: dict, metrics_shown: int = 4) -> str:
     metrics = p.get("metrics") if isinstance(p.get("metrics"), dict) else {}
     parts += [f"{k} {_number(v)}" for k, v in list(metrics.items())[:metrics_shown] if isinstance(v, (int, float))]
     return ", ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """'1h02m', '5m07s', '12.3s'."""
+    whole = int(seconds)
+    if whole >= 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    if whole >= 60:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{seconds:.1f}s"
+
+
+GOODPUT_ATTEMPTS_SHOWN = 3  # the latest attempts beside the job's column
+
+
+def goodput_summary(status: dict) -> str:
+    """status.goodput in a line: '47.4% productive of 31m40s (as of ...)' ('' without one)."""
+    g = status.get("goodput")
+    if not isinstance(g, dict) or not isinstance(g.get("wallClockSeconds"), (int, float)):
+        return ""
+    as_of = f" (as of {g['asOf']})" if g.get("asOf") else ""
+    return f"{100 * (g.get('productiveFraction') or 0):.1f}% productive of {duration(g['wallClockSeconds'])}{as_of}"
+
+
+def goodput_table(status: dict) -> tuple[list[str], list[list[str]]]:
+    """The ledger's parts (rows) for the job and its latest attempts (columns), each with its share
+    of the job's wall-clock; the parts no column has are left out."""
+    g = status.get("goodput") or {}
+    attempts = [a for a in g.get("attempts") or [] if isinstance(a, dict)][-GOODPUT_ATTEMPTS_SHOWN:]
+    columns = [g.get("seconds") or {}] + [a.get("seconds") or {} for a in attempts]
+    wall = g.get("wallClockSeconds") or 0
+    headers = ["PART", "JOB", "%"] + [f"ATTEMPT {a.get('attempt', '?')}" for a in attempts]
+    body = []
+    for part in GOODPUT_PARTS:
+        values = [c.get(part) or 0 for c in columns]
+        if not any(values):
+            continue
+        share = f"{100 * values[0] / wall:.1f}" if wall else ""
+        body.append([part, duration(values[0]), share] + [duration(v) for v in values[1:]])
+    return headers, body
 
 
 def view(kind: str, obj: dict) -> View:

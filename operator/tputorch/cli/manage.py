@@ -134,6 +134,9 @@ def describe_text(kind: str, obj: dict, events: list[dict], pods: list[dict]) ->
         lines.append(f"Progress:    {display.progress_text(st, metrics_shown=16)}" + (f" (read {reported})" if reported else ""))
     if st.get("lastCheckpoint"):
         lines.append(f"Checkpoint:  {st['lastCheckpoint']}")
+    if display.goodput_summary(st):
+        lines.append(f"Goodput:     {display.goodput_summary(st)}")
+        lines += ["  " + r for r in table(*display.goodput_table(st)).splitlines()]
     if (st.get("attempts") or 1) > 1 or st.get("attemptHistory"):
         lines.append(f"Attempt:     {st.get('attempts', 1)}")
         history = st.get("attemptHistory") or []

@@ -39,7 +39,7 @@ from ..render.env import started_of
 from ..render.raytoken import ray_token_secret_name, with_ray_token_secret
 from ..api.spec import InvalidSpec
 from ..render import stamp as stamps
-from ..status import applied as service_status, kueue, progress as training, rendering
+from ..status import applied as service_status, goodput, kueue, progress as training, rendering
 from ..status.job import attempt_of_child
 from .admission import KueueAdmission
 from .attempts import Attempts
@@ -274,6 +274,7 @@ class Controller:
         current = self.writes.never_back_from_terminal(kind, parent, current)
         current = self.progress.apply(key, meta.get("uid"), current,
                                       ray_token_secret_name(ours) if ours is not None else None)
+        current = goodput.apply(current, previous, meta.get("creationTimestamp"), ours, pods, admission)
         current = rendering.with_condition(current, self._older_rayjob(kind, key, spec, ours, meta), previous, now)
         await self._write_status(kind, parent, spec, ours, previous, current, result, admission)
         if self.attempts.must_end(self.writes.previous(parent), ours):

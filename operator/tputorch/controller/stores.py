@@ -98,7 +98,7 @@ def slim_object(obj: dict) -> dict:
 
 
 _CHILD_META = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "ownerReferences",
-               "deletionTimestamp")
+               "deletionTimestamp", "creationTimestamp")  # created: the goodput ledger's moment (status/goodput.py)
 
 
 # The stamp of a child's rendering (render/stamp.py) but the rendering itself: what a job's
@@ -158,7 +158,8 @@ def slim_pod(obj: dict) -> dict:
     meta = obj.get("metadata") or {}
     labels = meta.get("labels") or {}
     status = obj.get("status") or {}
-    conditions = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+    # lastTransitionTime: when a pod was scheduled and became Ready (the goodput ledger's moments)
+    conditions = [{k: c[k] for k in ("type", "status", "reason", "message", "lastTransitionTime") if k in c}
                   for c in status.get("conditions") or []]
     slim_meta = {"name": meta.get("name"), "namespace": meta.get("namespace"),
                  "resourceVersion": meta.get("resourceVersion"),

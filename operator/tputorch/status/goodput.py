@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from .. import timestamps
+from ..api.status_schema import GOODPUT_MOMENTS, GOODPUT_PARTS, MAX_HISTORY
 from .attempts import SUCCEEDED
-from .job import MAX_HISTORY, attempt_of_child
+from .job import attempt_of_child
 from .kueue import Admission
-
-PARTS = ("teardown", "queued", "provisioning", "start", "firstStep", "restore", "productive", "checkpointSave",
-         "lostWork", "hang", "unaccounted")
 # The chain of moments; the part named for the step from each moment to the next (the last two
 # steps are split by the script's clock, the tail by how the attempt ended).
-CHAIN = ("start", "created", "admitted", "scheduled", "rayUp", "firstReport", "lastReport", "end")
+PARTS = tuple(GOODPUT_PARTS)
+CHAIN = (*GOODPUT_MOMENTS, "firstReport", "lastReport", "end")  # the first ones kept in status.goodput.marks
 STEP_PARTS = {"start": "teardown", "created": "queued", "admitted": "provisioning", "scheduled": "start"}
 # The hang sentinel's failure class (status/attempts.py once it has one): an attempt that ended so
 # spent the time from its last report to its end hanging. Until then no attempt ends so and
@@ -72,7 +71,7 @@ def attempt_ledger(marks: Mapping, timing: Mapping | None = None, step: int | No
     its latest report read (None: no report of this attempt), ``step`` that report's step; ``end``:
     when it ended (None: it runs, and the ledger runs to its last moment observed); ``result``: how
     it ended (attemptHistory)."""
-    when = {name: _ms(marks.get(name)) for name in CHAIN[:5]}
+    when = {name: _ms(marks.get(name)) for name in GOODPUT_MOMENTS}
     if timing:
         when["firstReport"] = int(round(timing["firstReportTime"] * 1000))
         when["lastReport"] = int(round(timing["time"] * 1000))

@@ -18,6 +18,7 @@ from typing import Iterable, Mapping
 
 from ..render.cluster import worker_node_selector
 from ..api.groups import NOSET_VISIBLE_CHIPS
+from ..api.status_schema import MAX_HISTORY
 from ..api.phases import CHIP_ISOLATION, FAILED, QUEUE_PHASES, RAYJOB_CREATED, SLICE_READY, SUCCEEDED, TERMINAL_PHASES
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
@@ -30,7 +31,6 @@ from .leading import leading_conditions
 from .pods import GROUP_LABEL, container_problem, no_node_pool, quota_problem, ready_hosts, scheduling_problem, tpu_webhook_missing
 
 ATTEMPT_LABEL = "tputorch.io/attempt"  # on the RayJob: which attempt it runs (1 when absent)
-MAX_HISTORY = 20  # attempt records kept in the status: the first one and the latest ones
 
 
 def attempt_of_child(rayjob: Mapping) -> int:

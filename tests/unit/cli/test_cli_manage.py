@@ -6,6 +6,7 @@ import datetime as dt
 
 import pytest
 
+from tputorch.api.status_schema import GOODPUT_PARTS
 from tputorch.cli import manage
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -132,3 +133,25 @@ def test_get_notes_an_object_whose_child_keeps_an_older_rendering():
     current = {"metadata": {"name": "other"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     (note,) = rendering_notes([older, current])
     assert note.startswith("qwen: RenderingCurrent=False (OlderRendering)") and "tputorch describe qwen" in note
+
+
+def test_describe_shows_the_goodput_ledger_per_part_for_the_job_and_its_latest_attempts():
+    parts = dict.fromkeys(GOODPUT_PARTS, 0.0)
+    one = {**parts, "provisioning": 40.0, "productive": 420.0, "lostWork": 150.0, "unaccounted": 12.0}
+    two = {**parts, "teardown": 45.0, "productive": 600.0, "restore": 25.0}
+    job = {p: one[p] + two[p] for p in parts}
+    status = {"phase": "Running", "goodput": {
+        "productiveFraction": 0.7895, "wallClockSeconds": 1292.0, "asOf": "2026-12-07T10:33:00.000Z", "seconds": job,
+        "attempts": [{"attempt": 1, "result": "Infrastructure", "wallClockSeconds": 622.0, "seconds": one},
+                     {"attempt": 2, "wallClockSeconds": 670.0, "seconds": two}]}}
+    obj = {"metadata": {"name": "llama", "namespace": "a"}, "spec": {"tpu": {}}, "status": status}
+    lines = manage.describe_text("TPUTorchJob", obj, [], []).splitlines()
+    assert "Goodput:     79.0% productive of 21m32s (as of 2026-12-07T10:33:00.000Z)" in lines
+    at = lines.index("Goodput:     79.0% productive of 21m32s (as of 2026-12-07T10:33:00.000Z)")
+    rows = [line.split() for line in lines[at + 1:at + 8]]
+    assert rows[0] == ["PART", "JOB", "%", "ATTEMPT", "1", "ATTEMPT", "2"]
+    # every part either attempt spent time in, in the ledger's order; none of the empty ones
+    assert rows[1:] == [["teardown", "45.0s", "3.5", "0.0s", "45.0s"], ["provisioning", "40.0s", "3.1", "40.0s", "0.0s"],
+                        ["restore", "25.0s", "1.9", "0.0s", "25.0s"], ["productive", "17m00s", "78.9", "7m00s", "10m00s"],
+                        ["lostWork", "2m30s", "11.6", "2m30s", "0.0s"], ["unaccounted", "12.0s", "0.9", "12.0s", "0.0s"]]
+    assert "Goodput" not in manage.describe_text("TPUTorchJob", {**obj, "status": {"phase": "Running"}}, [], [])

@@ -15,7 +15,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tputorch.controller import kinds
-from tputorch.controller.metrics import Metrics
+from tputorch.controller.metrics import WALL_CLOCK, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "serving"))
@@ -34,6 +34,7 @@ def operator_series() -> set[str]:
     m.sources.phases = lambda: {k.phase_metric: dict.fromkeys(k.phases, 0) for k in kinds.KINDS}
     m.sources.informers = lambda: {"pods": (1, 0)}
     m.sources.listed = lambda: {"pods": True}
+    m.sources.goodput = lambda: {("a", "q"): {"productive": 1.0, WALL_CLOCK: 1.0}}
     m.reconciled("ok", 0.1, "TPUTorchJob")
     m.event_dropped("spam")
     m.api_call("patch", "200")
@@ -125,6 +126,10 @@ def test_the_dashboard_has_operator_serving_and_training_panels():
     for series in ("ray_vllm_time_to_first_token_seconds_bucket", "ray_vllm_inter_token_latency_seconds_bucket",
                    "ray_vllm_num_requests_waiting", "ray_vllm_kv_cache_usage_perc", "ray_vllm_generation_tokens_total"):
         assert series in named, series
+    # the goodput ledger (issue 57): where the jobs' slice time went, and the productive share of it
+    training = [p for p in dashboard()["panels"] if p["type"] != "row" and p["gridPos"]["y"] > 34]
+    training_series = {s for p in training for t in p["targets"] for s in series_of(t["expr"])}
+    assert {"tputorch_goodput_seconds", "tputorch_goodput_wall_clock_seconds"} <= training_series
 
 
 def known_series() -> set[str]:

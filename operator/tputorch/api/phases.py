@@ -44,7 +44,7 @@ STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "workers", "hosts", "readyHosts",
     "hostsReady", "rayJobName", "rayClusterName", "dashboardURL", "jobId", "jobStatus",
     "jobDeploymentStatus", "startTime", "completionTime", "queue", "priorityClass", "clusterQueue", "workload", "attempts", "attemptHistory",
-    "progress", "lastCheckpoint",
+    "progress", "lastCheckpoint", "goodput",
 )
 SERVICE_STATUS_FIELDS = (
     "phase", "message", "observedGeneration", "conditions", "replicas", "readyReplicas",

@@ -169,6 +169,7 @@ def start_controller(loop: asyncio.AbstractEventLoop) -> None:
     RUNTIME.controller = controller  # from here on, a startup run again builds nothing
     sources = METRICS.sources
     sources.phases, sources.tracked = controller.phases, lambda: len(controller.sweeps.uids)
+    sources.goodput = controller.goodput
     sources.queue_depth, sources.leader = lambda: len(controller.queue), may_write
     sources.leader_transitions = lambda: RUNTIME.election.transitions if RUNTIME.election else 0
     sources.informers = lambda: {i.what: (i.relists, i.watch_restarts) for i in RUNTIME.informers}

@@ -17,6 +17,7 @@ disable_created_metrics()  # no *_created series: nobody reads them, and they do
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 WAIT_BUCKETS = (0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+WALL_CLOCK = "wallClock"  # Sources.goodput's key for the wall-clock beside the parts
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Sources:
     informers: Callable[[], dict[str, tuple[int, int]]] = dict
     # informer -> whether its store was ever listed (a store that cannot list shows as 0)
     listed: Callable[[], dict[str, bool]] = dict
+    # (namespace, queue) -> the goodput ledger's seconds by part, and "wallClock", summed over its jobs
+    goodput: Callable[[], dict[tuple[str, str], dict[str, float]]] = dict
     extra: dict = field(default_factory=dict)
 
 
@@ -73,6 +76,27 @@ class _ScrapeTime:
         for resource, ok in sorted(s.listed().items()):
             listed.add_metric([resource], int(ok))
         yield listed
+        yield from _goodput(s.goodput())
+
+
+def _goodput(sums: dict[tuple[str, str], dict[str, float]]):
+    """The goodput ledger summed per namespace and Kueue queue (never one series per job); the label
+    is job_namespace, since Prometheus keeps ``namespace`` for the operator's own target."""
+    labels = ["job_namespace", "queue"]
+    parts = GaugeMetricFamily("tputorch_goodput_seconds",
+                              "The TPUTorchJobs' wall-clock by goodput ledger part (docs/goodput.md), summed over the "
+                              "jobs that exist, per namespace and queue (\"\" without one).", labels=labels + ["part"])
+    wall = GaugeMetricFamily("tputorch_goodput_wall_clock_seconds",
+                             "The TPUTorchJobs' wall-clock the ledger covers (the sum of every part), per namespace "
+                             "and queue.", labels=labels)
+    for (namespace, queue), seconds in sorted(sums.items()):
+        for part, value in seconds.items():
+            if part == WALL_CLOCK:
+                wall.add_metric([namespace, queue], value)
+            else:
+                parts.add_metric([namespace, queue, part], value)
+    yield parts
+    yield wall
 
 
 class Metrics:

@@ -52,7 +52,7 @@ from .kind import Extra, Key, Kind, describe, now, ownership
 from .kind import TPUTORCHJOB, TPUTORCHSERVICE
 from .kube import CALLS, Calls
 from .kueuecap import KueueCap
-from .metrics import METRICS
+from .metrics import METRICS, WALL_CLOCK
 from .progressreads import ProgressReads
 from .raytoken import RayTokens
 from .specs import Specs, version
@@ -185,6 +185,11 @@ class Controller:
                 spec = obj.get("spec") or {}
                 if spec.get("queueName") and which(spec):
                     self.enqueue((kind, *key_of(obj)))
+
+    def goodput(self) -> dict[tuple[str, str], dict[str, float]]:
+        """The jobs' goodput ledgers summed per namespace and queue (status/goodput.py)."""
+        jobs = self.parents.get(TPUTORCHJOB.kind)
+        return goodput.by_queue(jobs.values() if jobs is not None else (), WALL_CLOCK)
 
     def phases(self) -> dict[str, dict[str, int]]:
         """Objects by phase per kind, every phase of the kind included (0 too)."""

@@ -164,6 +164,22 @@ def _timing_of(status: Mapping, number: int) -> tuple[dict | None, int | None]:
 # --- the status -----------------------------------------------------------------------------------
 
 
+def by_queue(jobs: Iterable[Mapping], wall_key: str) -> dict[tuple[str, str], dict[str, float]]:
+    """status.goodput's seconds summed per (namespace, spec.queueName or ""), every part (and the
+    wall-clock, under ``wall_key``) present, 0 included: the series of a metric never come and go."""
+    sums: dict[tuple[str, str], dict[str, float]] = {}
+    for job in jobs:
+        book = (job.get("status") or {}).get("goodput")
+        if not isinstance(book, Mapping):
+            continue
+        where = ((job.get("metadata") or {}).get("namespace") or "", (job.get("spec") or {}).get("queueName") or "")
+        total = sums.setdefault(where, dict.fromkeys((*PARTS, wall_key), 0.0))
+        for part in PARTS:
+            total[part] += _ms_of((book.get("seconds") or {}).get(part)) / 1000
+        total[wall_key] += _ms_of(book.get("wallClockSeconds")) / 1000
+    return sums
+
+
 def _as_of(marks: Mapping, running: Ledger | None, ended_at: str | None, before: str | None) -> str | None:
     """The last moment the figures reach: the running attempt's latest, else the end just closed."""
     if running is not None and _ms(marks.get("start")) is not None:

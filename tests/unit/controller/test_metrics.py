@@ -8,6 +8,7 @@ import asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tputorch.api.phases import SERVICE_PHASES
+from tputorch.api.status_schema import GOODPUT_PARTS
 from tputorch.controller.metrics import Metrics
 from tputorch.controller.workqueue import WorkQueue
 
@@ -131,3 +132,30 @@ def test_status_patches_and_validation_failures_carry_the_kind():
     assert got[("tputorch_validation_failures_total", (("kind", "TPUTorchJob"),))] == 1
     assert got[("tputorch_status_patches_total", (("kind", "TPUTorchJob"),))] == 1
     assert got[("tputorch_status_patches_total", (("kind", "TPUTorchService"),))] == 1
+
+
+def test_the_goodput_ledger_is_summed_per_namespace_and_queue_never_per_job():
+    ctl = controller()
+    parts = dict.fromkeys(GOODPUT_PARTS, 0.0)
+    for name, namespace, queue, productive, wall in (("a", "team-a", "tpu", 60.0, 100.0), ("b", "team-a", "tpu", 30.5, 50.0),
+                                                     ("c", "team-a", None, 10.0, 40.0), ("d", "team-b", "tpu", 0.0, 7.0)):
+        job = body(name=name)
+        job["metadata"]["namespace"] = namespace
+        if queue:
+            job["spec"]["queueName"] = queue
+        job["status"] = {"phase": "Running", "goodput": {
+            "wallClockSeconds": wall, "seconds": {**parts, "productive": productive, "unaccounted": wall - productive}}}
+        ctl.parents["TPUTorchJob"].remember(job)
+    ctl.parents["TPUTorchJob"].remember(body(name="no-status-yet"))
+    m = Metrics()
+    m.sources.goodput = ctl.goodput
+    got = samples(m)
+    productive = {(dict(k[1])["job_namespace"], dict(k[1])["queue"]): v for k, v in got.items()
+                  if k[0] == "tputorch_goodput_seconds" and dict(k[1])["part"] == "productive"}
+    assert productive == {("team-a", "tpu"): 90.5, ("team-a", ""): 10.0, ("team-b", "tpu"): 0.0}
+    wall = {(dict(k[1])["job_namespace"], dict(k[1])["queue"]): v for k, v in got.items()
+            if k[0] == "tputorch_goodput_wall_clock_seconds"}
+    assert wall == {("team-a", "tpu"): 150.0, ("team-a", ""): 40.0, ("team-b", "tpu"): 7.0}
+    # every part a series, 0 included; no label names a job
+    assert {dict(k[1])["part"] for k in got if k[0] == "tputorch_goodput_seconds"} == set(GOODPUT_PARTS)
+    assert all(set(dict(k[1])) <= {"job_namespace", "queue", "part"} for k in got if k[0].startswith("tputorch_goodput"))

@@ -213,7 +213,15 @@ kwok_nodes_port() {  # KWOK sets the kubelet port only on a node's first start: 
   done
 }
 
+# Another KubeRay than hack/build.sh's (the support matrix's other versions, e.g. one built from its
+# source tag when the Go module proxy refuses its zip: hack/kuberay-from-source.sh):
+# TPUTORCH_KUBERAY_SOURCE=<its ray-operator directory, holding config/crd/bases and kuberay-operator>.
+kuberay_binary() {
+  if [[ -n ${TPUTORCH_KUBERAY_SOURCE:-} ]]; then echo "$TPUTORCH_KUBERAY_SOURCE/kuberay-operator"; else echo "$BIN/kuberay-operator"; fi
+}
+
 kuberay_dir() {
+  if [[ -n ${TPUTORCH_KUBERAY_SOURCE:-} ]]; then echo "$TPUTORCH_KUBERAY_SOURCE"; return; fi
   local v; v=$(cat "$BIN/kuberay-operator.version" 2>/dev/null || echo v1.6.2)
   (cd /tmp && go mod download -json "github.com/ray-project/kuberay/ray-operator@$v" |
     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
@@ -444,7 +452,7 @@ cmd_up() {
     export KUBECONFIG="$DIR/kubeconfig" HTTP_PROXY="http://127.0.0.1:$DASHBOARD_PORT" http_proxy="http://127.0.0.1:$DASHBOARD_PORT"
     export NO_PROXY="127.0.0.1,localhost,::1" no_proxy="127.0.0.1,localhost,::1"
     unset HTTPS_PROXY https_proxy ALL_PROXY all_proxy
-    start kuberay-operator "$BIN/kuberay-operator" \
+    start kuberay-operator "$(kuberay_binary)" \
       --enable-leader-election=false --metrics-addr=0 --health-probe-bind-address="127.0.0.1:$KUBERAY_PROBE_PORT" \
       --feature-gates=RayMultiHostIndexing=true --log-stdout-encoder=console
   )

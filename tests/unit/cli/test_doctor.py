@@ -264,7 +264,7 @@ def test_no_kuberay_deployment_as_on_gkes_add_on_is_unknown_and_says_why():
     (result,) = [r for r in doctor.run_checks(facts, NOW) if r.check == "kuberay-version"]
     assert result.status == UNKNOWN
     assert "GKE's Ray Operator add-on runs KubeRay outside the cluster" in result.message
-    assert "KubeRay 1.6.0 not ruled out" in result.message
+    assert "KubeRay 1.6.0, 1.7.0 not ruled out" in result.message
     facts["kuberay_deployments"] = [{"spec": {"template": {"spec": {"containers": [{"image": "kuberay/operator@sha256:1"}]}}}}]
     (result,) = [r for r in doctor.run_checks(facts, NOW) if r.check == "kuberay-version"]
     assert result.status == UNKNOWN and "no version tag" in result.message
@@ -289,6 +289,19 @@ def test_a_kuberay_other_than_the_tested_ones_is_a_warning_naming_them():
     _image(facts, "quay.io/kuberay/operator:v1.6.0")  # known bad: its own message, the tested ones in the fix
     result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-version"]
     assert "kuberay#4686" in result.message and f"tested: {tested}" in result.fix
+
+
+def test_kuberay_1_7_0_fails_where_kueue_queues_services_and_warns_elsewhere():
+    """Run on the local chain: with KubeRay 1.7.0 a RayService Kueue 0.19.1 admitted never starts."""
+    facts = healthy_facts()
+    _image(facts, "quay.io/kuberay/operator:v1.7.0")
+    result = {r.check: r for r in doctor.run_checks(facts, NOW)}["kuberay-version"]
+    assert result.status == WARN and "admitted but never starts" in result.message
+    assert result.fix.startswith("queue only TPUTorchJobs on this KubeRay, or run KubeRay 1.6.2")
+    facts["kueue_installed"] = True
+    facts["kueue_config"] = {"data": {"controller_manager_config.yaml":
+                                      "integrations:\n  frameworks: [ray.io/rayjob, ray.io/rayservice]\n"}}
+    assert statuses(doctor.run_checks(facts, NOW))["kuberay-version"] == FAIL
 
 
 def kueue_deployment(image: str) -> dict:

@@ -14,8 +14,15 @@ from .result import (DOC_COMPAT_KUBERAY, DOC_WEBHOOK, FAIL, OK, UNKNOWN, WARN, R
 
 
 # KubeRay versions that break something the operator relies on (docs/compatibility.md).
+# version -> (what breaks, what to do); with Kueue's RayService integration on, a fail, else a warning
 KNOWN_BAD_KUBERAY = {
-    "1.6.0": "a RayService created suspended (queued by Kueue) never starts (kuberay#4686, fixed in 1.6.1)",
+    "1.6.0": ("a RayService created suspended (queued by Kueue) never starts (kuberay#4686, fixed in 1.6.1)",
+              "upgrade KubeRay to 1.6.1 or later"),
+    # Run on the local chain (KubeRay 1.7.0 built from its source tag, Kueue 0.19.1): Kueue suspends a
+    # RayService through rayClusterConfig.suspend, while 1.7.0 brings RayService spec.suspend of its own.
+    "1.7.0": ("a RayService queued by Kueue 0.19.1 is admitted but never starts: its RayCluster stays "
+              "suspended, with no head pod (KubeRay: \"found 0 head\"); jobs and unqueued services run",
+              "queue only TPUTorchJobs on this KubeRay, or run KubeRay 1.6.2"),
 }
 # No KubeRay Deployment in the cluster: what GKE's Ray Operator add-on looks like ("GKE installs and
 # hosts the KubeRay operator"; Google's own quickstart says to ignore `kubectl ray version`'s "no
@@ -140,8 +147,9 @@ def check_kuberay(installed: dict[str, dict | None | Unread], deployments: list[
                               f"fields above are what counts (KubeRay {', '.join(KNOWN_BAD_KUBERAY)} not ruled out)"))
     elif version in KNOWN_BAD_KUBERAY:
         status = FAIL if kueue_rayservice else WARN
-        results.append(Result("kuberay-version", status, f"KubeRay {version}: {KNOWN_BAD_KUBERAY[version]}",
-                              f"upgrade KubeRay to 1.6.1 or later (tested: {tested_versions.shown(tested_versions.KUBERAY)})",
+        what, fix = KNOWN_BAD_KUBERAY[version]
+        results.append(Result("kuberay-version", status, f"KubeRay {version}: {what}",
+                              f"{fix} (tested: {tested_versions.shown(tested_versions.KUBERAY)})",
                               DOC_COMPAT_KUBERAY))
     elif version not in tested_versions.KUBERAY:
         results.append(Result("kuberay-version", WARN, f"KubeRay {version}: not a version this release was tested "

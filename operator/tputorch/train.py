@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import timestamps
+from . import timestamps, watchdog
 
 # The environment contract between render/env.py (writer) and this module (reader).
 ENV_NUM_WORKERS = "TPUTORCH_NUM_WORKERS"
@@ -473,13 +473,22 @@ def report(metrics: dict[str, Any], checkpoint=None, *, step: int | None = None,
     checkpoint is stamped with the attempt that writes it (checkpoint() reads the stamp)."""
     import ray.train  # lazy: only training scripts have Ray
 
+    dog = watchdog.of_this_process()  # spec.hangDetection's watchdog (None without it)
+    if dog is not None:
+        # ray.train.report() waits for every worker and uploads the checkpoint: a peer's hang shows in the
+        # peer, a save may be long; only a report that outlasts every step's ceiling counts here.
+        dog.reporting()
     if checkpoint is not None and os.environ.get(ENV_ATTEMPT):
         checkpoint.update_metadata(checkpoint_stamp())  # which attempt wrote it, and when (checkpoint())
     before = ray.train.get_checkpoint() if checkpoint is not None else None
     entered = time.time()
     ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
-    CLOCK.reported(entered, time.time(), count_of(metrics.get("step") if step is None else step), checkpoint is not None)
-    if ray.train.get_context().get_world_rank() != 0:
+    step_number = count_of(metrics.get("step") if step is None else step)
+    CLOCK.reported(entered, time.time(), step_number, checkpoint is not None)
+    rank = ray.train.get_context().get_world_rank()
+    if dog is not None:
+        dog.step_ended(rank, step_number)
+    if rank != 0:
         return
     persisted = None
     if checkpoint is not None:
@@ -487,3 +496,9 @@ def report(metrics: dict[str, Any], checkpoint=None, *, step: int | None = None,
         if after is not None and after is not before and after is not checkpoint:
             persisted = checkpoint_uri(after)
     print(progress_line(metrics, step, epoch, persisted, CLOCK.timing(attempt())), flush=True)
+
+
+def pause_hang_watchdog() -> None:
+    """Disarm this worker's hang watchdog (watchdog.py) until its next report(): call it before a
+    long phase that reports no step (a final evaluation or save) in a job with spec.hangDetection."""
+    watchdog.pause()

@@ -25,13 +25,14 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "operator" / "tputorch"
-PURE = ["api", "render", "status", "timestamps.py", "train.py", "tested_versions.py"]
+PURE = ["api", "render", "status", "timestamps.py", "train.py", "watchdog.py", "tested_versions.py"]
 FORBIDDEN = ("tputorch.controller", "tputorch.cli", "kopf", "kubernetes")
 # Lowest first. The leaves import nothing of the package: api/crd.py builds the status schema from
-# train.py's limits, render/ and status/ stamp times with timestamps.py, the doctor names
+# train.py's limits, render/ and status/ stamp times with timestamps.py, render/ and status/ read the
+# hang watchdog's contract from watchdog.py (train.py's report() arms it), the doctor names
 # tested_versions.py's versions, and __init__.py holds only the version.
 LAYERS = [
-    ("__init__.py", "timestamps.py", "train.py", "tested_versions.py"),
+    ("__init__.py", "timestamps.py", "train.py", "watchdog.py", "tested_versions.py"),
     ("api",),
     ("render",),
     ("status",),

@@ -25,13 +25,22 @@ SINGLE_SLICE_REASON = (
 )
 SPEC_FIELDS = COMMON_FIELDS | {
     "groups", "entrypoint", "suspend", "activeDeadlineSeconds", "backoffLimit", "ttlSecondsAfterFinished",
-    "shutdownAfterJobFinishes", "checkpoint", "retries",
+    "shutdownAfterJobFinishes", "checkpoint", "retries", "hangDetection",
 }
 CHECKPOINT_FIELDS = {"storagePath", "workerRetries"}
-RETRY_FIELDS = {"infrastructure", "application"}
+RETRY_FIELDS = {"infrastructure", "application", "hang"}
 # Attempts after the first, per class of failure (status/attempts.py): a lost TPU host or head is
-# routine on Spot and flex-start capacity; a script that fails with every host healthy fails again.
-RETRY_DEFAULTS = {"infrastructure": 10, "application": 0}
+# routine on Spot and flex-start capacity; a script that fails with every host healthy fails again;
+# a hang (spec.hangDetection) may be a flaky collective, once, but a deterministic one hangs again.
+RETRY_DEFAULTS = {"infrastructure": 10, "application": 0, "hang": 1}
+# spec.hangDetection (status/hang.py, train.py's watchdog): off unless the block is given.
+HANG_FIELDS = {"timeoutSeconds", "firstStepTimeoutSeconds", "stepTimeMultiple"}
+HANG_DEFAULTS = {"timeoutSeconds": 600, "firstStepTimeoutSeconds": 1800, "stepTimeMultiple": 10}
+# The operator reads progress every 30 s (status/progress.py READ_INTERVAL): a shorter timeout would
+# be decided on reads older than itself.
+MIN_HANG_TIMEOUT_S = 60
+MAX_HANG_TIMEOUT_S = 7 * 24 * 3600
+MAX_STEP_TIME_MULTIPLE = 1000
 WORKER_RETRIES_DEFAULT = 1  # Ray Train's FailureConfig(max_failures) inside one attempt
 MAX_RETRIES = 1000
 # gs://bucket/path, s3://..., any fsspec/pyarrow URI, or an absolute path on a mounted volume.
@@ -49,6 +58,15 @@ def _entrypoint(v: str) -> str | None:
     return string(MAX_ENTRYPOINT)(v)
 
 
+@dataclass(frozen=True)
+class HangDetection:
+    """spec.hangDetection: when a step that has not ended counts as a hang."""
+
+    timeout_s: int  # the least time a step may take before it counts (after the first step)
+    first_step_timeout_s: int  # the first step of an attempt (compile, restore), and every step's ceiling
+    step_time_multiple: int  # after the first steps: hung past this many median step times (0: timeout_s only)
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec(CommonSpec):
     chips_per_worker: int
@@ -63,6 +81,7 @@ class JobSpec(CommonSpec):
     storage_path: str | None = None
     worker_retries: int = WORKER_RETRIES_DEFAULT
     retries: dict = field(default_factory=lambda: dict(RETRY_DEFAULTS))
+    hang_detection: HangDetection | None = None  # None: spec.hangDetection absent, the sentinel is off
 
     @property
     def run_name(self) -> str:
@@ -104,6 +123,7 @@ def parse(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> JobSpec:
     retries_block = r.mapping(spec, "retries", "spec.retries", RETRY_FIELDS)
     retries = {k: r.value(retries_block, k, f"spec.retries.{k}", int, default=d, check=between(0, MAX_RETRIES))
                for k, d in RETRY_DEFAULTS.items()}
+    hang_detection = _hang_detection(r, spec)
     # KubeRay's own rules: both only make sense when the RayCluster is deleted after the job.
     if ttl is not None and not shutdown:
         r.error("spec.ttlSecondsAfterFinished", ttl, "must not be set unless spec.shutdownAfterJobFinishes is true")
@@ -134,7 +154,29 @@ def parse(body: Any, max_pods: int = MAX_PODS_DEFAULT) -> JobSpec:
         storage_path=storage_path,
         worker_retries=worker_retries,
         retries=retries,
+        hang_detection=hang_detection,
     )
+
+
+def _hang_detection(r: Reader, spec: Mapping) -> HangDetection | None:
+    if spec.get("hangDetection") is None:
+        return None
+    block = r.mapping(spec, "hangDetection", "spec.hangDetection", HANG_FIELDS)
+    bounds = {"timeoutSeconds": between(MIN_HANG_TIMEOUT_S, MAX_HANG_TIMEOUT_S),
+              "firstStepTimeoutSeconds": between(MIN_HANG_TIMEOUT_S, MAX_HANG_TIMEOUT_S),
+              "stepTimeMultiple": between(0, MAX_STEP_TIME_MULTIPLE)}
+    before = len(r.errors)
+    values = {k: r.value(block, k, f"spec.hangDetection.{k}", int, default=HANG_DEFAULTS[k], check=bounds[k])
+              for k in ("timeoutSeconds", "stepTimeMultiple")}
+    timeout = values["timeoutSeconds"]
+    # unset: the default, or the step timeout when that is longer (never an error for a field not given)
+    first = r.value(block, "firstStepTimeoutSeconds", "spec.hangDetection.firstStepTimeoutSeconds", int,
+                    default=max(timeout, HANG_DEFAULTS["firstStepTimeoutSeconds"]), check=bounds["firstStepTimeoutSeconds"])
+    if len(r.errors) == before and first < timeout:
+        r.error("spec.hangDetection.firstStepTimeoutSeconds", first,
+                f"must be at least spec.hangDetection.timeoutSeconds ({timeout}): it bounds the first step of an "
+                "attempt (compile, restore) and is every step's ceiling")
+    return HangDetection(timeout, first, values["stepTimeMultiple"])
 
 
 def kueue_errors(job: JobSpec, kueue: KueuePodSets | None) -> list[FieldError]:

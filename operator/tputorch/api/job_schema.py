@@ -24,6 +24,39 @@ def _immutable(field: str, kind: str) -> dict:
 JOB_MUTABLE = {"suspend"}
 
 
+def _hang_detection_schema() -> dict:
+    low, high = job_spec.MIN_HANG_TIMEOUT_S, job_spec.MAX_HANG_TIMEOUT_S
+    return described(
+        "The hang sentinel (off without this block): when no training step ends in time, every worker's Python "
+        "stacks are printed (tputorch.train.report() arms a watchdog in each worker), the status and an Event name "
+        "where they are, and the attempt ends as a Hang so that the next one resumes from the last checkpoint "
+        "(spec.retries.hang). The operator reads progress every ~30 s, which bounds how soon it can tell. A "
+        "script that never calls tputorch.train.report() cannot arm it: the HangSentinel condition says so.",
+        type="object",
+        properties={
+            "timeoutSeconds": int_field(
+                "The least time a step may take, once the first step ended, before it counts as hung "
+                "(a step that saves a checkpoint included).",
+                minimum=low, maximum=high, default=job_spec.HANG_DEFAULTS["timeoutSeconds"],
+            ),
+            "firstStepTimeoutSeconds": int_field(
+                "The first step of each attempt (compilation, restoring the checkpoint): the floor before any step "
+                "ended, and the most any step may take. Default: 1800, or timeoutSeconds when that is longer.",
+                minimum=low, maximum=high,
+            ),
+            "stepTimeMultiple": int_field(
+                "After the first steps, a step counts as hung past this many times the median step time when that "
+                "is longer than timeoutSeconds (0: timeoutSeconds alone).",
+                minimum=0, maximum=job_spec.MAX_STEP_TIME_MULTIPLE, default=job_spec.HANG_DEFAULTS["stepTimeMultiple"],
+            ),
+        },
+        **{"x-kubernetes-validations": [{
+            "rule": "!has(self.firstStepTimeoutSeconds) || self.firstStepTimeoutSeconds >= self.timeoutSeconds",
+            "message": "spec.hangDetection.firstStepTimeoutSeconds must be at least spec.hangDetection.timeoutSeconds",
+        }]},
+    )
+
+
 def job_spec_schema() -> dict:
     properties = {
         **common_properties(JOB_KIND),
@@ -84,8 +117,13 @@ def job_spec_schema() -> dict:
                     "After the script failed with every host healthy.",
                     minimum=0, maximum=job_spec.MAX_RETRIES, default=job_spec.RETRY_DEFAULTS["application"],
                 ),
+                "hang": int_field(
+                    "After the hang sentinel (spec.hangDetection) ended an attempt whose step did not end in time.",
+                    minimum=0, maximum=job_spec.MAX_RETRIES, default=job_spec.RETRY_DEFAULTS["hang"],
+                ),
             },
         ),
+        "hangDetection": _hang_detection_schema(),
     }
     # spec.tpu has its own self == oldSelf rule (with the slice in its message).
     immutable = [_immutable(f, JOB_KIND) for f in sorted(set(properties) - JOB_MUTABLE - {"tpu"})]

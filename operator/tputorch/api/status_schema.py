@@ -142,7 +142,7 @@ def job_status_schema() -> dict:
             "phase": string_field(", ".join(PHASES) + ".", enum=PHASES),
             "attempts": int_field("The current attempt (1 + the retries so far); each is a fresh RayJob."),
             "attemptHistory": described(
-                "Attempts that ended: when, and why (result Infrastructure, Application, Final or Succeeded).",
+                "Attempts that ended: when, and why (result Infrastructure, Application, Hang, Final or Succeeded).",
                 type="array",
                 items={
                     "type": "object",
@@ -152,6 +152,9 @@ def job_status_schema() -> dict:
                         "reason": {"type": "string"},
                         "message": {"type": "string", "maxLength": 1024},
                         "endTime": {"type": "string", "format": "date-time"},
+                        "hungSince": described("A Hang: when its last step ended (or it began running); "
+                                               "until endTime the slice did no training.",
+                                               type="string", format="date-time"),
                     },
                 },
             ),

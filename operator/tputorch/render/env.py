@@ -3,7 +3,9 @@ vLLM-on-TPU settings."""
 
 from __future__ import annotations
 
-from .. import train
+import json
+
+from .. import train, watchdog
 from ..api import topology
 from ..api.service import cache_env
 from ..api.spec import HF_TOKEN_ENV, JobSpec, ServiceSpec
@@ -41,7 +43,18 @@ def slice_env(job: JobSpec, attempt: int = 1, started: str | None = None) -> lis
         {"name": train.ENV_RUN_NAME, "value": job.run_name},
         {"name": train.ENV_WORKER_RETRIES, "value": str(job.worker_retries)},
         *attempt_env(attempt, started),
-    ] + ([{"name": train.ENV_STORAGE_PATH, "value": job.storage_path}] if job.storage_path else []) + _groups.groups_env(job)
+    ] + ([{"name": train.ENV_STORAGE_PATH, "value": job.storage_path}] if job.storage_path else []) + \
+        _groups.groups_env(job) + hang_env(job)
+
+
+def hang_env(job: JobSpec) -> list[dict]:
+    """spec.hangDetection for the workers' watchdog (watchdog.py) (nothing without it: such a job renders as before)."""
+    h = job.hang_detection
+    if h is None:
+        return []
+    value = {"timeoutSeconds": h.timeout_s, "firstStepTimeoutSeconds": h.first_step_timeout_s,
+             "stepTimeMultiple": h.step_time_multiple}
+    return [{"name": watchdog.ENV_HANG_DETECTION, "value": json.dumps(value, separators=(",", ":"), sort_keys=True)}]
 
 
 def serving_env(svc: ServiceSpec) -> list[dict]:

@@ -1,8 +1,9 @@
 """Why an attempt of a TPUTorchJob ended, and whether another one starts. Pure functions.
 
 An attempt is one RayJob: a fresh Ray cluster on a whole slice. It ends for the infrastructure
-(a host or the head of the slice lost: preemption, a node shut down or deleted, an eviction) or for
-the application (the script failed while every host was healthy). Each class has its own retry
+(a host or the head of the slice lost: preemption, a node shut down or deleted, an eviction), for
+the application (the script failed while every host was healthy), or as a hang (no training step
+ended in time: status/hang.py). Each class has its own retry
 budget (spec.retries); a lost host restarts the whole slice as a unit, since a multi-host TPU slice
 cannot run with a host missing.
 """
@@ -21,6 +22,10 @@ INFRASTRUCTURE = "Infrastructure"
 APPLICATION = "Application"
 SUCCEEDED = "Succeeded"
 FINAL = "Final"  # ended in a way another attempt would not change (a deadline, an invalid RayJob)
+# The hang sentinel (spec.hangDetection, status/hang.py) ended it: no step ended in time. Its own
+# budget (spec.retries.hang), so that a deterministic hang never spends the infrastructure's.
+HANG = "Hang"
+HUNG = "Hung"  # its reason
 
 # Kubernetes' DisruptionTarget pod condition (>= 1.26): why the pod is about to go.
 DISRUPTION_REASONS = {
@@ -49,9 +54,10 @@ _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Inter
 
 @dataclass(frozen=True)
 class Ending:
-    result: str  # INFRASTRUCTURE, APPLICATION, SUCCEEDED or FINAL
+    result: str  # INFRASTRUCTURE, APPLICATION, HANG, SUCCEEDED or FINAL
     reason: str  # CamelCase, for the condition and the event
     message: str
+    hung_since: str | None = None  # HANG: when the last step ended (or the attempt began running), RFC 3339
 
 
 def _meta(pod: Mapping) -> Mapping:
@@ -154,7 +160,7 @@ def classify(rayjob_status: Mapping, pods: Iterable[Mapping], deleted: Iterable[
 
 def retries_left(result: str, history: Iterable[Mapping], budget: Mapping[str, int]) -> int:
     """Retries of this class still allowed after the attempts in ``history`` (``budget`` is
-    spec.retries: {"infrastructure": n, "application": m}; other endings are never retried)."""
+    spec.retries: {"infrastructure": n, "application": m, "hang": h}; other endings are never retried)."""
     used = sum(1 for a in history if a.get("result") == result)
     return budget.get(result.lower(), 0) - used
 

@@ -55,8 +55,11 @@ def child_must_go(status: Mapping, rayjob: Mapping) -> bool:
 
 
 def _record(number: int, ending: tries.Ending, now: str) -> dict:
-    return {"attempt": number, "result": ending.result, "reason": ending.reason,
-            "message": ending.message[:1024], "endTime": now}
+    record = {"attempt": number, "result": ending.result, "reason": ending.reason,
+              "message": ending.message[:1024], "endTime": now}
+    if ending.hung_since:  # a hang: from then to endTime the slice did no training
+        record["hungSince"] = ending.hung_since
+    return record
 
 
 def rayjob_phase(deployment: str, job_status: str) -> str:

@@ -21,9 +21,9 @@ def head_env(job):
     return {e["name"]: e.get("value") for e in head["env"]}
 
 
-def test_defaults_retry_the_infrastructure_ten_times_and_the_application_never():
+def test_defaults_retry_the_infrastructure_ten_times_the_application_never_and_a_hang_once():
     job = spec.parse(body())
-    assert job.retries == {"infrastructure": 10, "application": 0}
+    assert job.retries == {"infrastructure": 10, "application": 0, "hang": 1}
     assert job.storage_path is None and job.worker_retries == 1
 
 

@@ -65,6 +65,8 @@ CASES = {
         "volumes": [{"name": "scratch", "mountPath": "/scratch", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "100Gi"}}],
         "worker": {"ephemeralStorage": "200Gi"},
     },
+    # spec.hangDetection: the watchdog's settings reach every Ray container (TPUTORCH_HANG_DETECTION).
+    "v6e-2x4-hang-detection": {"tpu": {"topology": "2x4"}, "hangDetection": {"timeoutSeconds": 300}},
     # spec.groups (render/groups.py): the training slice plus rollout / reward groups.
     "groups-tpu-tpu": {
         "tpu": {"topology": "2x2"},

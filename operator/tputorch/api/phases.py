@@ -25,8 +25,10 @@ RENDERING_CURRENT = "RenderingCurrent"
 CHIP_ISOLATION = "ChipIsolation"
 # False when the spec reaches Cloud Storage as the namespace's default ServiceAccount (api/identity.py)
 STORAGE_IDENTITY = "StorageIdentity"
+# Present only for a job with spec.hangDetection: whether the hang sentinel watches its steps (status/hang.py).
+HANG_SENTINEL = "HangSentinel"
 CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, STORAGE_IDENTITY, SLICE_READY, SUCCEEDED,
-                   FAILED, RENDERING_CURRENT, CHIP_ISOLATION)
+                   FAILED, RENDERING_CURRENT, CHIP_ISOLATION, HANG_SENTINEL)
 RAYSERVICE_CREATED = "RayServiceCreated"
 READY = "Ready"
 SPEC_APPLIED = "SpecApplied"  # the serving RayCluster runs the service's current spec (status/applied.py)

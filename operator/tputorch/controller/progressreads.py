@@ -1,8 +1,10 @@
 """Step: training progress, read from the Ray dashboard (dashboard.py) off the reconcile workers:
 the newest report read goes into the status, and while the job runs its driver log is read again
 once per interval. The same tail tells a Cloud Storage 403 (status/storage_access.py), kept for the
-attempt it was read in. Its state: when each object's log was last read, the newest report read,
-the last 403 read, the read in flight and the last failure logged, per uid."""
+attempt it was read in, and feeds the hang sentinel (status/hang.py: the workers' watchdog dumps,
+when the log was last read, when a report last came). Its state: when each object's log was last
+read, the newest report read, the last 403 read, what the sentinel saw, the read in flight and the
+last failure logged, per uid."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import contextvars
 import logging
 from typing import Callable
 
-from ..status import progress as training, storage_access
+from ..status import hang, progress as training, storage_access
 from .dashboard import DashboardError
 from .kind import Key, describe
 from .raytoken import RayTokens
@@ -33,12 +35,13 @@ class ProgressReads:
         self.denials: dict[str, tuple[object, storage_access.Denial]] = {}  # uid -> (attempt, the last 403 read)
         self.reading: dict[str, asyncio.Task] = {}  # uid -> its read in flight (one per object)
         self.failures: dict[str, str] = {}  # uid -> the last failure logged (logged again when it changes)
+        self.sentinel: dict[str, hang.Seen] = {}  # uid -> what the reads of its current driver log saw
 
     def keys(self) -> set[Key]:
         return set()  # kept by uid: dropped through forget
 
     def forget(self, key: Key, uid: str | None) -> None:
-        for state in (self.read_at, self.reports, self.denials, self.failures):
+        for state in (self.read_at, self.reports, self.denials, self.failures, self.sentinel):
             state.pop(uid, None)
         reading = self.reading.pop(uid, None)
         if reading is not None:
@@ -48,6 +51,11 @@ class ProgressReads:
         """The last Cloud Storage 403 the driver's log showed in this attempt (a later one starts clean)."""
         seen = self.denials.get(uid)
         return seen[1] if seen is not None and seen[0] == attempt else None
+
+    def seen(self, uid: str | None, status: dict) -> hang.Seen | None:
+        """What the reads of the driver log ``status`` names saw (None: none of that attempt's yet)."""
+        found = self.sentinel.get(uid) if uid else None
+        return found if found is not None and found.source == training.source(status) else None
 
     def apply(self, key: Key, uid: str, current: dict, secret_name: str | None) -> dict:
         """The status with the newest report read in it; and, while the job runs, its driver log
@@ -102,17 +110,21 @@ class ProgressReads:
                 del self.reading[uid]
         self.failures.pop(uid, None)
         try:
-            report, denial = training.parse(log_tail), storage_access.find(log_tail)
+            report, denial, dumps = training.parse(log_tail), storage_access.find(log_tail), hang.parse(log_tail)
         except Exception as err:  # a bug here must not end the read task unlogged
             log.error("%s %s/%s: the progress read from RayCluster %s could not be parsed: %s", key[0], key[1],
                       key[2], cluster, describe(err))
             return
         if self.uid_of(key) != uid:
             return
-        news = False
-        if report is not None and report != self.reports.get(uid):
-            self.reports[uid], news = report, True
+        now, before = self.clock(), self.sentinel.get(uid)
+        before = before if before is not None and before.source == (cluster, submission_id) else None
+        news = reported = report is not None and report != self.reports.get(uid)
+        if reported:
+            self.reports[uid] = report
         if denial is not None and (attempt, denial) != self.denials.get(uid):
             self.denials[uid], news = (attempt, denial), True
-        if news:
+        progressed = now if reported else (before.progressed_at if before else None)
+        self.sentinel[uid] = hang.Seen((cluster, submission_id), now, progressed, dumps)
+        if news or (dumps and (before is None or before.dumps != dumps)):
             self.enqueue(key)

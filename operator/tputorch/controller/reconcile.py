@@ -270,7 +270,8 @@ class Controller:
         derive = lambda rayjob: statuses.derive(  # noqa: E731
             spec, meta.get("generation", 0), rayjob, pods, previous, now, self.child.problems.get(key),
             queue=admission, deleted=deleted, pods_problem=self._pods_problem(key[1]),
-            network=self.extras.network(key, spec), log_denial=self.progress.denial(meta.get("uid"), previous.get("attempts")))
+            network=self.extras.network(key, spec), log_denial=self.progress.denial(meta.get("uid"), previous.get("attempts")),
+            hang=self.progress.seen(meta.get("uid"), previous))
         current = derive(ours)
         if self.attempts.must_end(current, ours):  # maybe on pod events alone: read the RayJob again
             fresh = await self.attempts.read_again(kind, key, ours)

@@ -25,6 +25,10 @@ OLDER_RENDERING = "OlderRendering"
 REFUSED_BY_THIS_VERSION = "RefusedByThisVersion"
 DEFAULT_SERVICE_ACCOUNT = "DefaultServiceAccount"  # StorageIdentity=False: reaches gs:// as the default account
 STORAGE_ACCESS_DENIED = "StorageAccessDenied"  # StorageIdentity=False: Cloud Storage answered 403 (status/storage_access.py)
+# HangSentinel (status/hang.py): watching the steps, or not able to (a script that reports none).
+ARMED = "Armed"
+NO_PROGRESS_REPORTED = "NoProgressReported"
+WAITING_FOR_FIRST_REPORT = "WaitingForFirstReport"
 
 # Condition states that are bad news: their events are Warnings.
 _WARNING_STATES = {
@@ -39,14 +43,14 @@ _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", 
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
                     "QuotaExceeded", "PodCreationFailed", AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED,
                     "UpgradeStrategyNone", "TolerationsNotApplied", REFUSED_BY_THIS_VERSION,
-                    DEFAULT_SERVICE_ACCOUNT, STORAGE_ACCESS_DENIED}
+                    DEFAULT_SERVICE_ACCOUNT, STORAGE_ACCESS_DENIED, attempts.HUNG, NO_PROGRESS_REPORTED}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.
 # ("Applied": a NetworkPolicy in force is no news; one that could not be made is.)
 _QUIET_REASONS = {"Valid", "Creating", "WaitingForHosts", "WaitingForKubeRay", "NoRayService", "Pending", "Applied",
                   TOKEN_AUTH, "WaitingForServeReload", "Upgrading", *kueue.QUIET_REASONS,
-                  attempts.EARLIER_PODS_WAITING}  # the Retrying phase's event says it; past the deadline, a Warning
+                  ARMED, WAITING_FOR_FIRST_REPORT, attempts.EARLIER_PODS_WAITING}  # the Retrying phase's event says it; past the deadline, a Warning
 # Phases whose start is an event of its own (the others have a condition event that says it).
 _PHASE_EVENTS = ("Running", "Retrying", "Suspended", "Deploying", "Ready", "Updating", "Degraded", "Recovering", *QUEUE_PHASES)
 

@@ -23,6 +23,7 @@ from ..api.phases import CHIP_ISOLATION, FAILED, QUEUE_PHASES, RAYJOB_CREATED, S
 from ..api.spec import JobSpec
 from ..train import TRAIN_GROUP
 from . import attempts as tries
+from . import hang as sentinel
 from . import network as net
 from . import progress as training, storage_access
 from .conditions import condition, queue_fields, queue_message, queue_phase, stamp
@@ -148,11 +149,13 @@ def _ending(seen: JobObserved, deleted: Iterable[dict], network: net.NetworkPoli
 
 
 def decide_attempt(job: JobSpec, previous: dict, number: int, rayjob: dict | None, seen: JobObserved, phase: str,
-                   deleted: Iterable[dict], network: net.NetworkPolicyState | None, now: str) -> AttemptDecision:
+                   deleted: Iterable[dict], network: net.NetworkPolicyState | None, now: str,
+                   hang: sentinel.Seen | None = None) -> AttemptDecision:
     """Whether attempt ``number`` has just ended, and what follows: the next attempt while retries
     of that kind of failure are left (Retrying), else Failed, or Succeeded. ``phase`` is what the
-    RayJob and Kueue say. An end recorded before stays decided, whatever KubeRay does with the
-    RayJob now."""
+    RayJob and Kueue say; ``hang`` what the reads of its driver log saw (status/hang.py), for a
+    job with spec.hangDetection. An end recorded before stays decided, whatever KubeRay does with
+    the RayJob now."""
     history = [dict(a) for a in previous.get("attemptHistory") or [] if isinstance(a, Mapping)]
     settled = any(a.get("attempt") == number for a in history)  # this attempt's end is recorded
     # Pods go when a job is suspended (by its user or by Kueue's preemption): that ends no attempt.
@@ -162,6 +165,8 @@ def decide_attempt(job: JobSpec, previous: dict, number: int, rayjob: dict | Non
     ending = None
     if watching and not settled and previous.get("phase") not in TERMINAL_PHASES:
         ending = _ending(seen, deleted, network)
+        if ending is None and job.hang_detection is not None and seen.deployment == "Running":
+            ending = sentinel.ending(job.hang_detection, previous, hang, now)
     if ending is None:
         if settled and previous.get("phase") in TERMINAL_PHASES:
             phase = previous["phase"]  # decided before; what KubeRay does with the RayJob now changes nothing
@@ -296,6 +301,7 @@ def derive(
     pods_problem: tuple[str, str] | None = None,
     network: net.NetworkPolicyState | None = None,
     log_denial: storage_access.Denial | None = None,
+    hang: sentinel.Seen | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchJob from what is observed now.
 
@@ -305,7 +311,8 @@ def derive(
     its pods seen deleted while it ran; ``queue`` is where Kueue has the RayJob (spec.queueName set
     and the RayJob exists); ``pods_problem`` is (reason, message) while the operator may not read
     the namespace's pods; ``network`` its NetworkPolicy (None: the operator makes none);
-    ``log_denial`` a Cloud Storage 403 the driver's log showed in this attempt (the controller reads it).
+    ``log_denial`` a Cloud Storage 403 the driver's log showed in this attempt (the controller reads it);
+    ``hang`` what the reads of the attempt's driver log saw for the hang sentinel (status/hang.py).
 
     ``rayjob`` is the current attempt's when its attempt label says so; one of an ended attempt
     is going (the reconcile deletes it) and shows the job Retrying.
@@ -316,7 +323,7 @@ def derive(
     seen = observe_job(job, rayjob, pods)
     kuberay_phase = queue_phase(rayjob_phase(seen.deployment, seen.job_status) if rayjob is not None else "Pending",
                                 job.suspend, queue)
-    decided = decide_attempt(job, previous, number, rayjob, seen, kuberay_phase, deleted, network, now)
+    decided = decide_attempt(job, previous, number, rayjob, seen, kuberay_phase, deleted, network, now, hang)
     phase = job_phase(decided, seen)
 
     denied = storage_access.said(job, (("the Ray job's message", storage_access.find(seen.kuberay_message)),
@@ -326,7 +333,8 @@ def derive(
     slice_ready = slice_ready_condition(job, seen, phase, rayjob is not None, pods_problem, generation)
     ended = end_condition(job, seen, phase, decided, generation)
     chips = chip_isolation_condition(job, generation)
-    conditions += [slice_ready] + ([ended] if ended is not None else []) + ([chips] if chips is not None else [])
+    hung = sentinel.hang_condition(job, phase, decided.history, decided.number, previous, now, generation)
+    conditions += [slice_ready] + [c for c in (ended, chips, hung) if c is not None]
 
     message = job_message(job, phase, seen, decided, previous, conditions[1], slice_ready, ended, rayjob is not None, queue)
     return _job_status(job, seen, phase, message, stamp(conditions, previous, now), decided, previous, now, generation, queue)

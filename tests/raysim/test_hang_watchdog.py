@@ -82,7 +82,6 @@ def test_a_rank_blocked_in_a_gloo_all_reduce_is_named_by_the_watchdog(slice_host
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
     out = tmp_path / "out"
     out.mkdir()
-    started = time.monotonic()
     result = TorchTrainer(
         train_func,
         train_loop_config={"env_name": watchdog.ENV_HANG_DETECTION, "env_value": short, "out": str(out), "sleep": SLEEP_S},
@@ -90,8 +89,7 @@ def test_a_rank_blocked_in_a_gloo_all_reduce_is_named_by_the_watchdog(slice_host
         scaling_config=train.cpu_scaling_config(sim.head_env, num_workers=2),
         run_config=RunConfig(storage_path=str(tmp_path / "storage"), name="hang"),
     ).fit()
-    assert result.error is None, result.error
-    assert time.monotonic() - started < 60
+    assert result.error is None, result.error  # rank 1 woke, the collective completed, step 3 ended
 
     pids = {rank: int((out / f"pid-{rank}").read_text()) for rank in (0, 1)}
     found: dict[int, hang.Dump] = {}

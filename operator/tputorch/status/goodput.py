@@ -25,7 +25,7 @@ from typing import Iterable, Mapping
 
 from .. import timestamps
 from ..api.status_schema import GOODPUT_MOMENTS, GOODPUT_PARTS, MAX_HISTORY
-from .attempts import SUCCEEDED
+from .attempts import HANG, SUCCEEDED
 from .job import attempt_of_child
 from .kueue import Admission
 # The chain of moments; the part named for the step from each moment to the next (the last two
@@ -33,10 +33,8 @@ from .kueue import Admission
 PARTS = tuple(GOODPUT_PARTS)
 CHAIN = (*GOODPUT_MOMENTS, "firstReport", "lastReport", "end")  # the first ones kept in status.goodput.marks
 STEP_PARTS = {"start": "teardown", "created": "queued", "admitted": "provisioning", "scheduled": "start"}
-# The hang sentinel's failure class (status/attempts.py once it has one): an attempt that ended so
-# spent the time from its last report to its end hanging. Until then no attempt ends so and
-# ``hang`` stays 0.
-HANG = "Hang"
+# An attempt the hang sentinel ended (status/attempts.py HANG, status/hang.py) spent the time from
+# its last report to its end hanging.
 
 
 def _ms(value: object) -> int | None:

@@ -265,3 +265,32 @@ def test_a_cloud_storage_403_in_the_driver_log_reaches_the_status_for_its_attemp
     uid = job.ctl.parents[KIND].get(("ml", "demo"))["metadata"]["uid"]
     assert job.ctl.progress.denial(uid, written["attempts"]) == storage_access.find(job.dashboard.log)
     assert job.ctl.progress.denial(uid, written["attempts"] + 1) is None  # a later attempt starts clean
+def test_the_reconcile_keeps_the_goodput_ledger_from_what_it_observed(life):
+    """The step after the progress read: the moments the stores hold (the job's and the RayJob's
+    creation, the pods' condition times) and the script's clock in the report read make
+    status.goodput, each part measured between the moments observed."""
+    job = life(topology="2x2")  # one host: the slice is up once the head and it are Ready
+    parent = job.ctl.parents[KIND].get(("ml", "demo"))
+    job.rv += 1
+    job.ctl.parents[KIND]._put({**parent, "metadata": {**parent["metadata"], "resourceVersion": str(job.rv),
+                                                       "creationTimestamp": "2026-11-30T00:00:00Z"}})
+    job.reconcile()
+    job.kube.objects[("rayjobs", "ml", "demo")]["metadata"]["creationTimestamp"] = "2026-11-30T00:00:02Z"
+    start_slice(job, 1, host_ready_at=[0.6], running_at=1.5)
+    for name, role in (("head", "head"), ("worker-0", "worker")):  # the pods as the API has them: with their times
+        pod = job.ctl.pods.get(("ml", name))
+        times = {"PodScheduled": "2026-11-30T00:00:10Z", "Ready": "2026-11-30T00:01:00Z" if role == "head" else "2026-11-30T00:01:30Z"}
+        conditions = [{**c, "lastTransitionTime": times[c["type"]]} for c in pod["status"]["conditions"]]
+        job.rv += 1
+        job.ctl.pods._put({**pod, "metadata": {**pod["metadata"], "resourceVersion": str(job.rv)},
+                           "status": {**pod["status"], "conditions": conditions}})
+    first, last = 1_795_996_900.0, 1_795_997_000.0  # 00:01:40 and 00:03:20 on the script's clock
+    timing = {"attempt": 1, "at": last, "first": first, "compute_s": 90.0, "checkpoint_s": 10.0, "restore_s": 4.0}
+    job.dashboard.log += progress_line({"loss": 1.0}, step=50, timing=timing) + "\n"
+    job.at(31.6)
+    book = job.ctl.parents[KIND].get(("ml", "demo"))["status"]["goodput"]
+    assert book["seconds"] == {"teardown": 2.0, "queued": 0.0, "provisioning": 8.0, "start": 80.0, "restore": 4.0,
+                               "firstStep": 6.0, "productive": 90.0, "checkpointSave": 10.0, "lostWork": 0.0,
+                               "hang": 0.0, "unaccounted": 0.0}
+    assert book["wallClockSeconds"] == 200.0 and book["productiveFraction"] == 0.45
+    assert book["asOf"] == "2026-11-30T00:03:20.000Z"

@@ -178,6 +178,20 @@ def by_queue(jobs: Iterable[Mapping], wall_key: str) -> dict[tuple[str, str], di
     return sums
 
 
+def _first_marks(current: Mapping, job_created: str) -> tuple[dict, dict]:
+    """The ledger's start: the first attempt from the job's creation, or, for a job further on when
+    its ledger begins (an operator upgrade), the current attempt from the previous one's end, the
+    time before it ``unaccounted`` among the ended attempts' (nothing observed of it is kept)."""
+    number = current.get("attempts") if isinstance(current.get("attempts"), int) and current["attempts"] > 1 else 1
+    before = next((a.get("endTime") for a in current.get("attemptHistory") or [] if a.get("attempt") == number - 1), None)
+    start, created = _ms(before), _ms(job_created)
+    if start is None or created is None or start <= created:
+        return {"attempt": number, "start": job_created}, {}
+    earlier = Ledger(start - created, {"unaccounted": start - created})
+    return {"attempt": number, "start": before}, {"ended": {"wallClockSeconds": earlier.wall_ms / 1000,
+                                                            "seconds": earlier.seconds()}}
+
+
 def _as_of(marks: Mapping, running: Ledger | None, ended_at: str | None, before: str | None) -> str | None:
     """The last moment the figures reach: the running attempt's latest, else the end just closed."""
     if running is not None and _ms(marks.get("start")) is not None:
@@ -209,7 +223,7 @@ def apply(current: dict, previous: Mapping, job_created: str | None, rayjob: Map
     if not marks.get("start"):
         if not job_created:
             return current
-        marks = {"attempt": 1, "start": job_created}
+        marks, book = _first_marks(current, job_created)
     ended = _ledger_of(book, "ended")
     kept = [dict(a) for a in book.get("attempts") or [] if a.get("attempt") != marks["attempt"]]
     slice_up = current.get("readyHosts", 0) >= current.get("hosts", 1) > 0

@@ -175,7 +175,7 @@ def test_clocks_that_disagree_make_no_negative_part():
 
 
 def test_the_attempts_kept_are_bounded_and_the_job_sums_every_attempt():
-    previous: dict = {}
+    previous = goodput.apply(status(1), {}, CREATED, rayjob(1, CREATED), [], None)
     for n in range(1, 31):
         end = f"{10 + n // 60:02d}:{n % 60:02d}:00"
         history = [{"attempt": n, "result": "Infrastructure", "endTime": at(end)}]
@@ -225,3 +225,15 @@ def test_a_progress_line_with_timing_reads_into_the_status_and_an_older_line_sti
                                  '"restore_s":0,"extra":1}', '[1]'])
 def test_a_malformed_timing_makes_the_line_no_report(bad):
     assert progress.parse_line(train.PROGRESS_MARKER + '{"step":5,"metrics":{},"timing":' + bad + '}') is None
+
+
+def test_a_ledger_begun_mid_job_counts_the_earlier_attempts_unaccounted_and_the_current_one_from_its_start():
+    """An operator upgrade: a job at attempt 3 gets its first status.goodput; nothing was kept of
+    attempts 1 and 2 but their ends."""
+    history = [{"attempt": 1, "result": "Infrastructure", "endTime": at("10:10:00")},
+               {"attempt": 2, "result": "Application", "endTime": at("10:20:00")}]
+    book = goodput.apply(status(3, history=history), {}, CREATED, rayjob(3, at("10:20:30")), [], None)["goodput"]
+    parts = ms(book["seconds"])
+    assert parts["unaccounted"] == 1_200_000 and parts["teardown"] == 30_000
+    assert sum(parts.values()) == int(book["wallClockSeconds"] * 1000) == 1_230_000
+    assert [a["attempt"] for a in book["attempts"]] == [3] and book["attempts"][0]["startTime"] == at("10:20:00")

@@ -65,10 +65,11 @@ def example_bodies() -> dict:
     return out
 
 
-def render(operator: Path, bodies: dict) -> dict:
-    """render_bodies.py's output with the tputorch of ``operator`` (a directory holding tputorch/)."""
+def render(operator: Path, given: dict, script: Path = RENDER) -> dict:
+    """``script``'s output (render_bodies.py's by default) on ``given`` with the tputorch of
+    ``operator`` (a directory holding tputorch/)."""
     env = {**os.environ, "PYTHONPATH": str(operator)}
-    done = subprocess.run([sys.executable, str(RENDER)], input=json.dumps(bodies), env=env, capture_output=True,
+    done = subprocess.run([sys.executable, str(script)], input=json.dumps(given), env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, f"rendering with {operator} failed:\n{done.stderr[-4000:]}"
     out = json.loads(done.stdout)
@@ -91,15 +92,21 @@ def previous():
 
 
 @pytest.fixture(scope="module")
-def rendered(previous, tmp_path_factory):
-    """{"bodies", "previous", "current"}: every body, and what each tree renders of them."""
+def previous_operator(previous, tmp_path_factory) -> Path:
+    """The previous release's operator/ directory, extracted from git."""
     version, commit = previous
     where = tmp_path_factory.mktemp(f"tputorch-{version}")
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "operator"], capture_output=True, check=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(where, filter="data")
+    return where / "operator"
+
+
+@pytest.fixture(scope="module")
+def rendered(previous_operator):
+    """{"bodies", "previous", "current"}: every body, and what each tree renders of them."""
     bodies = {**golden_bodies(), **example_bodies()}
-    return {"bodies": bodies, "previous": render(where / "operator", bodies),
+    return {"bodies": bodies, "previous": render(previous_operator, bodies),
             "current": render(ROOT / "operator", bodies)}
 
 

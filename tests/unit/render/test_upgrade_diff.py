@@ -6,7 +6,6 @@ serveConfigV2 (Serve redeploys the model) must be listed under "### Upgrade" in 
 entry for this version, and each field listed there must change. A running child keeps its
 rendering until its parent's next edit (render/stamp.py): these are what that edit brings."""
 
-import importlib.util
 import io
 import json
 import os
@@ -25,22 +24,12 @@ from tputorch import tested_versions
 from tputorch.status.rendering import KUBERAY_UNHASHED, differences, hashed_changes
 
 from ..jobs import body
+from ..previous import ROOT, previous as previous_release, release
 from ..services import service_body
 from .test_render import CASES, GOLDEN, SERVICE_CASES
 
-ROOT = Path(__file__).resolve().parents[3]
 RENDER = Path(__file__).with_name("render_bodies.py")
 KINDS = ("TPUTorchJob", "TPUTorchService")
-
-
-def _release():
-    spec = importlib.util.spec_from_file_location("release", ROOT / "hack" / "release.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-release = _release()
 
 
 def golden_bodies() -> dict:
@@ -80,15 +69,8 @@ def render(operator: Path, given: dict, script: Path = RENDER) -> dict:
 
 @pytest.fixture(scope="module")
 def previous():
-    """(version, its operator/ directory) of the release before this checkout's version."""
-    row = release.previous_release(ROOT, tputorch.__version__)
-    commit = row["commit"]
-    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
-    if found.returncode != 0:
-        pytest.fail(f"release {row['version']}'s commit {commit} (hack/releases.tsv) is not in this clone, and the "
-                    f"upgrade-diff check renders with it: fetch the history (`git fetch --unshallow`; in CI a "
-                    f"checkout with fetch-depth 0)")
-    return row["version"], commit
+    """(version, commit) of the release before this checkout's version."""
+    return previous_release()
 
 
 @pytest.fixture(scope="module")

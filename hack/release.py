@@ -43,6 +43,7 @@ CHART = Path("charts") / NAME
 HEADING = re.compile(r"^## \[(?P<version>[^\]]+)\](?: - (?P<date>\d{4}-\d{2}-\d{2}|Unreleased))?\s*$", re.M)
 # hack/base-image.sh's stand-in, as hack/image.sh names it (BASE_STANDIN)
 STANDIN_PREFIX = "localhost/tputorch-base:"
+CRD_RELEASE_ANNOTATION = "tputorch.io/release"  # api/crd.py's RELEASE_ANNOTATION (this script imports no tputorch)
 
 
 class Refused(Exception):
@@ -123,6 +124,9 @@ def versions(root: Path) -> dict[str, str | None]:
         "chart appVersion": str(chart.get("appVersion")),
         "image tag (values.yaml image.tag, empty: appVersion)": str((values.get("image") or {}).get("tag") or chart.get("appVersion")),
         "CHANGELOG.md newest entry": entries[0][0] if entries else None,
+        **{f"crds/{path.name} ({CRD_RELEASE_ANNOTATION})": str(((yaml.safe_load(path.read_text()).get("metadata") or {})
+                                                               .get("annotations") or {}).get(CRD_RELEASE_ANNOTATION))
+           for path in sorted((root / "crds").glob("tputorch.io_*.yaml"))},
     }
 
 

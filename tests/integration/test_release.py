@@ -29,7 +29,8 @@ release = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(release)
 
 VERSION_FILES = ["operator/tputorch/__init__.py", "pyproject.toml", "CHANGELOG.md", "hack/releases.tsv",
-                 "charts/tputorch-operator/Chart.yaml", "charts/tputorch-operator/values.yaml"]
+                 "charts/tputorch-operator/Chart.yaml", "charts/tputorch-operator/values.yaml",
+                 "crds/tputorch.io_tputorchjobs.yaml", "crds/tputorch.io_tputorchservices.yaml"]
 
 
 def test_the_versions_agree():
@@ -78,6 +79,8 @@ DISAGREEMENTS = {
     "changelog": ("CHANGELOG.md", f"## [{V}]", "## [9.9.9]", "CHANGELOG.md newest entry"),
     "static pyproject version": ("pyproject.toml", 'dynamic = ["version"]', 'version = "9.9.9"', "pyproject.toml"),
     "release date": ("hack/releases.tsv", "\t2026-12-07", "\t2026-12-08", "released 2026-12-08"),
+    "crd release": ("crds/tputorch.io_tputorchservices.yaml", f"tputorch.io/release: {V}", "tputorch.io/release: 9.9.9",
+                    "crds/tputorch.io_tputorchservices.yaml"),
 }
 
 

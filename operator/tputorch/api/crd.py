@@ -16,7 +16,7 @@ from .job_schema import job_spec_schema
 from .schema import bounded
 from .service_schema import service_spec_schema
 from .status_schema import job_status_schema, service_status_schema
-from .. import train
+from .. import __version__, train
 
 GROUP = "tputorch.io"
 VERSION = "v1alpha1"
@@ -33,6 +33,12 @@ SERVICE_PLURAL = "tputorchservices"
 SERVICE_SINGULAR = "tputorchservice"
 SERVICE_SHORT_NAMES = ["ttsvc"]
 SERVICE_NAME = f"{SERVICE_PLURAL}.{GROUP}"
+
+# On each CRD: the operator release whose CRDs these are. Helm never upgrades a chart's crds/, so a
+# cluster may hold an earlier release's (outdated()): `tputorch doctor` and the operator say so.
+RELEASE = __version__
+RELEASE_ANNOTATION = f"{GROUP}/release"
+FIRST_ANNOTATED = "0.3.0"  # CRDs before this release name none
 
 
 def _name_rules(kind: str, child: str, max_len: int) -> list[dict]:
@@ -86,7 +92,8 @@ def _definition(kind: str, plural: str, singular: str, short_names: list[str], d
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/name": "tputorch-operator"}},
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/name": "tputorch-operator"},
+                     "annotations": {RELEASE_ANNOTATION: RELEASE}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
@@ -143,6 +150,7 @@ def service_crd() -> dict:
 
 
 BUILDERS = {KIND: job_crd, SERVICE_KIND: service_crd}
+NAMES = {NAME: KIND, SERVICE_NAME: SERVICE_KIND}  # CRD name -> kind
 FILES = {KIND: f"{GROUP}_{PLURAL}.yaml", SERVICE_KIND: f"{GROUP}_{SERVICE_PLURAL}.yaml"}
 
 
@@ -159,3 +167,80 @@ def crd_yaml(kind: str | None = None) -> str:
         + yaml.safe_dump(BUILDERS[k](), sort_keys=False, width=100)
         for k in kinds
     )
+
+
+# ---------------------------------------------------------------- the CRDs a cluster has
+
+def apply_commands() -> str:
+    """How to install this release's CRDs over a Helm release's (server-side: too large for a
+    client-side apply's annotation; forcing the fields Helm's create owns)."""
+    return (f"apply tputorch-operator {RELEASE}'s CRDs: `kubectl apply --server-side --force-conflicts -f "
+            f"tputorch-crds-{RELEASE}.yaml` (the release's CRD bundle, `make release`'s dist/), or "
+            f"`tputorch crd | kubectl apply --server-side --force-conflicts -f -` with the {RELEASE} CLI; "
+            f"Helm never upgrades a chart's crds/")
+
+
+def _versions(definition: dict) -> dict:
+    """version name -> what of a CRD's version the operator and the cluster must agree on."""
+    return {v.get("name"): {"schema": (v.get("schema") or {}).get("openAPIV3Schema"),
+                            "served": v.get("served"), "storage": v.get("storage"),
+                            "subresources": v.get("subresources") or {},
+                            "additionalPrinterColumns": v.get("additionalPrinterColumns") or []}
+            for v in (definition.get("spec") or {}).get("versions") or []}
+
+
+def first_difference(a: object, b: object, path: str = "") -> str | None:
+    """The first path where two JSON values differ, or None when equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if key not in a or key not in b:
+                return f"{path}.{key}".lstrip(".")
+            found = first_difference(a[key], b[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path} (length {len(a)} vs {len(b)})".lstrip(".")
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = first_difference(x, y, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    return None if a == b else (path.lstrip(".") or "(the whole value)")
+
+
+def release_of(installed: dict) -> str:
+    """The release an installed CRD says it is, in words."""
+    found = ((installed.get("metadata") or {}).get("annotations") or {}).get(RELEASE_ANNOTATION)
+    return f"tputorch-operator {found}'s" if found else f"from a release before {FIRST_ANNOTATED} (it names none)"
+
+
+def _without_descriptions(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _without_descriptions(v) for k, v in value.items() if k != "description"}
+    if isinstance(value, list):
+        return [_without_descriptions(v) for v in value]
+    return value
+
+
+def outdated(installed: dict) -> str | None:
+    """Why ``installed`` (one of our CRDs, as the API server returns it) is not this release's:
+    the release it is, where its versions differ (a difference the API server acts on first, a
+    description only when nothing else differs) and what that does; None when its versions
+    (schema, served and storage, subresources, printer columns) are this release's, whatever
+    release it names (a release that changed nothing of them)."""
+    name = (installed.get("metadata") or {}).get("name")
+    kind = NAMES[name]
+    found, expected = _versions(installed), _versions(BUILDERS[kind]())
+    diff = first_difference(_without_descriptions(found), _without_descriptions(expected))
+    if diff is not None:
+        effect = (f"so the API server prunes or refuses what only {RELEASE}'s schema has (a spec field added "
+                  f"since is dropped without a word), or refuses what {RELEASE} allows")
+    else:
+        diff = first_difference(found, expected)
+        if diff is None:
+            return None
+        effect = "in its descriptions only (`kubectl explain` shows the earlier ones; the API server checks the same)"
+    return (f"the installed {kind} CRD ({name}) is {release_of(installed)}, not tputorch-operator {RELEASE}'s: "
+            f"it differs at versions.{diff}, {effect}")

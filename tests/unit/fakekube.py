@@ -13,6 +13,7 @@ from typing import Callable
 
 from kubernetes.client.rest import ApiException
 
+from tputorch.api import crd
 from tputorch.controller import kinds, stores
 from tputorch.controller.informer import Informer
 from tputorch.controller.reconcile import Controller
@@ -59,6 +60,15 @@ class FakeKube:
         if key in self.objects:
             raise api_error(409)
         self.objects[key] = body
+
+    async def read_crd(self, name):
+        """A CRD by name from objects[("customresourcedefinitions", "", name)]; ours are this
+        release's unless a test put others there."""
+        self.calls.append(("get", "customresourcedefinitions", "", name))
+        self._maybe_fail("read_crd")
+        if ("customresourcedefinitions", "", name) in self.objects:
+            return self.objects[("customresourcedefinitions", "", name)]
+        return crd.BUILDERS[crd.NAMES[name]]() if name in crd.NAMES else None
 
     async def get(self, res, namespace, name):
         self.calls.append(("get", res.plural, namespace, name))

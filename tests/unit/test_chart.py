@@ -89,12 +89,15 @@ NAMESPACED_RULES = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": ["events.k8s.io", ""], "resources": ["events"], "verbs": ["create"]},
 ]
-# Cluster-scoped reads: Kueue's Workload CRD by name (no other CRD: kopf's scanning is off) and its
+# Cluster-scoped reads: Kueue's Workload CRD by name, the operator's own two CRDs by name and only
+# `get` (whether they are its release's, at startup); no other CRD (kopf's scanning is off); Kueue's
 # WorkloadPriorityClasses; never the namespaces.
 WORKLOAD_CRD = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
                 "resourceNames": ["workloads.kueue.x-k8s.io"], "verbs": ["get", "list", "watch"]}
-CLUSTER_READS = [WORKLOAD_CRD, {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloadpriorityclasses"],
-                                "verbs": ["get", "list", "watch"]}]
+OWN_CRDS = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+            "resourceNames": ["tputorchjobs.tputorch.io", "tputorchservices.tputorch.io"], "verbs": ["get"]}
+CLUSTER_READS = [WORKLOAD_CRD, OWN_CRDS, {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloadpriorityclasses"],
+                                          "verbs": ["get", "list", "watch"]}]
 
 
 # What would let a thief of the operator's token change the cluster (docs/concepts/tenancy-and-auth.md's table).
@@ -114,11 +117,11 @@ def allowed(rules: list[dict], group: str, resource: str, verb: str) -> bool:
 def assert_least_privilege(rules: list[dict]) -> None:
     for r in rules:
         assert "*" not in r["apiGroups"] + r["resources"] + r["verbs"], r
-        # the one rule narrowed by name is the Workload CRD's: no other CRD may be read
-        assert r == WORKLOAD_CRD or "resourceNames" not in r, r
+        # the rules narrowed by name are the CRDs': no other CRD may be read
+        assert r in (WORKLOAD_CRD, OWN_CRDS) or "resourceNames" not in r, r
         assert "nonResourceURLs" not in r, r
         if "customresourcedefinitions" in r["resources"]:
-            assert r == WORKLOAD_CRD, r
+            assert r in (WORKLOAD_CRD, OWN_CRDS), r
     assert not allowed(rules, "", "namespaces", "list") and not allowed(rules, "", "namespaces", "watch")
     for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
         # create only (a job's Ray token Secret): never read, and never written over (an

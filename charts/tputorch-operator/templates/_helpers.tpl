@@ -111,13 +111,19 @@ namespace) or by one Role per watched namespace. Nothing else: no Secrets, no po
 {{/*
 What the operator reads cluster-wide in every mode. Kueue's Workload CRD, by name (its list and
 watch select it by metadata.name): its schema's cap on pod sets per Workload bounds a queued job's
-groups. No other CRD, and no namespace list: kopf's scanning is off (controller/handlers.py).
+groups. Its own two CRDs, by name, once at startup: whether they are this release's (Helm never
+upgrades crds/; controller/crdcheck.py). No other CRD, and no namespace list: kopf's scanning is
+off (controller/handlers.py).
 */}}
 {{- define "tputorch.clusterReadRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   resourceNames: ["workloads.kueue.x-k8s.io"]
   verbs: ["get", "list", "watch"]
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  resourceNames: ["tputorchjobs.tputorch.io", "tputorchservices.tputorch.io"]
+  verbs: ["get"]
 # Kueue's WorkloadPriorityClasses (cluster-scoped): a spec.priorityClassName that names none is
 # reported on the object.
 - apiGroups: ["kueue.x-k8s.io"]

@@ -17,7 +17,7 @@ import kopf
 from ..render.names import MANAGED_BY, MANAGED_BY_LABEL
 from ..render.network import NetworkPolicyConfig
 from ..status import kueue
-from . import health, kinds as kinds_, stores
+from . import crdcheck, health, kinds as kinds_, stores
 from .informer import Informer, scopes_for
 from .rest import RestSource, pods_path
 from .dashboard import Dashboard
@@ -78,6 +78,7 @@ class Runtime:
         self.optional: list[Informer] = []  # the stores only some decisions read
         self.metrics = None  # the /metrics server's runner, once it serves
         self.readiness = None  # the readiness server's runner, once it serves
+        self.crd_check: asyncio.Task | None = None  # whether the cluster's CRDs are this release's (once)
 
 
 RUNTIME = Runtime()
@@ -176,6 +177,10 @@ def start_controller(loop: asyncio.AbstractEventLoop) -> None:
     sources.listed = lambda: {i.what: i.synced.is_set() for i in RUNTIME.informers}
     for informer in RUNTIME.informers:
         informer.start()
+    # Helm never upgrades a chart's crds/: say at once when the cluster's are an earlier release's
+    # (the Event is posted once this replica leads and its event worker runs).
+    RUNTIME.crd_check = loop.create_task(crdcheck.check(kube.read_crd, controller.recorder.record, crdcheck.own_pod()),
+                                         name="crd-check")
 
     def start_workers() -> None:
         controller.activate()

@@ -149,6 +149,9 @@ class RawApi:
                                         _request_timeout=None):
         return self._call("DELETE", self._path(group, version, namespace, plural, name), _request_timeout, body)
 
+    def read_custom_resource_definition(self, name, _request_timeout=None):
+        return self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", _request_timeout)
+
     def create_namespaced_event(self, namespace, body, _request_timeout=None, _preload_content=True):
         return self._call("POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", _request_timeout, body,
                           preload=_preload_content)
@@ -245,6 +248,16 @@ class Kube:
     async def get(self, res: Resource, namespace: str, name: str) -> dict:
         return await self._run("get", res.plural, self.custom.get_namespaced_custom_object, res.group, res.version,
                                namespace, res.plural, name, write=False)
+
+    async def read_crd(self, name: str) -> dict | None:
+        """A CustomResourceDefinition by name; None when it is not installed."""
+        try:
+            return await self._run("get", "customresourcedefinitions", self.custom.read_custom_resource_definition,
+                                   name, write=False)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
 
     async def patch(self, res: Resource, namespace: str, name: str, patch: dict | list) -> None:
         """A merge patch (a dict) or a JSON patch (a list of operations, e.g. with a test of the uid)."""

@@ -234,14 +234,24 @@ def check_file_caches(r, volumes: tuple[Volume, ...]) -> None:
 #
 # The Ray container therefore requests the volumes plus DISK_HEADROOM, without a limit. Headroom:
 # under disk pressure the kubelet evicts first the pods whose usage exceeds their request, and a
-# request of the volumes alone is exceeded by the first line of log once they are full; 1Gi holds
-# what the Ray container writes itself (its runtime-rotated stdout log, Ray's session logs under
-# /tmp/ray, its writable layer) at ordinary rates and costs little next to the volumes. No limit:
+# request of the volumes alone is exceeded by the first line of log once they are full. What the
+# container writes itself beside the volumes: Ray's session logs under /tmp/ray, which Ray 2.60
+# rotates per file at 512 MiB with 5 backups (ray._common.ray_constants LOGGING_ROTATE_BYTES,
+# LOGGING_ROTATE_BACKUP_COUNT: up to 3 GiB for each busy file, and a host under load has several:
+# the raylet's, the Serve replica's and the engine workers' out and err), and ~/.cache (vLLM's
+# assets and compiled graphs, torch's and huggingface_hub's caches when no cacheVolume holds them),
+# with the runtime's rotated stdout log and the writable layer. 10Gi holds two full rotated log
+# files and 4Gi of caches; the 1Gi it replaces (0.2.0) was below one. It costs a tenth of GKE's
+# default 100 GB boot disk, next to volumes of tens of Gi. A checkpoint downloaded from the Hub
+# into the container (model.source a repo id without model.cacheVolume) is not counted: its size
+# is unknown here; the docs say to set ephemeralStorage or use a volume. No limit:
 # a limit would evict the slice at a number the operator guessed (the container's own writes above
 # it, or, as the kubelet sums the containers' limits into a pod-level one, the pod's emptyDirs
 # above it), while each volume is bounded already by its own sizeLimit (the cache by its capacity).
-# A pod with nothing of known size on the disk gets no request, as before.
-DISK_HEADROOM = "1Gi"
+# A pod with nothing of known size on the disk gets no request, as before. A set ephemeralStorage
+# that held the volumes plus 0.2.0's 1Gi is refused for a new generation only (status/rendering.py
+# keeps the child of a generation an earlier operator accepted running, RefusedByThisVersion).
+DISK_HEADROOM = "10Gi"
 
 
 @dataclass(frozen=True)
@@ -314,7 +324,7 @@ def ephemeral_storage_problem(given: str | None, disk: NodeDisk, role: str) -> s
     if given is None or not disk.parts or quantity_value(given) >= needed_disk(disk):
         return None
     return (f"must be at least {bytes_quantity(needed_disk(disk))}: the {role} pod's volumes on the node's disk "
-            f"(spec.volumes: {disk.text()}) plus {DISK_HEADROOM} for the container's own logs and writable layer; "
+            f"(spec.volumes: {disk.text()}) plus {DISK_HEADROOM} for the container's own logs, ~/.cache and writable layer; "
             "they count as the pod's ephemeral storage, which is requested and limited to this value; raise it, "
             f"or leave it out for a request of the volumes plus {DISK_HEADROOM} and no limit")
 

@@ -218,7 +218,7 @@ def test_file_caches_share_the_pods_cache_volume_and_the_users_options_win():
 
 
 # Ephemeral storage for what lands on the node's disk. The expected values below are worked out by
-# hand from the rule (storage.DISK_HEADROOM = 1Gi): the volumes of known size on the disk, plus 1Gi,
+# hand from the rule (storage.DISK_HEADROOM = 10Gi): the volumes of known size on the disk, plus 10Gi,
 # requested without a limit when spec.<role>.ephemeralStorage is unset. The file cache's volume is its
 # capacity plus 5% (at least 1Gi): 200Gi of cache is a 210Gi volume.
 WEIGHTS = {"name": "weights", "mountPath": "/models", "readOnly": True, "mountOn": ["worker"],
@@ -235,7 +235,7 @@ def test_a_workers_cache_and_scratch_on_the_disk_are_requested_with_headroom_and
                {"name": "open", "mountPath": "/open", "emptyDir": {}},  # no size to reserve
                PVC]  # not on the node's disk
     head, worker = pods(render.rayjob(spec.parse(body(volumes=volumes))))
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "311Gi"
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "320Gi"
     assert "ephemeral-storage" not in ray_resources(worker)["limits"]
     # cpu, memory and the chips stay requests = limits
     assert {k: v for k, v in ray_resources(worker)["requests"].items() if k != "ephemeral-storage"} == ray_resources(worker)["limits"]
@@ -250,8 +250,8 @@ def test_units_mix_into_whole_bytes():
                {**SCRATCH, "emptyDir": {"sizeLimit": "50Gi"}}]
     _, worker = pods(render.rayjob(spec.parse(body(volumes=volumes))))
     asked = ray_resources(worker)["requests"]["ephemeral-storage"]
-    # 100G of cache + 5% (5e9 bytes, rounded up to 4769Mi) + 50Gi + 1Gi
-    assert parse_quantity(asked) == 100 * 10**9 + 4769 * 2**20 + 50 * 2**30 + 2**30
+    # 100G of cache + 5% (5e9 bytes, rounded up to 4769Mi) + 50Gi + 10Gi
+    assert parse_quantity(asked) == 100 * 10**9 + 4769 * 2**20 + 50 * 2**30 + 10 * 2**30
 
 
 def test_a_cache_in_memory_asks_no_ephemeral_storage():
@@ -263,14 +263,14 @@ def test_a_cache_in_memory_asks_no_ephemeral_storage():
 def test_the_head_gets_its_own_volumes_sum():
     tmp = {"name": "tmp", "mountPath": "/tmp/x", "mountOn": ["head"], "emptyDir": {"sizeLimit": "10Gi"}}
     head, worker = pods(render.rayjob(spec.parse(body(volumes=[tmp, WEIGHTS]))))
-    assert ray_resources(head)["requests"]["ephemeral-storage"] == "11Gi"
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "211Gi"
+    assert ray_resources(head)["requests"]["ephemeral-storage"] == "20Gi"
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "220Gi"
 
 
 def test_a_service_sizes_its_hosts_the_same_way():
     svc = spec.parse_service(service_body(volumes=[WEIGHTS]))
     _, worker = pods(render.rayservice(svc))
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "211Gi"
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "220Gi"
     assert "ephemeral-storage" not in ray_resources(worker)["limits"]
 
 
@@ -279,15 +279,15 @@ def test_a_groups_pods_mount_the_workers_volumes_and_ask_for_their_disk():
     cluster = render.rayjob(job)["spec"]["rayClusterSpec"]
     verifier = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "verifier")
     resources = ray_resources(verifier["template"])
-    assert resources["requests"] == {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "211Gi"}
+    assert resources["requests"] == {"cpu": "4", "memory": "16Gi", "ephemeral-storage": "220Gi"}
     assert resources["limits"] == {"cpu": "4", "memory": "16Gi"}
 
 
 def test_a_given_ephemeral_storage_that_holds_the_volumes_is_kept_as_request_and_limit():
-    # 210Gi of cache volume + 100Gi of scratch + 1Gi for the container's own writes
-    _, worker = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "311Gi"}))))
-    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "311Gi"
-    assert ray_resources(worker)["limits"]["ephemeral-storage"] == "311Gi"
+    # 210Gi of cache volume + 100Gi of scratch + 10Gi for the container's own writes
+    _, worker = pods(render.rayjob(spec.parse(body(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "320Gi"}))))
+    assert ray_resources(worker)["requests"]["ephemeral-storage"] == "320Gi"
+    assert ray_resources(worker)["limits"]["ephemeral-storage"] == "320Gi"
     # the sidecar has no limits whatever the Ray container's (issue 56: what Google's RayService TPU
     # sample sets); the pod's disk limit is then the Ray container's alone
     assert {k: worker["metadata"]["annotations"][k] for k in
@@ -295,14 +295,17 @@ def test_a_given_ephemeral_storage_that_holds_the_volumes_is_kept_as_request_and
         {"gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0"}
 
 
+# 310Gi: exactly the volumes (once they are full, the first log line passes the pod's limit);
+# 311Gi: the volumes plus 0.2.0's 1Gi, no room for Ray's rotated logs and ~/.cache (issue 56)
+@pytest.mark.parametrize("given", ["310Gi", "311Gi", "319Gi"])
 @pytest.mark.parametrize("parser,make", [(spec.parse, body), (spec.parse_service, service_body)])
-def test_a_given_ephemeral_storage_smaller_than_the_volumes_is_refused(parser, make):
+def test_a_given_ephemeral_storage_smaller_than_the_volumes_is_refused(parser, make, given):
     with pytest.raises(spec.InvalidSpec) as err:
-        # exactly the volumes: once they are full, the first log line passes the pod's limit
-        parser(make(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": "310Gi"}))
+        parser(make(volumes=[WEIGHTS, SCRATCH], worker={"ephemeralStorage": given}))
     (e,) = [e for e in err.value.errors if e.path == "spec.worker.ephemeralStorage"]
-    assert e.value == "310Gi"
-    assert e.message.startswith("must be at least 311Gi: the worker pod's volumes on the node's disk")
+    assert e.value == given
+    assert e.message.startswith("must be at least 320Gi: the worker pod's volumes on the node's disk")
+    assert "plus 10Gi for the container's own logs, ~/.cache and writable layer" in e.message
     assert "gke-gcsfuse-cache (weights gcs.fileCache.capacity 200Gi + 5%, at least 1Gi) 210Gi" in e.message
     assert "scratch emptyDir.sizeLimit 100Gi" in e.message
 
@@ -321,10 +324,11 @@ def test_bytes_read_back_as_the_same_quantity(count, text):
     assert quantity.bytes_quantity(count) == text
 
 
-@pytest.mark.parametrize("sidecar_limit,ok", [("0", True), ("311Gi", True), ("400Gi", True), ("310Gi", False), ("5Gi", False)])
+@pytest.mark.parametrize("sidecar_limit,ok", [("0", True), ("320Gi", True), ("400Gi", True), ("319Gi", False), ("311Gi", False),
+                                               ("5Gi", False)])
 def test_a_sidecar_disk_limit_that_would_limit_the_whole_pod_is_refused(sidecar_limit, ok):
     """With spec.worker.ephemeralStorage unset the Ray container has no limit, so the kubelet's pod
-    limit is the sidecar's alone, and the 310Gi of volumes (+1Gi) count against it."""
+    limit is the sidecar's alone, and the 310Gi of volumes (+10Gi) count against it."""
     def sidecar_errors(obj):
         try:
             spec.parse(obj)
@@ -335,10 +339,10 @@ def test_a_sidecar_disk_limit_that_would_limit_the_whole_pod_is_refused(sidecar_
     errors = sidecar_errors(body(volumes=[WEIGHTS, SCRATCH], gcsFuseSidecar={"ephemeralStorageLimit": sidecar_limit}))
     assert (not errors) == ok, errors
     if not ok:
-        assert errors[0][1].startswith('must be "0" (none) or at least 311Gi while spec.worker.ephemeralStorage is unset')
+        assert errors[0][1].startswith('must be "0" (none) or at least 320Gi while spec.worker.ephemeralStorage is unset')
     # a Ray container with a limit of its own makes the pod's limit the sum: any sidecar limit is fine
     assert not sidecar_errors(body(volumes=[WEIGHTS, SCRATCH], gcsFuseSidecar={"ephemeralStorageLimit": "5Gi"},
-                                   worker={"ephemeralStorage": "311Gi"}))
+                                   worker={"ephemeralStorage": "320Gi"}))
 
 
 @pytest.mark.parametrize("sidecar,asked", [

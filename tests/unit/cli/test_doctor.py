@@ -477,23 +477,23 @@ CACHED_WEIGHTS = [{"name": "w", "mountPath": "/models", "readOnly": True, "mount
 
 
 def test_for_a_host_whose_disk_volumes_fit_no_nodes_disk():
-    """Each host of a job with a 100Gi cache on the node's disk asks 111Gi: its Ray container the
-    cache's volume (100Gi + 5%) plus 1Gi, and GKE's Cloud Storage FUSE sidecar its own 5Gi (the webhook's default), which
+    """Each host of a job with a 100Gi cache on the node's disk asks 120Gi: its Ray container the
+    cache's volume (100Gi + 5%) plus 10Gi, and GKE's Cloud Storage FUSE sidecar its own 5Gi (the webhook's default), which
     the scheduler adds; a node of GKE's default 100 GB boot disk allocates about 47 GB (47093746742
     bytes: 43.86Gi, said as 43.8Gi: rounded down, never overstated)."""
     small = with_disk(pool("tpu-v6e-4x4", 4), "47093746742")
     (fail,) = check_placement([job(volumes=CACHED_WEIGHTS)], small, {}, {})
     assert fail.status == FAIL
-    assert ("each host asks for 111Gi ephemeral-storage (106Gi for Ray + 5Gi for GKE's Cloud Storage FUSE sidecar); "
+    assert ("each host asks for 120Gi ephemeral-storage (115Gi for Ray + 5Gi for GKE's Cloud Storage FUSE sidecar); "
             "the nodes of tpu-v6e-4x4 allocate 43.8Gi") in fail.message
     # the sidecar's request as spec.gcsFuseSidecar sets it
     (fail,) = check_placement([job(volumes=CACHED_WEIGHTS, gcsFuseSidecar={"ephemeralStorageRequest": "2Gi"})], small, {}, {})
-    assert "each host asks for 108Gi ephemeral-storage (106Gi for Ray + 2Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message
+    assert "each host asks for 117Gi ephemeral-storage (115Gi for Ray + 2Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message
     # a sidecar limit without a request: GKE's webhook makes the request equal to it (issue 56)
     (fail,) = check_placement([job(volumes=CACHED_WEIGHTS, gcsFuseSidecar={"ephemeralStorageLimit": "120Gi"})], small, {}, {})
-    assert "each host asks for 226Gi ephemeral-storage (106Gi for Ray + 120Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message
+    assert "each host asks for 235Gi ephemeral-storage (115Gi for Ray + 120Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message
     # a sidecar alone can be too much for a node too: 40Gi + 5Gi on a node allocating 43.8Gi
-    scratch = [{"name": "s", "mountPath": "/s", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "39Gi"}},
+    scratch = [{"name": "s", "mountPath": "/s", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "30Gi"}},
                {"name": "b", "mountPath": "/b", "mountOn": ["worker"], "gcs": {"bucket": "data"}}]
     (fail,) = check_placement([job(volumes=scratch)], small, {}, {})
     assert "each host asks for 45Gi ephemeral-storage (40Gi for Ray + 5Gi for GKE's Cloud Storage FUSE sidecar)" in fail.message

@@ -185,6 +185,31 @@ def test_a_refusal_this_operator_adds_keeps_a_rayservice_of_the_same_generation_
     assert last_status(ctl)["phase"] == "Failed"
 
 
+def test_an_ephemeral_storage_below_the_raised_floor_keeps_its_rayservice_running_until_the_next_edit(monkeypatch):
+    """Issue 56: the floor of a set ephemeralStorage rose from the volumes + 1Gi to + 10Gi; a
+    service 0.2.0 accepted with 101Gi over a 100Gi scratch volume keeps its RayService (rendered for
+    its generation) with RefusedByThisVersion, and only its next generation is refused."""
+    from tputorch.api import storage
+
+    scratch = {"name": "scratch", "mountPath": "/scratch", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "100Gi"}}
+    fields = {"volumes": [scratch], "worker": {"cpu": "100", "memory": "400Gi", "ephemeralStorage": "101Gi"}}
+    parent = service(status={"observedGeneration": 1, "phase": "Ready", "conditions": []}, **fields)
+    with monkeypatch.context() as m:
+        m.setattr(storage, "DISK_HEADROOM", "1Gi")  # 0.2.0's floor: this spec was valid then
+        child = older_rayservice(service(**fields))
+    ctl = setup(parent, child)
+    assert run(ctl.reconcile(SVC_KEY)) == "invalid"
+    status = last_status(ctl)
+    assert status["phase"] == "Ready"
+    cond = rendering_condition(status)
+    assert (cond["status"], cond["reason"]) == ("False", "RefusedByThisVersion")
+    assert "spec.worker.ephemeralStorage" in cond["message"] and "must be at least 110Gi" in cond["message"]
+    assert child_patches(ctl) == [] and not ctl.kube.called("delete")
+    ctl.parents[SVC]._put({**parent, "metadata": {**parent["metadata"], "generation": 2, "resourceVersion": "30"}})
+    run(ctl.reconcile(SVC_KEY))
+    assert last_status(ctl)["phase"] == "Failed"
+
+
 def running_earlier_attempt(ctl, created: dict) -> None:
     """The store holds, in place of ``created``, the running RayJob an earlier operator rendered
     for the same job: another entrypoint."""

@@ -167,22 +167,28 @@ def test_a_rayservice_made_before_the_rule_is_stamped_with_what_it_has_its_spec_
     assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
 
 
-def test_a_refusal_this_operator_adds_keeps_a_rayservice_of_the_same_generation_running():
-    parent = service(status={"observedGeneration": 1, "phase": "Ready", "conditions": []})
-    child = older_rayservice(service())
-    parent["spec"]["tpu"]["topology"] = "3x3"  # as if a rule this version added refused what 0.2.0 took
+def kept_running_then_refused(parent: dict, child: dict, *fragments: str) -> None:
+    """``parent``'s spec, refused by this operator, keeps ``child`` (rendered for its generation by
+    0.2.0) running with RefusedByThisVersion naming ``fragments``; its next generation is refused
+    as any invalid spec is."""
     ctl = setup(parent, child)
     assert run(ctl.reconcile(SVC_KEY)) == "invalid"
     status = last_status(ctl)
     assert status["phase"] == "Ready"
     cond = rendering_condition(status)
     assert (cond["status"], cond["reason"]) == ("False", "RefusedByThisVersion")
-    assert "spec.tpu.topology" in cond["message"] and "0.2.0" in cond["message"]
+    assert all(f in cond["message"] for f in (*fragments, "0.2.0")), cond["message"]
     assert child_patches(ctl) == [] and not ctl.kube.called("delete")
-    # a new generation is refused as any invalid spec is
     ctl.parents[SVC]._put({**parent, "metadata": {**parent["metadata"], "generation": 2, "resourceVersion": "30"}})
     run(ctl.reconcile(SVC_KEY))
     assert last_status(ctl)["phase"] == "Failed"
+
+
+def test_a_refusal_this_operator_adds_keeps_a_rayservice_of_the_same_generation_running():
+    parent = service(status={"observedGeneration": 1, "phase": "Ready", "conditions": []})
+    child = older_rayservice(service())
+    parent["spec"]["tpu"]["topology"] = "3x3"  # as if a rule this version added refused what 0.2.0 took
+    kept_running_then_refused(parent, child, "spec.tpu.topology")
 
 
 def test_an_ephemeral_storage_below_the_raised_floor_keeps_its_rayservice_running_until_the_next_edit(monkeypatch):
@@ -197,17 +203,7 @@ def test_an_ephemeral_storage_below_the_raised_floor_keeps_its_rayservice_runnin
     with monkeypatch.context() as m:
         m.setattr(storage, "DISK_HEADROOM", "1Gi")  # 0.2.0's floor: this spec was valid then
         child = older_rayservice(service(**fields))
-    ctl = setup(parent, child)
-    assert run(ctl.reconcile(SVC_KEY)) == "invalid"
-    status = last_status(ctl)
-    assert status["phase"] == "Ready"
-    cond = rendering_condition(status)
-    assert (cond["status"], cond["reason"]) == ("False", "RefusedByThisVersion")
-    assert "spec.worker.ephemeralStorage" in cond["message"] and "must be at least 110Gi" in cond["message"]
-    assert child_patches(ctl) == [] and not ctl.kube.called("delete")
-    ctl.parents[SVC]._put({**parent, "metadata": {**parent["metadata"], "generation": 2, "resourceVersion": "30"}})
-    run(ctl.reconcile(SVC_KEY))
-    assert last_status(ctl)["phase"] == "Failed"
+    kept_running_then_refused(parent, child, "spec.worker.ephemeralStorage", "must be at least 110Gi")
 
 
 def running_earlier_attempt(ctl, created: dict) -> None:

@@ -10,7 +10,8 @@ training thread's innermost frames), after the full stacks for the user. A step'
 timeoutSeconds until MEDIAN_AFTER steps were timed, then stepTimeMultiple x their median when that
 is longer, never more than firstStepTimeoutSeconds. Should the stuck code hold the GIL (the
 thread cannot run), faulthandler's own C watchdog prints the stacks FAULTHANDLER_GRACE_S later;
-the operator then ends the attempt on its own clock (no progress), without the frames.
+the operator then ends the attempt on its own clock (no progress), without the frames. Once the
+training thread has ended (the training function returned after its last report) nothing is due.
 """
 
 from __future__ import annotations
@@ -150,6 +151,12 @@ class HangWatchdog:
                 left = self.due()
                 if left is None or left > 0:
                     self.lock.wait(timeout=left)
+                    continue
+                if self.thread_id not in sys._current_frames():
+                    # the training thread ended (Ray Train runs the training function in a thread of its
+                    # own): the function returned after its last report, no step is awaited
+                    self.ended_at = None
+                    faulthandler.cancel_dump_traceback_later()
                     continue
                 self.fired = True
                 waited, limit, rank, step, ident = self.clock() - self.ended_at, self.limit, self.rank, self.step, self.thread_id

@@ -86,3 +86,17 @@ def test_the_marker_line_keeps_the_innermost_frames_only():
     line = watchdog.hang_line(0, None, 61.4, 60, frames)
     assert json.loads(line[len(watchdog.HANG_MARKER):]) == {"rank": 0, "step": None, "waitedS": 61, "limitS": 60,
                                                          "frames": frames[:watchdog.MAX_HANG_FRAMES]}
+
+
+def test_nothing_is_printed_once_the_training_thread_ended():
+    """Ray Train runs the training function in a thread of its own: after its last report the
+    function returns, and a worker still alive then (shutting down) awaits no step."""
+    out, err = io.StringIO(), io.StringIO()
+    dog = watchdog.HangWatchdog(watchdog.HangSettings(0.2, 5, 10), out=out, err=err)
+    last = threading.Thread(target=lambda: dog.step_ended(0, 3), name="train")
+    last.start()
+    last.join()
+    deadline = time.monotonic() + 5
+    while dog.due() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert dog.due() is None and out.getvalue() == "" and err.getvalue() == ""

@@ -30,12 +30,13 @@ MAX_TEXT = 256 * 1024  # of a log tail or a message, the last this many characte
 MAX_EXCERPT = 300  # of the line that says it, kept in the condition's message
 
 # "PRINCIPAL does not have PERMISSION access to ...": the JSON API's wording, whichever client quotes it.
+_MAX_WHO = 512  # a principal's characters: a principal:// of the longest names GKE makes is under 300
 _DENIED = re.compile(r"(?:(?P<who>[\w.@:/%+=-]{3,512})|(?P<anon>Anonymous caller)|Caller) does not have "
                      r"(?P<perm>storage\.[a-z]+\.[a-zA-Z]+) access to")
 # The status lines that say 403 for Cloud Storage without the JSON API's wording (gcsfuse's "Access
-# denied.", a FailedMount).
-_FORBIDDEN = re.compile(r"googleapi: Error 403\b|google::cloud::Status\(PERMISSION_DENIED\b|"
-                        r"code = PermissionDenied desc = .*storage\.googleapis\.com")
+# denied.", a FailedMount naming Cloud Storage's URL): plain substrings, no regex over a long line.
+_FORBIDDEN = ("googleapi: Error 403:", "google::cloud::Status(PERMISSION_DENIED")
+_CSI_DENIED = "code = PermissionDenied desc = "
 _BUCKET = re.compile(r"//storage\.googleapis\.com/projects/_/buckets/(?P<a>[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9])"
                      r"|storage\.googleapis\.com/(?:upload/)?storage/v1/b/(?P<b>[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9])"
                      r"|gs://(?P<c>[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9])"
@@ -59,8 +60,8 @@ def find(text: object) -> Denial | None:
     lines = _CONTROL.sub("", text[-MAX_TEXT:]).splitlines()
     for at in range(len(lines) - 1, -1, -1):
         line = lines[at]
-        denied = _DENIED.search(line)
-        if denied is None and not _FORBIDDEN.search(line):
+        denied = _denied(line)
+        if denied is None and not _forbidden(line):
             continue
         who = denied and (denied.group("who") or "").strip(":")
         principal = "anonymous" if denied and denied.group("anon") else (who if who and _PRINCIPAL.match(who) else None)
@@ -72,6 +73,19 @@ def find(text: object) -> Denial | None:
             excerpt = excerpt[start:start + MAX_EXCERPT] + "..."
         return Denial(principal, bucket, denied.group("perm") if denied else None, excerpt)
     return None
+
+
+def _forbidden(line: str) -> bool:
+    return any(words in line for words in _FORBIDDEN) or (_CSI_DENIED in line and "storage.googleapis.com" in line)
+
+
+def _denied(line: str) -> re.Match | None:
+    """The JSON API's "... does not have ... access to" on ``line``, searched for only around where the
+    words are: a long line of one token must cost no backtracking over all of it."""
+    words = line.find(" does not have storage.")
+    if words < 0:
+        return None
+    return _DENIED.search(line, max(0, words - _MAX_WHO - 20), words + 80)
 
 
 def _bucket(line: str) -> str | None:
@@ -100,8 +114,14 @@ def message(denial: Denial, where: str, namespace: str, service_account: str | N
     roles = role_for(denial.permission)
     on = f"gs://{bucket}" if bucket else ("one of " + ", ".join(f"gs://{b}" for b in buckets) if buckets else "a bucket")
     refused = f"{denial.permission} on {on}" if denial.permission else f"access to {on}"
-    who = ("an anonymous caller (no Workload Identity token: the pod's node pool runs no GKE metadata server?)"
-           if denial.principal == "anonymous" else principal)
+    if denial.principal == "anonymous":
+        who = "an anonymous caller (no Workload Identity token: the pod's node pool runs no GKE metadata server?)"
+    elif not principal.startswith("principal://"):
+        who = (f"{principal} (a Google service account, not the pods' Workload Identity principal: the node's own "
+               "when its pool runs without the GKE metadata server, --workload-metadata=GKE_METADATA, or one the "
+               "ServiceAccount's iam.gke.io/gcp-service-account annotation names)")
+    else:
+        who = principal
     fix = identity.bind_commands(namespace, account, bucket or "BUCKET", roles)
     return (f"Cloud Storage refused {who} {refused} ({where}: {denial.excerpt!r}); the pods run as ServiceAccount "
             f"{namespace}/{account}: grant it {' and '.join(roles)} on the bucket as the runbook does "

@@ -110,6 +110,11 @@ def test_the_message_names_the_principal_the_bucket_and_the_runbooks_binding():
     said = storage_access.message(storage_access.find(GCSFUSE), "a pod's event", "team-a", "ray-tpu", ("b1", "b2"))
     assert said.startswith(f"Cloud Storage refused {identity.principal('team-a', 'ray-tpu')} access to one of gs://b1, gs://b2")
     assert identity.OBJECT_ROLE in said and identity.BUCKET_ROLE in said
+    # A Google service account refused: not the pod's Workload Identity principal, and said so.
+    node_sa = FORBIDDEN.replace(FORBIDDEN.split(": ")[2].split(" ")[0], "123456789012-compute@developer.gserviceaccount.com")
+    said = storage_access.message(storage_access.find(node_sa), "the driver's log", "team-a", "ray-tpu", ())
+    assert said.startswith("Cloud Storage refused 123456789012-compute@developer.gserviceaccount.com (a Google service account")
+    assert "--workload-metadata=GKE_METADATA" in said and "storage.buckets.get on gs://team-models" in said
 
 
 # ---------------------------------------------------------------- the condition on a job and a service
@@ -151,3 +156,19 @@ def test_a_service_whose_serve_application_failed_on_a_403_says_so():
     assert (found["status"], found["reason"]) == ("False", "StorageAccessDenied")
     assert "sa/ray-tpu storage.buckets.get on gs://team-models" in found["message"]
     assert "the Serve application's message" in found["message"]
+
+
+@pytest.mark.parametrize("line", [
+    "x" * storage_access.MAX_TEXT,
+    "y" * (storage_access.MAX_TEXT - 100) + " does not have storage.objects.get access to",
+    "code = PermissionDenied desc = " * 8000,
+    ("a" * 300 + " ") * 800,
+])
+def test_a_hostile_line_costs_no_backtracking_over_all_of_it(line):
+    """The tail is read every interval for every running job: one long line must stay cheap (it once
+    took seconds, the principal's pattern backtracking at each of its characters)."""
+    import time
+
+    started = time.perf_counter()
+    storage_access.find(line)
+    assert time.perf_counter() - started < 1.0  # 0.02 s measured; 5 s before

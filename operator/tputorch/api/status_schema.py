@@ -107,7 +107,7 @@ def _goodput_schema() -> dict:
         },
     }
     return described(
-        "The goodput ledger (docs/goodput.md): the job's wall-clock split into " + ", ".join(GOODPUT_PARTS) +
+        "The goodput ledger (docs/tasks/goodput.md): the job's wall-clock split into " + ", ".join(GOODPUT_PARTS) +
         ", each measured from observed timestamps, up to the last moment observed (asOf).",
         type="object",
         properties={

@@ -84,7 +84,7 @@ def _goodput(sums: dict[tuple[str, str], dict[str, float]]):
     is job_namespace, since Prometheus keeps ``namespace`` for the operator's own target."""
     labels = ["job_namespace", "queue"]
     parts = GaugeMetricFamily("tputorch_goodput_seconds",
-                              "The TPUTorchJobs' wall-clock by goodput ledger part (docs/goodput.md), summed over the "
+                              "The TPUTorchJobs' wall-clock by goodput ledger part (docs/tasks/goodput.md), summed over the "
                               "jobs that exist, per namespace and queue (\"\" without one).", labels=labels + ["part"])
     wall = GaugeMetricFamily("tputorch_goodput_wall_clock_seconds",
                              "The TPUTorchJobs' wall-clock the ledger covers (the sum of every part), per namespace "

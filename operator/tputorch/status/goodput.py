@@ -63,16 +63,19 @@ class Ledger:
 
 
 def attempt_ledger(marks: Mapping, timing: Mapping | None = None, step: int | None = None,
-                   end: str | None = None, result: str | None = None) -> Ledger:
+                   end: str | None = None, result: str | None = None, hung_since: str | None = None) -> Ledger:
     """One attempt's ledger. ``marks``: its moments as first observed (RFC 3339; ``start`` always),
     ``restoreSeconds`` the restore its first report counted; ``timing``: status.progress.timing of
     its latest report read (None: no report of this attempt), ``step`` that report's step; ``end``:
     when it ended (None: it runs, and the ledger runs to its last moment observed); ``result``: how
-    it ended (attemptHistory)."""
+    it ended (attemptHistory), ``hung_since`` when a hang began by the sentinel (its record's
+    hungSince: the last report's read, or the slice's readiness before any)."""
     when = {name: _ms(marks.get(name)) for name in GOODPUT_MOMENTS}
     if timing:
         when["firstReport"] = int(round(timing["firstReportTime"] * 1000))
         when["lastReport"] = int(round(timing["time"] * 1000))
+    elif result == HANG:  # hung before its first report (the compile, say): from the sentinel's start
+        when["lastReport"] = _ms(hung_since)
     when["end"] = _ms(end)
     observed = [n for n in CHAIN if when.get(n) is not None]
     if when["end"] is None:  # running: up to its latest moment
@@ -235,7 +238,7 @@ def apply(current: dict, previous: Mapping, job_created: str | None, rayjob: Map
     closed_at = None
     if record is not None and not marks.get("ended"):
         closed_at = record.get("endTime")
-        closed = attempt_ledger(marks, timing, step, record.get("endTime"), record.get("result"))
+        closed = attempt_ledger(marks, timing, step, record.get("endTime"), record.get("result"), record.get("hungSince"))
         ended = ended + closed
         kept.append(_record(marks["attempt"], closed, marks["start"], record.get("result")))
         if current.get("attempts", 1) > marks["attempt"]:

@@ -237,3 +237,15 @@ def test_a_ledger_begun_mid_job_counts_the_earlier_attempts_unaccounted_and_the_
     assert parts["unaccounted"] == 1_200_000 and parts["teardown"] == 30_000
     assert sum(parts.values()) == int(book["wallClockSeconds"] * 1000) == 1_230_000
     assert [a["attempt"] for a in book["attempts"]] == [3] and book["attempts"][0]["startTime"] == at("10:20:00")
+
+
+def test_a_hang_before_the_first_report_hangs_from_when_the_sentinel_says():
+    """No report ever came (a compile that never ended): the sentinel's hungSince (the slice's
+    readiness) starts the hang; Ray up to it is unobserved."""
+    observed = queued_run()[:4]
+    ended = {"attempt": 1, "result": goodput.HANG, "endTime": at("10:30:00"), "hungSince": at("10:08:00")}
+    observed.append((status(ready=2, history=[ended]), observed[-1][1], PODS, ADMITTED))
+    parts = ms(replay(observed)["seconds"])
+    assert parts["hang"] == 22 * 60_000 and parts["unaccounted"] == 60_000  # 10:07:00 (Ray up) -> 10:08:00
+    assert parts["productive"] == parts["lostWork"] == parts["firstStep"] == 0
+    assert sum(parts.values()) == 30 * 60_000

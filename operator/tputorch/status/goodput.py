@@ -243,6 +243,7 @@ def apply(current: dict, previous: Mapping, job_created: str | None, rayjob: Map
         kept.append(_record(marks["attempt"], closed, marks["start"], record.get("result")))
         if current.get("attempts", 1) > marks["attempt"]:
             marks = {"attempt": current["attempts"], "start": record.get("endTime")}
+            timing, step = _timing_of(current, marks["attempt"])  # the report read was the ended attempt's
         else:  # the job has ended: its figures stay as they are
             marks = {**marks, "ended": True}
     running = None if marks.get("ended") else attempt_ledger(marks, timing, step)

@@ -249,3 +249,13 @@ def test_a_hang_before_the_first_report_hangs_from_when_the_sentinel_says():
     assert parts["hang"] == 22 * 60_000 and parts["unaccounted"] == 60_000  # 10:07:00 (Ray up) -> 10:08:00
     assert parts["productive"] == parts["lostWork"] == parts["firstStep"] == 0
     assert sum(parts.values()) == 30 * 60_000
+
+
+def test_the_report_of_an_attempt_just_ended_is_never_the_next_ones():
+    # the script's clock 30 s ahead: attempt 1's last report (10:19:30) is after its end (10:19:12)
+    observed = queued_run("Infrastructure", end="10:19:12", report_until="10:19:30")
+    observed[-1][0]["attempts"] = 2
+    book = replay(observed)
+    assert book["attempts"][-1] == {"attempt": 2, "startTime": at("10:19:12"), "wallClockSeconds": 0.0,
+                                    "seconds": dict.fromkeys(goodput.PARTS, 0.0)}
+    assert book["wallClockSeconds"] == 1152.0

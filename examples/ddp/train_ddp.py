@@ -110,7 +110,7 @@ def train_func(config: dict, inspect: Callable | None = None) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from tputorch.train import checkpoint as resume_point, report
+    from tputorch.train import report, restoring
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -123,12 +123,13 @@ def train_func(config: dict, inspect: Callable | None = None) -> None:
     )
     state = None
     # Set when Ray restarts the run after a failure, or on a new run with the same name and storage:
-    # ray.train.get_checkpoint(), never one an earlier attempt wrote after this one started.
-    checkpoint = resume_point()
-    if checkpoint:
-        with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"), map_location="cpu")
-        model.load_state_dict(state["model"])
+    # ray.train.get_checkpoint(), never one an earlier attempt wrote after this one started. The
+    # time inside restoring() is the goodput ledger's restore (docs/tasks/goodput.md).
+    with restoring() as checkpoint:
+        if checkpoint:
+            with checkpoint.as_directory() as d:
+                state = torch.load(os.path.join(d, "state.pt"), map_location="cpu")
+            model.load_state_dict(state["model"])
 
     # Move first, then build the optimizer: it must hold the on-device parameters.
     model = model.to(device)

@@ -170,9 +170,9 @@ def test_for_a_shape_no_pool_has(kube, leader, doctor_ns, capsys, tmp_path):
     assert checks[f"for/{doctor_ns}/fits"]["status"] == "ok" and "tpu-v6e-4x4" in checks[f"for/{doctor_ns}/fits"]["message"]
     assert set(failed(report)) == {f"for/{doctor_ns}/big", f"for/{doctor_ns}/disk"}
     assert "--tpu-topology=8x8 --num-nodes=16" in failed(report)[f"for/{doctor_ns}/big"]["fix"]
-    # the request is the volume plus the operator's 1Gi for logs and the writable layer; 47G is 43.8Gi
+    # the request is the volume plus the operator's 10Gi for logs, caches and the writable layer; 47G is 43.8Gi
     disk = failed(report)[f"for/{doctor_ns}/disk"]
-    assert "61Gi ephemeral-storage" in disk["message"] and "tpu-v6e-4x4" in disk["message"], disk
+    assert "70Gi ephemeral-storage" in disk["message"] and "tpu-v6e-4x4" in disk["message"], disk
 
 
 def test_pool_one_node_short(kube, leader, doctor_ns, capsys):

@@ -225,7 +225,7 @@ def test_slice_missing_from_the_cluster_says_why(kube, namespace, operator):
 
 
 def test_a_host_whose_disk_volumes_no_node_holds_is_unschedulable(kube, namespace, operator):
-    """60Gi of scratch on each host's boot disk: the operator requests it (plus 1Gi) and the real
+    """60Gi of scratch on each host's boot disk: the operator requests it (plus 10Gi) and the real
     scheduler finds no node with that much allocatable (hack/nodes.yaml: GKE's 100 GB default disk,
     47G); the status says so in the scheduler's words, not that a node pool is missing."""
     scratch = [{"name": "scratch", "mountPath": "/scratch", "mountOn": ["worker"], "emptyDir": {"sizeLimit": "60Gi"}}]
@@ -237,7 +237,7 @@ def test_a_host_whose_disk_volumes_no_node_holds_is_unschedulable(kube, namespac
     worker = next(p for p in kube.core.list_namespaced_pod(namespace).items if p.metadata.name.startswith("disk-")
                   and "worker" in p.metadata.name)
     ray = next(c for c in worker.spec.containers if c.name == "ray-worker")
-    assert ray.resources.requests["ephemeral-storage"] == "61Gi" and "ephemeral-storage" not in (ray.resources.limits or {})
+    assert ray.resources.requests["ephemeral-storage"] == "70Gi" and "ephemeral-storage" not in (ray.resources.limits or {})
 
 
 def test_a_multi_host_slice_without_the_tpu_webhook_says_so(kube, namespace, operator, dashboard):

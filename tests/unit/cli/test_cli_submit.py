@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -187,21 +188,28 @@ def test_serve_with_lora_adapters(capsys):
     assert "dynamic_lora_loading_path: gs://my-adapters/qwen3" in rayservice["spec"]["serveConfigV2"]
 
 
-# The command the docs give for the reference service (examples/serve/qwen3-moe-v6e-4x4.yaml).
-REFERENCE_SERVE = ["serve", "--name", "qwen3-moe", "--tpu", "v6e-4x4",
-                   "--image", "us-docker.pkg.dev/my-project/serving/ray-vllm-torchtpu:2.60.0",
-                   "--model", "Qwen/Qwen3-30B-A3B", "--served-model-name", "qwen3-30b-a3b",
-                   "--hf-token-secret", "hf-token:token", "--tp", "16", "--expert-parallel", "--max-model-len", "8192",
-                   "--engine-arg", "enable_auto_tool_choice=true", "--engine-arg", "tool_call_parser=hermes",
-                   "--min-replicas", "1", "--max-replicas", "1", "--worker-cpu", "100", "--worker-memory", "400Gi"]
+def docs_reference_serve() -> list[str]:
+    """The `tputorch serve` command docs/getting-started.md gives for the reference service, as argv
+    (its image the example's in place of the reader's, without --dry-run)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import doccmds
+
+    (text,) = [c.text for c in doccmds.all_commands([ROOT / "docs" / "getting-started.md"])
+               if c.text.startswith("tputorch serve ")]
+    example = yaml.safe_load((EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
+    argv = shlex.split(text.replace("$SERVE_IMAGE@$SERVE_DIGEST", example["spec"]["image"]))[1:]
+    assert "--dry-run" in argv
+    return [a for a in argv if a != "--dry-run"]
 
 
 def test_serve_flags_express_the_reference_service():
-    a = cli.build_parser().parse_args([*REFERENCE_SERVE, "-n", "default"])
+    """Issue 58: the docs' command makes examples/serve/qwen3-moe-v6e-4x4.yaml's service."""
+    a = cli.build_parser().parse_args([*docs_reference_serve(), "-n", "default"])
     body, errors = submit.service_from_flags(a, "default")
     assert errors == []
     example = yaml.safe_load((EXAMPLES / "serve" / "qwen3-moe-v6e-4x4.yaml").read_text())
     example["metadata"]["namespace"] = "default"
+    assert body["metadata"]["name"] == example["metadata"]["name"]
     assert body["spec"] == example["spec"]
     assert spec.parse_service(body) == spec.parse_service(example)
 

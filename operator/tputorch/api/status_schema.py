@@ -11,7 +11,8 @@ from .schema import described, int_field, string_field
 PHASES = list(phases.JOB_PHASES)
 # status.goodput's parts and moments (status/goodput.py writes them: api/ cannot import status/)
 GOODPUT_PARTS = {
-    "teardown": "The attempt's start (the job's creation, the previous attempt's end) to its RayJob's creation.",
+    "teardown": ("The attempt's start (the job's creation, the previous attempt's end) to its RayJob's creation, "
+                 "and a succeeded attempt's last report to its end (the run's shutdown)."),
     "queued": "The RayJob's creation to Kueue's admission (0 without a queue).",
     "provisioning": "Admission to the last pod scheduled.",
     "start": "The last pod scheduled to the last pod Ready (image pull, Ray up).",
@@ -19,7 +20,8 @@ GOODPUT_PARTS = {
     "restore": "Time in tputorch.train.restoring() before the first report.",
     "productive": "Step time between the first and the last report read, less the lost work.",
     "checkpointSave": "Time tputorch.train.report spent persisting checkpoints.",
-    "lostWork": "A failed attempt's steps after its last checkpoint, by its step time.",
+    "lostWork": ("A failed attempt's steps after its last checkpoint, by its step time, and its last report "
+                 "to its end (the work in flight when it failed)."),
     "hang": "A hung attempt's time from its hang to its end.",
     "unaccounted": "Time between observed moments around a moment that was not observed.",
 }

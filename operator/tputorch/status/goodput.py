@@ -25,7 +25,7 @@ from typing import Iterable, Mapping
 
 from .. import timestamps
 from ..api.status_schema import GOODPUT_MOMENTS, GOODPUT_PARTS, MAX_HISTORY
-from .attempts import HANG, SUCCEEDED
+from .attempts import APPLICATION, FINAL, HANG, INFRASTRUCTURE, SUCCEEDED
 from .job import attempt_of_child
 from .kueue import Admission
 # The chain of moments; the part named for the step from each moment to the next (the last two
@@ -33,8 +33,13 @@ from .kueue import Admission
 PARTS = tuple(GOODPUT_PARTS)
 CHAIN = (*GOODPUT_MOMENTS, "firstReport", "lastReport", "end")  # the first ones kept in status.goodput.marks
 STEP_PARTS = {"start": "teardown", "created": "queued", "admitted": "provisioning", "scheduled": "start"}
-# An attempt the hang sentinel ended (status/attempts.py HANG, status/hang.py) spent the time from
-# its last report to its end hanging.
+# An attempt's tail, from its last report to its end, by how it ended: hanging (the sentinel ended
+# it: status/attempts.py HANG, status/hang.py); a succeeded run's end (the script's last lines, Ray
+# Train's and the driver's shutdown, KubeRay's notice), counted with the slice time between runs; a
+# failed attempt's work in flight, lost with it (the next attempt redoes it from the checkpoint). A
+# running attempt (no result) has no tail: it runs to its last moment observed.
+TAIL_PARTS = {HANG: "hang", SUCCEEDED: "teardown", INFRASTRUCTURE: "lostWork", APPLICATION: "lostWork",
+              FINAL: "lostWork"}
 
 
 def _ms(value: object) -> int | None:
@@ -104,8 +109,8 @@ def attempt_ledger(marks: Mapping, timing: Mapping | None = None, step: int | No
             parts["checkpointSave"] += save
             parts["productive"] += productive
             parts["unaccounted"] += span - save - productive  # another process's time (a worker restart)
-        else:  # the last report -> the end: unobserved, but for a hang
-            parts["hang" if result == HANG else "unaccounted"] += span
+        else:  # the last report -> the end: the attempt's tail, both ends observed
+            parts[TAIL_PARTS.get(result, "unaccounted")] += span
     if result not in (None, SUCCEEDED) and timing:
         lost = parts["productive"]  # without a checkpoint of its own, the next attempt redoes every step
         if timing.get("checkpointStep") is not None and step is not None and timing.get("secondsPerStep") is not None:

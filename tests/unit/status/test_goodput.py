@@ -120,7 +120,7 @@ def test_the_parts_sum_to_the_wall_clock_exactly_and_a_missing_moment_is_unaccou
 
 def test_a_failed_attempt_loses_the_steps_after_its_checkpoint_and_the_next_one_restores():
     # attempt 1 reached step 500, last checkpointed at 400, 1.5 s a step: 150 s lost; it ended 12 s
-    # after the last report read (unobserved: unaccounted)
+    # after the last report read: the work in flight when it failed, lost too
     first = queued_run("Infrastructure", end="10:19:12", per_step=1.5, ckpt_step=400)
     first = [(dict(s, **({"progress": {**s["progress"], "step": 500}} if "progress" in s else {})), c, p, q)
              for s, c, p, q in first]
@@ -137,8 +137,8 @@ def test_a_failed_attempt_loses_the_steps_after_its_checkpoint_and_the_next_one_
     ]
     book = replay(first + second)
     one, two = (ms(a["seconds"]) for a in book["attempts"])
-    assert one["lostWork"] == 150_000 and one["productive"] == 570_000 - 150_000
-    assert one["unaccounted"] == 12_000 and sum(one.values()) == 1_152_000
+    assert one["lostWork"] == 150_000 + 12_000 and one["productive"] == 570_000 - 150_000
+    assert one["unaccounted"] == 0 and sum(one.values()) == 1_152_000
     assert two == {"teardown": 45_000, "queued": 0, "provisioning": 8_000, "start": 36_000, "restore": 25_000,
                    "firstStep": 114_000, "productive": 600_000, "checkpointSave": 0, "lostWork": 0, "hang": 0,
                    "unaccounted": 0}
@@ -147,6 +147,14 @@ def test_a_failed_attempt_loses_the_steps_after_its_checkpoint_and_the_next_one_
     assert total == {p: one[p] + two[p] for p in goodput.PARTS}
     assert book["wallClockSeconds"] == 1152.0 + 828.0  # 10:00:00 -> 10:33:00
     assert book["productiveFraction"] == pytest.approx((420 + 600) / 1980, abs=1e-4)
+
+
+@pytest.mark.parametrize("result,part", [("Succeeded", "teardown"), ("Application", "lostWork"), ("Final", "lostWork"),
+                                         (goodput.HANG, "hang")])
+def test_an_ended_attempts_tail_after_its_last_report_is_the_part_its_end_names(result, part):
+    # 10:19:00 the last report read, 10:19:20 the end: both observed, so never unaccounted
+    parts = ms(replay(queued_run(result, end="10:19:20", report_until="10:19:00", per_step=1.0, ckpt_step=570))["seconds"])
+    assert parts[part] >= 20_000 and parts["unaccounted"] == 0, parts
 
 
 def test_a_failed_attempt_without_a_checkpoint_of_its_own_loses_every_step():

@@ -127,6 +127,8 @@ def _goodput_schema() -> dict:
                 properties={
                     "attempt": {"type": "integer", "format": "int32"},
                     **{m: {"type": "string", "format": "date-time"} for m in GOODPUT_MOMENTS},
+                    "firstReport": described("The attempt's earliest first report (a worker restart's process "
+                                             "reports a later one).", type="string", format="date-time"),
                     "restoreSeconds": {"type": "number"},
                     "ended": {"type": "boolean"},
                 },

@@ -77,7 +77,8 @@ def attempt_ledger(marks: Mapping, timing: Mapping | None = None, step: int | No
     hungSince: the last report's read, or the slice's readiness before any)."""
     when = {name: _ms(marks.get(name)) for name in GOODPUT_MOMENTS}
     if timing:
-        when["firstReport"] = int(round(timing["firstReportTime"] * 1000))
+        # the earliest process's: a process Ray Train restarted within the attempt begins its own clock
+        when["firstReport"] = min(int(round(timing["firstReportTime"] * 1000)), _ms(marks.get("firstReport")) or 2**63)
         when["lastReport"] = int(round(timing["time"] * 1000))
     elif result == HANG:  # hung before its first report (the compile, say): from the sentinel's start
         when["lastReport"] = _ms(hung_since)
@@ -239,6 +240,7 @@ def apply(current: dict, previous: Mapping, job_created: str | None, rayjob: Map
     timing, step = _timing_of(current, marks["attempt"])
     if timing is not None and "restoreSeconds" not in marks:
         marks["restoreSeconds"] = timing.get("restoreSeconds", 0)  # the first process's restore
+        marks["firstReport"] = _stamp(int(round(timing["firstReportTime"] * 1000)))
     record = next((a for a in current.get("attemptHistory") or [] if a.get("attempt") == marks["attempt"]), None)
     closed_at = None
     if record is not None and not marks.get("ended"):

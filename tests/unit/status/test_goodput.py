@@ -267,3 +267,19 @@ def test_the_report_of_an_attempt_just_ended_is_never_the_next_ones():
     assert book["attempts"][-1] == {"attempt": 2, "startTime": at("10:19:12"), "wallClockSeconds": 0.0,
                                     "seconds": dict.fromkeys(goodput.PARTS, 0.0)}
     assert book["wallClockSeconds"] == 1152.0
+
+
+def test_a_worker_process_restarted_within_the_attempt_leaves_the_first_ones_steps_unaccounted():
+    """Ray Train restarts the workers (workerRetries) within the attempt: the new process's clock
+    starts anew and counts only its own steps; the first step stays the first process's."""
+    observed = queued_run()[:4]
+    child = observed[-1][1]
+    first = timing(1, "10:09:00", "10:12:00", 170.0, saves=10.0, restore=20.0)
+    again = timing(1, "10:14:00", "10:19:00", 300.0, restore=5.0)
+    observed += [(status(ready=2, step=300, timed=first), child, PODS, ADMITTED),
+                 (status(ready=2, step=700, timed=again), child, PODS, ADMITTED)]
+    parts = ms(replay(observed)["seconds"])
+    assert (parts["restore"], parts["firstStep"]) == (20_000, 100_000)  # Ray up 10:07 -> 10:09, as first seen
+    # 10:09 -> 10:19: only the second process's 300 s are known
+    assert (parts["productive"], parts["checkpointSave"], parts["unaccounted"]) == (300_000, 0, 300_000)
+    assert sum(parts.values()) == 1_140_000

@@ -99,7 +99,7 @@ def service_bodies(draw):
         engine["tensorParallelSize"] = s.chips
     low = draw(st.integers(1, 4))
     replicas = draw(st.fixed_dictionaries({}, optional={"min": st.just(low), "max": st.integers(low, 8)}))
-    model = draw(st.fixed_dictionaries({"source": st.sampled_from(["Qwen/Qwen3-0.6B", "gs://b/m", "/models/x"])},
+    model = draw(st.fixed_dictionaries({"source": st.sampled_from(["Qwen/Qwen3-0.6B", "gs://tiny-models/m", "/models/x"])},
                                        optional={"name": st.text(min_size=1, max_size=10).filter(str.strip),
                                                  "hfTokenSecret": st.fixed_dictionaries({"name": names, "key": st.sampled_from(["token", "hf_api_token"])})}))
     spec_ = draw(st.fixed_dictionaries(

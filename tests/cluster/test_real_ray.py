@@ -137,12 +137,20 @@ def checkpointed_step(storage: Path, run: str) -> int | None:
 
 
 def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoint(
-        kube, real_ray_namespace, operator, real_ray, tmp_path):
+        kube, kube_env, real_ray_namespace, real_ray, tputorch_crd, tmp_path):
     """v6e 4x4 (4 hosts), one Ray Train worker per host (chipsPerWorker: 4: the multi-host slice
     the issue names at a quarter of the 16 workers' cost on 2 cores). Attempt 1 pauses after its
     checkpoint of step 3; host 1's Ray node is killed and its pod deleted (a preempted TPU VM). The
     operator retries on a fresh slice (the same Ray head here, the host started again) and the
     script of attempt 2 resumes from step 3, read from its own driver log.
+
+    Then a hang (issue 57, spec.hangDetection at its least, 60 s): attempt 2 checkpoints step 4,
+    takes step 5 (not checkpointed: lost work) and at step 6 rank 1 never joins the collective, so
+    the other ranks block inside gloo's all_reduce. Their watchdogs print where they are; the
+    operator (reading progress every 2 s) ends attempt 2 as a Hang naming all_reduce, and attempt 3
+    resumes from step 4 and succeeds. The job's goodput ledger then accounts for the whole
+    wall-clock: its parts and `unaccounted` sum to it, the hang and the lost work are counted, and
+    `unaccounted` stays under 1 %.
 
     Which retry resumed: the operator's. Ray Train's FailureConfig (workerRetries: 1, the default)
     could restart the worker group inside attempt 1, but in the runs here attempt 1's Ray job was
@@ -153,9 +161,20 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
     ns, name, storage = real_ray_namespace, "resumed", tmp_path / "checkpoints"
     t0, phases = time.monotonic(), {}
     REPORTED["real-Ray resume (s)"] = phases  # printed at the session's end (conftest.py)
-    body = job_body(name, "4x4", f"python {RESUME_SCRIPT} --steps 6 --pause-at 3",
-                    checkpoint={"storagePath": str(storage)})
+    body = job_body(name, "4x4", f"python {RESUME_SCRIPT} --steps 7 --pause-at 3 --hang-attempt 2 --hang-at 6",
+                    checkpoint={"storagePath": str(storage)},
+                    hangDetection={"timeoutSeconds": 60, "firstStepTimeoutSeconds": 600})
     body["spec"]["tpu"]["chipsPerWorker"] = 4
+    op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [ns], dashboard_url=kube_env["dashboard_url"],
+                         extra_args=["--progress-interval", "2"]).start()
+    try:
+        killed_host_then_hang(kube, real_ray, ns, name, body, storage, t0, phases)
+    finally:
+        op.stop()
+    assert "Traceback" not in op.log(), op.log()[-5000:]
+
+
+def killed_host_then_hang(kube, real_ray, ns, name, body, storage, t0, phases) -> None:
     start(kube, real_ray, ns, body)
     first = wait_real_job(kube, real_ray, ns, name, ("RUNNING",), 600)
     log = kube.wait(lambda: (lambda text: text if "tputorch-resume: paused at step 3" in text else None)(
@@ -193,20 +212,49 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
     phases["attempt1_ray_job_ended"] = time.monotonic() - t0
     real_ray.attach(render.rayjob(spec.parse({**body, "metadata": {**body["metadata"], "namespace": ns}})))
     assert len(real_ray.current["node_ids"]) == 4
-
     phases["host_readded"] = time.monotonic() - t0
+
+    # Attempt 2 resumes from step 3, checkpoints step 4, takes step 5 and hangs in step 6's collective.
+    second = kube.wait(lambda: (lambda r: r if r["metadata"]["labels"].get("tputorch.io/attempt") == "2"
+                                and (r.get("status") or {}).get("jobId") else None)(rayjob(kube, ns, name)),
+                       300, "attempt 2's Ray job")
+    sid2 = second["status"]["jobId"]
+    assert sid2 != first["submission_id"]
+    st = kube.wait(lambda: (lambda s: s if len(s.get("attemptHistory") or []) == 2 else None)(status(kube, ns, name)),
+                   600, "attempt 2 ended as a hang")
+    phases["attempt2_hang_ended"] = time.monotonic() - t0
+    hung = st["attemptHistory"][1]
+    assert (hung["attempt"], hung["result"]) == (2, "Hang"), hung
+    assert "all_reduce" in hung["message"] and hung.get("hungSince"), hung
+    log = real_ray.logs(sid2)
+    assert {int(s) for s in RESUMED.findall(log)} == {3}, log[-3000:]
+    assert "tputorch-resume: step 5 " in log and "tputorch-resume: step 6 " not in log, log[-3000:]
+    assert "tputorch.hang " in log, log[-3000:]
+    kube.wait(lambda: any(e.reason == "Hung" and e.type == "Warning" for e in kube.core.list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TPUTorchJob").items), 60, "the Hung event")
+
+    # Attempt 3 resumes from attempt 2's last checkpoint (step 4) and ends the run.
     st = wait_phase(kube, ns, name, "Succeeded", 900)
     phases["succeeded"] = time.monotonic() - t0
-    assert st["attempts"] == 2
-    assert [(a["attempt"], a["result"]) for a in st["attemptHistory"]] == [(1, "Infrastructure"), (2, "Succeeded")]
-    second = rayjob(kube, ns, name)
-    assert second["metadata"]["labels"]["tputorch.io/attempt"] == "2"
-    sid = second["status"]["jobId"]
-    assert sid != first["submission_id"]
-    log = real_ray.logs(sid)
-    assert {int(s) for s in RESUMED.findall(log)} == {3}, log[-3000:]
-    assert "tputorch-resume: done at step 6" in log, log[-3000:]
-    assert "tputorch-resume: step 4 " in log and "tputorch-resume: step 1 " not in log, log[-3000:]
+    assert st["attempts"] == 3
+    assert [(a["attempt"], a["result"]) for a in st["attemptHistory"]] == [
+        (1, "Infrastructure"), (2, "Hang"), (3, "Succeeded")]
+    third = rayjob(kube, ns, name)
+    assert third["metadata"]["labels"]["tputorch.io/attempt"] == "3"
+    log = real_ray.logs(third["status"]["jobId"])
+    assert {int(s) for s in RESUMED.findall(log)} == {4}, log[-3000:]
+    assert "tputorch-resume: done at step 7" in log, log[-3000:]
+    assert "tputorch-resume: step 5 " in log and "tputorch-resume: step 4 " not in log, log[-3000:]
+
+    # The ledger: every part from an observed moment, summing to the wall-clock to the millisecond.
+    ledger = st["goodput"]
+    parts, wall = ledger["seconds"], ledger["wallClockSeconds"]
+    shown = json.dumps(ledger, indent=1)
+    assert abs(sum(parts.values()) - wall) < 0.01 * len(parts), shown
+    assert parts["hang"] > 0 and parts["lostWork"] > 0 and parts["productive"] > 0, shown
+    assert parts["unaccounted"] < 0.01 * wall, shown
+    phases.update({f"ledger_{part}": parts[part] for part in ("hang", "lostWork", "unaccounted")},
+                  ledger_wall=wall)
 
 
 def test_failing_entrypoint_fails_with_rays_message(kube, real_ray_namespace, operator, real_ray):

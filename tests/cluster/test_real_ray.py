@@ -34,7 +34,6 @@ from tputorch.api import spec
 pytestmark = pytest.mark.realray
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "realray_jobs" / "train_record.py"
-PROGRESS_SCRIPT = Path(__file__).resolve().parent / "realray_jobs" / "train_progress.py"
 GROUP, VERSION, PLURAL = "tputorch.io", "v1alpha1", "tputorchjobs"
 
 
@@ -142,7 +141,10 @@ def test_a_killed_host_is_retried_and_the_next_attempt_resumes_from_the_checkpoi
     the issue names at a quarter of the 16 workers' cost on 2 cores). Attempt 1 pauses after its
     checkpoint of step 3; host 1's Ray node is killed and its pod deleted (a preempted TPU VM). The
     operator retries on a fresh slice (the same Ray head here, the host started again) and the
-    script of attempt 2 resumes from step 3, read from its own driver log.
+    script of attempt 2 resumes from step 3, read from its own driver log. While attempt 1 waits
+    for the kill, and once the job has ended, `tputorch describe` shows the step, the loss the
+    script printed and the checkpoint Ray Train persisted under the job's run: the progress the
+    operator read from the real driver's log (through the stand-in, as KubeRay reaches it).
 
     Then a hang (issue 57, spec.hangDetection at its least, 60 s): attempt 2 checkpoints step 4,
     takes step 5 (not checkpointed: lost work) and at step 6 rank 1 never joins the collective, so
@@ -184,6 +186,10 @@ def killed_host_then_hang(kube, real_ray, ns, name, body, storage, t0, phases) -
     assert where == str(storage) and run.startswith(f"{name}-"), (run, where)
     kube.wait(lambda: checkpointed_step(storage, run) == 3, 120, "the checkpoint of step 3 registered")
     phases["attempt1_paused"] = time.monotonic() - t0
+    # Paused (the test's gate): `tputorch describe` shows the step, the loss the script printed and
+    # the checkpoint Ray Train persisted under the job's run, read from the real driver's log.
+    paused = shown_progress(kube, ns, name, 3, log, storage / run)
+
 
     # A preempted TPU VM: its Ray node dies, and GKE deletes its pod.
     workers = [p for p in kube.core.list_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={name}").items
@@ -245,6 +251,8 @@ def killed_host_then_hang(kube, real_ray, ns, name, body, storage, t0, phases) -
     assert {int(s) for s in RESUMED.findall(log)} == {4}, log[-3000:]
     assert "tputorch-resume: done at step 7" in log, log[-3000:]
     assert "tputorch-resume: step 5 " in log and "tputorch-resume: step 4 " not in log, log[-3000:]
+    final = shown_progress(kube, ns, name, 7, log, storage / run)
+    assert final[1] != paused[1], (paused, final)  # another checkpoint, of the last attempt
 
     # The ledger: every part from an observed moment, summing to the wall-clock to the millisecond.
     ledger = st["goodput"]
@@ -255,6 +263,21 @@ def killed_host_then_hang(kube, real_ray, ns, name, body, storage, t0, phases) -
     assert parts["unaccounted"] < 0.01 * wall, shown
     phases.update({f"ledger_{part}": parts[part] for part in ("hang", "lostWork", "unaccounted")},
                   ledger_wall=wall)
+
+
+def shown_progress(kube, ns: str, name: str, step: int, log: str, run: Path) -> tuple[float, str]:
+    """Once status.progress reaches ``step``: `tputorch describe`'s loss (the one the script printed
+    for that step, in its driver's ``log``) and checkpoint (a directory of the run's)."""
+    kube.wait(lambda: (status(kube, ns, name).get("progress") or {}).get("step") == step, 120,
+              f"status.progress.step {step}")
+    text = describe(kube, ns, name)
+    shown = re.search(rf"^Progress:\s+step {step}\b.*\bloss ([0-9.e+-]+)", text, re.M)
+    printed = re.search(rf"^.*tputorch-resume: step {step} loss ([0-9.]+)", log, re.M)
+    assert shown and printed, text
+    assert abs(float(shown.group(1)) - float(printed.group(1))) < 1e-3, (shown.group(0), printed.group(0))
+    checkpoint = re.search(r"^Checkpoint:\s+(\S+)", text, re.M).group(1)
+    assert Path(checkpoint).parent == run and Path(checkpoint).is_dir(), (checkpoint, run)
+    return float(shown.group(1)), checkpoint
 
 
 def test_failing_entrypoint_fails_with_rays_message(kube, real_ray_namespace, operator, real_ray):
@@ -327,42 +350,6 @@ def describe(kube, ns: str, name: str) -> str:
     env = {**os.environ, "KUBECONFIG": kube.kubeconfig}
     return subprocess.run([sys.executable, "-m", "tputorch", "describe", name, "-n", ns], env=env, capture_output=True,
                           text=True, timeout=60, check=True).stdout
-
-
-def test_describe_shows_the_step_and_loss_the_run_reports_growing_while_it_runs(kube, kube_env, real_ray_namespace,
-                                                                                real_ray, tputorch_crd, tmp_path):
-    """The script reports through tputorch.train.report(); the operator reads the real driver's log
-    from the real head's dashboard (through the stand-in, as KubeRay reaches it) and `tputorch
-    describe` shows each step, its loss and the checkpoint Ray Train persisted. The script takes
-    its next step only when the test says so: nothing here depends on how fast anything runs."""
-    ns, name, gate, storage = real_ray_namespace, "progress", tmp_path / "gate", tmp_path / "storage"
-    gate.mkdir()
-    op = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", [ns], dashboard_url=kube_env["dashboard_url"],
-                         extra_args=["--progress-interval", "2"]).start()
-    try:
-        start(kube, real_ray, ns, job_body(name, "2x2", f"python {PROGRESS_SCRIPT} --steps 3 --gate {gate}",
-                                           checkpoint={"storagePath": str(storage)}))
-        seen = []
-        for step in (1, 2):
-            if step > 1:
-                (gate / f"step-{step}").touch()
-            kube.wait(lambda: (status(kube, ns, name).get("progress") or {}).get("step") == step, 300,
-                      f"status.progress.step {step}")
-            text = describe(kube, ns, name)
-            shown = re.search(r"^Progress:\s+step (\d+), epoch 0, loss ([0-9.e+-]+)", text, re.M)
-            assert shown, text
-            checkpoint = re.search(r"^Checkpoint:\s+(\S+)", text, re.M).group(1)
-            seen.append((int(shown.group(1)), float(shown.group(2)), checkpoint))
-        (first, first_loss, first_ckpt), (second, second_loss, second_ckpt) = seen
-        assert (first, second) == (1, 2) and second_loss < first_loss, seen
-        # Ray Train's own persisted checkpoints, under the job's run (spec.checkpoint.storagePath)
-        uid = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)["metadata"]["uid"]
-        run = storage / f"{name}-{uid[:8]}"  # TPUTORCH_RUN_NAME
-        assert first_ckpt != second_ckpt and all(Path(c).parent == run and Path(c).is_dir() for c in (first_ckpt, second_ckpt)), seen
-    finally:
-        (gate / "step-3").touch()  # the run ends on its own (not waited for: its end is the other tests')
-        op.stop()
-    assert "Traceback" not in op.log(), op.log()[-5000:]
 
 
 def as_pod_in_cluster(dashboard, ns: str, cluster: str, method: str, path: str, headers: dict | None = None,

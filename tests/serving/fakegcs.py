@@ -228,7 +228,11 @@ class FakeGcs(LoopbackService):
 
     @staticmethod
     def _metadata_env(host: str) -> dict[str, str]:
-        return {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, "GCE_METADATA_IP": host}
+        # GCE_METADATA_TIMEOUT: google-auth gives each metadata call 3 s; this stand-in answers from a
+        # thread of a test process on a loaded 2-core machine (make test runs it beside the cluster
+        # tests), where 3 s once ran out and the token fetch failed before the bucket could refuse.
+        return {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, "GCE_METADATA_IP": host,
+                "GCE_METADATA_TIMEOUT": "30"}
 
     def pod_env(self, namespace: str, ksa: str) -> dict[str, str]:
         """What a process needs to act as a pod running as ServiceAccount `namespace/ksa` under

@@ -117,9 +117,12 @@ def job_spec_schema() -> dict:
                     "After the script failed with every host healthy.",
                     minimum=0, maximum=job_spec.MAX_RETRIES, default=job_spec.RETRY_DEFAULTS["application"],
                 ),
+                # No schema default: the API server would serve it on every existing job, and the
+                # previous release's operator, after a downgrade, refuses the field it does not know.
                 "hang": int_field(
-                    "After the hang sentinel (spec.hangDetection) ended an attempt whose step did not end in time.",
-                    minimum=0, maximum=job_spec.MAX_RETRIES, default=job_spec.RETRY_DEFAULTS["hang"],
+                    "After the hang sentinel (spec.hangDetection) ended an attempt whose step did not end in time "
+                    f"(default {job_spec.RETRY_DEFAULTS['hang']}).",
+                    minimum=0, maximum=job_spec.MAX_RETRIES,
                 ),
             },
         ),

@@ -234,7 +234,8 @@ def apply(current: dict, previous: Mapping, job_created: str | None, rayjob: Map
             return current
         marks, book = _first_marks(current, job_created)
     ended = _ledger_of(book, "ended")
-    kept = [dict(a) for a in book.get("attempts") or [] if a.get("attempt") != marks["attempt"]]
+    # The current attempt's figures are made again below; a job that has ended keeps them all as they are.
+    kept = [dict(a) for a in book.get("attempts") or [] if marks.get("ended") or a.get("attempt") != marks["attempt"]]
     slice_up = current.get("readyHosts", 0) >= current.get("hosts", 1) > 0
     marks = observe(marks, rayjob, pods, queue, slice_up)
     timing, step = _timing_of(current, marks["attempt"])

@@ -125,3 +125,40 @@ def test_the_comparison_finds_what_would_strand_a_status():
     ]
     assert tighter(new, old) == ["status.added: pruned (no longer declared)"]
     assert tighter(old, {**old, "description": "other words"}) == []
+
+
+def served_defaults(new: dict, old: dict | None, path: str = "spec") -> list[str]:
+    """The fields ``new`` defaults that ``old`` lacks and that the API server would serve on an
+    object made under ``old``: a default is applied on read wherever its parent object is there,
+    that is where the parent existed before or is itself defaulted."""
+    out = []
+    for name, child in (new.get("properties") or {}).items():
+        before = (old.get("properties") or {}).get(name) if old is not None else None
+        if before is None and "default" in child:
+            out.append(f"{path}.{name}")
+        if before is not None or "default" in child:
+            out += served_defaults(child, before if before is not None else {}, f"{path}.{name}")
+    return out
+
+
+def spec_schema(definition: dict) -> dict:
+    (version,) = definition["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+@pytest.mark.parametrize("kind", list(crd.BUILDERS))
+def test_no_new_field_is_defaulted_onto_the_previous_releases_objects(kind):
+    """A downgrade (helm rollback keeps the new CRDs) must touch nothing: the previous release's
+    operator refuses a spec field it does not know, so a field added since may have no schema
+    default where existing objects would be served it (its default lives in the parser)."""
+    old = spec_schema(yaml.safe_load(show(f"crds/{crd.FILES[kind]}")))
+    assert served_defaults(spec_schema(crd.BUILDERS[kind]()), old) == []
+
+
+def test_served_defaults_finds_a_new_defaulted_field_under_an_existing_object():
+    old = {"properties": {"retries": {"type": "object", "default": {}, "properties": {"a": {"default": 1}}}}}
+    new = {"properties": {"retries": {"type": "object", "default": {}, "properties": {
+        "a": {"default": 1}, "b": {"default": 1}}},
+        "block": {"type": "object", "properties": {"c": {"default": 2}}},  # new, not defaulted: never served
+        "made": {"type": "object", "default": {}, "properties": {"d": {"default": 3}}}}}
+    assert served_defaults(new, old) == ["spec.retries.b", "spec.made", "spec.made.d"]

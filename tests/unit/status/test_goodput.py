@@ -283,3 +283,13 @@ def test_a_worker_process_restarted_within_the_attempt_leaves_the_first_ones_ste
     # 10:09 -> 10:19: only the second process's 300 s are known
     assert (parts["productive"], parts["checkpointSave"], parts["unaccounted"]) == (300_000, 0, 300_000)
     assert sum(parts.values()) == 1_140_000
+
+
+@pytest.mark.parametrize("result", ["Succeeded", "Application", goodput.HANG])
+def test_an_ended_jobs_ledger_is_the_same_at_every_later_reconcile(result):
+    """A finished job's status is written once: reconciles after its end (a restart re-reads every
+    job) derive the same ledger, its last attempt's figures included."""
+    observed = queued_run(result)
+    once = replay(observed)
+    again = replay(observed + [observed[-1]] * 2)
+    assert again == once and [a["attempt"] for a in once["attempts"]] == [1], once

@@ -11,7 +11,7 @@ import pytest
 from tputorch.train import progress_line
 
 from ..fakekube import controller
-from .test_write_budget import CLUSTER, KEY, KIND, Life, start_slice, succeed
+from .test_write_budget import CLUSTER, KEY, KIND, Life, lives_of, start_slice, succeed
 
 INTERVAL = 30.0
 
@@ -70,22 +70,16 @@ class ProgressLife(Life):
     def progress(self) -> list[dict]:
         return [c[4]["progress"] for c in self.kube.called("patch_status") if c[4].get("progress")]
 
-
-@pytest.fixture
-def life():
-    lives = []
-
-    def make(**kw) -> ProgressLife:
-        lives.append(ProgressLife(**kw))
-        return lives[-1]
-    yield make
-    for one in lives:
-        pending = [t for t in asyncio.all_tasks(one.loop) if not t.done()]
+    def close(self) -> None:
+        pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
         for task in pending:  # a read still held (a failed test): never left to the garbage collector
             task.cancel()
         if pending:
-            one.loop.run_until_complete(asyncio.wait(pending, timeout=10))
-        one.close()
+            self.loop.run_until_complete(asyncio.wait(pending, timeout=10))
+        super().close()
+
+
+life = lives_of(ProgressLife)
 
 
 def test_a_running_job_shows_its_reports_read_once_per_interval_and_keeps_the_last_when_done(life):

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import datetime
 
-import pytest
-
 from tputorch.watchdog import hang_line
 
 from ..fakekube import controller
 from .test_progress_reads import FakeDashboard, ProgressLife
-from .test_write_budget import KEY, KIND, start_slice
+from .test_write_budget import KEY, KIND, lives_of, start_slice
 
 EPOCH = datetime.datetime(2026, 11, 30, tzinfo=datetime.timezone.utc)
 FRAMES = ["/venv/torch/distributed/distributed_c10d.py:2806 in all_reduce", "/home/ray/train.py:41 in train_loop"]
@@ -37,16 +35,7 @@ class HangLife(ProgressLife):
         return self.ctl.parents[KIND].get(("ml", "demo"))["status"]
 
 
-@pytest.fixture
-def life():
-    lives = []
-
-    def make(**kw) -> HangLife:
-        lives.append(HangLife(**kw))
-        return lives[-1]
-    yield make
-    for one in lives:
-        one.close()
+life = lives_of(HangLife)
 
 
 def hang_dump(dashboard: FakeDashboard, rank: int) -> None:

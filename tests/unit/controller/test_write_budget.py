@@ -115,16 +115,22 @@ class Life:
         return {verb: len(self.kube.called(verb)) for verb in ("create", "patch", "patch_status", "event")}
 
 
-@pytest.fixture
-def life():
-    lives = []
+def lives_of(kind: type) -> object:
+    """A fixture making ``kind`` lives (a Life or a subclass) for a test, each closed after it."""
+    @pytest.fixture
+    def life():
+        lives = []
 
-    def make(**kw) -> Life:
-        lives.append(Life(**kw))
-        return lives[-1]
-    yield make
-    for one in lives:
-        one.close()
+        def make(**kw):
+            lives.append(kind(**kw))
+            return lives[-1]
+        yield make
+        for one in lives:
+            one.close()
+    return life
+
+
+life = lives_of(Life)
 
 
 def start_slice(life: Life, hosts: int, host_ready_at: list[float], running_at: float) -> None:

@@ -57,14 +57,15 @@ def tighter(old: dict, new: dict, path: str = "status") -> list[str]:
     return out
 
 
-def status_schema(definition: dict) -> dict:
+def schema_of(definition: dict, part: str) -> dict:
+    """The CRD's schema of ``part`` ("spec" or "status") of its one version."""
     (version,) = definition["spec"]["versions"]
-    return version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    return version["schema"]["openAPIV3Schema"]["properties"][part]
 
 
 def previous_and_current():
     for kind, build in crd.BUILDERS.items():
-        yield kind, status_schema(yaml.safe_load(show(f"crds/{crd.FILES[kind]}"))), status_schema(build())
+        yield kind, schema_of(yaml.safe_load(show(f"crds/{crd.FILES[kind]}")), "status"), schema_of(build(), "status")
 
 
 @pytest.mark.parametrize("kind", list(crd.BUILDERS))
@@ -141,18 +142,13 @@ def served_defaults(new: dict, old: dict | None, path: str = "spec") -> list[str
     return out
 
 
-def spec_schema(definition: dict) -> dict:
-    (version,) = definition["spec"]["versions"]
-    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-
-
 @pytest.mark.parametrize("kind", list(crd.BUILDERS))
 def test_no_new_field_is_defaulted_onto_the_previous_releases_objects(kind):
     """A downgrade (helm rollback keeps the new CRDs) must touch nothing: the previous release's
     operator refuses a spec field it does not know, so a field added since may have no schema
     default where existing objects would be served it (its default lives in the parser)."""
-    old = spec_schema(yaml.safe_load(show(f"crds/{crd.FILES[kind]}")))
-    assert served_defaults(spec_schema(crd.BUILDERS[kind]()), old) == []
+    old = schema_of(yaml.safe_load(show(f"crds/{crd.FILES[kind]}")), "spec")
+    assert served_defaults(schema_of(crd.BUILDERS[kind](), "spec"), old) == []
 
 
 def test_served_defaults_finds_a_new_defaulted_field_under_an_existing_object():

@@ -213,7 +213,7 @@ SERVICE_DEFAULTS: dict[str, Any] = {
 # Environment the operator sets on a service's pods (render/env.py), never the user's to repeat.
 SERVICE_ENV = {
     "TPU_MULTIHOST_BACKEND": "the operator sets it to ray on every slice: vllm-torchtpu then runs its engine on the slice's hosts through Ray",
-    topology.RAY_TPU_RESOURCE_PER_CHIP: "the operator sets it for TPU7x jobs, whose chips Ray counts as 2 TPU resources each (TPU7x services are refused)",
+    topology.RAY_TPU_RESOURCE_PER_CHIP: "the operator decides it from spec.tpu (Ray's default of 1 TPU resource per chip; TPU7x, whose chips would count 2, is refused for services)",
     "TORCH_TPU_TOPOLOGY": "the operator sets it from spec.tpu (the slice's mesh for vllm-torchtpu)",
 }
 HF_TOKEN_ENV = "HF_TOKEN"

@@ -90,7 +90,7 @@ def test_golden_serve_config_validates_with_rays_own_schemas(path):
     (cfg,) = llm_configs(rayservice)
     (raw,) = llm_configs(rayservice, with_router=True)
     router = raw["deployment_config"].get("request_router_config")
-    assert router in (None, {"request_router_class": REQUEST_ROUTERS["PrefixAware"]}), router
+    assert router is None or router["request_router_class"] == REQUEST_ROUTERS["PrefixAware"], router
     llm = LLMConfig(**cfg)  # unknown or wrongly typed keys raise here
     # ... but not in deployment_config: Serve's DeploymentConfig ignores a key it does not know (a
     # misspelt graceful_shutdown_timeout_s would be dropped silently); every key must be an option
@@ -192,3 +192,29 @@ def test_the_replicas_override_names_the_deployment_ray_serve_llm_builds(model_n
     (cfg,) = app.args["llm_configs"]
     (override,) = app.deployments  # the ingress is overridden only when spec.serve.ingressReplicas is set
     assert override.name == "LLMServer:" + rays_deployment_name(LLMConfig(**cfg)), override.name
+
+
+def test_prefix_aware_routing_kwargs_are_the_routers_own_and_bound_the_tree():
+    """Issue 56: the rendered request_router_config has only fields of Serve's RequestRouterConfig,
+    and its kwargs bind to Ray 2.60's PrefixCacheAffinityRouter.initialize_state with a finite
+    imbalance threshold and eviction on (Ray's defaults: inf and off)."""
+    from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
+    from ray.serve.config import RequestRouterConfig
+
+    rs = render.rayservice(spec.parse_service({
+        "kind": "TPUTorchService", "metadata": {"name": "svc", "namespace": "default"},
+        "spec": {"tpu": {"accelerator": "v6e", "topology": "4x4"}, "image": "example.invalid/vllm:1",
+                 "model": {"source": "Qwen/Qwen3-0.6B"}, "serve": {"routing": "PrefixAware"}}}))
+    (cfg,) = llm_configs(rs, with_router=True)
+    router = cfg["deployment_config"]["request_router_config"]
+    # Serve's RequestRouterConfig fields (building one imports the class, whose public path imports
+    # vLLM, absent here); the public class is a plain subclass of the one read here.
+    assert set(router) <= set(RequestRouterConfig.model_fields), router
+    assert router["request_router_class"].rsplit(":", 1)[1] == PrefixCacheAffinityRouter.__name__
+    public = (pathlib.Path(serve.__file__).parent / "llm" / "request_router.py").read_text()
+    assert "prefix_aware_router import" in public and "def initialize_state" not in public
+    bound = inspect.signature(PrefixCacheAffinityRouter.initialize_state).bind(None, **router["request_router_kwargs"])
+    defaults = inspect.signature(PrefixCacheAffinityRouter.initialize_state).parameters
+    assert defaults["imbalanced_threshold"].default == float("inf") and defaults["do_eviction"].default is False
+    assert bound.arguments["imbalanced_threshold"] == service_api.SERVICE_DEFAULTS["serve.targetOngoingRequests"]
+    assert bound.arguments["do_eviction"] is True

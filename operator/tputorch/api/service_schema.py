@@ -222,7 +222,8 @@ def service_spec_schema() -> dict:
                     "routing": string_field(
                         "How Serve picks a replica for a request. PowerOfTwo: Serve's own (the less loaded of two). "
                         "PrefixAware: Ray Serve LLM's PrefixCacheAffinityRouter, the replica that served the longest "
-                        "prefix of the prompt while load is even (vLLM's prefix cache hits); for more than one replica.",
+                        "prefix of the prompt (vLLM's prefix cache hits) until a replica is targetOngoingRequests "
+                        "behind another (then the less loaded of two), its prefix tree evicting; for more than one replica.",
                         enum=list(spec.SERVE_ROUTINGS), default=spec.SERVICE_DEFAULTS["serve.routing"]),
                     "ingressReplicas": int_field(
                         "Replicas of Ray Serve LLM's OpenAiIngress, which takes every request's HTTP and streams the "

@@ -620,8 +620,12 @@ def test_stream_knobs_render_only_when_set():
 def test_prefix_aware_routing_is_ray_serve_llms_router_and_powers_of_two_writes_nothing():
     assert "request_router_config" not in _llm_deployment_config(rendered_service({}))
     assert "request_router_config" not in _llm_deployment_config(rendered_service({"serve": {"routing": "PowerOfTwo"}}))
-    assert _llm_deployment_config(rendered_service({"serve": {"routing": "PrefixAware"}}))["request_router_config"] == {
-        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"}
+    # Issue 56: a finite imbalance (a replica a whole target behind another: power of two choices
+    # instead) and eviction on; Ray's defaults (inf, no eviction) ignore load and grow the tree.
+    routed = rendered_service({"serve": {"routing": "PrefixAware", "targetOngoingRequests": 8}})
+    assert _llm_deployment_config(routed)["request_router_config"] == {
+        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+        "request_router_kwargs": {"imbalanced_threshold": 8, "do_eviction": True}}
 
 
 def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress():

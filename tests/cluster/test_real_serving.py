@@ -86,6 +86,15 @@ LOAD_CLIENTS, TARGET_ONGOING = 8, 2
 # (load to 3 replicas asked for, with 5 s throughout: 47-227 s; with the default: 36-46 s alone).
 DOWNSCALE_DELAY_S = 5
 LOAD_REPLICAS = MAX_REPLICAS
+# The first test's slice: multi-host (issue 56), so that Ray's autoscaler has to add a whole slice
+# of several hosts for a replica. v5p 2x2x2 (two 4-chip hosts) is the smallest multi-host shape;
+# the reference v6e 4x4 (four hosts) takes the same path (tests/raysim/test_autoscaler_demand.py),
+# at twice the simulated hosts.
+SHAPE = {"accelerator": "v5p", "topology": "2x2x2"}
+HOSTS, SHAPE_TEXT = 2, "v5p 2x2x2"
+# The node pool the first slice runs on, and the second one the test adds for the autoscaler's
+# slice (a second node pool of the shape, as a platform team gives an autoscaled service on GKE).
+POOL, SECOND_POOL = "tpu-v5p-2x2x2", "tpu-v5p-2x2x2-b"
 # The tiny model's repo id on the fake Hub, and the claim of the cache volume the first test mounts.
 HUB_REPO = "tputorch/tiny"
 CACHE_CLAIM = "model-cache"
@@ -233,15 +242,15 @@ def follow(kube, ns: str, name: str, until: str, timeout: float) -> tuple[dict, 
     return kube.wait(reached, timeout, f"TPUTorchService {ns}/{name} {until}", interval=1), seen
 
 
-def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_namespace, operator, serving_ray,
-                                                                   model_hub, model_cache, dashboard):
+def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, second_pool, serving_namespace, operator,
+                                                                   serving_ray, model_hub, model_cache, dashboard):
     ns, name = serving_namespace, "tiny"
     t0 = time.monotonic()
     # Autoscaled between 1 and 2 replicas, Serve aiming at 2 ongoing requests per replica: until
     # the load below, one replica serves. The model by repo id from the hub, cached on a PVC.
     claim, cache_dir = model_cache
     body = cpu_variant.service_body(HUB_REPO, name)
-    body["spec"].update(replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": TARGET_ONGOING, "routing": "PrefixAware"},
+    body["spec"].update(tpu=dict(SHAPE), replicas={"min": 1, "max": 2}, serve={"targetOngoingRequests": TARGET_ONGOING, "routing": "PrefixAware"},
                         volumes=[{"name": "models", "mountPath": "/models", "pvc": {"claimName": claim}}])
     body["spec"]["model"]["cacheVolume"] = "models"
     # Tool calling as the reference service (examples/serve/qwen3-moe-v6e-4x4.yaml) asks for it.
@@ -289,7 +298,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, serving_
     no_file_downloaded_since(model_hub, downloaded, asked, "the replacement")
     body = engine_args_edit_goes_in_place(kube, ns, name, body, serving_ray, dashboard, answer["usage"]["prompt_tokens"])
     body = replicas_edit_reaches_the_raycluster(kube, ns, name, body, serving_ray)
-    serve_scales_up_under_load(kube, ns, name, body, serving_ray, dashboard)
+    serve_scales_up_under_load(kube, ns, name, body, serving_ray, dashboard, second_pool)
     # Nor did the engine args edit's replica: every replica after the first read the cache.
     no_file_downloaded_since(model_hub, downloaded, asked, "the replicas after the first")
 
@@ -723,7 +732,8 @@ def downscale_delay_edit_goes_in_place(kube, ns: str, name: str, body: dict, ser
     assert {r["replica_id"] for r in llm["replicas"]} <= before, (before, llm["replicas"])
 
 
-def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray: RealRay, dashboard) -> None:
+def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray: RealRay, dashboard,
+                               second_pool) -> None:
     """replicas {1, MAX_REPLICAS}, targetOngoingRequests TARGET_ONGOING and LOAD_CLIENTS requests at
     a time: Serve's autoscaler (with the operator's autoscaling_config and Serve's own delays) asks
     for LOAD_REPLICAS replicas, each of which, holding a whole slice as on a TPU, waits for a slice of
@@ -764,6 +774,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
 
     cluster = active_cluster(kube, ns, name)
     short_pending_timeout(kube, ns, cluster)
+    second_pool()  # room for one more slice: the third replica's stays Unschedulable
     autoscaler = RealAutoscaler(kube, serving_ray, ns, cluster).start()
     t0 = time.monotonic()
     for t in clients:
@@ -778,7 +789,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
             scrapes.scrape()
             d = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
             groups = [g for g in serving_chain.pending_placement_groups(serving_ray)
-                      if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4]]
+                      if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4] * HOSTS]
             step = (d["target_num_replicas"], sorted(r["state"] for r in d["replicas"]), len(groups), d["status"])
             if not steps or steps[-1][1:] != step:
                 steps.append((round(time.monotonic() - t0, 1), *step))
@@ -834,24 +845,85 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
     print(f"second slice: replicas {after}; status {st['replicasReady']} {st['message']!r}")
     states = sorted(state for state, _ in after.values())
     assert states[:2] == ["RUNNING", "RUNNING"] and set(states[2:]) <= {"STARTING"}, after
+    # The added replica on the added slice's worker 0 (node ids by TPU worker id).
     first_node = next(node for state, node in replicas.values() if state == "RUNNING")
     assert sorted(node for state, node in after.values() if state == "RUNNING") == sorted(
-        [first_node, *added_nodes.values()]), after
+        [first_node, {int(k): v for k, v in added_nodes.items()}[0]]), (after, added_nodes)
     assert (st["phase"], st["replicasReady"]) == ("Ready", f"2/{MAX_REPLICAS}"), st
-    assert st["message"].startswith(f"serving {name} on 2 replica(s) of a v6e 2x2 slice; 1 more wanted by Ray's "
+    assert st["message"].startswith(f"serving {name} on 2 replica(s) of a {SHAPE_TEXT} slice; 1 more wanted by Ray's "
                                     "autoscaler cannot start: pod "), st["message"]
     assert "Unschedulable" in st["message"], st["message"]
     # Load gone: Serve went back to one replica, Ray's autoscaler gave an idle slice back and
     # cancelled the one never needed, and the status counts the slice left.
     print(f"given back: pod replica {given_back}; worker group replicas {remaining.get('replicas')}, "
           f"{remaining.get('scaleStrategy')}; status {settled['replicasReady']} {settled['message']!r}")
-    assert settled["phase"] == "Ready" and settled["message"] == f"serving {name} on 1 replica(s) of a v6e 2x2 slice", settled
+    assert settled["phase"] == "Ready" and settled["message"] == f"serving {name} on 1 replica(s) of a {SHAPE_TEXT} slice", settled
     assert answered and not errors, errors[:3]
     assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
     # Serving all along, on the one replica it has, while the deployment scales.
     print(f"under load: Serve's LLM deployment {llm['status']} ({llm.get('message')!r}), as KubeRay reports it "
           f"{reported}; phases {phases}")
     assert llm["status"] == "UPSCALING" and phases == ["Ready"], (llm["status"], phases)
+
+
+def each_replica_holds_one_whole_slice(serving_ray: RealRay, llm: dict) -> None:
+    """Every running LLM replica's placement group (one {TPU: 4} bundle per host, SPREAD) is on the
+    hosts of one slice, one bundle each (Ray's ray.io/tpu-slice-name of the bundles' nodes), and the
+    replica itself is on that slice's worker 0 (TPU-<pod type>-head): nothing in SPREAD keeps two
+    slices that came up at once from sharing a replica, so this is what Ray actually did."""
+    nodes = {n["node_id"]: n.get("labels") or {} for n in serving_chain.head_json(
+        serving_ray, "/api/v0/nodes?detail=1&limit=1000")["data"]["result"]["result"]}
+    groups = [g for g in serving_chain.head_json(serving_ray, "/api/v0/placement_groups?detail=1&limit=1000")[
+        "data"]["result"]["result"] if g["state"] == "CREATED"
+        and [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4] * HOSTS]
+    slices = [[nodes[b["node_id"]].get("ray.io/tpu-slice-name") for b in g["bundles"]] for g in groups]
+    workers = [[nodes[b["node_id"]].get("ray.io/tpu-worker-id") for b in g["bundles"]] for g in groups]
+    print(f"LLM replicas' placement groups: slices {slices}, TPU worker ids {workers}")
+    running = [r for r in llm["replicas"] if r["state"] == "RUNNING"]
+    assert len(groups) == len(running), (groups, running)
+    assert all(len(set(names)) == 1 and names[0] for names in slices), slices
+    assert len({names[0] for names in slices}) == len(slices), slices  # a slice per replica
+    assert all(sorted(ids) == [str(i) for i in range(HOSTS)] for ids in workers), workers
+    assert {nodes[r["node_id"]].get("ray.io/tpu-worker-id") for r in running} == {"0"}, running
+
+
+@pytest.fixture
+def second_pool(kube):
+    """A function that adds SECOND_POOL: HOSTS more nodes of POOL's shape (hack/nodes.yaml's,
+    renamed), for the slice Ray's autoscaler adds. Added only then, so that the first slice's hosts
+    can only be POOL's (the stand-in TPU webhook does not add GKE's one-pool-per-slice pod affinity);
+    removed after the test, once no pod is left on them (later tests count on the local cluster's
+    one slice of the shape)."""
+    names: list[str] = []
+
+    def add() -> list[str]:
+        items = yaml.safe_load((REPO / "hack" / "nodes.yaml").read_text())["items"]
+        nodes = []
+        for node in (n for n in items if n["metadata"]["labels"].get("cloud.google.com/gke-nodepool") == POOL):
+            node = copy.deepcopy(node)
+            node_name = node["metadata"]["name"].replace(POOL, SECOND_POOL)
+            node["metadata"]["name"] = node["metadata"]["labels"]["kubernetes.io/hostname"] = node_name
+            node["metadata"]["labels"]["cloud.google.com/gke-nodepool"] = SECOND_POOL
+            nodes.append(node)
+        assert len(nodes) == HOSTS, nodes
+        kubectl(kube.kubeconfig, "create", "--validate=false", "-f", "-",
+                input=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+        names.extend(n["metadata"]["name"] for n in nodes)
+        kube.wait(lambda: all(any(c.type == "Ready" and c.status == "True" for c in kube.core.read_node(n).status.conditions or [])
+                              for n in names), 60, f"KWOK to make {names} Ready")
+        return names
+
+    try:
+        yield add
+    finally:
+        if names:
+            def empty():
+                return not [p for p in kube.core.list_pod_for_all_namespaces().items if p.spec.node_name in names]
+
+            try:
+                kube.wait(empty, 120, f"no pod left on {names}", interval=2)
+            finally:
+                kubectl(kube.kubeconfig, "delete", "node", *names, "--wait=false", check=False)
 
 
 def prober_replicas(kube, ns: str, cluster: str) -> list[str]:
@@ -942,7 +1014,7 @@ def an_idle_slice_is_given_back(kube, ns: str, cluster: str, serving_ray: RealRa
         group = worker_group(kube, ns, cluster)
         pods = kube.core.list_namespaced_pod(
             ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={WORKER_GROUP}").items
-        return group if group.get("replicas") == 1 and len(pods) == 1 else None
+        return group if group.get("replicas") == 1 and len(pods) == HOSTS else None
 
     group = wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to cancel the slice no demand needs",
                                 one_slice_left, 120)
@@ -953,8 +1025,8 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
                                            autoscaler: RealAutoscaler) -> tuple[str, dict, dict, dict]:
     """Ray's own autoscaler (real_autoscaler.py) turns the waiting LLM replicas' demand into TPU
     worker pods: it raises the RayCluster's TPU worker group by one replica per waiting placement
-    group, KubeRay makes the pod (on the second v6e 2x2 node pool), its TPU host joins Ray (attached
-    here as that pod's slice), and Serve places the waiting LLM replica on it, which loads the
+    group, KubeRay makes the slice's pods (on the second node pool), their TPU hosts join Ray (attached
+    here as that pod replica's slice), and Serve places the waiting LLM replica on it, which loads the
     model from the cache volume. Returns the added pod replica, its slice's Ray nodes, Serve's LLM deployment with
     two replicas running, and the service's status once it counts both slices."""
     cluster = active_cluster(kube, ns, name)
@@ -974,11 +1046,15 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
         pods = kube.core.list_namespaced_pod(
             ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={WORKER_GROUP}").items
         running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-        return running if len(running) == 2 else None
+        return running if len(running) == 2 * HOSTS else None
 
-    newest = max(kube.wait(two_hosts_running, 180, "KubeRay's second TPU host pod running"),
-                 key=lambda p: p.metadata.creation_timestamp)
+    running = kube.wait(two_hosts_running, 180, "the pods of KubeRay's second slice running")
+    newest = max(running, key=lambda p: p.metadata.creation_timestamp)
     added = prober.pod_replica(kube.core.api_client.sanitize_for_serialization(newest))
+    # The added slice is whole, on the node pool that had room: every host of that pod replica.
+    pools = {p.metadata.name: kube.core.read_node(p.spec.node_name).metadata.labels["cloud.google.com/gke-nodepool"]
+             for p in running if prober.pod_replica(kube.core.api_client.sanitize_for_serialization(p)) == added}
+    assert list(pools.values()) == [SECOND_POOL] * HOSTS, pools
     nodes = serving_ray.add_slice(kube.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayservices", name), added)
 
     def two_replicas_running():
@@ -994,6 +1070,7 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
 
     try:
         placed = kube.wait(two_replicas_running, 420, "Serve's second LLM replica running on the added slice", interval=2)
+        each_replica_holds_one_whole_slice(serving_ray, placed)
         return added, nodes, placed, kube.wait(counted, 120, "the status to count both slices")
     except BaseException:
         serving_ray.remove_slice(added)

@@ -348,8 +348,10 @@ def test_suspend_stops_the_ray_job_and_resume_runs_it_again(kube, real_ray_names
 
 def describe(kube, ns: str, name: str) -> str:
     env = {**os.environ, "KUBECONFIG": kube.kubeconfig}
-    return subprocess.run([sys.executable, "-m", "tputorch", "describe", name, "-n", ns], env=env, capture_output=True,
-                          text=True, timeout=60, check=True).stdout
+    done = subprocess.run([sys.executable, "-m", "tputorch", "describe", name, "-n", ns], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, f"tputorch describe {ns}/{name} exit {done.returncode}: {done.stderr[-3000:]}"
+    return done.stdout
 
 
 def as_pod_in_cluster(dashboard, ns: str, cluster: str, method: str, path: str, headers: dict | None = None,

@@ -290,6 +290,8 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, second_p
     # serve.routing PrefixAware: Serve loaded Ray Serve LLM's prefix-cache router for the model.
     router = llm["deployment_config"].get("request_router_config") or {}
     assert "PrefixCacheAffinityRouter" in json.dumps(router), router
+    # ... with the operator's finite imbalance and eviction (Ray's defaults: inf, off).
+    assert router.get("request_router_kwargs") == {"imbalanced_threshold": TARGET_ONGOING, "do_eviction": True}, router
 
     tools_are_called_in_openais_shape(st["endpoint"], dashboard.url, name)
 

@@ -374,15 +374,17 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
     Ready with no model replica and no slice (the earlier tests' simulated slice is detached: no
     TPU host at all), Serve LLM's ingress on the head (the operator's override). The first request
     waits while Serve asks for a replica, Ray's autoscaler (real_autoscaler.py) raises the worker
-    group from 0, KubeRay makes the pod, that pod's slice joins (attached for it) and Serve starts
-    the replica there: answered. Idle, the model goes back to zero replicas
-    (serve.scaleToZeroDelaySeconds) and the autoscaler gives the slice back: the pod is deleted and
-    the status says no slice is held. The service also serves LoRA adapters from a bucket
+    group from 0, KubeRay makes the slice's pods (a multi-host SHAPE: HOSTS of them), the slice
+    joins (attached for that pod replica) and Serve starts the replica on its worker 0, its
+    placement group on the slice's hosts: answered. Idle, the model goes back to zero replicas
+    (serve.scaleToZeroDelaySeconds) and the autoscaler gives the slice back whole: its pods are
+    deleted and the status says no slice is held. The service also serves LoRA adapters from a bucket
     (spec.lora, issue 37): once the replica is back, a request for "idle:pirate" makes it download
     that adapter from the Cloud Storage stand-in and answer with it."""
     ns, name = serving_namespace, "idle"
     body = cpu_variant.service_body(str(tiny_model), name)
-    body["spec"].update(replicas={"min": 0, "max": 1}, serve={"scaleToZeroDelaySeconds": 5},
+    # Multi-host (issue 56): from zero the autoscaler brings back a whole slice, and gives it back whole.
+    body["spec"].update(tpu=dict(SHAPE), replicas={"min": 0, "max": 1}, serve={"scaleToZeroDelaySeconds": 5},
                         lora={"path": f"gs://{ADAPTER_BUCKET}/{name}", "maxAdaptersPerReplica": 1,
                               "maxRank": tinylora.RANK})
     # The pods' Workload Identity (the metadata server) and GCS, and a fresh HF_HOME, where Ray
@@ -416,16 +418,18 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
             serving_chain.chat(st["endpoint"], dashboard.url, name, timeout=280)), daemon=True)
         first.start()
         # The request's replica asks for a slice: Ray's autoscaler raises the group from 0, KubeRay makes the pod.
-        wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to raise the worker group from 0 and KubeRay's pod",
-                            lambda: worker_group(kube, ns, cluster).get("replicas") == 1 and prober_replicas(kube, ns, cluster))
-        (added,) = prober_replicas(kube, ns, cluster)
+        wait_for_autoscaler(kube, autoscaler, "Ray's autoscaler to raise the worker group from 0 and KubeRay's pods",
+                            lambda: worker_group(kube, ns, cluster).get("replicas") == 1
+                            and len(prober_replicas(kube, ns, cluster)) == HOSTS)
+        (added,) = set(prober_replicas(kube, ns, cluster))  # one pod replica: the slice's HOSTS pods
         nodes = serving_ray.add_slice(rendered_slice(body), added)
         first.join(300)
         TIMINGS["zero_first_request_s"] = time.monotonic() - t1
         assert answers and answers[0]["usage"]["completion_tokens"] > 0, answers
         llm = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
         assert [r["state"] for r in llm["replicas"]] == ["RUNNING"], llm
-        assert {r["node_id"] for r in llm["replicas"]} <= set(nodes.values()), (llm, nodes)
+        assert {r["node_id"] for r in llm["replicas"]} == {{int(k): v for k, v in nodes.items()}[0]}, (llm, nodes)
+        each_replica_holds_one_whole_slice(serving_ray, llm)
         an_adapter_is_downloaded_from_the_bucket_and_answers(st["endpoint"], dashboard, name, adapter_store)
 
         t2 = time.monotonic()

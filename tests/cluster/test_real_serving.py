@@ -287,6 +287,9 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, second_p
     # The LLM replica runs on the simulated TPU host (the operator's pin), not on the head.
     llm = llm_deployment(app)
     assert {r["node_id"] for r in llm["replicas"]} <= set(serving_ray.current["node_ids"].values()), llm["replicas"]
+    # Serve LLM's ingress on the head, never on a TPU host (issue 56: there it kept a slice).
+    ingress = app["deployments"]["OpenAiIngress"]
+    assert [r["node_id"] for r in ingress["replicas"]] == [details["controller_info"]["node_id"]], ingress
     # serve.routing PrefixAware: Serve loaded Ray Serve LLM's prefix-cache router for the model.
     router = llm["deployment_config"].get("request_router_config") or {}
     assert "PrefixCacheAffinityRouter" in json.dumps(router), router

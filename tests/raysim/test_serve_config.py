@@ -190,8 +190,9 @@ def test_the_replicas_override_names_the_deployment_ray_serve_llm_builds(model_n
                  "model": {"source": "Qwen/Qwen3-0.6B", "name": model_name}}})
     (app,) = ServeDeploySchema(**yaml.safe_load(render.rayservice(svc)["spec"]["serveConfigV2"])).applications
     (cfg,) = app.args["llm_configs"]
-    (override,) = app.deployments  # the ingress is overridden only when spec.serve.ingressReplicas is set
+    override, ingress = app.deployments  # the ingress: on the head (issue 56)
     assert override.name == "LLMServer:" + rays_deployment_name(LLMConfig(**cfg)), override.name
+    assert ingress.name == "OpenAiIngress"
 
 
 def test_prefix_aware_routing_kwargs_are_the_routers_own_and_bound_the_tree():

@@ -175,8 +175,9 @@ def test_services_parse_or_fail_cleanly_and_most_render():
         kwargs = cfg["engine_kwargs"]
         assert kwargs["tensor_parallel_size"] * kwargs["pipeline_parallel_size"] == svc.slice.chips
         assert "distributed_executor_backend" not in kwargs
-        (override,) = app["deployments"]
+        override, ingress = app["deployments"]
         assert override["name"] == llm_deployment_name(svc.model_name)
+        assert ingress["ray_actor_options"]["resources"] == {"node:__internal_head__": 0.001}  # never a TPU host
         scaling = override["autoscaling_config"]
         group = worker_group(rs)
         assert (group["minReplicas"], group["maxReplicas"]) == (scaling["min_replicas"], scaling["max_replicas"])

@@ -227,7 +227,7 @@ def service_spec_schema() -> dict:
                         enum=list(spec.SERVE_ROUTINGS), default=spec.SERVICE_DEFAULTS["serve.routing"]),
                     "ingressReplicas": int_field(
                         "Replicas of Ray Serve LLM's OpenAiIngress, which takes every request's HTTP and streams the "
-                        "tokens back (Ray's default: one); CPU actors on the slice's hosts.",
+                        "tokens back (Ray's default: one); on the head pod, never on a TPU host (size head.cpu for them).",
                         minimum=1, maximum=spec.MAX_INGRESS_REPLICAS, default=spec.SERVICE_DEFAULTS["serve.ingressReplicas"]),
                 },
                 **{"x-kubernetes-validations": [{

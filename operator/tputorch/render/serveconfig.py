@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ..api import topology
-from ..api.spec import SERVICE_DEFAULTS, ServiceSpec
+from ..api.spec import ServiceSpec
 from . import output
 from .names import SERVE_APP
 
@@ -53,9 +53,8 @@ def serve_config(svc: ServiceSpec) -> dict:
         "lora_config": {"dynamic_lora_loading_path": svc.lora.path,
                         "max_num_adapters_per_replica": svc.lora.max_adapters} if svc.lora else None,
         "llm_deployment_name": llm_deployment_name(svc.model_name),
-        # JSON in the override's own key order (tojson would sort it): the serveConfigV2 text of a
-        # service that sets ingressReplicas stays the one it had.
-        "ingress_override": json.dumps(ingress) if (ingress := ingress_override(svc)) else None,
+        # JSON in the override's own key order (tojson would sort it).
+        "ingress_override": json.dumps(ingress_override(svc)),
         "min_replicas": svc.min_replicas,
         "max_replicas": svc.max_replicas,
         "target_ongoing_requests": svc.target_ongoing_requests,
@@ -102,15 +101,17 @@ def accelerator_resource(svc: ServiceSpec) -> str:
 
 
 # Ray 2.60 Serve LLM's ingress deployment (build_openai_app's OpenAiIngress): min = max = 1 replica
-# of its own. spec.serve.ingressReplicas other than 1 overrides both (ingress_override).
+# of its own; ingress_override sets both to spec.serve.ingressReplicas.
 INGRESS_DEPLOYMENT_NAME = "OpenAiIngress"
 
 
-# Scale to zero (spec.replicas.min 0): the ingress (1 CPU by default) would run on a TPU host, the
-# head having num-cpus 0, and hold that slice for ever. On the head with no CPU, beside the Serve
-# proxy Serve always runs there (0 CPU), it outlives the slices, takes the first request and holds
-# it while Serve's LLMServer scales up from zero. node:__internal_head__ is Ray's resource of the
-# head node (the one Serve pins its own controller with).
+# The ingress (Serve LLM's OpenAiIngress, 1 CPU by default) on the head in every mode (issue 56):
+# the head's num-cpus is 0, so with Ray's defaults it runs on a TPU host, which then never idles:
+# under scale to zero a slice held for ever, under autoscaling every slice an ingress replica sits
+# on kept after the load is gone. On the head with no CPU, beside the Serve proxy Serve always runs
+# there (0 CPU), it outlives the slices, and takes the first request and holds it while Serve's
+# LLMServer scales up from zero. node:__internal_head__ is Ray's resource of the head node (the one
+# Serve pins its own controller with).
 INGRESS_ON_HEAD = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
 # Serve LLM's ingress answers 408 once a request has waited RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT (600 s
 # in Ray 2.60); a request that wakes a service waits for a slice to be provisioned, the image, the
@@ -119,19 +120,16 @@ ROUTER_TIMEOUT_ENV = "RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT"
 SCALE_FROM_ZERO_TIMEOUT_S = 1800
 
 
-def ingress_override(svc: ServiceSpec) -> dict | None:
-    """The OpenAiIngress deployments override: its replica count when spec.serve.ingressReplicas
-    is not Ray's own 1, and its place on the head under scale to zero; None when neither applies,
-    so a service that sets neither keeps the Serve config it had."""
-    scales_to_zero = svc.min_replicas == 0
-    if not scales_to_zero and svc.ingress_replicas == SERVICE_DEFAULTS["serve.ingressReplicas"]:
-        return None
+def ingress_override(svc: ServiceSpec) -> dict:
+    """The OpenAiIngress deployments override: spec.serve.ingressReplicas replicas on the head
+    (INGRESS_ON_HEAD), and under scale to zero the longer router timeout. Keys in the order a
+    scale-to-zero service's override always had, so its serveConfigV2 text stays the same."""
     count = svc.ingress_replicas
-    override = {"name": INGRESS_DEPLOYMENT_NAME, "autoscaling_config": {"min_replicas": count, "max_replicas": count}}
-    if scales_to_zero:
-        override["ray_actor_options"] = {**INGRESS_ON_HEAD, "runtime_env": {
-            "env_vars": {ROUTER_TIMEOUT_ENV: str(SCALE_FROM_ZERO_TIMEOUT_S)}}}
-    return override
+    options: dict = dict(INGRESS_ON_HEAD)
+    if svc.min_replicas == 0:
+        options["runtime_env"] = {"env_vars": {ROUTER_TIMEOUT_ENV: str(SCALE_FROM_ZERO_TIMEOUT_S)}}
+    return {"name": INGRESS_DEPLOYMENT_NAME, "autoscaling_config": {"min_replicas": count, "max_replicas": count},
+            "ray_actor_options": options}
 
 
 def llm_deployment_name(model_id: str) -> str:

@@ -287,7 +287,8 @@ def llm_config(rayservice):
 
 def autoscaling(rayservice):
     (app,) = serve_config(rayservice)["applications"]
-    (override,) = app["deployments"]
+    override, ingress = app["deployments"]
+    assert ingress["name"] == "OpenAiIngress"
     assert override["name"] == f"LLMServer:{llm_config(rayservice)['model_loading_config']['model_id']}"
     return override["autoscaling_config"]
 
@@ -629,11 +630,15 @@ def test_prefix_aware_routing_is_ray_serve_llms_router_and_powers_of_two_writes_
 
 
 def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress():
+    on_head = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
+    # Issue 56: on the head in every mode (on a TPU host, the head having no CPU, it held a slice).
     (app,) = serve_config(rendered_service({}))["applications"]
-    assert [d["name"] for d in app["deployments"]] == ["LLMServer:svc"]  # Ray's own single ingress replica
-    (app,) = serve_config(rendered_service({"serve": {"ingressReplicas": 3}}))["applications"]
+    assert app["deployments"][1] == {"name": "OpenAiIngress", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
+                                     "ray_actor_options": on_head}
+    (app,) = serve_config(rendered_service({"serve": {"ingressReplicas": 3}, "replicas": {"min": 1, "max": 3}}))["applications"]
     llm, ingress = app["deployments"]
-    assert ingress == {"name": "OpenAiIngress", "autoscaling_config": {"min_replicas": 3, "max_replicas": 3}}
+    assert ingress == {"name": "OpenAiIngress", "autoscaling_config": {"min_replicas": 3, "max_replicas": 3},
+                       "ray_actor_options": on_head}
     # The names are those Ray 2.60 Serve LLM gave the deployments on the real chain (recorded there).
     recorded = json.loads((REPO / "hack" / "fakedash" / "recorded" / "serve-deploy.json").read_text())
     assert {"OpenAiIngress", llm_deployment_name("tiny")} <= set(
@@ -655,12 +660,12 @@ def test_scale_to_zero_puts_the_ingress_on_the_head_and_lets_a_request_wait_for_
     options = ingress["ray_actor_options"]
     assert (options["num_cpus"], options["resources"]) == (0, {"node:__internal_head__": 0.001})
     assert options["runtime_env"]["env_vars"] == {"RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT": "1800"}
-    # ingressReplicas still sets the count; above zero the ingress stays where Serve puts it
+    # ingressReplicas still sets the count; above zero the ingress is on the head too, with Ray's router timeout
     (app,) = serve_config(rendered_service({**SERVICE_CASES["service-v6e-2x2-scale-to-zero"],
                                             "serve": {"ingressReplicas": 2}}))["applications"]
     assert app["deployments"][1]["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 2}
     (app,) = serve_config(rendered_service({"replicas": {"min": 1, "max": 2}, "serve": {"ingressReplicas": 2}}))["applications"]
-    assert "ray_actor_options" not in app["deployments"][1]
+    assert app["deployments"][1]["ray_actor_options"] == {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
 
 
 def test_dropping_the_cluster_deletion_delay_removes_it_from_the_rayservice():

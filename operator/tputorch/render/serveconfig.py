@@ -64,22 +64,23 @@ def serve_config(svc: ServiceSpec) -> dict:
         "health_check_period_s": svc.health_check_period_s,
         "health_check_timeout_s": svc.health_check_timeout_s,
         "graceful_shutdown_timeout_s": svc.graceful_shutdown_timeout_s,
-        "request_router_class": REQUEST_ROUTERS.get(svc.routing),
-        "request_router_kwargs": request_router_kwargs(svc),
+        "request_router_config": request_router_config(svc),
         **replica_placement(svc),
     }))
 
 
-def request_router_kwargs(svc: ServiceSpec) -> dict | None:
-    """Ray 2.60 PrefixCacheAffinityRouter.initialize_state's kwargs for PrefixAware routing, None
-    for Serve's default router. Ray's own defaults ignore load (imbalanced_threshold inf: a hot
+def request_router_config(svc: ServiceSpec) -> dict | None:
+    """The LLMServer deployment's request_router_config for PrefixAware routing (Ray 2.60's
+    PrefixCacheAffinityRouter and its initialize_state kwargs), None for Serve's default router.
+    Ray's own defaults ignore load (imbalanced_threshold inf: a hot
     prefix piles onto one replica while others idle) and never evict (the detached tree actor grows
     without bound). Here: a replica more than serve.targetOngoingRequests (what Serve's autoscaler
     aims at per replica) behind another makes Serve route by power of two choices instead, and
     eviction is on with Ray's own sizes (400,000 characters per replica down to 360,000, every 10 s)."""
     if svc.routing not in REQUEST_ROUTERS:
         return None
-    return {"imbalanced_threshold": svc.target_ongoing_requests, "do_eviction": True}
+    return {"request_router_class": REQUEST_ROUTERS[svc.routing],
+            "request_router_kwargs": {"imbalanced_threshold": svc.target_ongoing_requests, "do_eviction": True}}
 
 
 def autoscaler_visible_resources(svc: ServiceSpec) -> dict[str, str] | None:

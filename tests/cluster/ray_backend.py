@@ -233,8 +233,10 @@ class RealRay:
         """Attach one more slice of `rayservice`'s shape, standing for the worker pod replica
         `replica` that KubeRay made when the group's replicas went up (as Ray's autoscaler raises
         them on GKE): the Ray nodes that pod's hosts would start, labelled as that replica's (the
-        stand-in's prober probes its pods against them). Returns {TPU worker id: node id}."""
-        return self._call({"cmd": "add_slice", "rayjob": rayservice, "replica": replica})["node_ids"]
+        stand-in's prober probes its pods against them). Returns {TPU worker id: node id} (the ids
+        ints again: the backend's answer is JSON, whose keys are strings)."""
+        nodes = self._call({"cmd": "add_slice", "rayjob": rayservice, "replica": replica})["node_ids"]
+        return {int(worker): node for worker, node in nodes.items()}
 
     def remove_slice(self, replica: str) -> None:
         self._call({"cmd": "remove_slice", "replica": replica})

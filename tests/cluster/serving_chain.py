@@ -131,8 +131,10 @@ def serve_application(ray: RealRay, app: str) -> dict:
     return head_json(ray, "/api/serve/applications/")["applications"][app]
 
 
-def pending_placement_groups(ray: RealRay) -> list[dict]:
-    """The placement groups Ray could not place yet (what Ray's autoscaler scales the cluster for),
-    from the head's state API."""
+def placement_groups(ray: RealRay, state: str) -> list[dict]:
+    """The head's placement groups in `state` (with their bundles and nodes), from its state API:
+    PENDING, those Ray could not place yet (what Ray's autoscaler scales the cluster for); CREATED,
+    those placed."""
     groups = head_json(ray, "/api/v0/placement_groups?detail=1&limit=1000")["data"]["result"]["result"]
-    return [g for g in groups if g["state"] == "PENDING"]
+    return [g for g in groups if g["state"] == state]
+

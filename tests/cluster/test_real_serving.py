@@ -431,7 +431,7 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
         assert answers and answers[0]["usage"]["completion_tokens"] > 0, answers
         llm = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
         assert [r["state"] for r in llm["replicas"]] == ["RUNNING"], llm
-        assert {r["node_id"] for r in llm["replicas"]} == {{int(k): v for k, v in nodes.items()}[0]}, (llm, nodes)
+        assert {r["node_id"] for r in llm["replicas"]} == {nodes[0]}, (llm, nodes)
         each_replica_holds_one_whole_slice(serving_ray, llm)
         an_adapter_is_downloaded_from_the_bucket_and_answers(st["endpoint"], dashboard, name, adapter_store)
 
@@ -754,7 +754,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
     llm = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
     scaling = llm["deployment_config"]["autoscaling_config"]
     assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, MAX_REPLICAS, TARGET_ONGOING), scaling
-    assert llm["target_num_replicas"] == 1 and not serving_chain.pending_placement_groups(serving_ray), llm
+    assert llm["target_num_replicas"] == 1 and not serving_chain.placement_groups(serving_ray, "PENDING"), llm
     stop = threading.Event()
     answered, errors = [], []
 
@@ -797,7 +797,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
             phase()
             scrapes.scrape()
             d = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
-            groups = [g for g in serving_chain.pending_placement_groups(serving_ray)
+            groups = [g for g in serving_chain.placement_groups(serving_ray, "PENDING")
                       if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4] * HOSTS]
             step = (d["target_num_replicas"], sorted(r["state"] for r in d["replicas"]), len(groups), d["status"])
             if not steps or steps[-1][1:] != step:
@@ -857,7 +857,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
     # The added replica on the added slice's worker 0 (node ids by TPU worker id).
     first_node = next(node for state, node in replicas.values() if state == "RUNNING")
     assert sorted(node for state, node in after.values() if state == "RUNNING") == sorted(
-        [first_node, {int(k): v for k, v in added_nodes.items()}[0]]), (after, added_nodes)
+        [first_node, added_nodes[0]]), (after, added_nodes)
     assert (st["phase"], st["replicasReady"]) == ("Ready", f"2/{MAX_REPLICAS}"), st
     assert st["message"].startswith(f"serving {name} on 2 replica(s) of a {SHAPE_TEXT} slice; 1 more wanted by Ray's "
                                     "autoscaler cannot start: pod "), st["message"]
@@ -882,9 +882,8 @@ def each_replica_holds_one_whole_slice(serving_ray: RealRay, llm: dict) -> None:
     slices that came up at once from sharing a replica, so this is what Ray actually did."""
     nodes = {n["node_id"]: n.get("labels") or {} for n in serving_chain.head_json(
         serving_ray, "/api/v0/nodes?detail=1&limit=1000")["data"]["result"]["result"]}
-    groups = [g for g in serving_chain.head_json(serving_ray, "/api/v0/placement_groups?detail=1&limit=1000")[
-        "data"]["result"]["result"] if g["state"] == "CREATED"
-        and [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4] * HOSTS]
+    groups = [g for g in serving_chain.placement_groups(serving_ray, "CREATED")
+              if [b["unit_resources"].get("TPU") for b in g["bundles"]] == [4] * HOSTS]
     slices = [[nodes[b["node_id"]].get("ray.io/tpu-slice-name") for b in g["bundles"]] for g in groups]
     workers = [[nodes[b["node_id"]].get("ray.io/tpu-worker-id") for b in g["bundles"]] for g in groups]
     print(f"LLM replicas' placement groups: slices {slices}, TPU worker ids {workers}")
@@ -1050,14 +1049,14 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
     print(f"Ray's autoscaler wrote replicas {group['replicas']} (min {group['minReplicas']}, "
           f"max {group['maxReplicas']})")
 
-    def two_hosts_running():
+    def two_slices_running():
         phase()
         pods = kube.core.list_namespaced_pod(
             ns, label_selector=f"ray.io/cluster={cluster},ray.io/group={WORKER_GROUP}").items
         running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
         return running if len(running) == 2 * HOSTS else None
 
-    running = kube.wait(two_hosts_running, 180, "the pods of KubeRay's second slice running")
+    running = kube.wait(two_slices_running, 180, "the pods of KubeRay's second slice running")
     newest = max(running, key=lambda p: p.metadata.creation_timestamp)
     added = prober.pod_replica(kube.core.api_client.sanitize_for_serialization(newest))
     # The added slice is whole, on the node pool that had room: every host of that pod replica.

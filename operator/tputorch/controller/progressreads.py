@@ -8,44 +8,31 @@ last failure logged, per uid."""
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import logging
 from typing import Callable
 
 from ..status import hang, progress as training, storage_access
-from .dashboard import DashboardError
+from .dashboardreads import FAILED, DashboardReads
 from .kind import Key, describe
 from .raytoken import RayTokens
 
 log = logging.getLogger("tputorch")
 
 
-class ProgressReads:
+class ProgressReads(DashboardReads):
+    what = "progress"
+
     def __init__(self, dashboard, interval: float, ray_tokens: RayTokens, clock: Callable[[], str],
                  monotonic: Callable[[], float], requeue: Callable[[Key, float], None],
                  enqueue: Callable[[Key], None], uid_of: Callable[[Key], str | None]) -> None:
-        # None (or an interval <= 0) reads nothing.
-        self.dashboard = dashboard if interval > 0 else None
-        self.interval, self.ray_tokens, self.clock, self.monotonic = interval, ray_tokens, clock, monotonic
-        # requeue(key, after seconds); enqueue(key): a report with news; uid_of(key): the object's uid now
-        self.requeue, self.enqueue, self.uid_of = requeue, enqueue, uid_of
-        self.read_at: dict[str, float] = {}  # uid -> when its driver log was last read (monotonic)
+        super().__init__(dashboard, interval, ray_tokens, monotonic, requeue, enqueue, uid_of)
+        self.clock = clock
         self.reports: dict[str, training.Report] = {}  # uid -> the newest report read, until it is written
         self.denials: dict[str, tuple[object, storage_access.Denial]] = {}  # uid -> (attempt, the last 403 read)
-        self.reading: dict[str, asyncio.Task] = {}  # uid -> its read in flight (one per object)
-        self.failures: dict[str, str] = {}  # uid -> the last failure logged (logged again when it changes)
         self.sentinel: dict[str, hang.Seen] = {}  # uid -> what the reads of its current driver log saw
 
-    def keys(self) -> set[Key]:
-        return set()  # kept by uid: dropped through forget
-
-    def forget(self, key: Key, uid: str | None) -> None:
-        for state in (self.read_at, self.reports, self.denials, self.failures, self.sentinel):
-            state.pop(uid, None)
-        reading = self.reading.pop(uid, None)
-        if reading is not None:
-            reading.cancel()
+    def state(self) -> tuple[dict, ...]:
+        return (*super().state(), self.reports, self.denials, self.sentinel)
 
     def denial(self, uid: str | None, attempt: object) -> storage_access.Denial | None:
         """The last Cloud Storage 403 the driver's log showed in this attempt (a later one starts clean)."""
@@ -67,48 +54,22 @@ class ProgressReads:
         where = training.source(current)
         if where is None:
             return current
-        delay = training.read_delay(self.read_at.get(uid), self.monotonic(), self.interval)
-        if uid in self.reading:
-            delay = self.interval  # the read in flight brings the key back if it has news
-        elif delay <= 0:
-            self.read_at[uid] = self.monotonic()
-            # A fresh context: the read is no call of this reconcile (reconcile_fenced's CALLS).
-            self.reading[uid] = asyncio.get_running_loop().create_task(
-                self._read(key, uid, *where, secret_name, current.get("attempts")), context=contextvars.Context())
-            delay = self.interval
-        self.requeue(key, delay)  # level-based: the next read needs no event
+        self.schedule(key, uid, lambda: self._read(key, uid, *where, secret_name, current.get("attempts")))
         return current
 
     async def _driver_log(self, namespace: str, cluster: str, submission_id: str, secret_name: str | None) -> str:
         """The driver's log tail, with the cluster's token: the current key's, then, where the cluster
         refuses it (made before a key rotation), the previous key's. Each request is bounded by the
         dashboard's own timeout (the wait for a slot is not)."""
-        *first, last = self.ray_tokens.candidates(namespace, secret_name) if secret_name else [None]
-        for token in first:
-            try:
-                return await self.dashboard.driver_log(namespace, cluster, submission_id, token)
-            except DashboardError as err:
-                if not err.token_refused:
-                    raise
-        return await self.dashboard.driver_log(namespace, cluster, submission_id, last)
+        return await self.with_token(namespace, secret_name, lambda token: self.dashboard.driver_log(
+            namespace, cluster, submission_id, token))
 
     async def _read(self, key: Key, uid: str, cluster: str, submission_id: str, secret_name: str | None,
                     attempt: object = None) -> None:
-        try:
-            log_tail = await self._driver_log(key[1], cluster, submission_id, secret_name)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # unreachable, refused, 5xx, a timeout: the next interval tries again
-            failure = f"{type(err).__name__}: {str(err)[:200]}"
-            level = logging.DEBUG if self.failures.get(uid) == failure else logging.WARNING
-            self.failures[uid] = failure
-            log.log(level, "%s %s/%s: progress not read from RayCluster %s's dashboard: %s", key[0], key[1],
-                    key[2], cluster, failure)
+        log_tail = await self.fetch(key, uid, cluster, lambda: self._driver_log(key[1], cluster, submission_id,
+                                                                                secret_name))
+        if log_tail is FAILED:
             return
-        finally:
-            if self.reading.get(uid) is asyncio.current_task():
-                del self.reading[uid]
-        self.failures.pop(uid, None)
         try:
             report, denial, dumps = training.parse(log_tail), storage_access.find(log_tail), hang.parse(log_tail)
         except Exception as err:  # a bug here must not end the read task unlogged

@@ -32,8 +32,11 @@ CONDITION_TYPES = (VALIDATED, RAYJOB_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY
 RAYSERVICE_CREATED = "RayServiceCreated"
 READY = "Ready"
 SPEC_APPLIED = "SpecApplied"  # the serving RayCluster runs the service's current spec (status/applied.py)
-SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, STORAGE_IDENTITY, SLICE_READY, READY,
-                           SPEC_APPLIED, FAILED, RENDERING_CURRENT)
+# Present only on a multi-host service once Ray's state was read: each LLM replica's placement group
+# is on one whole slice (status/slices.py).
+REPLICAS_ON_WHOLE_SLICES = "ReplicasOnWholeSlices"
+SERVICE_CONDITION_TYPES = (VALIDATED, RAYSERVICE_CREATED, RAY_AUTH, ADMITTED, NETWORK_POLICY_READY, STORAGE_IDENTITY, SLICE_READY,
+                           REPLICAS_ON_WHOLE_SLICES, READY, SPEC_APPLIED, FAILED, RENDERING_CURRENT)
 
 QUEUED, PREEMPTED = "Queued", "Preempted"  # phases while Kueue holds the child back (status/kueue.py)
 QUEUE_PHASES = (QUEUED, PREEMPTED)

@@ -29,6 +29,8 @@ STORAGE_ACCESS_DENIED = "StorageAccessDenied"  # StorageIdentity=False: Cloud St
 ARMED = "Armed"
 NO_PROGRESS_REPORTED = "NoProgressReported"
 WAITING_FOR_FIRST_REPORT = "WaitingForFirstReport"
+# ReplicasOnWholeSlices (status/slices.py): each multi-host LLM replica on one whole slice, or not.
+ONE_SLICE_PER_REPLICA, REPLICA_SPLIT_ACROSS_SLICES = "OneSlicePerReplica", "ReplicaSplitAcrossSlices"
 
 # Condition states that are bad news: their events are Warnings.
 _WARNING_STATES = {
@@ -43,7 +45,8 @@ _WARNING_REASONS = {"Unschedulable", "NoMatchingNodePool", "TPUWebhookMissing", 
                     "CrashLoopBackOff", "Preempted", "WorkloadPriorityClassNotFound", "Inadmissible",
                     "QuotaExceeded", "PodCreationFailed", AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED,
                     "UpgradeStrategyNone", "TolerationsNotApplied", REFUSED_BY_THIS_VERSION,
-                    DEFAULT_SERVICE_ACCOUNT, STORAGE_ACCESS_DENIED, attempts.HUNG, NO_PROGRESS_REPORTED}
+                    DEFAULT_SERVICE_ACCOUNT, STORAGE_ACCESS_DENIED, attempts.HUNG, NO_PROGRESS_REPORTED,
+                    REPLICA_SPLIT_ACROSS_SLICES}
 # Reasons that only describe waiting; they change often and get no event of their own.
 # "Valid" is every job's first state: an event per job for it would only add a write to each create.
 # Kueue's "Pending" is told by the Queued phase's event.

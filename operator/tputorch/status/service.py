@@ -21,7 +21,7 @@ from ..api.phases import FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_
 from ..api.spec import ServiceSpec
 from .conditions import condition, queue_fields, queue_message, queue_phase, stamp
 from . import applied as appl
-from . import network as net, storage_access
+from . import network as net, slices, storage_access
 from .kueue import Admission
 from .leading import leading_conditions
 from .pods import (
@@ -454,12 +454,14 @@ def derive_service(
     network: net.NetworkPolicyState | None = None,
     *,
     desired_hash: str,
+    slice_check: slices.SliceCheck | None = None,
 ) -> dict:
     """The whole status of a valid TPUTorchService from its RayService (KubeRay v1.5's status:
     conditions Ready/UpgradeInProgress, serviceStatus, active/pendingServiceStatus with the Serve
     application's status) and its pods; ``problem``, ``queue`` and ``network`` as for derive.
     ``desired_hash`` is the spec hash of the RayService ``svc`` renders (the reconcile renders it
-    once): the live one is up to date only when it carries that hash."""
+    once): the live one is up to date only when it carries that hash. ``slice_check``: the last
+    read of Ray's placement groups (controller/slicereads.py), for ReplicasOnWholeSlices."""
     seen = observe_service(svc, rayservice, pods, pods_problem is None, desired_hash)
 
     denied = storage_access.said(svc, [("the Serve application's message", storage_access.find(seen.app_message))])
@@ -468,7 +470,8 @@ def derive_service(
     slice_ = slice_state(svc, seen, pods_problem, generation)
     unreached = dashboard_unreached(seen, slice_, network)
     ready = ready_condition(seen, previous, unreached, generation)
-    conditions += [slice_.condition, ready]
+    whole = slices.whole_slices_condition(svc.slice.multi_host, slice_check, previous, generation)
+    conditions += [slice_.condition, *([whole] if whole else []), ready]
     spec_applied = None
     if rayservice is not None:
         spec_applied = appl.applied(rayservice, previous.get(appl.APPLIED_FIELD), svc.upgrade_strategy,

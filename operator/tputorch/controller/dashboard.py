@@ -1,12 +1,14 @@
 """The operator's one client of the Ray dashboard: the tail of a Ray job driver's log, which carries
-the progress lines of tputorch.train.report() (status/progress.py reads them).
+the progress lines of tputorch.train.report() (status/progress.py reads them), and a multi-host
+service's placement groups and nodes (status/slices.py judges them).
 
 Ray 2.60's state API serves it: ``GET /api/v0/logs/file?node_id=<driver's node>&submission_id=<id>&lines=<n>``
 on the head's dashboard (port 8265, the head Service KubeRay makes, ``<raycluster>-head-svc``); every
 Ray cluster's NetworkPolicy admits the operator there (api/network.py Peer). Ray 2.60 refuses the call
 without a node (HTTP 500, GetLogOptions: "node_id or node_ip must be provided") although the
 submission id names the driver's log alone, so the job's own info (``GET /api/jobs/<id>``, as KubeRay
-reads it) gives ``driver_node_id`` first. Proxies come from the environment
+reads it) gives ``driver_node_id`` first. Placement groups and nodes: ``GET /api/v0/<what>?detail=1&limit=<n>``,
+whose answer is ``{"data": {"result": {"result": [...]}}}`` (Ray 2.60's state API). Proxies come from the environment
 (HTTP_PROXY / NO_PROXY), as KubeRay's own dashboard client takes them. Every call carries the
 cluster's Ray token (controller/raytoken.py) in ``X-Ray-Authorization``, the header KubeRay's own
 dashboard client sends (Ray 2.60 reads ``Authorization`` first, then this one). A redirect is never
@@ -32,6 +34,8 @@ TIMEOUT = 5.0
 SLOTS = 32  # requests in flight at once, to every dashboard together
 CLUSTER_DOMAIN = "cluster.local"
 MAX_JOB_INFO = 256 * 1024  # bytes of a job's info (its entrypoint and runtime env are bounded by the spec)
+STATE_LIMIT = 1000  # entries of a state-API list asked for (a service's cluster has far fewer nodes or groups)
+MAX_STATE = 8 * 1024 * 1024  # bytes of one such list (a node with its labels and resources is under 4 KiB)
 _NODE_ID = re.compile(r"^[0-9a-f]{8,128}$")
 
 
@@ -111,6 +115,25 @@ class Dashboard:
                 while size - len(tail[0]) >= self.max_bytes:  # keep the last max_bytes only
                     size -= len(tail.popleft())
         return b"".join(tail)[-self.max_bytes:].decode(errors="replace")
+
+    async def state(self, namespace: str, cluster: str, what: str, token: str | None = None) -> list[dict]:
+        """One list of Ray's state API with details (``placement_groups``, ``nodes``); raises
+        DashboardError or an aiohttp/asyncio error."""
+        async with self._slots:
+            headers = {"X-Ray-Authorization": f"Bearer {token}"} if token else {}
+            params = {"detail": "1", "limit": str(STATE_LIMIT)}
+            async with self._client().get(f"{head_url(namespace, cluster)}/api/v0/{what}", params=params,
+                                          headers=headers, allow_redirects=False) as resp:
+                if resp.status != 200:
+                    raise await _refused(what, resp)
+                raw = b"".join([chunk async for chunk in _bounded(resp, MAX_STATE, what)])
+        try:
+            found = json.loads(raw)["data"]["result"]["result"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise DashboardError(f"{what}: not a state API answer: {raw[:100]!r}") from None
+        if not isinstance(found, list):
+            raise DashboardError(f"{what}: not a list: {raw[:100]!r}")
+        return found
 
     async def close(self) -> None:
         if self._session is not None:

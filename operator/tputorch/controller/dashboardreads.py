@@ -79,10 +79,10 @@ class DashboardReads:
                     raise
         return await call(last)
 
-    def failed(self, key: Key, uid: str, cluster: str, failure: str) -> None:
-        """A read that could not be made or answered: logged as a warning once, then at debug while
-        it stays the same failure."""
-        level = logging.DEBUG if self.failures.get(uid) == failure else logging.WARNING
+    def failed(self, key: Key, uid: str, cluster: str, failure: str, level: int = logging.WARNING) -> None:
+        """A read that could not be made or answered: logged once (a warning unless said otherwise),
+        then at debug while it stays the same failure."""
+        level = logging.DEBUG if self.failures.get(uid) == failure else level
         self.failures[uid] = failure
         log.log(level, "%s %s/%s: %s not read from RayCluster %s's dashboard: %s", key[0], key[1], key[2],
                 self.what, cluster, failure)

@@ -321,6 +321,7 @@ async def stop(**_) -> None:
         if runner is not None:
             await runner.cleanup()
     if RUNTIME.controller is not None and RUNTIME.controller.progress.dashboard is not None:
-        for task in list(RUNTIME.controller.progress.reading.values()):
-            task.cancel()
+        for reads in (RUNTIME.controller.progress, RUNTIME.controller.slices):  # one dashboard client
+            for task in list(reads.reading.values()):
+                task.cancel()
         await RUNTIME.controller.progress.dashboard.close()

@@ -54,6 +54,7 @@ from .kube import CALLS, Calls
 from .kueuecap import KueueCap
 from .metrics import METRICS, WALL_CLOCK
 from .progressreads import ProgressReads
+from .slicereads import SliceReads
 from .raytoken import RayTokens
 from .specs import Specs, version
 from .stores import Stores
@@ -109,8 +110,11 @@ class Controller:
         self.attempts = Attempts(kube, self.stores, self.child, self.writes)
         self.progress = ProgressReads(dashboard, progress_interval, ray_tokens, clock, monotonic, requeue,
                                       self.enqueue, lambda key: self.sweeps.uids.get(key))
+        self.slices = SliceReads(dashboard, progress_interval, ray_tokens, monotonic, requeue, self.enqueue,
+                                 lambda key: self.sweeps.uids.get(key))
         self.sweeps = Sweeps(self.stores, [self.specs, self.writes, self.child, self.tokens, self.extras,
-                                           self.clusters, self.attempts, self.progress], self.queue, self.recorder)
+                                           self.clusters, self.attempts, self.progress, self.slices], self.queue,
+                             self.recorder)
 
     # --- sources of work (called on the event loop) ----------------------------------------------
 
@@ -311,7 +315,9 @@ class Controller:
         current = statuses.derive_service(
             spec, meta.get("generation", 0), ours, pods, previous, now, self.child.problems.get(key),
             queue=admission, pods_problem=self._pods_problem(key[1]), network=self.extras.network(key, spec),
-            desired_hash=own["annotations"].get(SPEC_HASH_ANNOTATION))  # is the live RayService up to date?
+            desired_hash=own["annotations"].get(SPEC_HASH_ANNOTATION),  # is the live RayService up to date?
+            slice_check=self.slices.found(meta.get("uid")))
+        self.slices.apply(key, meta.get("uid"), spec, current, ours)  # reads Ray's state off the workers
         current = rendering.with_condition(current, rendering.rendering_condition(
             kind.resource.kind, kind.child.kind, key[2], key[1], found, own, stamps.rendering(fresh),
             meta.get("generation", 0)), previous, now)

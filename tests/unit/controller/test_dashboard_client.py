@@ -34,6 +34,8 @@ class Proxy(BaseHTTPRequestHandler):
         answer = type(self).answers.get(query.get("submission_id") or u.path.rsplit("/", 1)[-1])
         if answer is None:
             code, body = 404, b"Job nobody does not exist."
+        elif u.path.startswith("/api/v0/") and not u.path.startswith("/api/v0/logs/"):  # a state-API list
+            code, body = answer
         elif u.path.startswith("/api/jobs/"):
             code, body = 200, json.dumps({"status": "RUNNING", "driver_node_id": answer[0]}).encode()
         elif query.get("node_id") != NODE:
@@ -188,3 +190,31 @@ def test_the_wait_for_a_slot_is_not_part_of_a_reads_timeout(heads):
     timeouts (one pool of 8, a total timeout): a fast head's read behind them timed out."""
     fast, results = slow_and_fast(Dashboard(timeout=0.5, slots=2), 4)  # two waves of slow ones ahead of it
     assert fast == "last line\n" and all(isinstance(r, asyncio.TimeoutError) for r in results)
+
+
+def state(dashboard: Dashboard, what: str):
+    async def go():
+        try:
+            return await dashboard.state("ml", "demo-x7k2p", what, "tok")
+        finally:
+            await dashboard.close()
+    return asyncio.run(go())
+
+
+def test_a_state_api_list_is_asked_with_details_and_taken_out_of_rays_envelope(proxy):
+    groups = [{"placement_group_id": "pg1", "state": "CREATED", "bundles": []}]
+    proxy.answers["placement_groups"] = (200, json.dumps({"result": True, "msg": "", "data": {"result": {
+        "total": 1, "num_after_truncation": 1, "num_filtered": 1, "result": groups}}}).encode())
+    assert state(Dashboard(), "placement_groups") == groups
+    assert proxy.seen == ["http://demo-x7k2p-head-svc.ml.svc.cluster.local:8265/api/v0/placement_groups?detail=1&limit=1000"]
+
+
+@pytest.mark.parametrize("answer, said", [
+    ((404, b"Not Found"), "nodes: HTTP 404: Not Found"),
+    ((200, b'{"data": {"result": {"result": {"a": 1}}}}'), "nodes: not a list"),
+    ((200, b'{"data": {}}'), "nodes: not a state API answer"),
+])
+def test_a_state_api_answer_that_is_no_list_is_an_error(proxy, answer, said):
+    proxy.answers["nodes"] = answer
+    with pytest.raises(DashboardError, match=said):
+        state(Dashboard(), "nodes")

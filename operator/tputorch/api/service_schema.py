@@ -223,7 +223,8 @@ def service_spec_schema() -> dict:
                         "How Serve picks a replica for a request. PowerOfTwo: Serve's own (the less loaded of two). "
                         "PrefixAware: Ray Serve LLM's PrefixCacheAffinityRouter, the replica that served the longest "
                         "prefix of the prompt (vLLM's prefix cache hits) until a replica is targetOngoingRequests "
-                        "behind another (then the less loaded of two), its prefix tree evicting; for more than one replica.",
+                        "behind another (then the less loaded of two), its prefix tree evicting; for more than one replica. "
+                        "Its prefix tree's actor runs on the head (num-cpus 1 there instead of 0).",
                         enum=list(spec.SERVE_ROUTINGS), default=spec.SERVICE_DEFAULTS["serve.routing"]),
                     "ingressReplicas": int_field(
                         "Replicas of Ray Serve LLM's OpenAiIngress, which takes every request's HTTP and streams the "

@@ -83,6 +83,22 @@ def request_router_config(svc: ServiceSpec) -> dict | None:
             "request_router_kwargs": {"imbalanced_threshold": svc.target_ongoing_requests, "do_eviction": True}}
 
 
+# Ray 2.60's PrefixCacheAffinityRouter keeps its prefix tree in one detached actor
+# (LlmPrefixTreeActor) that the router creates, in the ingress's process, with Ray's actor defaults:
+# 1 CPU to be scheduled (none held once it runs), never restarted. With the head at num-cpus 0 it
+# can only land on a TPU host, whose slice then never idles, and whose loss leaves every routed
+# request waiting for the tree until the router's timeout (issue 56). A CPU on the head for it:
+# Ray's default scheduling prefers the caller's node (the ingress is on the head), where the actor
+# outlives every slice and costs no TPU host.
+HEAD_CPUS_FOR_PREFIX_TREE = "1"
+
+
+def head_num_cpus(svc: ServiceSpec) -> str:
+    """The head's Ray num-cpus: none (no Serve replica or vLLM worker on it, as Google's sample),
+    but one for the prefix tree's actor under PrefixAware routing."""
+    return HEAD_CPUS_FOR_PREFIX_TREE if request_router_config(svc) else "0"
+
+
 def autoscaler_visible_resources(svc: ServiceSpec) -> dict[str, str] | None:
     """The worker group's Ray resources (KubeRay's group `resources`) that Ray's autoscaler must see
     to add a slice for a new replica. Its node types come from the RayCluster alone (CPU, TPU,

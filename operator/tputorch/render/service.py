@@ -16,7 +16,7 @@ from .cluster import SERVICE_HEAD_PORTS, cluster_context
 from .env import serving_env
 from .names import (INITIALIZING_TIMEOUT_ANNOTATION, KUEUE_ELASTIC_JOB_ANNOTATION, SPEC_HASH_ANNOTATION, object_labels,
                     pod_labels)
-from .serveconfig import autoscaler_visible_resources, serve_config
+from .serveconfig import autoscaler_visible_resources, head_num_cpus, serve_config
 
 def rayservice_annotations(svc: ServiceSpec) -> dict[str, str]:
     """The RayService's annotations other than our spec hash. A queued service is created without
@@ -105,9 +105,9 @@ def rayservice(svc: ServiceSpec) -> dict:
         # Under Kueue only when autoscaled: a queued fixed-count service renders as before Kueue's
         # elastic jobs (its RayService webhook refuses the autoscaler without the elastic-job
         # annotation, and the spec refuses a change between the two, which Kueue would refuse).
-        # num-cpus 0 on the head (as Google's sample): no Serve replica or vLLM worker is placed on it.
         "cluster": {**cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
-                                      autoscaling=svc.autoscaling or not svc.queue_name, head_start_params={"num-cpus": "0"},
+                                      autoscaling=svc.autoscaling or not svc.queue_name,
+                                      head_start_params={"num-cpus": head_num_cpus(svc)},
                                       idle_timeout_s=svc.idle_timeout_s),
                     "worker_ray_resources": autoscaler_visible_resources(svc)},
     }), "RayService")

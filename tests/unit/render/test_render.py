@@ -629,6 +629,16 @@ def test_prefix_aware_routing_is_ray_serve_llms_router_and_powers_of_two_writes_
         "request_router_kwargs": {"imbalanced_threshold": 8, "do_eviction": True}}
 
 
+def test_prefix_aware_routing_gives_the_head_one_cpu_for_the_prefix_tree_actor():
+    # Issue 56: the router's detached LlmPrefixTreeActor needs 1 CPU to be scheduled; at the head's
+    # num-cpus 0 only a TPU host had one (its slice never idled, its loss hung routed requests).
+    head = lambda svc: svc["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-cpus"]  # noqa: E731
+    assert head(rendered_service({"serve": {"routing": "PrefixAware"}})) == "1"
+    assert head(rendered_service({"serve": {"routing": "PrefixAware"}, "replicas": {"min": 0, "max": 1}})) == "1"
+    assert head(rendered_service({"serve": {"routing": "PowerOfTwo"}})) == "0"
+    assert head(rendered_service({})) == "0"
+
+
 def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress():
     on_head = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
     # Issue 56: on the head in every mode (on a TPU host, the head having no CPU, it held a slice).

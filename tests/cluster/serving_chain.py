@@ -131,6 +131,21 @@ def serve_application(ray: RealRay, app: str) -> dict:
     return head_json(ray, "/api/serve/applications/")["applications"][app]
 
 
+def head_node(ray: RealRay) -> dict:
+    """The head's node record (its node_id, resources_total, labels) from its state API."""
+    nodes = head_json(ray, "/api/v0/nodes?detail=1&limit=1000")["data"]["result"]["result"]
+    (head,) = [n for n in nodes if n.get("is_head_node")]
+    return head
+
+
+def prefix_tree_actors(ray: RealRay, deployment: str) -> list[dict]:
+    """Ray Serve LLM's prefix-tree actors (LlmPrefixTreeActor, one per routed deployment, in the
+    namespace serve::<app>::<deployment>) of `deployment`, alive or dead, from the state API."""
+    actors = head_json(ray, "/api/v0/actors?detail=1&limit=1000")["data"]["result"]["result"]
+    return [a for a in actors if a.get("name") == "LlmPrefixTreeActor"
+            and (a.get("ray_namespace") or "").endswith(f"::{deployment}")]
+
+
 def placement_groups(ray: RealRay, state: str) -> list[dict]:
     """The head's placement groups in `state` (with their bundles and nodes), from its state API:
     PENDING, those Ray could not place yet (what Ray's autoscaler scales the cluster for); CREATED,

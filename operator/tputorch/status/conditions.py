@@ -82,6 +82,12 @@ def reason_of(text: object) -> str:
     return joined[:1].upper() + joined[1:] or "Unknown"
 
 
+def condition_of(status: dict, ctype: str) -> dict:
+    """The condition of type ``ctype`` in ``status`` (ours, a previous one, or a KubeRay object's),
+    {} when it has none."""
+    return next((c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == ctype), {})
+
+
 def condition(ctype: str, status: bool | None, reason: str, message: str, generation: int) -> dict:
     if len(message) > MAX_CONDITION_MESSAGE:
         message = message[: MAX_CONDITION_MESSAGE - 3] + "..."

@@ -19,7 +19,7 @@ from ..render.names import SERVE_APP, SERVE_PORT, SPEC_HASH_ANNOTATION
 from ..render.serveconfig import SCALE_FROM_ZERO_TIMEOUT_S
 from ..api.phases import FAILED, QUEUE_PHASES, RAYSERVICE_CREATED, READY, SLICE_READY, SPEC_APPLIED
 from ..api.spec import ServiceSpec
-from .conditions import condition, queue_fields, queue_message, queue_phase, stamp
+from .conditions import condition, condition_of, queue_fields, queue_message, queue_phase, stamp
 from . import applied as appl
 from . import network as net, slices, storage_access
 from .kueue import Admission
@@ -66,10 +66,6 @@ def endpoint(svc: ServiceSpec) -> str:
     return f"http://{svc.name}-serve-svc.{svc.namespace}.svc.cluster.local:{SERVE_PORT}/v1"
 
 
-def _kuberay_condition(rs_status: dict, ctype: str) -> dict:
-    return next((c for c in rs_status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == ctype), {})
-
-
 def _application(service_status: dict) -> dict:
     return ((service_status or {}).get("applicationStatuses") or {}).get(SERVE_APP) or {}
 
@@ -106,7 +102,7 @@ def _ready_during_upgrade(serving_cluster: str, previous: dict, generation: int)
     upgrade and writes the active cluster's as none (rayservice_controller.go, recorded from KubeRay
     1.6.2). The serving cluster's state is the last one read (its Ready kept); KubeRay's own Ready
     (Serve endpoints) is true here."""
-    last = next((c for c in previous.get("conditions") or [] if isinstance(c, dict) and c.get("type") == READY), None)
+    last = condition_of(previous, READY)
     if last and last.get("status") in ("True", "False"):
         return condition(READY, last["status"] == "True", last.get("reason") or "Serving", last.get("message") or "", generation)
     return condition(READY, True, "Serving", f"KubeRay reports Serve endpoints; it does not read RayCluster "
@@ -229,7 +225,7 @@ def observe_service(svc: ServiceSpec, rayservice: dict | None, pods: Iterable[di
         stuck=quota_problem(cluster_status) or container_problem(serving),
         up_to_date=_runs_current_spec(rayservice, rs_status, desired_hash),
         app=_application(active) or _application(pending),
-        kuberay_ready=_kuberay_condition(rs_status, "Ready"),
+        kuberay_ready=condition_of(rs_status, "Ready"),
     )
 
 
@@ -341,7 +337,7 @@ def _kuberay_phase(seen: ServiceObserved, slice_: SliceState, previous_phase: st
         # Before the first promotion KubeRay reports the application under pendingServiceStatus.
         return "Failed"
     if ready.get("status") == "True" or ready.get("reason") == "ZeroServeEndpoints":
-        upgrading = _kuberay_condition(seen.rs_status, "UpgradeInProgress").get("status") == "True"
+        upgrading = condition_of(seen.rs_status, "UpgradeInProgress").get("status") == "True"
         # ZeroServeEndpoints (KubeRay sets it only after Ready): no Serve proxy is left behind
         # <name>-serve-svc, so nothing answers clients whatever Serve says of the application.
         serving = _serving(active_app)[0] and ready.get("reason") != "ZeroServeEndpoints"

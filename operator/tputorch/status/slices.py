@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api.phases import REPLICAS_ON_WHOLE_SLICES
-from .conditions import ONE_SLICE_PER_REPLICA, REPLICA_SPLIT_ACROSS_SLICES, condition
+from .conditions import ONE_SLICE_PER_REPLICA, REPLICA_SPLIT_ACROSS_SLICES, condition, condition_of
 
 # The label Ray 2.60 gives every TPU host's node (ray/_private/accelerators/tpu.py): its slice's name.
 SLICE_LABEL = "ray.io/tpu-slice-name"
@@ -84,8 +84,7 @@ def whole_slices_condition(multi_host: bool, found: SliceCheck | None, previous:
     if not multi_host:
         return None
     if found is None or found.groups == 0:
-        return next((c for c in previous.get("conditions") or []
-                     if isinstance(c, dict) and c.get("type") == REPLICAS_ON_WHOLE_SLICES), None)
+        return condition_of(previous, REPLICAS_ON_WHOLE_SLICES) or None
     if found.splits:
         return condition(REPLICAS_ON_WHOLE_SLICES, False, REPLICA_SPLIT_ACROSS_SLICES,
                          f"{len(found.splits)} of {found.groups} LLM replica(s) are not on one whole slice, so their "

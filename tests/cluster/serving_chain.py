@@ -131,18 +131,21 @@ def serve_application(ray: RealRay, app: str) -> dict:
     return head_json(ray, "/api/serve/applications/")["applications"][app]
 
 
+def state_list(ray: RealRay, what: str) -> list[dict]:
+    """One list of the head's state API with details (`nodes`, `actors`, `placement_groups`)."""
+    return head_json(ray, f"/api/v0/{what}?detail=1&limit=1000")["data"]["result"]["result"]
+
+
 def head_node(ray: RealRay) -> dict:
     """The head's node record (its node_id, resources_total, labels) from its state API."""
-    nodes = head_json(ray, "/api/v0/nodes?detail=1&limit=1000")["data"]["result"]["result"]
-    (head,) = [n for n in nodes if n.get("is_head_node")]
+    (head,) = [n for n in state_list(ray, "nodes") if n.get("is_head_node")]
     return head
 
 
 def prefix_tree_actors(ray: RealRay, deployment: str) -> list[dict]:
     """Ray Serve LLM's prefix-tree actors (LlmPrefixTreeActor, one per routed deployment, in the
     namespace serve::<app>::<deployment>) of `deployment`, alive or dead, from the state API."""
-    actors = head_json(ray, "/api/v0/actors?detail=1&limit=1000")["data"]["result"]["result"]
-    return [a for a in actors if a.get("name") == "LlmPrefixTreeActor"
+    return [a for a in state_list(ray, "actors") if a.get("name") == "LlmPrefixTreeActor"
             and (a.get("ray_namespace") or "").endswith(f"::{deployment}")]
 
 
@@ -150,6 +153,5 @@ def placement_groups(ray: RealRay, state: str) -> list[dict]:
     """The head's placement groups in `state` (with their bundles and nodes), from its state API:
     PENDING, those Ray could not place yet (what Ray's autoscaler scales the cluster for); CREATED,
     those placed."""
-    groups = head_json(ray, "/api/v0/placement_groups?detail=1&limit=1000")["data"]["result"]["result"]
-    return [g for g in groups if g["state"] == state]
+    return [g for g in state_list(ray, "placement_groups") if g["state"] == state]
 

@@ -89,7 +89,8 @@ def request_router_config(svc: ServiceSpec) -> dict | None:
 # can only land on a TPU host, whose slice then never idles, and whose loss leaves every routed
 # request waiting for the tree until the router's timeout (issue 56). A CPU on the head for it:
 # Ray's default scheduling prefers the caller's node (the ingress is on the head), where the actor
-# outlives every slice and costs no TPU host.
+# outlives every slice and costs no TPU host. Prefers, not promises: on the local chain it still
+# landed on a TPU host in one run of three.
 HEAD_CPUS_FOR_PREFIX_TREE = "1"
 
 

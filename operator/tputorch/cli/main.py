@@ -352,7 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also run a CPU-only Ray job made as the operator makes one (token auth, its NetworkPolicy, "
                           "KubeRay's submitter) and wait for KubeRay to see it succeed; deletes what it made")
     doc.add_argument("--smoke-image", default=None, metavar="IMAGE",
-                     help="the probe's Ray image (default rayproject/ray of the operator's default Ray version)")
+                     help="the probe's Ray image (default rayproject/ray of the operator's default Ray version, "
+                          "pulled from Docker Hub, which a private cluster without Cloud NAT cannot reach: "
+                          "give a Ray image of that version from your own registry, such as your training image)")
     doc.add_argument("--smoke-timeout", type=float, default=300.0, metavar="SECONDS",
                      help="how long the probe may take (default 300: a head's image pull)")
     doc.add_argument("--smoke-policy-mode", choices=["open", "strict", "none"], default=None,

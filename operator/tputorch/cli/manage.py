@@ -332,6 +332,8 @@ def register(sub, add_connection_flags) -> None:
     w.add_argument("name")
     w.add_argument("--for", dest="for_", required=True, metavar="phase=P|condition=T",
                    help="e.g. phase=Succeeded, phase=Ready, condition=SliceReady")
-    w.add_argument("--timeout", default="30m", help="e.g. 90s, 30m, 1h (default 30m)")
+    w.add_argument("--timeout", default="30m",
+                   help="e.g. 90s, 30m, 1h (default 30m); a service's first start may take up to its "
+                        "spec.serve.initializingTimeoutSeconds (1h by default): wait as long")
     add_connection_flags(w)
     w.set_defaults(func=cmd_wait)

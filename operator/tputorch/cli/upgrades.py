@@ -28,10 +28,10 @@ NEXT_ATTEMPT = "next attempt"  # a job's running attempt is never changed; its n
 
 
 def plan_row(kind: str, parent: dict, child: dict | None) -> dict:
-    """What this version's rendering would change on the object's next edit: ``change`` is
+    """What this CLI's rendering would change on the object's next edit: ``change`` is
     NO_CHANGE, IN_PLACE (a RayService: no field of KubeRay's cluster hash), NEW_CLUSTER (KubeRay
     starts a second RayCluster, a second set of TPU slices until it is ready), NEXT_ATTEMPT (a job),
-    "refused: ..." (this version refuses the spec) or "no child"; ``fields`` the paths that change."""
+    "refused: ..." (this CLI's checks refuse the spec) or "no child"; ``fields`` the paths that change."""
     meta = parent.get("metadata") or {}
     row = {"namespace": meta.get("namespace", ""), "name": meta.get("name", ""), "kind": kind,
            "renderedBy": "", "generation": "", "change": "no child", "fields": []}
@@ -119,8 +119,8 @@ def cmd_rerender(a) -> int:
 
 
 def register(sub, add_connection_flags) -> None:
-    p = sub.add_parser("upgrade-plan", help="list what this version's rendering would change on each job's and "
-                                            "service's next edit (a new RayCluster, in place, nothing)")
+    p = sub.add_parser("upgrade-plan", help="list what this CLI's rendering (its package's release) would change on "
+                                            "each job's and service's next edit (a new RayCluster, in place, nothing)")
     p.add_argument("-A", "--all-namespaces", action="store_true")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     add_connection_flags(p)

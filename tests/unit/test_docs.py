@@ -292,3 +292,55 @@ def test_every_example_command_line_is_accepted_by_its_script(monkeypatch):
             module.parse_args(argv[1:])
         except SystemExit as exc:
             raise AssertionError(f"{where}: {' '.join(argv)} exits at once ({exc.code})") from exc
+
+
+# Issue 58's reading budgets, in words as `len(text.split())` over the whole markdown file: prose,
+# tables and code blocks alike (a command is read too).
+WORD_BUDGETS = {"README.md": 1100, "docs/getting-started.md": 2000}
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+@pytest.mark.parametrize("name", WORD_BUDGETS)
+def test_the_entry_pages_stay_within_their_word_budget(name):
+    count = words((ROOT / name).read_text())
+    assert count <= WORD_BUDGETS[name], (f"{name}: {count} words (len(text.split()), code blocks included), "
+                                         f"over its budget of {WORD_BUDGETS[name]}: move detail to a task or concept page")
+
+
+def test_words_counts_code_blocks_too():
+    # "#", "T", "Two", "words.", "```sh", "kubectl", "get", "ttj", "```": the fences count as words too
+    assert words("# T\n\nTwo words.\n\n```sh\nkubectl get ttj\n```\n") == 9
+
+
+# What a release changed and until when is CHANGELOG.md's; a page says what is, not which version.
+RELEASE_WORDS = re.compile(r"\b(until )?this version\b", re.I)
+
+
+def release_words(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if RELEASE_WORDS.search(line)]
+
+
+def test_no_page_speaks_of_this_version():
+    """Every page of the site (README.md and docs/, the generated reference included, which takes its
+    words from the CLI's help and the CRDs' descriptions)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = [f"{p.relative_to(ROOT)}: {line}" for p in pages for line in release_words(p.read_text())]
+    assert not found, "release history belongs in CHANGELOG.md:\n" + "\n".join(found)
+
+
+def test_release_words_finds_both_phrasings():
+    assert release_words("Fine.\nUntil this version, jobs...\nAs of This Version x\nthis versioning\n") == \
+        ["Until this version, jobs...", "As of This Version x"]
+
+
+def test_the_self_installed_kuberay_is_a_tested_version():
+    """docs/tasks/install.md's Helm install of KubeRay names a version the suite runs, so the docs
+    state one KubeRay (tputorch.tested_versions; reference/versions.md shows it)."""
+    from tputorch import tested_versions
+
+    text = (ROOT / "docs" / "tasks" / "install.md").read_text()
+    (version,) = re.findall(r"helm install kuberay-operator kuberay/kuberay-operator --version (\S+)", text)
+    assert version in tested_versions.KUBERAY

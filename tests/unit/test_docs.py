@@ -344,3 +344,14 @@ def test_the_self_installed_kuberay_is_a_tested_version():
     text = (ROOT / "docs" / "tasks" / "install.md").read_text()
     (version,) = re.findall(r"helm install kuberay-operator kuberay/kuberay-operator --version (\S+)", text)
     assert version in tested_versions.KUBERAY
+
+
+def test_getting_started_states_compatibility_mds_kuberay_minimum():
+    """The gate of step 1 and compatibility.md's Minimum row name the same KubeRay versions (the
+    runbook's reader meets the gate first; the row gives it feature by feature)."""
+    compat = (ROOT / "docs" / "compatibility.md").read_text().split("\n## KubeRay\n", 1)[1].split("\n## ", 1)[0]
+    (row,) = [ln for ln in compat.splitlines() if ln.startswith("| Minimum |")]
+    gate = (ROOT / "docs" / "getting-started.md").read_text().split("**The one gate on this path: KubeRay.**", 1)[1]
+    gate = gate.split("\n\n", 1)[0]
+    minimum = re.findall(r"\*\*([0-9.]+)\*\*", row)
+    assert minimum and re.findall(r"\b[0-9]+\.[0-9]+\.[0-9]+\b", gate) == minimum

@@ -517,8 +517,10 @@ def register(sub) -> None:
                    help="ephemeral storage of each TPU host pod (request = limit; default: derived from its volumes)")
     v.add_argument("--lora-path", metavar="GS_URI", help="gs://bucket/folder of LoRA adapters, one subfolder each "
                    "(asked for as model <name>:<subfolder>)")
-    v.add_argument("--min-replicas", type=int)
-    v.add_argument("--max-replicas", type=int)
+    v.add_argument("--min-replicas", type=int,
+                   help="fewest model replicas, one whole slice each (spec.replicas.min; default 1; 0 scales to zero)")
+    v.add_argument("--max-replicas", type=int,
+                   help="most replicas, which KubeRay's autoscaler adds slice by slice (spec.replicas.max; default: min)")
     v.add_argument("--name", help="service name (default: serve-xxxxx)")
     v.add_argument("--dry-run", action="store_true", help="print the TPUTorchService and the RayService it becomes; create nothing")
     v.add_argument("--detach", action="store_true", help="return once created")

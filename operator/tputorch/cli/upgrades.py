@@ -46,10 +46,13 @@ def plan_row(kind: str, parent: dict, child: dict | None) -> dict:
         row["change"] = "refused: " + "; ".join(str(e) for e in err.errors)
         return row
     service = kind == client.SERVICE.kind
-    if not service and ray_token_secret_name(child):  # named at the RayJob's creation, not rendered
-        with_ray_token_secret(fresh, ray_token_secret_name(child))
-    running = (found.rendering if found is not None and found.rendering is not None
-               else stamps.rendering(child, RAYSERVICE_ANNOTATIONS if service else ()))
+    running = stamps.running_rendering(child, found, RAYSERVICE_ANNOTATIONS if service else ())
+    # named at the child's creation, not rendered; a RayService without one gets one with the edit
+    # that starts it a new RayCluster
+    token_secret = (rendering.token_secret_of_rerendered(child, running, stamps.rendering(fresh))
+                    if service else ray_token_secret_name(child))
+    if token_secret:
+        with_ray_token_secret(fresh, token_secret)
     new = stamps.rendering(fresh)
     row["fields"] = rendering.changed_fields(found, running, new)
     if not row["fields"]:

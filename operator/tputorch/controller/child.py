@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from .. import render
 from ..render.names import MANAGED_BY_LABEL, RAYSERVICE_ANNOTATIONS
-from ..render.raytoken import new_ray_token_secret_name, with_ray_token_secret
+from ..render.raytoken import new_ray_token_secret_name, ray_token_secret_name, with_ray_token_secret
 from ..render.service import rayservice_patch
 from ..api.job import kueue_errors
 from ..api.spec import InvalidSpec
@@ -23,6 +23,7 @@ from ..render import stamp as stamps
 from ..status import CLUSTER_LABEL
 from ..status import attempts as tries
 from ..status.job import ATTEMPT_LABEL, attempt, child_must_go
+from ..status.rendering import token_secret_of_rerendered
 from .extras import RayTokenSecrets
 from .kind import Key, Kind, now, controller_of, create_problem, owner_reference, ownership, waiting_problem
 from .stores import Stores
@@ -151,14 +152,9 @@ class ChildStep:
                 number = attempt(self.writes.previous(parent))
                 # from attempt 2 on, when it starts: what tells an earlier attempt's late checkpoint (train.py)
                 rayjob = render.rayjob(spec, number, self.clock() if number > 1 else None)
-                # a name of this child's alone: never one a deleted child still holds
-                with_ray_token_secret(rayjob, new_ray_token_secret_name(key[2], secrets.token_hex(3)))
                 rayjob["metadata"].setdefault("labels", {})[ATTEMPT_LABEL] = str(number)
                 return rayjob
-            result, child = await self._create(kind, key, parent, spec, desired, beside, "; its Ray token Secret next")
-            if result in ("created", "exists") and not await self._token(kind, key, child, result == "created"):
-                return "retry", child
-            return result, child
+            return await self._create_with_token(kind, key, parent, spec, desired, beside)
         if not self._owned(kind, key, parent, child) or not await self._token(kind, key, child):
             return "retry", child
         if child_must_go(self.writes.previous(parent), child):
@@ -171,17 +167,37 @@ class ChildStep:
                                 beside: Callable[[], None] | None = None) -> tuple[str, dict | None]:
         """A service's RayService: every field of the spec is applied to the live RayService
         (KubeRay upgrades it without downtime). ``fresh``: the RayService ``spec`` renders (rendered,
-        and refused when too large, whatever the child keeps)."""
+        and refused when too large, whatever the child keeps). Its own Ray token Secret comes with
+        it, named when it is created and kept for its life (render/raytoken.py)."""
         child = self.of(key, parent)
         if child is None:
-            return await self._create(kind, key, parent, spec, lambda: fresh, beside)
-        if not self._owned(kind, key, parent, child):
+            return await self._create_with_token(kind, key, parent, spec, lambda: fresh, beside)
+        if not self._owned(kind, key, parent, child) or not await self._token(kind, key, child):
             return "retry", child
+        named: list[str] = []
+
+        def rerendered() -> dict:
+            """The spec's rendering with the token Secret the child names (status/rendering.py)."""
+            running = stamps.running_rendering(child, stamps.read(child), RAYSERVICE_ANNOTATIONS)
+            name = token_secret_of_rerendered(child, running, stamps.rendering(fresh))
+            if name is not None:
+                with_ray_token_secret(fresh, name)
+                named.append(name)
+            return fresh
         # An operator upgrade changes no running RayService: it keeps its own rendering (restored
         # where edited) until the spec changes or the user asks for this operator's (render/stamp.py).
-        patch = stamps.child_patch(parent, child, lambda: fresh, lambda desired: rayservice_patch(spec, child, desired),
+        patch = stamps.child_patch(parent, child, rerendered, lambda desired: rayservice_patch(spec, child, desired),
                                    RAYSERVICE_ANNOTATIONS)
-        return await self._patch(kind, key, patch), child
+        result = await self._patch(kind, key, patch)
+        if result == "child-patched" and named and named[0] != ray_token_secret_name(child):
+            # a RayService made before services got a token Secret, named one by this edit: its
+            # Secret now, before the new RayCluster's pods wait for it
+            cluster = child["spec"]["rayClusterConfig"]
+            patched = {**child, "spec": {**child["spec"], "rayClusterConfig": {**cluster}}}
+            with_ray_token_secret(patched, named[0])
+            if not await self._token(kind, key, patched):
+                return "retry", child
+        return result, child
 
     def _owned(self, kind: Kind, key: Key, parent: dict, child: dict) -> bool:
         owned = ownership(kind, parent, child)
@@ -207,6 +223,19 @@ class ChildStep:
             return False
         self.problems.pop(key, None)
         return True
+
+    async def _create_with_token(self, kind: Kind, key: Key, parent: dict, spec, render_child: Callable[[], dict],
+                                 beside: Callable[[], None] | None) -> tuple[str, dict | None]:
+        """_create() of the child ``render_child()`` renders, named a token Secret of its own (a name of
+        this child's alone: never one a deleted child still holds), then that Secret."""
+        def named() -> dict:
+            child = render_child()
+            with_ray_token_secret(child, new_ray_token_secret_name(key[2], secrets.token_hex(3)))
+            return child
+        result, child = await self._create(kind, key, parent, spec, named, beside, "; its Ray token Secret next")
+        if result in ("created", "exists") and not await self._token(kind, key, child, result == "created"):
+            return "retry", child
+        return result, child
 
     async def _create(self, kind: Kind, key: Key, parent: dict, spec, render_child: Callable[[], dict],
                       beside: Callable[[], None] | None = None, then: str = "") -> tuple[str, dict | None]:

@@ -1,6 +1,6 @@
 """Step: the extras every object's child gets besides itself. Its NetworkPolicy (``Extra``s: made
 from the spec, owned by the object, put back when changed or deleted) and its Ray token Secret
-(a job's: made once per RayJob). Their state: what this process created
+(made once per RayJob or RayService). Their state: what this process created
 and awaits the watch event of, and why an extra could not be written, per object."""
 
 from __future__ import annotations

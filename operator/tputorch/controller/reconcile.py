@@ -13,7 +13,7 @@ its own with its inputs and the in-memory state it keeps:
   kueuecap.py      the installed Kueue's cap on pod sets per Workload (a queued job's groups)
   child.py         the child, made and owned (uid), with its expectations; the pods of its clusters;
                    a job's next attempt held until the earlier attempt's pods are gone
-  extras.py        its NetworkPolicy and a job's Ray token Secret
+  extras.py        its NetworkPolicy and its child's Ray token Secret
   clusters.py      the worker bounds of a service's running RayClusters
   admission.py     Kueue admission, a service's initializing timeout, spec.suspend carried to the Workload
   attempts.py      a job's hosts lost, its RayJob read again, the child of an ended attempt
@@ -318,6 +318,10 @@ class Controller:
             desired_hash=own["annotations"].get(SPEC_HASH_ANNOTATION),  # is the live RayService up to date?
             slice_check=self.slices.found(meta.get("uid")))
         self.slices.apply(key, meta.get("uid"), spec, current, ours)  # reads Ray's state off the workers
+        if ours is not None:  # the token Secret it names is named on it, not rendered
+            token_secret = rendering.token_secret_of_rerendered(ours, own, stamps.rendering(fresh))
+            if token_secret is not None:
+                with_ray_token_secret(fresh, token_secret)
         current = rendering.with_condition(current, rendering.rendering_condition(
             kind.resource.kind, kind.child.kind, key[2], key[1], found, own, stamps.rendering(fresh),
             meta.get("generation", 0)), previous, now)

@@ -19,9 +19,12 @@ from .kind import Key, describe
 log = logging.getLogger("tputorch")
 
 # What is said, once, of a service whose cluster's Ray token only KubeRay holds (and the operator,
-# which reads no Secret, cannot present): its Ray state is not read.
+# which reads no Secret, cannot present): its Ray state is not read. A RayService the operator made
+# names its own token Secret (controller/child.py); one made before 0.3.0 keeps KubeRay's until the
+# user's edit that starts it a new RayCluster.
 KUBERAY_TOKEN = ("its Ray token is KubeRay's own (authOptions names no token Secret of the operator's, and the "
-                 "operator reads no Secret): the replicas' slices are not checked")
+                 "operator reads no Secret): the replicas' slices are not checked until an edit of the spec "
+                 "that starts a new RayCluster gives it one")
 
 
 def token_secret(rayservice: dict) -> tuple[bool, str | None]:

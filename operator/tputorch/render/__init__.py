@@ -5,7 +5,7 @@ api/ and status/'s of the same name); the objects' shapes live in templates/ (th
 both kinds run on is one macro, templates/_cluster.json.j2):
 
 - names.py: the labels and annotations the operator writes and reads back, and their values
-- raytoken.py: Ray's token auth (authOptions) and a RayJob's token Secret
+- raytoken.py: Ray's token auth (authOptions) and a child's token Secret
 - env.py: the environment of the Ray containers (a job's Ray Train shape, a service's vLLM)
 - volumes.py: spec.volumes and spec.gcsFuseSidecar in a pod (volumes, mounts, GKE's annotations, disk)
 - cluster.py: the RayCluster of either kind (head, TPU worker group, resources, autoscaler)

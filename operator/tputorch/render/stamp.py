@@ -159,6 +159,12 @@ def own_rendering(parent: dict, child: dict | None, found: Stamp | None, fresh: 
     child without a stamp has of ``managed`` and its spec)."""
     if child is None or decide(parent, found) == RERENDER:
         return rendering(fresh)
+    return running_rendering(child, found, managed)
+
+
+def running_rendering(child: dict, found: Stamp | None, managed: tuple[str, ...]) -> dict:
+    """What an existing child runs (rendering()): its stamped rendering (``found``), else what it
+    has of ``managed`` and its spec (made before the rule, or its record lost)."""
     if found is not None and found.rendering is not None:
         return found.rendering
     return rendering(child, managed)

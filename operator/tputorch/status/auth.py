@@ -10,15 +10,8 @@ from ..render import raytoken
 from ..api.phases import RAY_AUTH
 from .conditions import AUTH_OPTIONS_DROPPED, AUTH_SECRET_NAME_DROPPED, TOKEN_AUTH, condition
 
-# Where each child kind embeds its RayCluster's spec.
-_CLUSTER_FIELDS = ("rayClusterSpec", "rayClusterConfig")
 UPGRADE = ("upgrade KubeRay to 1.6 or later (docs/compatibility.md), then delete and re-create this object: "
            "the objects made before keep what the API server stored")
-
-
-def _cluster_field(child: dict) -> str:
-    spec = child.get("spec") or {}
-    return next((f for f in _CLUSTER_FIELDS if f in spec), _CLUSTER_FIELDS[0])
 
 
 def ray_auth_condition(child_kind: str, child: dict | None, own_secret: bool, generation: int) -> dict | None:
@@ -29,7 +22,7 @@ def ray_auth_condition(child_kind: str, child: dict | None, own_secret: bool, ge
     operator's progress reads do not have: ``AuthSecretNameDropped``)."""
     if child is None:
         return None
-    field = _cluster_field(child)
+    field = raytoken.cluster_field(child)
     path = f"spec.{field}.authOptions"
     name = (child.get("metadata") or {}).get("name", "")
     options = ((child.get("spec") or {}).get(field) or {}).get("authOptions") or {}

@@ -5,7 +5,7 @@ rule). Pure."""
 
 from __future__ import annotations
 
-from ..render import stamp as stamps
+from ..render import raytoken, stamp as stamps
 from ..render.names import SPEC_HASH_ANNOTATION
 from ..api.phases import RENDERING_CURRENT, VALIDATED
 from .conditions import OLDER_RENDERING, REFUSED_BY_THIS_VERSION, condition, stamp
@@ -94,6 +94,25 @@ def new_cluster(old_spec: dict, new_spec: dict) -> bool:
     second set of slices)."""
     return any(hashed_changes(old_spec.get("rayClusterConfig"), new_spec.get("rayClusterConfig"), kuberay)
                for kuberay in KUBERAY_UNHASHED)
+
+
+def token_secret_of_rerendered(child: dict, running: dict, fresh: dict) -> str | None:
+    """The token Secret an existing RayService names once re-rendered (the user's edit, or a rerender
+    request; ``running``: what it runs, stamp.running_rendering(); ``fresh``: this operator's
+    rendering): the operator's name it has (named at its creation and kept for its life: its
+    cluster holds that Secret's token), from the live child or else its record; for one made before
+    services got one (its token KubeRay's own), a name of its own only when the re-render starts a
+    new RayCluster anyway, for authOptions is inside KubeRay's cluster hash: naming a Secret on an
+    edit KubeRay applies in place (spec.replicas, the serve config) would roll every slice of the
+    service; else None."""
+    meta = child.get("metadata") or {}
+    for holder in (child, {"metadata": meta, "spec": running.get("spec") or {}}):
+        name = raytoken.ray_token_secret_name(holder)
+        if raytoken.is_ray_token_secret_of(holder, name):
+            return name
+    if new_cluster(running.get("spec") or {}, fresh.get("spec") or {}):
+        return raytoken.later_ray_token_secret_name(child)
+    return None
 
 
 def _made_by(found: stamps.Stamp | None) -> str:

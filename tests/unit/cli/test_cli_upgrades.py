@@ -42,10 +42,25 @@ def test_a_service_whose_cluster_would_change_is_a_new_raycluster_and_bounds_alo
         {"name": "GONE", "value": "1"})
     row = upgrades.plan_row("TPUTorchService", parent, stamped(old))
     assert row["change"] == "new RayCluster" and row["renderedBy"] == "0.2.0"
-    assert row["fields"] == ["spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].env"]
+    # 0.2.0's RayService names no token Secret: the edit that starts it a new RayCluster names one
+    assert row["fields"] == ["spec.rayClusterConfig.authOptions.secretName",
+                             "spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].env"]
     bounds = rayservice(parent)
     bounds["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = 9
-    assert upgrades.plan_row("TPUTorchService", parent, stamped(bounds))["change"] == "in place"
+    row = upgrades.plan_row("TPUTorchService", parent, stamped(bounds))
+    assert row["change"] == "in place" and all("authOptions" not in f for f in row["fields"])
+
+
+def test_a_services_token_secret_named_at_its_creation_is_no_change():
+    parent = service_body()
+    child = rayservice(parent)
+    with_ray_token_secret(child, "qwen-ray-token-abc123")
+    row = upgrades.plan_row("TPUTorchService", parent, stamped(child, version=stamp.OPERATOR_VERSION))
+    assert (row["change"], row["fields"]) == ("none", [])
+    child["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "GONE", "value": "1"})
+    row = upgrades.plan_row("TPUTorchService", parent, stamped(child))
+    assert row["fields"] == ["spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].env"]
 
 
 def test_a_child_made_before_the_rule_is_compared_on_what_this_version_renders():

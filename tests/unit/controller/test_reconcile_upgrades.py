@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 
 from tputorch import render
 from tputorch.render.names import SPEC_HASH_ANNOTATION
 from tputorch.render.service import rayservice_hash
 from tputorch.api import spec as specs
+from tputorch.controller import slicereads
 from tputorch.controller.raytoken import RayTokens
+from tputorch.status import rendering
 from tputorch.render import stamp
+from tputorch.render.raytoken import later_ray_token_secret_name, ray_token_secret_name, with_ray_token_secret
 
 from ..fakekube import controller
 from ..jobs import body as job_body
@@ -93,7 +97,9 @@ def test_a_new_rayservice_is_stamped_with_its_rendering_version_and_generation()
     created = ctl.kube.objects[("rayservices", "ml", "qwen")]
     found = stamp.read(created)
     assert (found.version, found.generation, found.rerender) == (stamp.OPERATOR_VERSION, 3, "")
-    assert found.rendering == stamp.rendering(render.rayservice(specs.parse_service(service(generation=3))))
+    fresh = render.rayservice(specs.parse_service(service(generation=3)))
+    with_ray_token_secret(fresh, ray_token_secret_name(created))  # named at its creation, and recorded
+    assert found.rendering == stamp.rendering(fresh)
     assert rendering_condition(last_status(ctl)) is None
 
 
@@ -119,6 +125,8 @@ def test_an_edit_of_the_spec_applies_the_new_rendering_and_stamps_it():
     (patch,) = child_patches(ctl)
     after = applied(child, patch)
     fresh = render.rayservice(specs.parse_service(service(generation=2)))
+    # a new RayCluster anyway (the variable): it gets the token Secret 0.2.0's services lacked
+    with_ray_token_secret(fresh, later_ray_token_secret_name(child))
     assert after["spec"] == fresh["spec"]
     found = stamp.read(after)
     assert (found.version, found.generation) == (stamp.OPERATOR_VERSION, 2)
@@ -267,3 +275,136 @@ def test_a_running_attempt_of_an_earlier_operators_rendering_is_said_and_the_nex
     assert "spec.entrypoint" in cond["message"] and "next attempt" in cond["message"] and "0.2.0" in cond["message"]
     assert "authOptions" not in cond["message"]  # its token Secret's name is its own, not a difference
     assert child_patches(ctl, "rayjobs") == []
+
+
+# --- a RayService's own Ray token Secret (issue 56: the slice check reads real services) -----------
+
+def token_secrets(ctl) -> list[str]:
+    """The token Secrets the operator asked to create, in order."""
+    return [c[3] for c in ctl.kube.called("create") if c[1] == "secrets"]
+
+
+def watched(ctl, patch: dict | None = None) -> dict:
+    """The RayService as the API server has it (``patch`` applied), brought by its watch event."""
+    key = ("rayservices", "ml", "qwen")
+    if patch is not None:
+        ctl.kube.objects[key] = applied(ctl.kube.objects[key], patch)
+    ctl.children[SVC]._put(ctl.children[SVC].slim(ctl.kube.objects[key]))
+    return ctl.kube.objects[key]
+
+
+def secret_name_of(child: dict) -> str | None:
+    return child["spec"]["rayClusterConfig"]["authOptions"].get("secretName")
+
+
+def test_a_rayservice_is_created_naming_its_own_token_secret_made_right_after_and_owned_by_it(caplog):
+    tokens = RayTokens(b"k" * 32)
+    ctl = setup(service(), None, ray_tokens=tokens)
+    with caplog.at_level("INFO", logger="tputorch"):
+        assert run(ctl.reconcile(SVC_KEY)) == "created"
+    assert "its Ray token Secret next" in caplog.text  # one line for both, as a job's
+    assert [c[1] for c in ctl.kube.called("create")] == ["rayservices", "secrets"]
+    made = ctl.kube.objects[("rayservices", "ml", "qwen")]
+    assert made["spec"]["rayClusterConfig"]["authOptions"]["mode"] == "token"
+    name = secret_name_of(made)
+    assert re.fullmatch(r"qwen-ray-token-[0-9a-f]{6}", name)  # this RayService's alone
+    secret = ctl.kube.objects[("secrets", "ml", name)]
+    (owner,) = secret["metadata"]["ownerReferences"]
+    assert (owner["apiVersion"], owner["kind"], owner["name"], owner["uid"]) == (
+        "ray.io/v1", "RayService", "qwen", made["metadata"]["uid"])
+    assert secret["metadata"]["labels"]["tputorch.io/service"] == "qwen"
+    assert secret["stringData"]["auth_token"] == tokens.token("ml", name) != RayTokens(b"j" * 32).token("ml", name)
+    # KubeRay holds the token the slice check presents
+    assert slicereads.token_secret(made) == (True, name)
+    # a RayService made again (deleted behind the operator's back) names a new Secret
+    del ctl.kube.objects[("rayservices", "ml", "qwen")]
+    ctl.child.expected.clear()
+    assert run(ctl.reconcile(SVC_KEY)) == "created"
+    assert secret_name_of(ctl.kube.objects[("rayservices", "ml", "qwen")]) not in (None, name)
+
+
+def test_the_token_secret_name_is_kept_across_every_rerender_and_restart():
+    """Its cluster holds that Secret's token: no edit, rerender request, drift or restart names another."""
+    ctl = setup(service(), None)
+    run(ctl.reconcile(SVC_KEY))
+    name = secret_name_of(watched(ctl))
+    for parent in (service(generation=2, image="example.com/ray-vllm-torchtpu:2.60.1"),  # a new RayCluster
+                   service(generation=3, replicas={"min": 2, "max": 2}),  # in place
+                   service(generation=3, rerender="2026-12-07T09:00:00Z", replicas={"min": 2, "max": 2})):
+        parent["metadata"]["resourceVersion"] += "-" + str(len(child_patches(ctl)))  # a version of its own
+        ctl.parents[SVC]._put(parent)
+        assert run(ctl.reconcile(SVC_KEY)) == "child-patched"
+        patch = child_patches(ctl)[-1]
+        if parent["metadata"].get("annotations"):  # the rerender of the spec it runs: its stamp alone
+            assert list(patch) == ["metadata"]
+        else:
+            assert patch["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token", "secretName": name}
+        assert secret_name_of(watched(ctl, patch)) == name
+        assert rendering_condition(last_status(ctl)) is None  # the name is no difference of renderings
+    # drift: authOptions edited behind the operator's back is put back with the same name
+    del ctl.kube.objects[("rayservices", "ml", "qwen")]["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
+    watched(ctl)
+    assert run(ctl.reconcile(SVC_KEY)) == "child-patched"
+    assert secret_name_of(watched(ctl, child_patches(ctl)[-1])) == name
+    # an operator restart: the Secret asked for again (409: there), nothing patched
+    restarted = setup(ctl.parents[SVC].get(("ml", "qwen")), ctl.kube.objects[("rayservices", "ml", "qwen")])
+    restarted.kube.objects = ctl.kube.objects
+    assert run(restarted.reconcile(SVC_KEY)) == "unchanged"
+    assert child_patches(restarted) == [] and token_secrets(restarted) == [name]
+    assert token_secrets(ctl) == [name]
+
+
+def kuberays_token_rayservice(parent: dict) -> dict:
+    """A RayService 0.2.0 made for ``parent``, otherwise rendered as this operator renders it: its
+    authOptions name no Secret (KubeRay's own holds its token)."""
+    child = older_rayservice(parent)
+    env = child["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
+    env[:] = [e for e in env if e["name"] != "OLD_OPERATORS_VARIABLE"]
+    child["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(child)
+    child["metadata"]["annotations"].update(stamp.annotations("0.2.0", 1, "", stamp.rendering(child)))
+    assert child["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
+    return child
+
+
+def test_a_rayservice_without_a_token_secret_is_not_rolled_by_an_operator_restart_nor_an_in_place_edit():
+    """The upgrade rule: authOptions is inside KubeRay's cluster hash, so naming a Secret there would
+    start a new RayCluster (a second set of slices): a RayService 0.2.0 made keeps KubeRay's token
+    through a restart and through an edit KubeRay applies in place; the slice check skips it."""
+    parent = service()
+    child = kuberays_token_rayservice(parent)
+    ctl = setup(parent, child)
+    assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
+    assert child_patches(ctl) == [] and token_secrets(ctl) == []
+    assert rendering_condition(last_status(ctl)) is None
+    assert slicereads.token_secret(child) == (False, None)
+    bounds = service(generation=2, replicas={"min": 2, "max": 2})
+    assert not rendering.new_cluster(child["spec"], render.rayservice(specs.parse_service(bounds))["spec"])
+    ctl.parents[SVC]._put(bounds)
+    assert run(ctl.reconcile(SVC_KEY)) == "child-patched"
+    (patch,) = child_patches(ctl)
+    assert patch["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
+    assert token_secrets(ctl) == []
+
+
+def test_the_edit_that_starts_a_new_raycluster_names_the_token_secret_of_a_rayservice_without_one():
+    """...and makes it at once, owned by the RayService; a reconcile before the patch's watch event
+    sends the same name (drawn from the RayService's uid, not at random)."""
+    tokens = RayTokens(b"k" * 32)
+    child = kuberays_token_rayservice(service())
+    edited = service(generation=2, image="example.com/ray-vllm-torchtpu:2.60.1")
+    ctl = setup(edited, child, ray_tokens=tokens)
+    assert run(ctl.reconcile(SVC_KEY)) == "child-patched"
+    (patch,) = child_patches(ctl)
+    name = patch["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
+    assert re.fullmatch(r"qwen-ray-token-[0-9a-f]{6}", name) and name == later_ray_token_secret_name(child)
+    assert token_secrets(ctl) == [name]
+    secret = ctl.kube.objects[("secrets", "ml", name)]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "rs-uid"
+    assert secret["stringData"]["auth_token"] == tokens.token("ml", name)
+    assert run(ctl.reconcile(SVC_KEY)) == "child-patched"  # its watch event not yet here
+    assert child_patches(ctl)[-1]["spec"]["rayClusterConfig"]["authOptions"]["secretName"] == name
+    assert token_secrets(ctl) == [name]  # made once
+    after = applied(child, patch)
+    ctl.children[SVC]._put(ctl.children[SVC].slim(after))
+    assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
+    assert slicereads.token_secret(after) == (True, name)

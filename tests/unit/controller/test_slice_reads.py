@@ -2,12 +2,15 @@
 the reconcile (controller/slicereads.py) through the fake API adapter and a fake dashboard: read
 once per interval while a replica is up, off the reconcile's path; a split is a False condition and
 one Warning Event; a failed read changes nothing; a single-host service, or one whose Ray token only
-KubeRay holds, is never read."""
+KubeRay holds (made before services got a token Secret of the operator's), is never read; a service
+is read with the token of the Secret the operator named when it made the RayService, from either
+key of a rotation."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from tputorch.controller.dashboard import DashboardError
 from tputorch.controller.writes import STATUS_INTERVAL
@@ -19,7 +22,6 @@ KIND = "TPUTorchService"
 KEY = (KIND, "ml", "qwen")
 CLUSTER = "qwen-raycluster-x7k2p"
 INTERVAL = 30.0
-SECRET = "qwen-ray-token-a1b2c3"  # a token Secret of the operator's naming (render/raytoken.py)
 
 
 def node(node_id, slice_name):
@@ -54,14 +56,14 @@ class FakeDashboard:
 class Service:
     """A serving service on a fake clock: its RayService with a running cluster and every host's pod."""
 
-    def __init__(self, topology: str = "4x4", auth: dict | None = None) -> None:
-        """``auth``: the cluster's authOptions as stored (default: a token Secret the operator named;
-        empty: KubeRay dropped them)."""
+    def __init__(self, topology: str = "4x4", auth: dict | None = None, ray_tokens=None) -> None:
+        """``auth``: the cluster's authOptions as stored (default: as the operator made the
+        RayService, naming its token Secret; empty: KubeRay dropped them)."""
         self.t = 0.0
         self.dashboard = FakeDashboard()
         self.kube = FakeKube()
         self.ctl = controller(self.kube, monotonic=lambda: self.t, dashboard=self.dashboard,
-                              progress_interval=INTERVAL)
+                              progress_interval=INTERVAL, ray_tokens=ray_tokens)
         self.due: list[tuple[float, tuple]] = []
         self.ctl.queue.add_after = lambda key, delay: self.due.append((self.t + delay, key))
         self.enqueued: list[tuple] = []  # keys a read with news brought back
@@ -72,7 +74,9 @@ class Service:
         self.ctl.parents[KIND].remember(body)
         self.reconcile()  # the RayService is created
         made = self.kube.objects[("rayservices", "ml", "qwen")]
-        made["spec"]["rayClusterConfig"]["authOptions"] = {"mode": "token", "secretName": SECRET} if auth is None else auth
+        self.secret = made["spec"]["rayClusterConfig"]["authOptions"].get("secretName")
+        if auth is not None:
+            made["spec"]["rayClusterConfig"]["authOptions"] = auth
         if not auth and auth is not None:
             del made["spec"]["rayClusterConfig"]["authOptions"]
         made["status"] = {"activeServiceStatus": {"rayClusterName": CLUSTER}}
@@ -126,7 +130,7 @@ def written(svc: Service) -> None:
 def test_a_whole_slice_is_said_once_read_and_a_split_is_a_false_condition_and_one_warning():
     svc = Service()
     svc.at(1.0)
-    tokens = svc.ctl.progress.ray_tokens.candidates("ml", SECRET)
+    tokens = svc.ctl.progress.ray_tokens.candidates("ml", svc.secret)
     assert svc.dashboard.calls == [("ml", CLUSTER, "placement_groups", tokens[0]), ("ml", CLUSTER, "nodes", tokens[0])]
     cond = svc.condition()
     assert (cond["status"], cond["reason"]) == ("True", "OneSlicePerReplica")
@@ -191,7 +195,7 @@ def test_a_single_host_service_is_never_read():
 
 
 def test_a_service_whose_token_only_kuberay_holds_is_never_read_and_said_once(caplog):
-    svc = Service(auth={"mode": "token"})  # as rendered today: KubeRay makes the Secret
+    svc = Service(auth={"mode": "token"})  # made before services got a token Secret: KubeRay's own
     with caplog.at_level(logging.INFO, logger="tputorch"):
         svc.at(1.0)
         svc.at(31.0)
@@ -205,4 +209,46 @@ def test_a_cluster_without_token_auth_is_read_without_a_token():
     svc = Service(auth={})  # KubeRay 1.5 dropped authOptions: the head is open
     svc.at(1.0)
     assert svc.dashboard.calls == [("ml", CLUSTER, "placement_groups", None), ("ml", CLUSTER, "nodes", None)]
+    svc.close()
+
+
+def test_a_service_as_the_operator_makes_it_is_read_with_the_token_of_its_own_secret():
+    """The RayService names the token Secret the operator made with it (owned by it, its token
+    derived from the operator's key): the slice check reads a real service, not only a test's."""
+    svc = Service()
+    assert re.fullmatch(r"qwen-ray-token-[0-9a-f]{6}", svc.secret)
+    secret = svc.kube.objects[("secrets", "ml", svc.secret)]
+    made = svc.kube.objects[("rayservices", "ml", "qwen")]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == made["metadata"]["uid"]
+    assert secret["stringData"]["auth_token"] == svc.ctl.slices.ray_tokens.token("ml", svc.secret)
+    svc.at(1.0)
+    token = secret["stringData"]["auth_token"]
+    assert svc.dashboard.calls == [("ml", CLUSTER, "placement_groups", token), ("ml", CLUSTER, "nodes", token)]
+    assert (svc.condition()["status"], svc.condition()["reason"]) == ("True", "OneSlicePerReplica")
+    svc.close()
+
+
+def test_a_service_made_before_a_key_rotation_is_read_with_the_previous_key():
+    """docs/tasks/rotate-token-key.md: a RayService's Secret keeps the token of the key it was made
+    under for the service's life; after a rotation the previous key's token is tried where the head
+    refuses the current one's (403), as for a job."""
+    from tputorch.controller.raytoken import RayTokens
+
+    old, new = b"o" * 32, b"n" * 32
+    svc = Service(ray_tokens=RayTokens(new, previous=old))
+    held = RayTokens(old).token("ml", svc.secret)  # as if made by the operator before the rotation
+    answer = svc.dashboard.state
+
+    async def state(namespace, cluster, what, token=None):
+        if token != held:
+            svc.dashboard.calls.append((namespace, cluster, what, token))
+            raise DashboardError(f"{what}: HTTP 403: Forbidden", 403)
+        return await answer(namespace, cluster, what, token)
+
+    svc.dashboard.state = state
+    svc.at(1.0)
+    current = RayTokens(new).token("ml", svc.secret)
+    assert [c[2:] for c in svc.dashboard.calls] == [("placement_groups", current), ("placement_groups", held),
+                                                    ("nodes", held)]
+    assert (svc.condition()["status"], svc.condition()["reason"]) == ("True", "OneSlicePerReplica")
     svc.close()

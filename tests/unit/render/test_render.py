@@ -18,7 +18,7 @@ from tputorch.render.names import (
 )
 from tputorch.render.network import NetworkPolicyConfig, network_policy, network_policy_name
 from tputorch.render.output import spec_hash, to_yaml
-from tputorch.render.raytoken import ray_token_secret, ray_token_secret_name, with_ray_token_secret
+from tputorch.render.raytoken import is_ray_token_secret_of, ray_token_secret, ray_token_secret_name, with_ray_token_secret
 from tputorch.render.serveconfig import SERVE_KEEP_ALIVE_S, llm_deployment_name
 from tputorch.render.service import admitted_timeout_patch, raycluster_bounds_patch, rayservice_hash, rayservice_patch
 from tputorch.api import service, spec, topology
@@ -940,6 +940,17 @@ def test_every_ray_cluster_of_both_kinds_runs_with_token_auth():
     assert (secret["metadata"]["name"], secret["stringData"]) == ("demo-ray-token-abc123", {"auth_token": "t0k3n"})
     assert secret["metadata"]["labels"] == {"tputorch.io/job": "demo"}
     assert secret["metadata"]["ownerReferences"] == [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "demo", "uid": "u1"}]
+    # a RayService's the same way (issue 56), owned by the RayService and labelled with its service
+    made = {**rendered_service({}), "metadata": {"name": "qwen", "namespace": "ml", "uid": "u2",
+                                                 "labels": {"tputorch.io/service": "qwen", "team": "x"}}}
+    assert ray_token_secret_name(made) is None
+    with_ray_token_secret(made, "qwen-ray-token-abc123")
+    assert made["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token", "secretName": "qwen-ray-token-abc123"}
+    assert ray_token_secret_name(made) == "qwen-ray-token-abc123" and is_ray_token_secret_of(made, "qwen-ray-token-abc123")
+    secret = ray_token_secret(made, "t0k3n")
+    assert (secret["metadata"]["name"], secret["stringData"]) == ("qwen-ray-token-abc123", {"auth_token": "t0k3n"})
+    assert secret["metadata"]["labels"] == {"tputorch.io/service": "qwen"}
+    assert secret["metadata"]["ownerReferences"] == [{"apiVersion": "ray.io/v1", "kind": "RayService", "name": "qwen", "uid": "u2"}]
     for cluster in (job, svc):
         for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
             names = {e["name"] for e in container(group["template"]).get("env") or []}

@@ -163,3 +163,33 @@ def test_a_rendering_too_large_to_record_is_left_out_and_the_child_kept_as_it_is
     patch = patch_of(parent(generation=2, env=[{"name": f"V{i}", "value": secrets.token_hex(2000)} for i in range(40)]),
                      small)
     assert patch["metadata"]["annotations"][stamp.RENDERING_ANNOTATION] is None
+
+
+def test_the_token_secret_a_rerendered_rayservice_names():
+    """status/rendering.py token_secret_of_rerendered: the operator's name a RayService has is kept
+    (from the live child, else its record); one without gets a name of its own only with a re-render
+    that starts a new RayCluster anyway (authOptions is in KubeRay's cluster hash); never another's."""
+    from tputorch.render.raytoken import later_ray_token_secret_name, with_ray_token_secret
+    from tputorch.status.rendering import token_secret_of_rerendered
+
+    fresh = render.rayservice(specs.parse_service(service_body()))
+    child = {**copy.deepcopy(fresh), "metadata": {**fresh["metadata"], "uid": "rs-uid"}}
+    running = stamp.rendering(child)
+    assert token_secret_of_rerendered(child, running, stamp.rendering(fresh)) is None  # in place: none
+    moved = copy.deepcopy(fresh)
+    moved["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = "7"
+    later = token_secret_of_rerendered(child, running, stamp.rendering(moved))
+    assert later == later_ray_token_secret_name(child) == token_secret_of_rerendered(child, running, stamp.rendering(moved))
+    assert later.startswith("qwen-ray-token-") and later != later_ray_token_secret_name(
+        {**child, "metadata": {**child["metadata"], "uid": "another"}})
+    named = copy.deepcopy(child)
+    with_ray_token_secret(named, "qwen-ray-token-abc123")
+    for rerendered in (fresh, moved):
+        assert token_secret_of_rerendered(named, stamp.rendering(named), stamp.rendering(rerendered)) == "qwen-ray-token-abc123"
+    # its authOptions edited behind the operator's back: the name its record holds
+    assert token_secret_of_rerendered(child, stamp.rendering(named), stamp.rendering(moved)) == "qwen-ray-token-abc123"
+    # a Secret the operator does not name (someone else's) is never kept: the re-render takes it out
+    # (a new RayCluster), and names the child's own
+    foreign = copy.deepcopy(child)
+    with_ray_token_secret(foreign, "someone-elses")
+    assert token_secret_of_rerendered(foreign, stamp.rendering(foreign), stamp.rendering(fresh)) == later

@@ -26,7 +26,9 @@ recorded series and those the chart's dashboard and alerts read. Ray's own autos
 that load (real_autoscaler.py, as KubeRay's autoscaler container runs it): it raises the worker
 group for the waiting replicas, KubeRay makes the pods, a second slice is attached for the one a
 node pool can take, and Serve places a waiting replica there (weights from the cache volume), the
-status counting two slices, with no request failing throughout; once the load is gone, Serve goes back to one replica and the autoscaler drains the
+status counting two slices and the operator's slice check (read from Ray's state with the token
+of the Secret it named on the RayService) saying each replica holds one whole slice, with no request
+failing throughout; once the load is gone, Serve goes back to one replica and the autoscaler drains the
 idle slice and gives its pod back.
 
 The last test runs examples/rl/grpo.py's RL job on the same head (issue 38): Ray Train on the
@@ -930,6 +932,26 @@ def each_replica_holds_one_whole_slice(serving_ray: RealRay, llm: dict) -> None:
     assert {nodes[r["node_id"]].get("ray.io/tpu-worker-id") for r in running} == {"0"}, running
 
 
+def the_operator_says_each_replica_holds_one_whole_slice(kube, ns: str, name: str, replicas: int, phase) -> dict:
+    """The operator's own slice check (controller/slicereads.py, issue 56) read the same from Ray's
+    state: ReplicasOnWholeSlices True, OneSlicePerReplica, counting ``replicas`` placed replica
+    groups. It reads the head through the stand-in dashboard with the token of the Secret the
+    operator named on the RayService (which the stand-in checks as that RayCluster's head would),
+    once per progress interval (30 s by default): waited for over a few intervals."""
+    counts = re.compile(rf"\b{replicas} LLM replica\(s\)")  # "each of the N ..." or "K of N ..."
+
+    def checked():
+        phase()
+        cond = next((c for c in status(kube, ns, name).get("conditions") or []
+                     if c["type"] == "ReplicasOnWholeSlices"), None)
+        return cond if cond and counts.search(cond.get("message", "")) else None
+
+    cond = kube.wait(checked, 150, f"the operator's slice check to read {replicas} replicas", interval=2)
+    print(f"ReplicasOnWholeSlices: {cond['status']} {cond['reason']}: {cond['message']}")
+    assert (cond["status"], cond["reason"]) == ("True", "OneSlicePerReplica"), cond
+    return cond
+
+
 @pytest.fixture
 def second_pool(kube):
     """A function that adds SECOND_POOL: HOSTS more nodes of POOL's shape (hack/nodes.yaml's,
@@ -1114,7 +1136,9 @@ def a_second_slice_serves_the_next_replica(kube, ns: str, name: str, serving_ray
     try:
         placed = kube.wait(two_replicas_running, 420, "Serve's second LLM replica running on the added slice", interval=2)
         each_replica_holds_one_whole_slice(serving_ray, placed)
-        return added, nodes, placed, kube.wait(counted, 120, "the status to count both slices")
+        counted_st = kube.wait(counted, 120, "the status to count both slices")
+        the_operator_says_each_replica_holds_one_whole_slice(kube, ns, name, 2, phase)
+        return added, nodes, placed, counted_st
     except BaseException:
         serving_ray.remove_slice(added)
         raise

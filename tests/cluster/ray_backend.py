@@ -383,7 +383,7 @@ class _Server:
         rayjob = _as_rayjob(rayjob)
         probe = slicesim.slice_from_rayjob(rayjob)
         groups = _groups(slicesim, rayjob)
-        key = (probe.pod_type, probe.topology, probe.chips_per_host, len(probe.hosts),
+        key = (probe.pod_type, probe.topology, probe.chips_per_host, len(probe.hosts), probe.cpus_per_host,
                tuple((name, g.pod_type, g.topology, len(g.hosts), g.gpus_per_host) for name, g in groups.items()))
         timings = {}
         if key != self.key:

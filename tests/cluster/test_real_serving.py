@@ -244,15 +244,14 @@ def the_heads_cpus_are_the_rendered_ones(ray: RealRay, body: dict) -> None:
                                                  f"num-cpus {rendered['num-cpus']} for this service's head")
 
 
-def the_prefix_tree_runs(ray: RealRay, deployment: str) -> dict:
+def the_prefix_tree_is_on_the_head(ray: RealRay, deployment: str) -> dict:
     """Ray Serve LLM's prefix-tree actor of `deployment` (created by the router at the first routed
-    request) is alive; where it runs is printed, not asserted: the head's rendered CPU lets Ray put
-    it there, beside the ingress that creates it, but Ray's scheduler does not promise it (issue 56:
-    on a TPU host in one of three runs of the load test here)."""
+    request) is alive on the head (issue 56): the head's CPU is the only one the operator leaves it
+    (Ray places it on any node with a CPU free), so it is never on a TPU host, whose slice it would
+    keep and whose loss would hang every routed request."""
     (tree,) = serving_chain.prefix_tree_actors(ray, deployment)
     head = serving_chain.head_node(ray)["node_id"]
-    assert tree["state"] == "ALIVE", tree
-    print(f"prefix tree of {deployment}: on the {'head' if tree['node_id'] == head else 'node ' + tree['node_id']}")
+    assert (tree["state"], tree["node_id"]) == ("ALIVE", head), (tree, head)
     return tree
 
 
@@ -325,7 +324,7 @@ def test_a_service_deploys_on_ray_serve_llm_with_vllm_and_answers(kube, second_p
     assert "PrefixCacheAffinityRouter" in json.dumps(router), router
     # ... with the operator's finite imbalance and eviction (Ray's defaults: inf, off).
     assert router.get("request_router_kwargs") == {"imbalanced_threshold": TARGET_ONGOING, "do_eviction": True}, router
-    the_prefix_tree_runs(serving_ray, llm["name"])
+    the_prefix_tree_is_on_the_head(serving_ray, llm["name"])
 
     tools_are_called_in_openais_shape(st["endpoint"], dashboard.url, name)
 
@@ -418,7 +417,7 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
     ns, name = serving_namespace, "idle"
     body = cpu_variant.service_body(str(tiny_model), name)
     # Multi-host (issue 56): from zero the autoscaler brings back a whole slice, and gives it back whole.
-    # Routed PrefixAware (issue 56): the slice still goes back with the router's prefix tree running.
+    # Routed PrefixAware (issue 56): its prefix tree's actor on the head, so the slice still goes.
     body["spec"].update(tpu=dict(SHAPE), replicas={"min": 0, "max": 1},
                         serve={"scaleToZeroDelaySeconds": 5, "routing": "PrefixAware"},
                         lora={"path": f"gs://{ADAPTER_BUCKET}/{name}", "maxAdaptersPerReplica": 1,
@@ -467,7 +466,7 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
         assert [r["state"] for r in llm["replicas"]] == ["RUNNING"], llm
         assert {r["node_id"] for r in llm["replicas"]} == {nodes[0]}, (llm, nodes)
         each_replica_holds_one_whole_slice(serving_ray, llm)
-        the_prefix_tree_runs(serving_ray, llm["name"])
+        tree = the_prefix_tree_is_on_the_head(serving_ray, llm["name"])
         an_adapter_is_downloaded_from_the_bucket_and_answers(st["endpoint"], dashboard, name, adapter_store)
 
         t2 = time.monotonic()
@@ -487,6 +486,8 @@ def test_a_service_scaled_to_zero_answers_its_first_request_and_goes_back_to_zer
     st = kube.wait(lambda: (lambda s: s if s.get("replicasReady") == "0/0" else None)(status(kube, ns, name)), 120,
                    "the status to say no slice is held")
     assert st["phase"] == "Ready" and st["message"].startswith(f"scaled to zero: no slice is held"), st
+    # The slice's hosts are gone; the prefix tree the routed requests need is the same actor, alive.
+    assert the_prefix_tree_is_on_the_head(serving_ray, llm["name"])["actor_id"] == tree["actor_id"]
 
 
 class ScrapesWhileServing:
@@ -787,6 +788,7 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
     back."""
     endpoint, proxy = f"http://{name}-serve-svc.{ns}.svc.cluster.local:8000/v1", dashboard.url
     llm = llm_deployment(serving_chain.serve_application(serving_ray, SERVE_APP))
+    tree = the_prefix_tree_is_on_the_head(serving_ray, llm["name"])
     scaling = llm["deployment_config"]["autoscaling_config"]
     assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, MAX_REPLICAS, TARGET_ONGOING), scaling
     assert llm["target_num_replicas"] == 1 and not serving_chain.placement_groups(serving_ray, "PENDING"), llm
@@ -907,6 +909,9 @@ def serve_scales_up_under_load(kube, ns: str, name: str, body: dict, serving_ray
     assert settled["phase"] == "Ready" and settled["message"] == f"serving {name} on 1 replica(s) of a {SHAPE_TEXT} slice", settled
     assert answered and not errors, errors[:3]
     assert all(a["usage"]["completion_tokens"] == 96 for a in answered)
+    # Routed by prefix all along while a slice came and went (its hosts gone): the same prefix tree,
+    # on the head (issue 56).
+    assert the_prefix_tree_is_on_the_head(serving_ray, llm["name"])["actor_id"] == tree["actor_id"]
     # Serving all along, on the one replica it has, while the deployment scales.
     print(f"under load: Serve's LLM deployment {llm['status']} ({llm.get('message')!r}), as KubeRay reports it "
           f"{reported}; phases {phases}")

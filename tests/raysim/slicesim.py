@@ -150,7 +150,11 @@ def slice_from_rayjob(rayjob: Mapping, slice_name: str | None = None, group_name
             env["TPU_WORKER_HOSTNAMES"] = hostnames
         hosts.append(SimHost(index=i, chips=chips_per_host, env=env))
     head_env = _plain_env(_container(cluster_spec["headGroupSpec"]["template"]))
-    return SimSlice(name, topology, pod_type, chips_per_host, hosts, head_env, **_group_extras(group))
+    # KubeRay passes the group's rayStartParams to `ray start`: a num-cpus there is the hosts' Ray CPUs
+    # (a PrefixAware service's TPU hosts have none; issue 56), else one per chip.
+    cpus = (group.get("rayStartParams") or {}).get("num-cpus")
+    return SimSlice(name, topology, pod_type, chips_per_host, hosts, head_env,
+                    cpus_per_host=None if cpus is None else int(cpus), **_group_extras(group))
 
 
 def nodes_from_group(rayjob: Mapping, group_name: str, cpus_per_host: int = 1) -> SimSlice:

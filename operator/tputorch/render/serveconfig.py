@@ -65,8 +65,15 @@ def serve_config(svc: ServiceSpec) -> dict:
         "health_check_timeout_s": svc.health_check_timeout_s,
         "graceful_shutdown_timeout_s": svc.graceful_shutdown_timeout_s,
         "request_router_config": request_router_config(svc),
-        **replica_placement(svc),
+        **placement_context(svc),
     }))
+
+
+def placement_context(svc: ServiceSpec) -> dict:
+    """replica_placement as the serve config's template takes it: the replica's pin inside its actor options."""
+    placement = replica_placement(svc)
+    options = replica_actor_options(svc, placement.pop("replica_resources"))
+    return {**placement, "replica_actor_options": options}
 
 
 def request_router_config(svc: ServiceSpec) -> dict | None:
@@ -85,12 +92,13 @@ def request_router_config(svc: ServiceSpec) -> dict | None:
 
 # Ray 2.60's PrefixCacheAffinityRouter keeps its prefix tree in one detached actor
 # (LlmPrefixTreeActor) that the router creates, in the ingress's process, with Ray's actor defaults:
-# 1 CPU to be scheduled (none held once it runs), never restarted. With the head at num-cpus 0 it
-# can only land on a TPU host, whose slice then never idles, and whose loss leaves every routed
-# request waiting for the tree until the router's timeout (issue 56). A CPU on the head for it:
-# Ray's default scheduling prefers the caller's node (the ingress is on the head), where the actor
-# outlives every slice and costs no TPU host. Prefers, not promises: on the local chain it still
-# landed on a TPU host in one run of three.
+# 1 CPU to be scheduled (none held once it runs), never restarted. Ray places it on any node with a
+# CPU free, not on its caller's (measured with Ray 2.60: 5 of 15 such actors on the head from a
+# caller pinned there, two 2-CPU nodes beside it). On a TPU host the tree keeps that slice from
+# idling and dies with it, leaving every routed request waiting for it until the router's timeout
+# (issue 56). So under PrefixAware routing the head's CPU is the only one of the cluster: the head
+# gets one, the TPU hosts none (Ray num-cpus 0), and the LLMServer replica, the only Serve actor on
+# a TPU host, asks none (its placement group holds the chips; vLLM's Ray workers ask none either).
 HEAD_CPUS_FOR_PREFIX_TREE = "1"
 
 
@@ -98,6 +106,19 @@ def head_num_cpus(svc: ServiceSpec) -> str:
     """The head's Ray num-cpus: none (no Serve replica or vLLM worker on it, as Google's sample),
     but one for the prefix tree's actor under PrefixAware routing."""
     return HEAD_CPUS_FOR_PREFIX_TREE if request_router_config(svc) else "0"
+
+
+def tpu_host_start_params(svc: ServiceSpec) -> dict[str, str]:
+    """The TPU worker group's rayStartParams: Ray's num-cpus 0 under PrefixAware routing, so the prefix
+    tree's actor can only be scheduled on the head; otherwise KubeRay's default (the container's CPUs)."""
+    return {"num-cpus": "0"} if request_router_config(svc) else {}
+
+
+def replica_actor_options(svc: ServiceSpec, resources: dict) -> dict:
+    """The LLMServer replica's ray_actor_options: its pin (``resources``), and under PrefixAware routing
+    no CPU (Ray Serve LLM merges Ray's default 1 into the replica's bundle, which a TPU host without
+    CPUs could never hold)."""
+    return {"num_cpus": 0, "resources": resources} if request_router_config(svc) else {"resources": resources}
 
 
 def autoscaler_visible_resources(svc: ServiceSpec) -> dict[str, str] | None:

@@ -639,6 +639,20 @@ def test_prefix_aware_routing_gives_the_head_one_cpu_for_the_prefix_tree_actor()
     assert head(rendered_service({})) == "0"
 
 
+def test_prefix_aware_routing_leaves_no_cpu_for_the_prefix_tree_actor_but_the_heads():
+    # Issue 56: Ray schedules the detached actor on any node with a free CPU (not its caller's): the
+    # TPU hosts advertise none and the LLM replica, the only Serve actor there, asks none.
+    for shape in ({}, {"tpu": {"topology": "2x2"}}, {"replicas": {"min": 0, "max": 1}}):
+        routed = rendered_service({**shape, "serve": {"routing": "PrefixAware"}})
+        (group,) = routed["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+        assert group["rayStartParams"] == {"num-cpus": "0"}
+        assert _llm_deployment_config(routed)["ray_actor_options"]["num_cpus"] == 0
+        plain = rendered_service({**shape, "serve": {"routing": "PowerOfTwo"}})
+        (group,) = plain["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+        assert group["rayStartParams"] == {}  # KubeRay's default: the container's CPUs
+        assert "num_cpus" not in _llm_deployment_config(plain)["ray_actor_options"]
+
+
 def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress():
     on_head = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
     # Issue 56: on the head in every mode (on a TPU host, the head having no CPU, it held a slice).

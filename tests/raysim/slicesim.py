@@ -116,8 +116,9 @@ def _group(cluster_spec: Mapping, group_name: str | None) -> Mapping:
 
 
 def _group_extras(group: Mapping) -> dict:
+    """The group's Ray labels and custom resources (its resources but CPU, which is ray start's --num-cpus)."""
     return {"labels": dict(group.get("labels") or {}),
-            "resources": {k: float(v) for k, v in (group.get("resources") or {}).items()}}
+            "resources": {k: float(v) for k, v in (group.get("resources") or {}).items() if k != "CPU"}}
 
 
 def slice_from_rayjob(rayjob: Mapping, slice_name: str | None = None, group_name: str | None = None) -> SimSlice:
@@ -150,9 +151,9 @@ def slice_from_rayjob(rayjob: Mapping, slice_name: str | None = None, group_name
             env["TPU_WORKER_HOSTNAMES"] = hostnames
         hosts.append(SimHost(index=i, chips=chips_per_host, env=env))
     head_env = _plain_env(_container(cluster_spec["headGroupSpec"]["template"]))
-    # KubeRay passes the group's rayStartParams to `ray start`: a num-cpus there is the hosts' Ray CPUs
-    # (a PrefixAware service's TPU hosts have none; issue 56), else one per chip.
-    cpus = (group.get("rayStartParams") or {}).get("num-cpus")
+    # KubeRay passes the group's resources' CPU to `ray start` as --num-cpus: the hosts' Ray CPUs (a
+    # PrefixAware service's TPU hosts have none; issue 56), else one per chip here.
+    cpus = (group.get("resources") or {}).get("CPU")
     return SimSlice(name, topology, pod_type, chips_per_host, hosts, head_env,
                     cpus_per_host=None if cpus is None else int(cpus), **_group_extras(group))
 

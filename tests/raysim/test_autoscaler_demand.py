@@ -32,11 +32,12 @@ from ray.serve._private.config import ReplicaConfig  # noqa: E402
 TPU_GROUP = "tpu-slice"
 
 
-def service(topology: str, low: int, high: int) -> spec.ServiceSpec:
+def service(topology: str, low: int, high: int, routing: str = "PowerOfTwo") -> spec.ServiceSpec:
     return spec.parse_service({
         "apiVersion": "tputorch.io/v1alpha1", "kind": "TPUTorchService", "metadata": {"name": "svc", "namespace": "ml"},
         "spec": {"tpu": {"accelerator": "v6e", "topology": topology}, "image": "example.com/ray-vllm:2.60.0",
-                 "model": {"source": "Qwen/Qwen3-0.6B"}, "replicas": {"min": low, "max": high}}})
+                 "model": {"source": "Qwen/Qwen3-0.6B"}, "replicas": {"min": low, "max": high},
+                 "serve": {"routing": routing}}})
 
 
 def deployment_options(svc: spec.ServiceSpec, name: str) -> dict:
@@ -97,7 +98,7 @@ def test_an_autoscaled_service_can_be_given_a_slice_for_a_new_replica():
 
 def test_without_the_groups_resources_the_demand_is_infeasible(monkeypatch):
     """What the rendered cluster had before: the autoscaler finds no node type for the replica."""
-    monkeypatch.setattr("tputorch.render.service.autoscaler_visible_resources", lambda _svc: None)
+    monkeypatch.setattr("tputorch.render.serveconfig.autoscaler_visible_resources", lambda _svc: None)
     svc = service("2x2", 1, 3)  # rendered (and cached by render) after the patch
     reply = schedule(svc, replica_demand(deployment_options(svc, "LLMServer")))
     assert [dict(r.resources_bundle) for r in reply.infeasible_resource_requests] == [
@@ -306,3 +307,19 @@ def test_the_real_chains_autoscaler_is_told_which_pod_each_ray_node_stands_for()
     assert real_autoscaler._pods_as_node_ids(Pods(), "svc", nodes) == {
         b"head": ("svc-head-x", "headgroup"), first: ("svc-tpu-slice-worker-a", TPU_GROUP),
         added: ("svc-tpu-slice-worker-b", TPU_GROUP)}
+
+
+@pytest.mark.parametrize("topology", ["2x2", "4x4"])
+def test_a_prefix_routed_services_slices_take_its_replicas_but_never_a_cpu_actor(topology):
+    """PrefixAware (issue 56): the TPU hosts' node type has no CPU, so Ray's autoscaler never adds a
+    slice for a CPU demand such as Ray Serve LLM's prefix-tree actor (1 CPU to be scheduled), which
+    only the head can take (with Serve's own routing, which leaves the hosts their CPUs, such a
+    demand launches a whole slice); the LLM replica, which asks no CPU, still gets a slice."""
+    tree = ResourceRequest(resources_bundle={"CPU": 1})
+    routed = service(topology, 0, 2, routing="PrefixAware")
+    assert "tpu-slice" not in launched(schedule(routed, tree))
+    assert launched(schedule(service(topology, 0, 2), tree)) == {"tpu-slice": 1}
+    assert deployment_options(routed, "LLMServer")["num_cpus"] == 0
+    if topology == "2x2":  # the single-host replica is one actor (the multi-host one a gang: above)
+        reply = schedule(routed, replica_demand(deployment_options(routed, "LLMServer")))
+        assert launched(reply) == {"tpu-slice": 1} and not reply.infeasible_resource_requests, reply

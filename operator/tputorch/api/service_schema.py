@@ -224,7 +224,7 @@ def service_spec_schema() -> dict:
                         "PrefixAware: Ray Serve LLM's PrefixCacheAffinityRouter, the replica that served the longest "
                         "prefix of the prompt (vLLM's prefix cache hits) until a replica is targetOngoingRequests "
                         "behind another (then the less loaded of two), its prefix tree evicting; for more than one replica. "
-                        "Its prefix tree's actor runs on the head: the head gets Ray num-cpus 1, the TPU hosts 0.",
+                        "Its prefix tree's actor runs on the head: the head gets one Ray CPU, the TPU hosts none.",
                         enum=list(spec.SERVE_ROUTINGS), default=spec.SERVICE_DEFAULTS["serve.routing"]),
                     "ingressReplicas": int_field(
                         "Replicas of Ray Serve LLM's OpenAiIngress, which takes every request's HTTP and streams the "

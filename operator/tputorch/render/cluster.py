@@ -93,7 +93,7 @@ def autoscaler_env(hosts: int) -> list[dict]:
 
 def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_replicas: int = 1, max_replicas: int = 1,
                     autoscaling: bool | None = None, head_start_params: dict | None = None,
-                    idle_timeout_s: int | None = None, worker_start_params: dict | None = None) -> dict:
+                    idle_timeout_s: int | None = None) -> dict:
     """The RayCluster of either kind (templates/_cluster.json.j2): one slice per worker replica;
     ``idle_timeout_s``: a service's spec.replicas.idleTimeoutSeconds (None: SLICE_IDLE_TIMEOUT_S)."""
     autoscaling = max_replicas > min_replicas if autoscaling is None else autoscaling
@@ -104,7 +104,6 @@ def cluster_context(spec: Spec, env: list[dict], head_ports: list[dict], min_rep
         "auth_options": RAY_AUTH,
         "autoscaling": autoscaling,
         "head_start_params": {"dashboard-host": "0.0.0.0", **(head_start_params or {})},
-        "worker_start_params": worker_start_params or {},
         "security_context": spec.security_context,
         # KubeRay's autoscaler runs in the head pod and scales the RayCluster through the API: it
         # alone gets the API token (autoscaler_token), not the Ray container beside it.

@@ -108,10 +108,14 @@ def head_num_cpus(svc: ServiceSpec) -> str:
     return HEAD_CPUS_FOR_PREFIX_TREE if request_router_config(svc) else "0"
 
 
-def tpu_host_start_params(svc: ServiceSpec) -> dict[str, str]:
-    """The TPU worker group's rayStartParams: Ray's num-cpus 0 under PrefixAware routing, so the prefix
-    tree's actor can only be scheduled on the head; otherwise KubeRay's default (the container's CPUs)."""
-    return {"num-cpus": "0"} if request_router_config(svc) else {}
+def tpu_host_ray_resources(svc: ServiceSpec) -> dict[str, str] | None:
+    """The TPU worker group's Ray resources (KubeRay's group `resources`: it passes CPU to `ray start`
+    as --num-cpus and the others as --resources, Ray's autoscaler reads them as the group's node type,
+    and KubeRay refuses a group that also sets them in rayStartParams): CPU 0 under PrefixAware
+    routing, so the prefix tree's actor can only be scheduled on the head (otherwise KubeRay's default,
+    the container's CPUs), and what the autoscaler must see (autoscaler_visible_resources)."""
+    resources = {"CPU": "0"} if request_router_config(svc) else {}
+    return {**resources, **(autoscaler_visible_resources(svc) or {})} or None
 
 
 def replica_actor_options(svc: ServiceSpec, resources: dict) -> dict:

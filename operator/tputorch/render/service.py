@@ -16,7 +16,7 @@ from .cluster import SERVICE_HEAD_PORTS, cluster_context
 from .env import serving_env
 from .names import (INITIALIZING_TIMEOUT_ANNOTATION, KUEUE_ELASTIC_JOB_ANNOTATION, SPEC_HASH_ANNOTATION, object_labels,
                     pod_labels)
-from .serveconfig import autoscaler_visible_resources, head_num_cpus, serve_config, tpu_host_start_params
+from .serveconfig import head_num_cpus, serve_config, tpu_host_ray_resources
 
 def rayservice_annotations(svc: ServiceSpec) -> dict[str, str]:
     """The RayService's annotations other than our spec hash. A queued service is created without
@@ -108,9 +108,8 @@ def rayservice(svc: ServiceSpec) -> dict:
         "cluster": {**cluster_context(svc, serving_env(svc), SERVICE_HEAD_PORTS, svc.min_replicas, svc.max_replicas,
                                       autoscaling=svc.autoscaling or not svc.queue_name,
                                       head_start_params={"num-cpus": head_num_cpus(svc)},
-                                      worker_start_params=tpu_host_start_params(svc),
                                       idle_timeout_s=svc.idle_timeout_s),
-                    "worker_ray_resources": autoscaler_visible_resources(svc)},
+                    "worker_ray_resources": tpu_host_ray_resources(svc)},
     }), "RayService")
     obj["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = rayservice_hash(obj)
     return obj

@@ -645,12 +645,27 @@ def test_prefix_aware_routing_leaves_no_cpu_for_the_prefix_tree_actor_but_the_he
     for shape in ({}, {"tpu": {"topology": "2x2"}}, {"replicas": {"min": 0, "max": 1}}):
         routed = rendered_service({**shape, "serve": {"routing": "PrefixAware"}})
         (group,) = routed["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-        assert group["rayStartParams"] == {"num-cpus": "0"}
+        # In the group's resources, which KubeRay passes to ray start as --num-cpus 0 (and refuses
+        # beside rayStartParams' num-cpus when the group has resources: autoscaled ones do).
+        assert group["resources"]["CPU"] == "0" and group["rayStartParams"] == {}, group
         assert _llm_deployment_config(routed)["ray_actor_options"]["num_cpus"] == 0
         plain = rendered_service({**shape, "serve": {"routing": "PowerOfTwo"}})
         (group,) = plain["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-        assert group["rayStartParams"] == {}  # KubeRay's default: the container's CPUs
+        assert "CPU" not in (group.get("resources") or {})  # KubeRay's default: the container's CPUs
         assert "num_cpus" not in _llm_deployment_config(plain)["ray_actor_options"]
+
+
+# KubeRay 1.6.2's validateRayGroupResources: a group with `resources` must not set these in rayStartParams.
+KUBERAY_START_PARAM_RESOURCES = ("num-cpus", "num-gpus", "memory", "resources")
+
+
+@pytest.mark.parametrize("case", sorted(SERVICE_CASES))
+def test_no_group_sets_ray_resources_in_both_places_kuberay_refuses(case):
+    rs = rendered_service(SERVICE_CASES[case])
+    cluster = rs["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        both = [k for k in KUBERAY_START_PARAM_RESOURCES if group.get("rayStartParams", {}).get(k)]
+        assert not (both and group.get("resources")), (case, group.get("groupName", "head"), both, group["resources"])
 
 
 def test_ingress_replicas_are_a_deployments_override_of_ray_serve_llms_ingress():

@@ -145,7 +145,8 @@ MAX_IDLE_TIMEOUT_S = 86400
 # second set of slices, and switches over when it serves. None: cluster-spec edits are not rolled
 # out (serveConfigV2 edits still are, in place). NewClusterWithIncrementalUpgrade needs KubeRay's
 # RayServiceIncrementalUpgrade gate and the Gateway API: not offered.
-UPGRADE_STRATEGIES = ("NewCluster", "None")
+NO_UPGRADE = "None"  # KubeRay rolls out no cluster-spec edit (rayservice_controller.go isZeroDowntimeUpgradeEnabled)
+UPGRADE_STRATEGIES = ("NewCluster", NO_UPGRADE)
 # How Serve picks the replica for a request: PowerOfTwo is Serve's own (the less loaded of two at
 # random); PrefixAware is Ray Serve LLM's PrefixCacheAffinityRouter (a request goes to the replica
 # that served the longest prefix of its prompt, so vLLM's prefix cache hits, while load is even).

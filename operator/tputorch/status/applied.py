@@ -33,6 +33,7 @@ import copy
 from dataclasses import dataclass
 
 from .. import timestamps
+from ..api.service import NO_UPGRADE
 from ..render.names import SERVE_APP
 from ..render.output import spec_hash
 from .conditions import condition_of
@@ -155,7 +156,7 @@ def applied(rayservice: dict, previous_record: dict | None, upgrade_strategy: st
                            "generation carries the application statuses it read before sending the new config", prev)
         record["serveConfig"] = want["serveConfig"]  # Serve is redeploying the new config, or has
     if want["cluster"] != prev.get("cluster"):
-        if upgrade_strategy == "None":
+        if upgrade_strategy == NO_UPGRADE:
             return Applied(UPGRADE_STRATEGY_NONE,
                            f"spec.upgradeStrategy is None: KubeRay applies no edit of the slice's pods, RayCluster "
                            f"{active_name} keeps running the old spec (use NewCluster, or delete and re-create the "

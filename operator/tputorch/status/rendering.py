@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..render import raytoken, stamp as stamps
 from ..render.names import SPEC_HASH_ANNOTATION
 from ..api.phases import RENDERING_CURRENT, VALIDATED
+from ..api.service import NO_UPGRADE
 from .conditions import OLDER_RENDERING, REFUSED_BY_THIS_VERSION, condition, stamp
 
 # What KubeRay leaves out of the cluster hash it compares a RayService's rayClusterConfig by, per
@@ -104,13 +105,15 @@ def token_secret_of_rerendered(child: dict, running: dict, fresh: dict) -> str |
     services got one (its token KubeRay's own), a name of its own only when the re-render starts a
     new RayCluster anyway, for authOptions is inside KubeRay's cluster hash: naming a Secret on an
     edit KubeRay applies in place (spec.replicas, the serve config) would roll every slice of the
-    service; else None."""
+    service, and under upgradeStrategy None KubeRay starts none (its cluster keeps KubeRay's token,
+    which the slice check would present the operator's to); else None."""
     meta = child.get("metadata") or {}
     for holder in (child, {"metadata": meta, "spec": running.get("spec") or {}}):
         name = raytoken.ray_token_secret_name(holder)
         if raytoken.is_ray_token_secret_of(holder, name):
             return name
-    if new_cluster(running.get("spec") or {}, fresh.get("spec") or {}):
+    rolled = ((fresh.get("spec") or {}).get("upgradeStrategy") or {}).get("type") != NO_UPGRADE
+    if rolled and new_cluster(running.get("spec") or {}, fresh.get("spec") or {}):
         return raytoken.later_ray_token_secret_name(child)
     return None
 

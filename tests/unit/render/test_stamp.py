@@ -193,3 +193,23 @@ def test_the_token_secret_a_rerendered_rayservice_names():
     foreign = copy.deepcopy(child)
     with_ray_token_secret(foreign, "someone-elses")
     assert token_secret_of_rerendered(foreign, stamp.rendering(foreign), stamp.rendering(fresh)) == later
+
+
+def test_a_rayservice_without_a_token_secret_is_named_none_under_upgrade_strategy_none():
+    """KubeRay starts no new RayCluster under upgradeStrategy None (1.6.2 rayservice_controller.go
+    isZeroDowntimeUpgradeEnabled): the running cluster keeps KubeRay's token, so a Secret named on
+    the RayService would be one its cluster does not hold, whose token the slice check would present.
+    The edit that sets NewCluster beside a cluster change starts one, and names it."""
+    from tputorch.render.raytoken import later_ray_token_secret_name
+    from tputorch.status.rendering import new_cluster, token_secret_of_rerendered
+
+    fresh = render.rayservice(specs.parse_service(service_body(upgradeStrategy="None")))
+    assert fresh["spec"]["upgradeStrategy"] == {"type": "None"}
+    child = {**copy.deepcopy(fresh), "metadata": {**fresh["metadata"], "uid": "rs-uid"}}
+    moved = copy.deepcopy(fresh)
+    moved["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = "7"
+    assert new_cluster(child["spec"], moved["spec"])  # inside the hash: what names one under NewCluster
+    assert token_secret_of_rerendered(child, stamp.rendering(child), stamp.rendering(moved)) is None
+    moved["spec"]["upgradeStrategy"] = {"type": "NewCluster"}
+    assert (token_secret_of_rerendered(child, stamp.rendering(child), stamp.rendering(moved))
+            == later_ray_token_secret_name(child))

@@ -23,6 +23,7 @@ from ..render import stamp as stamps
 from ..status import CLUSTER_LABEL
 from ..status import attempts as tries
 from ..status.job import ATTEMPT_LABEL, attempt, child_must_go
+from ..status.pods import secret_missing
 from ..status.rendering import token_secret_of_rerendered
 from .extras import RayTokenSecrets
 from .kind import Key, Kind, now, controller_of, create_problem, owner_reference, ownership, waiting_problem
@@ -217,6 +218,10 @@ class ChildStep:
         return "child-patched"
 
     async def _token(self, kind: Kind, key: Key, child: dict, just_created: bool = False) -> bool:
+        if self.stores.pods is not None and secret_missing(self.pods_of(kind, key, child), ray_token_secret_name(child)):
+            # made once per process, as the operator may not read Secrets: its pods say it is gone
+            # (deleted by hand), so it is made again (its token the current key's)
+            self.tokens.forget(key, None)
         problem = await self.tokens.ensure(kind, key, child, just_created)
         if problem is not None:
             self.problems[key] = problem

@@ -133,7 +133,8 @@ class RayTokenSecrets:
 
     async def ensure(self, kind: Kind, key: Key, child: dict, just_created: bool = False) -> tuple[str, str] | None:
         """Made once per process per child: level-based, so a child whose Secret an earlier process
-        never made (it died or was refused in between) gets it. Created only, as the operator may
+        never made (it died or was refused in between) gets it (and one deleted by hand, once its
+        pods say so: child.py _token). Created only, as the operator may
         not read Secrets: a 409 is this child's own (the name is the child's alone, the token is
         derived, never random). The problem when refused: said in the status and tried again."""
         name, uid = ray_token_secret_name(child), child["metadata"].get("uid")

@@ -151,6 +151,18 @@ def container_problem(pods: Iterable[dict]) -> tuple[str, str] | None:
     return None
 
 
+def secret_missing(pods: Iterable[dict], secret_name: str | None) -> bool:
+    """A container of ``pods`` cannot start because the Secret ``secret_name`` is not there
+    (kubelet's CreateContainerConfigError, 'secret "<name>" not found')."""
+    quoted = f'"{secret_name}"'
+    return bool(secret_name) and any(
+        waiting.get("reason") == "CreateContainerConfigError" and quoted in (waiting.get("message") or "")
+        and "not found" in (waiting.get("message") or "")
+        for pod in pods for cs in ((pod.get("status") or {}).get("initContainerStatuses") or [])
+        + ((pod.get("status") or {}).get("containerStatuses") or [])
+        for waiting in [(cs.get("state") or {}).get("waiting") or {}])
+
+
 def quota_problem(cluster_status: dict | None) -> tuple[str, str] | None:
     """(reason, message) when KubeRay cannot create the slice's pods (its ReplicaFailure condition):
     a ResourceQuota exceeded (QuotaExceeded, the quota's message as is) or another refusal."""

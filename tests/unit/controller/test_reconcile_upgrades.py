@@ -408,3 +408,33 @@ def test_the_edit_that_starts_a_new_raycluster_names_the_token_secret_of_a_rayse
     ctl.children[SVC]._put(ctl.children[SVC].slim(after))
     assert run(ctl.reconcile(SVC_KEY)) == "unchanged"
     assert slicereads.token_secret(after) == (True, name)
+
+
+def test_a_token_secret_deleted_by_hand_is_made_again_once_its_pods_say_it_is_gone():
+    """The operator may not read or watch Secrets, so it makes a child's token Secret once per
+    process; a Secret deleted by hand would leave every new pod of the cluster (a slice the
+    autoscaler adds, a replaced host, the next RayCluster) waiting in CreateContainerConfigError and
+    KubeRay unable to call the head until an operator restart. A pod that says so brings it back,
+    with the same token (derived, the key unchanged)."""
+    tokens = RayTokens(b"k" * 32)
+    ctl = setup(service(), None, ray_tokens=tokens)
+    assert run(ctl.reconcile(SVC_KEY)) == "created"
+    made = ctl.kube.objects[("rayservices", "ml", "qwen")]
+    name = secret_name_of(made)
+    made["status"] = {"activeServiceStatus": {"rayClusterName": "qwen-raycluster-x7k2p"}}
+    watched(ctl)
+
+    def waiting_pod(version: str, missing: str) -> dict:
+        waiting = {"reason": "CreateContainerConfigError", "message": f'secret "{missing}" not found'}
+        return {"metadata": {"name": "qwen-raycluster-x7k2p-tpu-0", "namespace": "ml", "resourceVersion": version,
+                             "labels": {"tputorch.io/service": "qwen", "ray.io/cluster": "qwen-raycluster-x7k2p",
+                                        "ray.io/node-type": "worker"}},
+                "status": {"phase": "Pending", "containerStatuses": [{"name": "ray-worker", "state": {"waiting": waiting}}]}}
+    # another Secret's absence (the user's own, in the pod's env) is not this one's
+    ctl.pods.remember(waiting_pod("1", "hf-token"))
+    assert run(ctl.reconcile(SVC_KEY)) == "unchanged" and token_secrets(ctl) == [name]  # made once
+    first = ctl.kube.objects.pop(("secrets", "ml", name))  # deleted by hand
+    ctl.pods._put(ctl.pods.slim(waiting_pod("2", name)))  # its watch event
+    run(ctl.reconcile(SVC_KEY))
+    assert token_secrets(ctl) == [name, name]
+    assert ctl.kube.objects[("secrets", "ml", name)]["stringData"] == first["stringData"]

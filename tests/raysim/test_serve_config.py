@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import pathlib
+import types
 
 import pytest
 import yaml
@@ -219,3 +220,52 @@ def test_prefix_aware_routing_kwargs_are_the_routers_own_and_bound_the_tree():
     assert defaults["imbalanced_threshold"].default == float("inf") and defaults["do_eviction"].default is False
     assert bound.arguments["imbalanced_threshold"] == service_api.SERVICE_DEFAULTS["serve.targetOngoingRequests"]
     assert bound.arguments["do_eviction"] is True
+
+
+def reserved_slice_bundles(cfg: dict, monkeypatch) -> list[dict]:
+    """The bundles of the slice placement group a replica reserves once started, as Ray 2.60's code
+    makes them: TPUAccelerator.create_placement_group on the LLMConfig's bundles (an explicit
+    placement_group_config's, with the accelerator hint Ray adds, else the backend's defaults), then
+    SlicePlacementGroup's get_tpu_worker_resources (stopped there: no Ray cluster here)."""
+    from ray.llm._internal.serve.core.configs import accelerators
+    from ray.util.tpu import get_tpu_worker_resources
+
+    llm, defaults = bundles(cfg)
+    asked = ([{f"accelerator_type:{llm.accelerator_type}": 0.001, **b} for b in cfg["placement_group_config"]["bundles"]]
+             if cfg.get("placement_group_config") else defaults)
+    made = {}
+
+    def slice_placement_group(**kwargs):
+        made.update(kwargs)
+        return types.SimpleNamespace(placement_group=None)
+    monkeypatch.setattr(accelerators, "slice_placement_group", slice_placement_group)
+    TPUAccelerator(llm.accelerator_config).create_placement_group(
+        bundles=asked, strategy="PACK", name="", accelerator_type_str=llm.accelerator_type)
+    count, resources = get_tpu_worker_resources(topology=made["topology"], accelerator_type=made["accelerator_version"],
+                                                resources_per_worker=made["resources_per_bundle"], num_slices=1,
+                                                tpu_resource_per_chip=1)
+    return [resources] * count
+
+
+@pytest.mark.parametrize("s", [s for s in SERVICE_SLICES if s.hosts == 1], ids=lambda s: f"{s.generation.name}-{s.topology}")
+def test_a_single_host_prefix_aware_replica_reserves_its_slice_without_a_cpu(s, monkeypatch):
+    """Issue 56: a PrefixAware service's TPU hosts have no Ray CPU (the prefix tree's actor can only
+    go to the head), and Ray's slice placement group asks 1 CPU per bundle unless the bundle names
+    CPU: the replica's own slice would never be placed. Its bundle asks none, and the same chips."""
+    def rendered(routing: str) -> dict:
+        rs = render.rayservice(spec.parse_service({
+            "kind": "TPUTorchService", "metadata": {"name": "svc", "namespace": "default"},
+            "spec": {"tpu": {"accelerator": s.generation.name, "topology": s.topology}, "image": "example.invalid/vllm:1",
+                     "model": {"source": "Qwen/Qwen3-0.6B"}, "serve": {"routing": routing}}}))
+        group = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+        return llm_configs(rs)[0], (group.get("resources") or {}).get("CPU")
+
+    cfg, host_cpus = rendered("PrefixAware")
+    assert host_cpus == "0"
+    (reserved,) = reserved_slice_bundles(cfg, monkeypatch)
+    assert reserved.get("CPU") == 0 and reserved["TPU"] == s.chips_per_host
+    # Serve's own routing: the hosts keep their CPUs, and Ray's slice what it asked before
+    cfg, host_cpus = rendered("PowerOfTwo")
+    assert host_cpus is None and cfg.get("placement_group_config") is None
+    (reserved,) = reserved_slice_bundles(cfg, monkeypatch)
+    assert reserved["CPU"] == 1 and reserved["TPU"] == s.chips_per_host

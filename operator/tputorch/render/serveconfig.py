@@ -199,10 +199,13 @@ def replica_placement(svc: ServiceSpec) -> dict:
     one head bundle with worker-0 labels no planned host has) nor a label of a running host
     (ray.io/tpu-worker-id) can ever add a slice (tests/raysim/test_autoscaler_demand.py)."""
     s = svc.slice
-    if not s.multi_host:
-        return {"topology": s.topology, "placement_group_config": None,
-                "replica_resources": {accelerator_resource(svc): 0.001}}
     per_host = s.chips_per_host * (topology.ray_tpu_resource_per_chip(s.generation, serving=True) or 1)
+    if not s.multi_host:
+        # The slice Serve LLM reserves asks 1 CPU per bundle unless its bundle names CPU (Ray 2.60
+        # ray.util.tpu get_tpu_worker_resources): under PrefixAware the host has none (tpu_host_ray_resources).
+        no_cpu = {"bundles": [{"TPU": per_host, "CPU": 0}]} if request_router_config(svc) else None
+        return {"topology": s.topology, "placement_group_config": no_cpu,
+                "replica_resources": {accelerator_resource(svc): 0.001}}
     return {"topology": None,
             "placement_group_config": {"bundles": [{"TPU": per_host} for _ in range(s.hosts)], "strategy": "SPREAD"},
             "replica_resources": {slice_head_resource(svc): 1}}

@@ -655,6 +655,19 @@ def test_prefix_aware_routing_leaves_no_cpu_for_the_prefix_tree_actor_but_the_he
         assert "num_cpus" not in _llm_deployment_config(plain)["ray_actor_options"]
 
 
+def test_a_single_host_prefix_aware_replicas_slice_names_no_cpu():
+    # Issue 56: on one host Ray Serve LLM reserves the slice itself (accelerator_config.topology), and
+    # Ray 2.60's slice placement group gives a bundle 1 CPU unless it names CPU: the hosts have none
+    # (tests/raysim/test_serve_config.py runs Ray's own code on it).
+    def llm_config(routing):
+        rs = rendered_service({"tpu": {"topology": "2x2"}, "serve": {"routing": routing}})
+        return yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"]["llm_configs"][0]
+    routed = llm_config("PrefixAware")
+    assert routed["accelerator_config"]["topology"] == "2x2"
+    assert routed["placement_group_config"] == {"bundles": [{"TPU": 4, "CPU": 0}]}
+    assert "placement_group_config" not in llm_config("PowerOfTwo")  # the hosts keep their CPUs
+
+
 # KubeRay 1.6.2's validateRayGroupResources: a group with `resources` must not set these in rayStartParams.
 KUBERAY_START_PARAM_RESOURCES = ("num-cpus", "num-gpus", "memory", "resources")
 

@@ -466,7 +466,8 @@ def derive_service(
     slice_ = slice_state(svc, seen, pods_problem, generation)
     unreached = dashboard_unreached(seen, slice_, network)
     ready = ready_condition(seen, previous, unreached, generation)
-    whole = slices.whole_slices_condition(svc.slice.multi_host, slice_check, previous, generation)
+    whole = slices.whole_slices_condition(svc.slice.multi_host, slice_check, previous, generation,
+                                          scaled_to_zero=seen.slices_wanted == 0)
     conditions += [slice_.condition, *([whole] if whole else []), ready]
     spec_applied = None
     if rayservice is not None:

@@ -76,12 +76,14 @@ def check(groups: list[dict], nodes: list[dict], hosts: int) -> SliceCheck:
     return SliceCheck(len(replicas), tuple(s for s in (_split(g, slice_of) for g in replicas) if s))
 
 
-def whole_slices_condition(multi_host: bool, found: SliceCheck | None, previous: dict, generation: int) -> dict | None:
+def whole_slices_condition(multi_host: bool, found: SliceCheck | None, previous: dict, generation: int,
+                           scaled_to_zero: bool = False) -> dict | None:
     """ReplicasOnWholeSlices of a multi-host service: from the last read that found replica
     placement groups; until this process has one, the previous status's (an operator restart or a
-    read that failed changes nothing); absent before the first such read and on a single host,
-    where a replica is its host's slice."""
-    if not multi_host:
+    read that failed changes nothing); absent before the first such read, while the service is
+    scaled to zero (no replica holds a slice: the last read's verdict is about slices given back),
+    and on a single host, where a replica is its host's slice."""
+    if not multi_host or scaled_to_zero:
         return None
     if found is None or found.groups == 0:
         return condition_of(previous, REPLICAS_ON_WHOLE_SLICES) or None

@@ -81,3 +81,10 @@ def test_without_a_read_the_previous_condition_holds_and_a_single_host_service_h
     assert slices.whole_slices_condition(True, slices.SliceCheck(0, ()), previous, 2) is before
     assert slices.whole_slices_condition(True, None, {}, 2) is None
     assert slices.whole_slices_condition(False, slices.SliceCheck(1, ("x",)), previous, 2) is None
+
+
+def test_a_service_scaled_to_zero_has_no_verdict_on_slices_it_gave_back():
+    previous = {"conditions": [slices.whole_slices_condition(True, slices.SliceCheck(1, ("split",)), {}, 1)]}
+    assert slices.whole_slices_condition(True, slices.SliceCheck(1, ("split",)), previous, 2, scaled_to_zero=True) is None
+    assert slices.whole_slices_condition(True, None, previous, 2, scaled_to_zero=True) is None
+    assert slices.whole_slices_condition(True, None, previous, 2)["status"] == "False"  # kept while replicas are wanted

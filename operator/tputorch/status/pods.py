@@ -8,7 +8,7 @@ Pure functions over the pods as the API (or the operator's slimmed pod store) re
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from ..api import topology
 
@@ -135,14 +135,19 @@ CONTAINER_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "C
 IMAGE_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
 
+def _waiting(pod: dict) -> Iterator[tuple[dict, dict]]:
+    """(container status, its waiting state or {}) of each container of the pod, init containers
+    first: one that cannot start holds the others (PodInitializing)."""
+    status = pod.get("status") or {}
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        yield cs, (cs.get("state") or {}).get("waiting") or {}
+
+
 def container_problem(pods: Iterable[dict]) -> tuple[str, str] | None:
     """(reason, message) of the first pod (by name) with a container kubelet cannot start: a
     missing image, a missing Secret or key (CreateContainerConfigError), a crash loop."""
     for pod in sorted(pods, key=_pod_name):
-        status = pod.get("status") or {}
-        # init containers first: one that cannot start holds the others (PodInitializing)
-        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-            waiting = (cs.get("state") or {}).get("waiting") or {}
+        for cs, waiting in _waiting(pod):
             if waiting.get("reason") in CONTAINER_PROBLEMS:
                 detail = waiting.get("message") or ""
                 image = f" (image {cs['image']})" if cs.get("image") and waiting["reason"] in IMAGE_PROBLEMS else ""
@@ -158,9 +163,7 @@ def secret_missing(pods: Iterable[dict], secret_name: str | None) -> bool:
     return bool(secret_name) and any(
         waiting.get("reason") == "CreateContainerConfigError" and quoted in (waiting.get("message") or "")
         and "not found" in (waiting.get("message") or "")
-        for pod in pods for cs in ((pod.get("status") or {}).get("initContainerStatuses") or [])
-        + ((pod.get("status") or {}).get("containerStatuses") or [])
-        for waiting in [(cs.get("state") or {}).get("waiting") or {}])
+        for pod in pods for _, waiting in _waiting(pod))
 
 
 def quota_problem(cluster_status: dict | None) -> tuple[str, str] | None:

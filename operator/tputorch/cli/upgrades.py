@@ -49,9 +49,9 @@ def plan_row(kind: str, parent: dict, child: dict | None) -> dict:
     running = stamps.running_rendering(child, found, RAYSERVICE_ANNOTATIONS if service else ())
     # named at the child's creation, not rendered; a RayService without one gets one with the edit
     # that starts it a new RayCluster
-    token_secret = (rendering.token_secret_of_rerendered(child, running, stamps.rendering(fresh))
-                    if service else ray_token_secret_name(child))
-    if token_secret:
+    if service:
+        rendering.name_token_secret(child, running, fresh)
+    elif token_secret := ray_token_secret_name(child):
         with_ray_token_secret(fresh, token_secret)
     new = stamps.rendering(fresh)
     row["fields"] = rendering.changed_fields(found, running, new)

@@ -24,7 +24,7 @@ from ..status import CLUSTER_LABEL
 from ..status import attempts as tries
 from ..status.job import ATTEMPT_LABEL, attempt, child_must_go
 from ..status.pods import secret_missing
-from ..status.rendering import token_secret_of_rerendered
+from ..status.rendering import name_token_secret
 from .extras import RayTokenSecrets
 from .kind import Key, Kind, now, controller_of, create_problem, owner_reference, ownership, waiting_problem
 from .stores import Stores
@@ -180,9 +180,7 @@ class ChildStep:
         def rerendered() -> dict:
             """The spec's rendering with the token Secret the child names (status/rendering.py)."""
             running = stamps.running_rendering(child, stamps.read(child), RAYSERVICE_ANNOTATIONS)
-            name = token_secret_of_rerendered(child, running, stamps.rendering(fresh))
-            if name is not None:
-                with_ray_token_secret(fresh, name)
+            if (name := name_token_secret(child, running, fresh)) is not None:
                 named.append(name)
             return fresh
         # An operator upgrade changes no running RayService: it keeps its own rendering (restored

@@ -319,9 +319,7 @@ class Controller:
             slice_check=self.slices.found(meta.get("uid")))
         self.slices.apply(key, meta.get("uid"), spec, current, ours)  # reads Ray's state off the workers
         if ours is not None:  # the token Secret it names is named on it, not rendered
-            token_secret = rendering.token_secret_of_rerendered(ours, own, stamps.rendering(fresh))
-            if token_secret is not None:
-                with_ray_token_secret(fresh, token_secret)
+            rendering.name_token_secret(ours, own, fresh)
         current = rendering.with_condition(current, rendering.rendering_condition(
             kind.resource.kind, kind.child.kind, key[2], key[1], found, own, stamps.rendering(fresh),
             meta.get("generation", 0)), previous, now)

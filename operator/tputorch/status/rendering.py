@@ -118,6 +118,15 @@ def token_secret_of_rerendered(child: dict, running: dict, fresh: dict) -> str |
     return None
 
 
+def name_token_secret(child: dict, running: dict, fresh_child: dict) -> str | None:
+    """token_secret_of_rerendered, written into ``fresh_child`` (this operator's whole RayService, which
+    renders no name) as well: what a re-render of ``child`` carries. The name, or None."""
+    name = token_secret_of_rerendered(child, running, stamps.rendering(fresh_child))
+    if name is not None:
+        raytoken.with_ray_token_secret(fresh_child, name)
+    return name
+
+
 def _made_by(found: stamps.Stamp | None) -> str:
     version = found.version if found is not None else stamps.UNKNOWN_VERSION
     return "an operator before 0.3.0" if version == stamps.UNKNOWN_VERSION else f"tputorch-operator {version}"

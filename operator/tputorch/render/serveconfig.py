@@ -102,10 +102,15 @@ def request_router_config(svc: ServiceSpec) -> dict | None:
 HEAD_CPUS_FOR_PREFIX_TREE = "1"
 
 
+def tree_on_head(svc: ServiceSpec) -> bool:
+    """The service routes through Ray Serve LLM's router and its tree actor, whose only CPU is the head's."""
+    return svc.routing in REQUEST_ROUTERS
+
+
 def head_num_cpus(svc: ServiceSpec) -> str:
     """The head's Ray num-cpus: none (no Serve replica or vLLM worker on it, as Google's sample),
     but one for the prefix tree's actor under PrefixAware routing."""
-    return HEAD_CPUS_FOR_PREFIX_TREE if request_router_config(svc) else "0"
+    return HEAD_CPUS_FOR_PREFIX_TREE if tree_on_head(svc) else "0"
 
 
 def tpu_host_ray_resources(svc: ServiceSpec) -> dict[str, str] | None:
@@ -114,7 +119,7 @@ def tpu_host_ray_resources(svc: ServiceSpec) -> dict[str, str] | None:
     and KubeRay refuses a group that also sets them in rayStartParams): CPU 0 under PrefixAware
     routing, so the prefix tree's actor can only be scheduled on the head (otherwise KubeRay's default,
     the container's CPUs), and what the autoscaler must see (autoscaler_visible_resources)."""
-    resources = {"CPU": "0"} if request_router_config(svc) else {}
+    resources = {"CPU": "0"} if tree_on_head(svc) else {}
     return {**resources, **(autoscaler_visible_resources(svc) or {})} or None
 
 
@@ -122,7 +127,7 @@ def replica_actor_options(svc: ServiceSpec, resources: dict) -> dict:
     """The LLMServer replica's ray_actor_options: its pin (``resources``), and under PrefixAware routing
     no CPU (Ray Serve LLM merges Ray's default 1 into the replica's bundle, which a TPU host without
     CPUs could never hold)."""
-    return {"num_cpus": 0, "resources": resources} if request_router_config(svc) else {"resources": resources}
+    return {"num_cpus": 0, "resources": resources} if tree_on_head(svc) else {"resources": resources}
 
 
 def autoscaler_visible_resources(svc: ServiceSpec) -> dict[str, str] | None:
@@ -203,7 +208,7 @@ def replica_placement(svc: ServiceSpec) -> dict:
     if not s.multi_host:
         # The slice Serve LLM reserves asks 1 CPU per bundle unless its bundle names CPU (Ray 2.60
         # ray.util.tpu get_tpu_worker_resources): under PrefixAware the host has none (tpu_host_ray_resources).
-        no_cpu = {"bundles": [{"TPU": per_host, "CPU": 0}]} if request_router_config(svc) else None
+        no_cpu = {"bundles": [{"TPU": per_host, "CPU": 0}]} if tree_on_head(svc) else None
         return {"topology": s.topology, "placement_group_config": no_cpu,
                 "replica_resources": {accelerator_resource(svc): 0.001}}
     return {"topology": None,
